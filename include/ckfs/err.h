@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Error reporting shared by every ckfs module.
+ *
+ * Functions that can fail return an enum ckfs_code (CKFS_OK is zero) and, when
+ * given a struct ckfs_error, fill it with one human-readable line in git's
+ * style: lower case, subject first, no trailing period, for example
+ *   "'model_world_size_2_rank_0.pt': zip central directory truncated".
+ * The first failure recorded wins; callers may add context with
+ * ckfs_error_prefix(). Only the FUSE front end turns codes into errno values.
+ */
+#ifndef CKFS_ERR_H
+#define CKFS_ERR_H
+
+#include <stddef.h>
+
+/* Numeric values are stable: tests and scripts assert them. */
+enum ckfs_code {
+	CKFS_OK = 0,
+	CKFS_E_IO = 1,          /* a system call failed (errno kept) */
+	CKFS_E_NOMEM = 2,       /* an allocation failed */
+	CKFS_E_FORMAT = 3,      /* input bytes are malformed */
+	CKFS_E_TRUNCATED = 4,   /* input ends before a structure does */
+	CKFS_E_LIMIT = 5,       /* input exceeds a limit in limits.h */
+	CKFS_E_UNSUPPORTED = 6, /* valid input ckfs does not handle */
+	CKFS_E_NOTFOUND = 7,    /* a file, record or key is missing */
+	CKFS_E_INVALID = 8,     /* bad arguments or inconsistent checkpoint */
+	CKFS_E_CHANGED = 9,     /* a source file changed after it was opened */
+	CKFS_E_EXISTS = 10,     /* refusing to overwrite */
+	CKFS_E_MISMATCH = 11,   /* verify found different values */
+};
+
+struct ckfs_error {
+	enum ckfs_code code;
+	int sys_errno; /* errno snapshot for CKFS_E_IO, else 0 */
+	char msg[1024];
+};
+
+#if defined(__GNUC__)
+#define CKFS_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#define CKFS_WARN_UNUSED __attribute__((warn_unused_result))
+#else
+#define CKFS_PRINTF(a, b)
+#define CKFS_WARN_UNUSED
+#endif
+
+/* Reset to CKFS_OK with an empty message. */
+void ckfs_error_clear(struct ckfs_error *err);
+
+/*
+ * Record a failure (only if none is recorded yet) and return code, so that
+ * call sites read "return ckfs_fail(err, CKFS_E_FORMAT, ...)". err may be NULL.
+ */
+enum ckfs_code ckfs_fail(struct ckfs_error *err, enum ckfs_code code,
+			 const char *fmt, ...) CKFS_PRINTF(3, 4);
+
+/* Like ckfs_fail with CKFS_E_IO, appending ": strerror(errno)". */
+enum ckfs_code ckfs_fail_errno(struct ckfs_error *err, const char *fmt, ...)
+	CKFS_PRINTF(2, 3);
+
+/* Prepend "prefix: " to the recorded message (no-op when none). */
+void ckfs_error_prefix(struct ckfs_error *err, const char *fmt, ...)
+	CKFS_PRINTF(2, 3);
+
+/* Short name of a code, e.g. "format error". */
+const char *ckfs_strerror(enum ckfs_code code);
+
+/* Forward a failure: evaluate expr once, return its code when not CKFS_OK. */
+#define CKFS_TRY(expr)                                                     \
+	do {                                                               \
+		enum ckfs_code ckfs_try_rc_ = (expr);                      \
+		if (ckfs_try_rc_ != CKFS_OK)                               \
+			return ckfs_try_rc_;                               \
+	} while (0)
+
+#endif

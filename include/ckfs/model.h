@@ -1,0 +1,130 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A checkpoint as a set of output tensors, each described by chunks of
+ * source files (the plan). Opening a model reads metadata only: rank files'
+ * zip directories and pickles, fsdp_config.json, huggingface/config.json.
+ * Reading a tensor's elements (ckfs_tensor_read) preads exactly the source
+ * bytes they come from and converts them to the output dtype.
+ *
+ * The invariants checked before a model is handed out: every element of
+ * every tensor is covered by exactly one chunk; every chunk's view lies
+ * inside its storage record; shapes, dtypes and placements agree across
+ * ranks. After ckfs_model_open the model is immutable and may be read from
+ * many threads at once.
+ */
+#ifndef CKFS_MODEL_H
+#define CKFS_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include "ckfs/arena.h"
+#include "ckfs/dtype.h"
+#include "ckfs/err.h"
+#include "ckfs/limits.h"
+
+/* A source file, opened read-only when the model is opened. */
+struct ckfs_source {
+	const char *path;      /* as opened */
+	const char *name;      /* relative to the checkpoint folder */
+	int fd;
+	uint64_t size;         /* identity recorded at open */
+	dev_t dev;
+	ino_t ino;
+	struct timespec mtime;
+};
+
+/* A block of a source tensor placed in the global tensor. */
+struct ckfs_chunk {
+	uint32_t source;
+	int rank;                       /* for messages and inspect */
+	enum ckfs_dtype dtype;
+	bool neg;
+	uint64_t pos;                   /* file offset of local element 0 */
+	int64_t shape[CKFS_MAX_DIMS];   /* local extent */
+	int64_t stride[CKFS_MAX_DIMS];  /* source strides, in elements */
+	int64_t offset[CKFS_MAX_DIMS];  /* global index of local element 0 */
+};
+
+struct ckfs_tensor {
+	const char *name;
+	enum ckfs_dtype stored_dtype;
+	enum ckfs_dtype out_dtype;
+	int ndim;
+	int64_t shape[CKFS_MAX_DIMS];
+	uint64_t numel;
+	uint32_t n_chunks;
+	struct ckfs_chunk *chunks;
+	const char *placement;          /* e.g. "Shard(0)", for inspect */
+};
+
+struct ckfs_model_options {
+	/* Output dtype; CKFS_DTYPE_INVALID keeps each tensor as stored. */
+	enum ckfs_dtype out_dtype;
+	/* --config: a config.json, or a folder holding one; NULL for the
+	 * checkpoint's huggingface/config.json. */
+	const char *config_path;
+};
+
+struct ckfs_model {
+	struct ckfs_arena arena;
+	const char *src_dir;
+	const char *layout;             /* "verl-fsdp" */
+	int world_size;
+	int fsdp_version;               /* 1 or 2; 0 when not recorded */
+	int mesh_ndim;
+	int64_t mesh_shape[CKFS_MAX_DIMS];
+	const char *mesh_dim_names[CKFS_MAX_DIMS];
+	size_t n_ranks_read;
+	int *ranks_read;
+	struct ckfs_source *sources;
+	size_t n_sources;
+	struct ckfs_tensor *tensors;    /* output tensors, state-dict order */
+	size_t n_tensors;
+	const char *hf_dir;             /* side files, NULL when absent */
+	const char *config_path;
+	char *config_json;              /* the source config, NUL-terminated */
+	size_t config_len;
+	bool tie_word_embeddings;
+	const char **warnings;
+	size_t n_warnings;
+};
+
+/* Open SRC (a verl actor/critic folder). On success *out is a new model the
+ * caller frees with ckfs_model_free. */
+enum ckfs_code ckfs_model_open(const char *src,
+			       const struct ckfs_model_options *opt,
+			       struct ckfs_model **out,
+			       struct ckfs_error *err) CKFS_WARN_UNUSED;
+void ckfs_model_free(struct ckfs_model *m);
+
+/* Bytes of one output tensor. */
+uint64_t ckfs_tensor_out_bytes(const struct ckfs_tensor *t);
+
+/* Reusable bounce buffer for ckfs_tensor_read; one per thread. */
+struct ckfs_read_scratch {
+	void *buf;
+	size_t cap;
+};
+void ckfs_read_scratch_release(struct ckfs_read_scratch *s);
+
+/*
+ * Write elements [first, first + count) of t, in row-major order of the
+ * global tensor, to dst as t->out_dtype. Short reads (a source that
+ * shrank) give CKFS_E_CHANGED naming the file.
+ */
+enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
+				const struct ckfs_tensor *t, uint64_t first,
+				uint64_t count, void *dst,
+				struct ckfs_read_scratch *scratch,
+				struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/* Internal to src/model: validation of a finished tensor plan. */
+enum ckfs_code ckfs_plan_validate_tensor(const struct ckfs_model *m,
+					 const struct ckfs_tensor *t,
+					 struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+#endif

@@ -1,0 +1,127 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Metadata of a torch.save file: the zip directory plus data.pkl, turned
+ * into state-dict entries that describe where each tensor's bytes are. No
+ * tensor data is read here (except by the caller, through the offsets).
+ *
+ * Understood values: plain tensors (_rebuild_tensor, _v2, _v3, any storage
+ * offset and strides, the neg bit), nn.Parameter, DTensor (under
+ * torch.distributed._tensor or torch.distributed.tensor; placements Shard,
+ * Replicate, _StridedShard and Partial, meshes with or without
+ * _coordinate_on_dim) and ShardedTensor (local shards with their offsets).
+ * Anything else is reported with the key it sits under.
+ */
+#ifndef CKFS_TORCH_H
+#define CKFS_TORCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckfs/arena.h"
+#include "ckfs/dtype.h"
+#include "ckfs/err.h"
+#include "ckfs/limits.h"
+#include "ckfs/pickle.h"
+#include "ckfs/zip.h"
+
+/* A strided view into one storage record of the file. */
+struct ckfs_tensor_view {
+	enum ckfs_dtype dtype;
+	int ndim;
+	int64_t shape[CKFS_MAX_DIMS];
+	int64_t stride[CKFS_MAX_DIMS];  /* in elements */
+	int64_t storage_offset;         /* in elements */
+	uint64_t storage_pos;           /* absolute file offset of the storage */
+	uint64_t storage_bytes;         /* bytes of the storage record */
+	const char *storage_key;
+	bool neg;                       /* values must be negated (neg bit) */
+};
+
+enum ckfs_placement_kind {
+	CKFS_PLACE_REPLICATE,
+	CKFS_PLACE_SHARD,
+	CKFS_PLACE_STRIDED_SHARD,
+	CKFS_PLACE_PARTIAL,
+};
+
+struct ckfs_placement {
+	enum ckfs_placement_kind kind;
+	int dim;
+	int64_t split_factor; /* _StridedShard only */
+};
+
+/* A DTensor's distribution as pickled on one rank. */
+struct ckfs_dtensor_info {
+	int ndim;
+	int64_t global_shape[CKFS_MAX_DIMS];
+	int mesh_ndim;
+	int64_t mesh_shape[CKFS_MAX_DIMS];
+	const char *mesh_dim_names[CKFS_MAX_DIMS]; /* NULL when unnamed */
+	bool have_coord;
+	int64_t coord[CKFS_MAX_DIMS];          /* this rank's mesh coordinate */
+	struct ckfs_placement placements[CKFS_MAX_DIMS];
+	bool have_mesh_tensor;
+	struct ckfs_tensor_view mesh_tensor;   /* global ranks, shape = mesh */
+};
+
+/* A ShardedTensor's local shard (at most one for FSDP1). */
+struct ckfs_sharded_info {
+	int ndim;
+	int64_t global_shape[CKFS_MAX_DIMS];
+	bool have_local;
+	int64_t offsets[CKFS_MAX_DIMS];
+	int64_t sizes[CKFS_MAX_DIMS];
+};
+
+enum ckfs_entry_kind {
+	CKFS_ENTRY_TENSOR,
+	CKFS_ENTRY_DTENSOR,
+	CKFS_ENTRY_SHARDED,
+};
+
+struct ckfs_sd_entry {
+	const char *key;
+	enum ckfs_entry_kind kind;
+	struct ckfs_tensor_view local; /* the whole tensor for TENSOR */
+	struct ckfs_dtensor_info *dtensor;
+	struct ckfs_sharded_info *sharded;
+};
+
+struct ckfs_torch_file {
+	const char *label;         /* borrowed, for messages */
+	struct ckfs_zip zip;
+	struct ckfs_arena arena;   /* pickle tree and entries */
+	struct ckfs_pv *root;
+	struct ckfs_sd_entry *entries;
+	size_t n_entries;
+};
+
+/*
+ * Parse the zip directory and data.pkl of the torch.save file open as fd
+ * (borrowed), and turn its top-level dict into entries (in pickle order).
+ * Refuses big-endian files, unknown storages and non-tensor values.
+ */
+enum ckfs_code ckfs_torch_open(struct ckfs_torch_file *tf, int fd,
+			       const char *label,
+			       struct ckfs_error *err) CKFS_WARN_UNUSED;
+void ckfs_torch_close(struct ckfs_torch_file *tf);
+
+/* Decode a tensor value (any supported kind) found in the pickle tree of
+ * tf; used by ckfs_torch_open for each state-dict value. */
+enum ckfs_code ckfs_torch_decode_value(struct ckfs_torch_file *tf,
+				       const struct ckfs_pv *v, const char *key,
+				       struct ckfs_sd_entry *out,
+				       struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/* Largest element index a view can touch + 1, checked against its storage;
+ * CKFS_E_FORMAT when the view reaches outside. */
+enum ckfs_code ckfs_view_check_bounds(const struct ckfs_tensor_view *v,
+				      const char *what,
+				      struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/* "Shard(0)", "Replicate()", "_StridedShard(dim=0, sf=2)", "Partial()". */
+void ckfs_placement_format(const struct ckfs_placement *p, char *buf,
+			   size_t size);
+
+#endif

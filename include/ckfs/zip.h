@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Read-only view of a zip archive stored at [base, base + length) of an open
+ * file: a torch.save file (base 0) or a torch.save item embedded in a DCP
+ * .distcp file. The central directory is parsed here (zip64 aware) because
+ * libzip does not expose where an entry's data starts; tensor bytes are then
+ * read in place with pread at ckfs_zip_entry.data_offset and never loaded
+ * whole. Small records (data.pkl, version) are read with
+ * ckfs_zip_read_record(), which inflates deflated entries (through libzip)
+ * and caps the size. ckfs_zip_verify_crc() checks stored CRC32s with zlib.
+ *
+ * Not done here: anything torch-specific beyond the common top folder.
+ */
+#ifndef CKFS_ZIP_H
+#define CKFS_ZIP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckfs/err.h"
+
+struct ckfs_zip_entry {
+	char *name;               /* full name, e.g. "archive/data/0" */
+	uint64_t header_offset;   /* local header, absolute file offset */
+	uint64_t data_offset;     /* first data byte, absolute file offset */
+	uint64_t comp_size;       /* stored bytes */
+	uint64_t size;            /* uncompressed bytes */
+	uint32_t crc32;           /* 0 means none was written */
+	uint16_t method;          /* 0 stored, 8 deflate */
+	uint16_t flags;
+};
+
+struct ckfs_zip {
+	const char *label;        /* for messages, borrowed */
+	int fd;                   /* borrowed; the caller keeps it open */
+	uint64_t base, length;
+	size_t n_entries;
+	struct ckfs_zip_entry *entries; /* in central directory order */
+	char *prefix;             /* top folder incl. '/', "" if none */
+	size_t *sorted;           /* entry indices sorted by name, for lookup */
+};
+
+/*
+ * Parse the directory of the zip at [base, base+length) of fd. label names
+ * the file in error messages. Validates every entry: offsets and sizes inside
+ * the window, local header signature and name equal to the central one,
+ * no overlapping data. The top folder is the text before the first '/' of
+ * entry 0 (as torch does). Files that are not zips give CKFS_E_FORMAT; a
+ * legacy torch pickle (starts with 0x80 0x02) gives CKFS_E_UNSUPPORTED
+ * "legacy (non-zip) torch.save format is not supported".
+ */
+enum ckfs_code ckfs_zip_open(struct ckfs_zip *z, int fd, uint64_t base,
+			     uint64_t length, const char *label,
+			     struct ckfs_error *err) CKFS_WARN_UNUSED;
+void ckfs_zip_release(struct ckfs_zip *z);
+
+/* Entry named prefix + record ("data.pkl", "data/3"), or NULL. */
+const struct ckfs_zip_entry *ckfs_zip_find(const struct ckfs_zip *z,
+					   const char *record);
+
+/*
+ * Read a whole record into a new malloc'd buffer (caller frees), inflating
+ * if needed; refuses records larger than max bytes with CKFS_E_LIMIT.
+ * A NUL is appended after the data (not counted in *len).
+ */
+enum ckfs_code ckfs_zip_read_record(const struct ckfs_zip *z,
+				    const struct ckfs_zip_entry *e,
+				    uint64_t max, void **out, size_t *len,
+				    struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/* Recompute the CRC32 of every entry whose stored CRC is non-zero.
+ * *checked receives how many were checked. */
+enum ckfs_code ckfs_zip_verify_crc(const struct ckfs_zip *z, size_t *checked,
+				   struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+#endif

@@ -1,0 +1,27 @@
+/* SPDX-License-Identifier: MIT */
+/* Sub-commands of the ckfs binary; each returns the process exit status. */
+#ifndef CKFS_CLI_H
+#define CKFS_CLI_H
+
+#include "ckfs/dtype.h"
+#include "ckfs/err.h"
+
+int ckfs_cmd_inspect(int argc, char **argv);
+int ckfs_cmd_export(int argc, char **argv);
+int ckfs_cmd_verify(int argc, char **argv);
+int ckfs_cmd_mount(int argc, char **argv);
+int ckfs_cmd_umount(int argc, char **argv);
+
+/* "bf16" | "fp16" | "fp32" | "auto" (and torch names) -> dtype; auto gives
+ * CKFS_DTYPE_INVALID. Returns 0 on success, -1 for an unknown name. */
+int ckfs_cli_parse_dtype(const char *name, enum ckfs_dtype *out);
+
+/* Print "ckfs: <msg>" to stderr and return exit status 1 (2 for usage). */
+int ckfs_cli_report(const struct ckfs_error *err);
+int ckfs_cli_usage_error(const char *cmd, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+/* Human-readable size ("1.5 GiB"). */
+void ckfs_cli_format_bytes(double bytes, char *buf, size_t size);
+
+#endif

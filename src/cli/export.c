@@ -1,0 +1,394 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ckfs export SRC DIR: writes the folder the mount shows. Files are built
+ * in a temporary sibling folder and renamed into place only when all of
+ * them are written and synced, so a failure (full disk, a source that
+ * changed, Ctrl-C) leaves no partial output. Weight files are assembled
+ * by worker threads, each owning one block buffer: memory stays at
+ * threads x block size whatever the model size.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <getopt.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ckfs/folder.h"
+#include "ckfs/log.h"
+#include "ckfs/st.h"
+#include "cli/cli.h"
+
+#define EXPORT_BLOCK (8u << 20)
+
+static volatile sig_atomic_t interrupted;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	interrupted = 1;
+}
+
+struct job {
+	const struct ckfs_folder *folder;
+	const struct ckfs_node *node;
+	int fd;
+	uint64_t n_blocks;
+	atomic_uint_fast64_t next_block;
+	atomic_uint_fast64_t bytes_done;
+	atomic_int workers_left;
+	pthread_mutex_t lock;
+	struct ckfs_error err; /* first failure, under lock */
+	atomic_int failed;
+};
+
+static void job_fail(struct job *j, const struct ckfs_error *e)
+{
+	pthread_mutex_lock(&j->lock);
+	if (j->err.code == CKFS_OK)
+		j->err = *e;
+	pthread_mutex_unlock(&j->lock);
+	atomic_store(&j->failed, 1);
+}
+
+static enum ckfs_code write_all(int fd, const void *buf, size_t len, uint64_t off,
+				const char *path, struct ckfs_error *err)
+{
+	size_t done = 0;
+
+	while (done < len) {
+		ssize_t w = pwrite(fd, (const char *)buf + done, len - done,
+				   (off_t)(off + done));
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0)
+			return ckfs_fail_errno(err, "'%s': write failed", path);
+		done += (size_t)w;
+	}
+	return CKFS_OK;
+}
+
+static void *worker(void *arg)
+{
+	struct job *j = arg;
+	struct ckfs_read_scratch scratch = { 0 };
+	struct ckfs_error err;
+	void *buf = malloc(EXPORT_BLOCK);
+
+	ckfs_error_clear(&err);
+	if (!buf) {
+		ckfs_fail(&err, CKFS_E_NOMEM, "out of memory");
+		job_fail(j, &err);
+	}
+	while (buf && !atomic_load(&j->failed) && !interrupted) {
+		uint64_t b = atomic_fetch_add(&j->next_block, 1);
+		if (b >= j->n_blocks)
+			break;
+		uint64_t off = b * EXPORT_BLOCK;
+		size_t got;
+		if (ckfs_folder_read(j->folder, j->node, off, EXPORT_BLOCK, buf, &got,
+				     &scratch, &err) != CKFS_OK ||
+		    write_all(j->fd, buf, got, off, j->node->name, &err) != CKFS_OK) {
+			job_fail(j, &err);
+			break;
+		}
+		atomic_fetch_add(&j->bytes_done, got);
+	}
+	free(buf);
+	ckfs_read_scratch_release(&scratch);
+	atomic_fetch_sub(&j->workers_left, 1);
+	return NULL;
+}
+
+struct progress {
+	int enabled;
+	uint64_t total, base;
+	struct timespec start;
+};
+
+static double since(const struct timespec *t0)
+{
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (double)(now.tv_sec - t0->tv_sec) + (double)(now.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+static void progress_draw(const struct progress *p, uint64_t done, const char *name)
+{
+	char a[32], b[32];
+	double secs = since(&p->start);
+
+	if (!p->enabled)
+		return;
+	ckfs_cli_format_bytes((double)(p->base + done), a, sizeof(a));
+	ckfs_cli_format_bytes((double)p->total, b, sizeof(b));
+	fprintf(stderr, "\r%3.0f%%  %s / %s  %.0f MB/s  %-40.40s",
+		p->total ? 100.0 * (double)(p->base + done) / (double)p->total : 100.0,
+		a, b, secs > 0 ? (double)(p->base + done) / secs / 1e6 : 0.0, name);
+	fflush(stderr);
+}
+
+static enum ckfs_code write_node(const struct ckfs_folder *f, const struct ckfs_node *n,
+				 const char *dir, int threads, struct progress *prog,
+				 struct ckfs_error *err)
+{
+	char path[PATH_MAX];
+	enum ckfs_code rc = CKFS_OK;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, n->name);
+	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return ckfs_fail_errno(err, "'%s': cannot create", path);
+	/* Reserve the space first so a full disk fails before any work. */
+	if (n->size) {
+		int e = posix_fallocate(fd, 0, (off_t)n->size);
+		if (e != 0 && e != EOPNOTSUPP && e != EINVAL) {
+			errno = e;
+			close(fd);
+			return ckfs_fail_errno(err, "'%s': cannot reserve %llu bytes",
+					       path, (unsigned long long)n->size);
+		}
+	}
+	struct job j = { .folder = f, .node = n, .fd = fd };
+	j.n_blocks = (n->size + EXPORT_BLOCK - 1) / EXPORT_BLOCK;
+	pthread_mutex_init(&j.lock, NULL);
+	ckfs_error_clear(&j.err);
+	int nt = n->kind == CKFS_NODE_WEIGHTS ? threads : 1;
+	if ((uint64_t)nt > j.n_blocks)
+		nt = j.n_blocks ? (int)j.n_blocks : 1;
+	pthread_t tids[256];
+	int started = 0;
+	atomic_store(&j.workers_left, nt);
+	for (int i = 0; i < nt; i++) {
+		if (pthread_create(&tids[i], NULL, worker, &j) != 0) {
+			atomic_fetch_sub(&j.workers_left, nt - i);
+			struct ckfs_error e;
+			ckfs_error_clear(&e);
+			ckfs_fail(&e, CKFS_E_NOMEM, "cannot start a thread");
+			job_fail(&j, &e);
+			break;
+		}
+		started++;
+	}
+	while (atomic_load(&j.workers_left) > 0) {
+		struct timespec ts = { 0, 100 * 1000 * 1000 };
+		nanosleep(&ts, NULL);
+		progress_draw(prog, atomic_load(&j.bytes_done), n->name);
+	}
+	for (int i = 0; i < started; i++)
+		pthread_join(tids[i], NULL);
+	prog->base += atomic_load(&j.bytes_done);
+	if (j.err.code != CKFS_OK) {
+		*err = j.err;
+		rc = j.err.code;
+	} else if (interrupted) {
+		rc = ckfs_fail(err, CKFS_E_IO, "interrupted");
+	} else if (fsync(fd) != 0) {
+		rc = ckfs_fail_errno(err, "'%s': fsync failed", path);
+	}
+	pthread_mutex_destroy(&j.lock);
+	if (close(fd) != 0 && rc == CKFS_OK)
+		rc = ckfs_fail_errno(err, "'%s': close failed", path);
+	return rc;
+}
+
+/* Remove a flat folder ckfs created (files only). */
+static void remove_tree(const char *dir, const struct ckfs_folder *f)
+{
+	char path[PATH_MAX];
+
+	for (size_t i = 0; f && i < f->n_nodes; i++) {
+		snprintf(path, sizeof(path), "%s/%s", dir, f->nodes[i].name);
+		unlink(path);
+	}
+	rmdir(dir);
+}
+
+static int remove_entry(const char *path, const struct stat *sb, int flag,
+			struct FTW *ftw)
+{
+	(void)sb;
+	(void)ftw;
+	return flag == FTW_DP ? rmdir(path) : unlink(path);
+}
+
+static int sync_dir(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	int rc = fsync(fd);
+	close(fd);
+	return rc;
+}
+
+static void parent_of(const char *path, char *out, size_t size)
+{
+	snprintf(out, size, "%s", path);
+	char *slash = strrchr(out, '/');
+	while (slash && slash > out && slash[1] == '\0') { /* trailing slashes */
+		*slash = '\0';
+		slash = strrchr(out, '/');
+	}
+	if (!slash)
+		snprintf(out, size, ".");
+	else if (slash == out)
+		out[1] = '\0';
+	else
+		*slash = '\0';
+}
+
+static void usage(FILE *to)
+{
+	fputs("usage: ckfs export SRC DIR [--dtype bf16|fp16|fp32|auto]\n"
+	      "                   [--max-shard-size SIZE] [--config PATH] [--force]\n"
+	      "                   [--threads N] [--quiet]\n"
+	      "Writes the merged Hugging Face folder of checkpoint SRC to DIR.\n", to);
+}
+
+int ckfs_cmd_export(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "dtype", required_argument, NULL, 'd' },
+		{ "max-shard-size", required_argument, NULL, 's' },
+		{ "config", required_argument, NULL, 'c' },
+		{ "force", no_argument, NULL, 'f' },
+		{ "threads", required_argument, NULL, 't' },
+		{ "quiet", no_argument, NULL, 'q' },
+		{ "log-level", required_argument, NULL, 'l' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct ckfs_model_options mopt = { .out_dtype = CKFS_DTYPE_BF16 };
+	struct ckfs_folder_options fopt = { 0 };
+	int force = 0, quiet = 0, threads = 0, c;
+	struct ckfs_error err;
+
+	ckfs_error_clear(&err);
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "fqh", opts, NULL)) != -1) {
+		switch (c) {
+		case 'd':
+			if (ckfs_cli_parse_dtype(optarg, &mopt.out_dtype) != 0)
+				return ckfs_cli_usage_error("export", "unknown dtype '%s'", optarg);
+			break;
+		case 's':
+			if (!(fopt.max_shard_size = ckfs_parse_size(optarg)))
+				return ckfs_cli_usage_error("export", "bad size '%s'", optarg);
+			break;
+		case 'c': mopt.config_path = optarg; break;
+		case 'f': force = 1; break;
+		case 'q': quiet = 1; break;
+		case 't':
+			threads = atoi(optarg);
+			if (threads < 1 || threads > 256)
+				return ckfs_cli_usage_error("export", "bad thread count '%s'", optarg);
+			break;
+		case 'l': {
+			int lv = ckfs_log_parse_level(optarg);
+			if (lv < 0)
+				return ckfs_cli_usage_error("export", "bad log level '%s'", optarg);
+			ckfs_log_set_level((enum ckfs_log_level)lv);
+			break;
+		}
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (argc - optind != 2)
+		return ckfs_cli_usage_error("export", "expected SRC and DIR");
+	const char *src = argv[optind], *dst = argv[optind + 1];
+	if (!threads) {
+		long n = sysconf(_SC_NPROCESSORS_ONLN);
+		threads = n < 1 ? 1 : n > 16 ? 16 : (int)n;
+	}
+
+	struct stat st;
+	if (lstat(dst, &st) == 0 && !force) {
+		ckfs_fail(&err, CKFS_E_EXISTS, "'%s': already exists; use --force to "
+			  "replace it", dst);
+		return ckfs_cli_report(&err);
+	}
+	struct ckfs_model *m = NULL;
+	struct ckfs_folder *f = NULL;
+	if (ckfs_model_open(src, &mopt, &m, &err) != CKFS_OK)
+		return ckfs_cli_report(&err);
+	for (size_t i = 0; i < m->n_warnings && !quiet; i++)
+		fprintf(stderr, "ckfs: warning: %s\n", m->warnings[i]);
+	if (ckfs_folder_build(m, &fopt, &f, &err) != CKFS_OK) {
+		ckfs_model_free(m);
+		return ckfs_cli_report(&err);
+	}
+
+	char parent[PATH_MAX], tmp[PATH_MAX], old[PATH_MAX];
+	parent_of(dst, parent, sizeof(parent));
+	snprintf(tmp, sizeof(tmp), "%s.ckfs-tmp-%ld", dst, (long)getpid());
+	snprintf(old, sizeof(old), "%s.ckfs-old-%ld", dst, (long)getpid());
+	struct sigaction sa = { .sa_handler = on_signal };
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGHUP, &sa, NULL);
+
+	enum ckfs_code rc = CKFS_OK;
+	int made_tmp = 0;
+	if (mkdir(tmp, 0755) != 0) {
+		rc = ckfs_fail_errno(&err, "'%s': cannot create", tmp);
+		goto out;
+	}
+	made_tmp = 1;
+	struct progress prog = { .enabled = !quiet && isatty(STDERR_FILENO) };
+	clock_gettime(CLOCK_MONOTONIC, &prog.start);
+	for (size_t i = 0; i < f->n_nodes; i++)
+		prog.total += f->nodes[i].size;
+	for (size_t i = 0; i < f->n_nodes && rc == CKFS_OK; i++)
+		rc = write_node(f, &f->nodes[i], tmp, threads, &prog, &err);
+	if (prog.enabled)
+		fputc('\n', stderr);
+	if (rc == CKFS_OK && sync_dir(tmp) != 0)
+		rc = ckfs_fail_errno(&err, "'%s': fsync failed", tmp);
+	if (rc != CKFS_OK)
+		goto out;
+	int replaced = 0;
+	if (force && lstat(dst, &st) == 0) {
+		if (rename(dst, old) != 0) {
+			rc = ckfs_fail_errno(&err, "'%s': cannot move aside", dst);
+			goto out;
+		}
+		replaced = 1;
+	}
+	if (rename(tmp, dst) != 0) {
+		rc = ckfs_fail_errno(&err, "'%s': cannot rename into place", dst);
+		if (replaced)
+			rename(old, dst);
+		goto out;
+	}
+	made_tmp = 0;
+	sync_dir(parent);
+	if (replaced) {
+		/* The old folder may hold files ckfs did not write. */
+		if (nftw(old, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+			fprintf(stderr, "ckfs: warning: could not remove '%s'\n", old);
+	}
+	if (!quiet) {
+		char a[32];
+		ckfs_cli_format_bytes((double)prog.total, a, sizeof(a));
+		fprintf(stderr, "ckfs: wrote %zu files (%s) to '%s' in %.2f s\n",
+			f->n_nodes, a, dst, since(&prog.start));
+	}
+out:
+	if (made_tmp)
+		remove_tree(tmp, f);
+	ckfs_folder_free(f);
+	ckfs_model_free(m);
+	if (rc != CKFS_OK)
+		return interrupted ? 130 : ckfs_cli_report(&err);
+	return 0;
+}

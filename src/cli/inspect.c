@@ -1,0 +1,204 @@
+/* SPDX-License-Identifier: MIT */
+/* ckfs inspect SRC [--json]: what ckfs found in a checkpoint, from
+ * metadata only: layout, world size, mesh, ranks read, per-tensor table,
+ * totals and warnings. */
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckfs/folder.h"
+#include "ckfs/model.h"
+#include "cli/cli.h"
+
+static void shape_text(const struct ckfs_tensor *t, char *buf, size_t size)
+{
+	size_t n = (size_t)snprintf(buf, size, "[");
+	for (int k = 0; k < t->ndim && n < size; k++)
+		n += (size_t)snprintf(buf + n, size - n, "%s%lld", k ? ", " : "",
+				      (long long)t->shape[k]);
+	if (n < size)
+		snprintf(buf + n, size - n, "]");
+}
+
+static uint64_t stored_bytes(const struct ckfs_tensor *t)
+{
+	return t->numel * ckfs_dtype_size(t->stored_dtype);
+}
+
+static int print_json(const struct ckfs_model *m, const struct ckfs_folder *f)
+{
+	cJSON *root = cJSON_CreateObject(), *arr, *mesh, *tensors, *files;
+	uint64_t params = 0, in_bytes = 0, out_bytes = 0;
+
+	cJSON_AddStringToObject(root, "source", m->src_dir);
+	cJSON_AddStringToObject(root, "layout", m->layout);
+	cJSON_AddNumberToObject(root, "world_size", m->world_size);
+	if (m->fsdp_version)
+		cJSON_AddNumberToObject(root, "fsdp_version", m->fsdp_version);
+	mesh = cJSON_AddObjectToObject(root, "mesh");
+	arr = cJSON_AddArrayToObject(mesh, "shape");
+	for (int i = 0; i < m->mesh_ndim; i++)
+		cJSON_AddItemToArray(arr, cJSON_CreateNumber((double)m->mesh_shape[i]));
+	arr = cJSON_AddArrayToObject(mesh, "dim_names");
+	for (int i = 0; i < m->mesh_ndim; i++)
+		cJSON_AddItemToArray(arr, m->mesh_dim_names[i]
+						  ? cJSON_CreateString(m->mesh_dim_names[i])
+						  : cJSON_CreateNull());
+	arr = cJSON_AddArrayToObject(root, "ranks_read");
+	for (size_t i = 0; i < m->n_ranks_read; i++)
+		cJSON_AddItemToArray(arr, cJSON_CreateNumber(m->ranks_read[i]));
+	cJSON_AddStringToObject(root, "config", m->config_path);
+	cJSON_AddBoolToObject(root, "tie_word_embeddings", m->tie_word_embeddings);
+	tensors = cJSON_AddArrayToObject(root, "tensors");
+	for (size_t i = 0; i < m->n_tensors; i++) {
+		const struct ckfs_tensor *t = &m->tensors[i];
+		cJSON *o = cJSON_CreateObject();
+		cJSON_AddStringToObject(o, "name", t->name);
+		arr = cJSON_AddArrayToObject(o, "shape");
+		for (int k = 0; k < t->ndim; k++)
+			cJSON_AddItemToArray(arr, cJSON_CreateNumber((double)t->shape[k]));
+		cJSON_AddStringToObject(o, "stored_dtype", ckfs_dtype_st_name(t->stored_dtype));
+		cJSON_AddStringToObject(o, "dtype", ckfs_dtype_st_name(t->out_dtype));
+		cJSON_AddStringToObject(o, "placement", t->placement);
+		cJSON_AddNumberToObject(o, "pieces", t->n_chunks);
+		cJSON_AddItemToArray(tensors, o);
+		params += t->numel;
+		in_bytes += stored_bytes(t);
+		out_bytes += ckfs_tensor_out_bytes(t);
+	}
+	files = cJSON_AddArrayToObject(root, "files");
+	for (size_t i = 0; i < f->n_nodes; i++) {
+		cJSON *o = cJSON_CreateObject();
+		cJSON_AddStringToObject(o, "name", f->nodes[i].name);
+		cJSON_AddNumberToObject(o, "size", (double)f->nodes[i].size);
+		cJSON_AddItemToArray(files, o);
+	}
+	cJSON *tot = cJSON_AddObjectToObject(root, "totals");
+	cJSON_AddNumberToObject(tot, "tensors", (double)m->n_tensors);
+	cJSON_AddNumberToObject(tot, "parameters", (double)params);
+	cJSON_AddNumberToObject(tot, "stored_bytes", (double)in_bytes);
+	cJSON_AddNumberToObject(tot, "output_bytes", (double)out_bytes);
+	arr = cJSON_AddArrayToObject(root, "warnings");
+	for (size_t i = 0; i < m->n_warnings; i++)
+		cJSON_AddItemToArray(arr, cJSON_CreateString(m->warnings[i]));
+	char *text = cJSON_Print(root);
+	cJSON_Delete(root);
+	if (!text)
+		return 1;
+	puts(text);
+	free(text);
+	return 0;
+}
+
+static void print_text(const struct ckfs_model *m, const struct ckfs_folder *f)
+{
+	uint64_t params = 0, in_bytes = 0, out_bytes = 0;
+	char a[32], b[32], shape[128];
+	size_t w = 4;
+
+	printf("source       %s\n", m->src_dir);
+	printf("layout       %s (FSDP%s%d), world size %d\n", m->layout,
+	       m->fsdp_version ? "" : " version unknown", m->fsdp_version,
+	       m->world_size);
+	if (m->mesh_ndim) {
+		printf("mesh         (");
+		for (int i = 0; i < m->mesh_ndim; i++)
+			printf("%s%lld", i ? ", " : "", (long long)m->mesh_shape[i]);
+		printf(") dims (");
+		for (int i = 0; i < m->mesh_ndim; i++)
+			printf("%s%s", i ? ", " : "",
+			       m->mesh_dim_names[i] ? m->mesh_dim_names[i] : "?");
+		printf(")\n");
+	} else {
+		printf("mesh         none (plain tensors or ShardedTensor)\n");
+	}
+	printf("ranks read   ");
+	for (size_t i = 0; i < m->n_ranks_read; i++)
+		printf("%s%d", i ? " " : "", m->ranks_read[i]);
+	printf("\nconfig       %s%s\n\n", m->config_path,
+	       m->tie_word_embeddings ? " (tie_word_embeddings)" : "");
+	for (size_t i = 0; i < m->n_tensors; i++)
+		if (strlen(m->tensors[i].name) > w)
+			w = strlen(m->tensors[i].name);
+	printf("%-*s  %-20s %-13s %-22s %s\n", (int)w, "name", "shape", "dtype",
+	       "placement", "pieces");
+	for (size_t i = 0; i < m->n_tensors; i++) {
+		const struct ckfs_tensor *t = &m->tensors[i];
+		char dt[32];
+		shape_text(t, shape, sizeof(shape));
+		snprintf(dt, sizeof(dt), "%s>%s", ckfs_dtype_st_name(t->stored_dtype),
+			 ckfs_dtype_st_name(t->out_dtype));
+		printf("%-*s  %-20s %-13s %-22s %u\n", (int)w, t->name, shape, dt,
+		       t->placement, t->n_chunks);
+		params += t->numel;
+		in_bytes += stored_bytes(t);
+		out_bytes += ckfs_tensor_out_bytes(t);
+	}
+	ckfs_cli_format_bytes((double)in_bytes, a, sizeof(a));
+	ckfs_cli_format_bytes((double)out_bytes, b, sizeof(b));
+	printf("\n%zu tensors, %llu parameters, %s stored, %s served\n", m->n_tensors,
+	       (unsigned long long)params, a, b);
+	printf("files:");
+	for (size_t i = 0; i < f->n_nodes; i++)
+		printf(" %s", f->nodes[i].name);
+	printf("\n");
+	for (size_t i = 0; i < m->n_warnings; i++)
+		printf("warning: %s\n", m->warnings[i]);
+}
+
+int ckfs_cmd_inspect(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "json", no_argument, NULL, 'j' },
+		{ "dtype", required_argument, NULL, 'd' },
+		{ "max-shard-size", required_argument, NULL, 's' },
+		{ "config", required_argument, NULL, 'c' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct ckfs_model_options mopt = { .out_dtype = CKFS_DTYPE_BF16 };
+	struct ckfs_folder_options fopt = { 0 };
+	struct ckfs_error err;
+	int json = 0, c;
+
+	ckfs_error_clear(&err);
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'j': json = 1; break;
+		case 'd':
+			if (ckfs_cli_parse_dtype(optarg, &mopt.out_dtype) != 0)
+				return ckfs_cli_usage_error("inspect", "unknown dtype '%s'", optarg);
+			break;
+		case 's':
+			if (!(fopt.max_shard_size = ckfs_parse_size(optarg)))
+				return ckfs_cli_usage_error("inspect", "bad size '%s'", optarg);
+			break;
+		case 'c': mopt.config_path = optarg; break;
+		case 'h':
+			puts("usage: ckfs inspect SRC [--json] [--dtype D] [--max-shard-size S] [--config PATH]");
+			return 0;
+		default: return 2;
+		}
+	}
+	if (argc - optind != 1)
+		return ckfs_cli_usage_error("inspect", "expected SRC");
+	struct ckfs_model *m;
+	struct ckfs_folder *f;
+	if (ckfs_model_open(argv[optind], &mopt, &m, &err) != CKFS_OK)
+		return ckfs_cli_report(&err);
+	if (ckfs_folder_build(m, &fopt, &f, &err) != CKFS_OK) {
+		ckfs_model_free(m);
+		return ckfs_cli_report(&err);
+	}
+	int rc = 0;
+	if (json)
+		rc = print_json(m, f);
+	else
+		print_text(m, f);
+	ckfs_folder_free(f);
+	ckfs_model_free(m);
+	return rc;
+}

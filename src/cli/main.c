@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ckfs command line: sub-command dispatch and helpers shared by the
+ * sub-commands. Exit status: 0 success, 1 failure (one line on stderr
+ * naming the file and the cause), 2 usage error.
+ *
+ * mount.fuse3 runs "ckfs SRC MNT -o OPTS": a first argument that is not a
+ * sub-command is taken as a mount.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ckfs/log.h"
+#include "cli/cli.h"
+
+static const char usage_text[] =
+	"usage: ckfs <command> [options]\n"
+	"\n"
+	"  inspect SRC [--json]              describe a checkpoint (metadata only)\n"
+	"  export SRC DIR [options]          write the merged Hugging Face folder\n"
+	"  verify SRC --against DIR          compare a checkpoint with a HF folder\n"
+	"  mount SRC MNT [options]           serve the merged folder through FUSE\n"
+	"  umount MNT                        unmount\n"
+	"\n"
+	"Common options: --dtype bf16|fp16|fp32|auto (default bf16),\n"
+	"  --max-shard-size SIZE (e.g. 5GB), --config PATH, --log-level LEVEL.\n"
+	"Run 'ckfs <command> --help' for details.\n";
+
+int ckfs_cli_parse_dtype(const char *name, enum ckfs_dtype *out)
+{
+	static const struct { const char *name; enum ckfs_dtype t; } names[] = {
+		{ "bf16", CKFS_DTYPE_BF16 }, { "bfloat16", CKFS_DTYPE_BF16 },
+		{ "fp16", CKFS_DTYPE_F16 },  { "float16", CKFS_DTYPE_F16 },
+		{ "half", CKFS_DTYPE_F16 },  { "fp32", CKFS_DTYPE_F32 },
+		{ "float32", CKFS_DTYPE_F32 }, { "float", CKFS_DTYPE_F32 },
+		{ "auto", CKFS_DTYPE_INVALID },
+	};
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (strcmp(name, names[i].name) == 0) {
+			*out = names[i].t;
+			return 0;
+		}
+	return -1;
+}
+
+int ckfs_cli_report(const struct ckfs_error *err)
+{
+	fprintf(stderr, "ckfs: %s\n", err->msg[0] ? err->msg : ckfs_strerror(err->code));
+	return 1;
+}
+
+int ckfs_cli_usage_error(const char *cmd, const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "ckfs %s: ", cmd);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "\nTry 'ckfs %s --help'.\n", cmd);
+	return 2;
+}
+
+void ckfs_cli_format_bytes(double bytes, char *buf, size_t size)
+{
+	static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB" };
+	int u = 0;
+
+	while (bytes >= 1024 && u < 4) {
+		bytes /= 1024;
+		u++;
+	}
+	snprintf(buf, size, u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
+}
+
+int main(int argc, char **argv)
+{
+	const char *cmd = argc > 1 ? argv[1] : NULL;
+
+	if (!cmd || strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 ||
+	    strcmp(cmd, "help") == 0) {
+		fputs(usage_text, cmd ? stdout : stderr);
+		return cmd ? 0 : 2;
+	}
+	if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
+		printf("ckfs %s\n", CKFS_VERSION);
+		return 0;
+	}
+	if (strcmp(cmd, "inspect") == 0)
+		return ckfs_cmd_inspect(argc - 1, argv + 1);
+	if (strcmp(cmd, "export") == 0)
+		return ckfs_cmd_export(argc - 1, argv + 1);
+	if (strcmp(cmd, "verify") == 0)
+		return ckfs_cmd_verify(argc - 1, argv + 1);
+	if (strcmp(cmd, "mount") == 0)
+		return ckfs_cmd_mount(argc - 1, argv + 1);
+	if (strcmp(cmd, "umount") == 0 || strcmp(cmd, "unmount") == 0)
+		return ckfs_cmd_umount(argc - 1, argv + 1);
+	if (cmd[0] != '-' && argc >= 3)
+		return ckfs_cmd_mount(argc, argv); /* mount.fuse3: ckfs SRC MNT -o ... */
+	fprintf(stderr, "ckfs: unknown command '%s'\n\n%s", cmd, usage_text);
+	return 2;
+}

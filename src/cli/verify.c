@@ -1,0 +1,207 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ckfs verify SRC --against DIR: the checks of verl's `model_merger test`
+ * against a Hugging Face folder: the same tensor names (none missing, none
+ * extra), shapes, dtypes and values. Reference tensors stored in another
+ * dtype are cast to the output dtype first, as verl's test loads the
+ * reference in bf16. Values are exact by default (bitwise, NaN equal to
+ * NaN); --atol/--rtol compare |a - b| <= atol + rtol * |b|.
+ */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ckfs/model.h"
+#include "ckfs/st.h"
+#include "cli/cli.h"
+
+#define VERIFY_BLOCK (1u << 20) /* elements compared per step */
+
+struct tensor_result {
+	uint64_t mismatches;
+	double max_diff;
+	uint64_t worst_index;
+};
+
+static enum ckfs_code compare_tensor(const struct ckfs_model *m,
+				     const struct ckfs_tensor *t,
+				     const struct ckfs_st_entry *ref, double atol,
+				     double rtol, struct tensor_result *res,
+				     struct ckfs_error *err)
+{
+	size_t out = ckfs_dtype_size(t->out_dtype), in = ckfs_dtype_size(ref->dtype);
+	unsigned char *a = malloc(VERIFY_BLOCK * out), *b = malloc(VERIFY_BLOCK * out);
+	unsigned char *raw = malloc(VERIFY_BLOCK * in);
+	struct ckfs_read_scratch scratch = { 0 };
+	enum ckfs_code rc = CKFS_OK;
+	int exact = atol == 0 && rtol == 0;
+
+	memset(res, 0, sizeof(*res));
+	if (!a || !b || !raw) {
+		rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		goto out;
+	}
+	for (uint64_t e = 0; e < t->numel && rc == CKFS_OK; e += VERIFY_BLOCK) {
+		size_t n = t->numel - e < VERIFY_BLOCK ? (size_t)(t->numel - e) : VERIFY_BLOCK;
+		rc = ckfs_tensor_read(m, t, e, n, a, &scratch, err);
+		if (rc != CKFS_OK)
+			break;
+		size_t len = n * in;
+		if (pread(ref->fd, raw, len, (off_t)(ref->begin + e * in)) != (ssize_t)len) {
+			rc = ckfs_fail(err, CKFS_E_TRUNCATED, "'%s': cannot read '%s'",
+				       ref->file, ref->name);
+			break;
+		}
+		ckfs_convert(t->out_dtype, b, ref->dtype, raw, n, 0);
+		for (size_t i = 0; i < n; i++) {
+			double x = ckfs_dtype_load_double(t->out_dtype, a + i * out);
+			double y = ckfs_dtype_load_double(t->out_dtype, b + i * out);
+			int same;
+			if (exact)
+				same = memcmp(a + i * out, b + i * out, out) == 0 ||
+				       (isnan(x) && isnan(y));
+			else
+				same = (isnan(x) && isnan(y)) || x == y ||
+				       fabs(x - y) <= atol + rtol * fabs(y);
+			if (same)
+				continue;
+			res->mismatches++;
+			double d = isnan(x) || isnan(y) ? INFINITY : fabs(x - y);
+			if (d > res->max_diff || res->mismatches == 1) {
+				res->max_diff = d;
+				res->worst_index = e + i;
+			}
+		}
+	}
+out:
+	free(a);
+	free(b);
+	free(raw);
+	ckfs_read_scratch_release(&scratch);
+	return rc;
+}
+
+static int same_shape(const struct ckfs_tensor *t, const struct ckfs_st_entry *r)
+{
+	return t->ndim == r->ndim &&
+	       memcmp(t->shape, r->shape, sizeof(int64_t) * (size_t)t->ndim) == 0;
+}
+
+int ckfs_cmd_verify(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "against", required_argument, NULL, 'a' },
+		{ "dtype", required_argument, NULL, 'd' },
+		{ "atol", required_argument, NULL, 'A' },
+		{ "rtol", required_argument, NULL, 'R' },
+		{ "config", required_argument, NULL, 'c' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct ckfs_model_options mopt = { .out_dtype = CKFS_DTYPE_BF16 };
+	const char *against = NULL;
+	double atol = 0, rtol = 0;
+	struct ckfs_error err;
+	int c;
+
+	ckfs_error_clear(&err);
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		char *end;
+		switch (c) {
+		case 'a': against = optarg; break;
+		case 'd':
+			if (ckfs_cli_parse_dtype(optarg, &mopt.out_dtype) != 0)
+				return ckfs_cli_usage_error("verify", "unknown dtype '%s'", optarg);
+			break;
+		case 'A':
+		case 'R': {
+			double v = strtod(optarg, &end);
+			if (*end || !(v >= 0))
+				return ckfs_cli_usage_error("verify", "bad tolerance '%s'", optarg);
+			*(c == 'A' ? &atol : &rtol) = v;
+			break;
+		}
+		case 'c': mopt.config_path = optarg; break;
+		case 'h':
+			puts("usage: ckfs verify SRC --against HF_DIR [--dtype D] [--atol A] [--rtol R]");
+			return 0;
+		default: return 2;
+		}
+	}
+	if (argc - optind != 1 || !against)
+		return ckfs_cli_usage_error("verify", "expected SRC and --against DIR");
+
+	struct ckfs_model *m;
+	struct ckfs_st_set ref;
+	if (ckfs_model_open(argv[optind], &mopt, &m, &err) != CKFS_OK)
+		return ckfs_cli_report(&err);
+	if (ckfs_st_set_open(against, &ref, &err) != CKFS_OK) {
+		ckfs_model_free(m);
+		return ckfs_cli_report(&err);
+	}
+
+	size_t missing = 0, extra = 0, bad = 0, compared = 0;
+	const char *worst = NULL;
+	double worst_diff = -1;
+	for (size_t i = 0; i < m->n_tensors; i++)
+		if (!ckfs_st_set_find(&ref, m->tensors[i].name)) {
+			if (missing++ < 10)
+				printf("missing in reference: %s\n", m->tensors[i].name);
+		}
+	for (size_t i = 0; i < ref.n_entries; i++) {
+		int found = 0;
+		for (size_t k = 0; k < m->n_tensors && !found; k++)
+			found = strcmp(m->tensors[k].name, ref.entries[i].name) == 0;
+		if (!found && extra++ < 10)
+			printf("not in checkpoint: %s\n", ref.entries[i].name);
+	}
+	for (size_t i = 0; i < m->n_tensors; i++) {
+		const struct ckfs_tensor *t = &m->tensors[i];
+		const struct ckfs_st_entry *r = ckfs_st_set_find(&ref, t->name);
+		struct tensor_result res;
+		if (!r)
+			continue;
+		compared++;
+		if (!same_shape(t, r)) {
+			printf("shape differs: %s\n", t->name);
+			bad++;
+			continue;
+		}
+		if (r->dtype != t->out_dtype)
+			printf("note: %s is %s in the reference, compared as %s\n", t->name,
+			       ckfs_dtype_st_name(r->dtype), ckfs_dtype_st_name(t->out_dtype));
+		if (compare_tensor(m, t, r, atol, rtol, &res, &err) != CKFS_OK) {
+			ckfs_st_set_release(&ref);
+			ckfs_model_free(m);
+			return ckfs_cli_report(&err);
+		}
+		if (res.mismatches) {
+			bad++;
+			printf("values differ: %s: %llu of %llu elements, max |diff| %g "
+			       "at element %llu\n", t->name,
+			       (unsigned long long)res.mismatches,
+			       (unsigned long long)t->numel, res.max_diff,
+			       (unsigned long long)res.worst_index);
+			if (res.max_diff > worst_diff) {
+				worst_diff = res.max_diff;
+				worst = t->name;
+			}
+		}
+	}
+	int ok = !missing && !extra && !bad;
+	if (ok)
+		printf("verified %zu tensors against '%s': names, shapes, dtypes and "
+		       "values match%s\n", compared, against,
+		       atol == 0 && rtol == 0 ? " exactly" : " within tolerance");
+	else
+		printf("FAILED: %zu missing, %zu extra, %zu of %zu tensors differ%s%s%s\n",
+		       missing, extra, bad, compared, worst ? " (worst: " : "",
+		       worst ? worst : "", worst ? ")" : "");
+	ckfs_st_set_release(&ref);
+	ckfs_model_free(m);
+	return ok ? 0 : 1;
+}

@@ -1,0 +1,687 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * torch.save files as metadata: zip directory + data.pkl, interpreted into
+ * state-dict entries (include/ckfs/torch.h). This is the only module that
+ * knows torch's object graphs (formats.md sections 2-4): the rebuild
+ * functions, storage persistent ids, DTensor's _spec, DeviceMesh and
+ * placements, ShardedTensor's local shards. It reads no tensor bytes; it
+ * records where they are and checks that every view stays inside its
+ * storage record. Class paths moved between torch releases, so classes are
+ * matched by final name under any torch.distributed module.
+ */
+#include "ckfs/torch.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define TORCH_MAX_DEPTH 32 /* rebuild calls nest 3-4 deep in practice */
+
+static const char *vlabel(const struct ckfs_torch_file *tf)
+{
+	return tf->label ? tf->label : "?";
+}
+
+/* Attribute of a pickled object: BUILD state as a dict, or the
+ * (dict_or_None, slots_dict) pair Python >= 3.11 writes for slotted classes. */
+static struct ckfs_pv *attr(const struct ckfs_pv *obj, const char *name)
+{
+	const struct ckfs_pv *st = NULL;
+
+	if (!obj)
+		return NULL;
+	if (obj->kind == CKFS_PV_DICT)
+		return ckfs_pv_dict_get(obj, name);
+	if (obj->kind == CKFS_PV_OBJECT)
+		st = obj->u.obj.state;
+	else if (obj->kind == CKFS_PV_CALL)
+		st = obj->u.call.state;
+	if (!st)
+		return NULL;
+	if (st->kind == CKFS_PV_DICT)
+		return ckfs_pv_dict_get(st, name);
+	if (st->kind == CKFS_PV_TUPLE && st->u.seq.n == 2) {
+		struct ckfs_pv *v = ckfs_pv_dict_get(st->u.seq.items[0], name);
+		return v ? v : ckfs_pv_dict_get(st->u.seq.items[1], name);
+	}
+	return NULL;
+}
+
+static const struct ckfs_pv *obj_class(const struct ckfs_pv *obj)
+{
+	if (!obj)
+		return NULL;
+	if (obj->kind == CKFS_PV_OBJECT)
+		return obj->u.obj.cls;
+	if (obj->kind == CKFS_PV_CALL)
+		return obj->u.call.fn;
+	return NULL;
+}
+
+static int is_dist_class(const struct ckfs_pv *g, const char *name)
+{
+	return ckfs_pv_is_global_named(g, "torch.distributed", name);
+}
+
+static const struct ckfs_pv *tuple_item(const struct ckfs_pv *t, size_t i)
+{
+	if (!t || (t->kind != CKFS_PV_TUPLE && t->kind != CKFS_PV_LIST) ||
+	    i >= t->u.seq.n)
+		return NULL;
+	return t->u.seq.items[i];
+}
+
+static size_t seq_len(const struct ckfs_pv *t)
+{
+	if (!t || (t->kind != CKFS_PV_TUPLE && t->kind != CKFS_PV_LIST))
+		return 0;
+	return t->u.seq.n;
+}
+
+static int get_int(const struct ckfs_pv *v, int64_t *out)
+{
+	if (!v || (v->kind != CKFS_PV_INT && v->kind != CKFS_PV_BOOL))
+		return 0;
+	*out = v->u.i;
+	return 1;
+}
+
+/* A tuple/list of non-negative ints into dims[]. */
+static enum ckfs_code get_dims(const struct ckfs_pv *t, int64_t *dims, int *ndim,
+			       const char *what, const char *key,
+			       const struct ckfs_torch_file *tf,
+			       struct ckfs_error *err)
+{
+	size_t n = seq_len(t);
+
+	if (!t || (t->kind != CKFS_PV_TUPLE && t->kind != CKFS_PV_LIST))
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': %s of '%s' is not a tuple", vlabel(tf),
+				 what, key);
+	if (n > CKFS_MAX_DIMS)
+		return ckfs_fail(err, CKFS_E_LIMIT,
+				 "'%s': '%s' has %zu dims (limit %d)",
+				 vlabel(tf), key, n, CKFS_MAX_DIMS);
+	for (size_t i = 0; i < n; i++) {
+		if (!get_int(t->u.seq.items[i], &dims[i]) || dims[i] < 0)
+			return ckfs_fail(err, CKFS_E_FORMAT,
+					 "'%s': bad %s of '%s'", vlabel(tf),
+					 what, key);
+	}
+	*ndim = (int)n;
+	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_view_check_bounds(const struct ckfs_tensor_view *v,
+				      const char *what, struct ckfs_error *err)
+{
+	uint64_t last = (uint64_t)v->storage_offset, esize = ckfs_dtype_size(v->dtype);
+
+	for (int k = 0; k < v->ndim; k++) {
+		uint64_t step;
+		if (v->shape[k] == 0)
+			return CKFS_OK; /* no element is ever read */
+		if (__builtin_mul_overflow((uint64_t)(v->shape[k] - 1),
+					   (uint64_t)v->stride[k], &step) ||
+		    __builtin_add_overflow(last, step, &last))
+			goto out_of_range;
+	}
+	/* last is the largest element index; it must fit in the storage. */
+	uint64_t end_bytes;
+	if (__builtin_add_overflow(last, 1, &end_bytes) ||
+	    __builtin_mul_overflow(end_bytes, esize, &end_bytes) ||
+	    end_bytes > v->storage_bytes)
+		goto out_of_range;
+	return CKFS_OK;
+out_of_range:
+	return ckfs_fail(err, CKFS_E_FORMAT,
+			 "%s: view reaches past the end of its storage "
+			 "(%llu bytes)", what,
+			 (unsigned long long)v->storage_bytes);
+}
+
+/* Resolve a storage persistent id ('storage', cls, key, location, numel). */
+static enum ckfs_code decode_storage(struct ckfs_torch_file *tf,
+				     const struct ckfs_pv *p, enum ckfs_dtype v3_dtype,
+				     const char *key, struct ckfs_tensor_view *view,
+				     struct ckfs_error *err)
+{
+	const struct ckfs_pv *pid, *cls, *skey;
+	int64_t numel;
+
+	if (!p || p->kind != CKFS_PV_PERSID)
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': tensor '%s' has no storage reference",
+				 vlabel(tf), key);
+	pid = p->u.persid.pid;
+	cls = tuple_item(pid, 1);
+	skey = tuple_item(pid, 2);
+	if (seq_len(pid) < 5 || !ckfs_pv_is_str(tuple_item(pid, 0), "storage") ||
+	    !cls || cls->kind != CKFS_PV_GLOBAL || !skey ||
+	    skey->kind != CKFS_PV_STR || !get_int(tuple_item(pid, 4), &numel) ||
+	    numel < 0)
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': malformed storage id for '%s'",
+				 vlabel(tf), key);
+
+	enum ckfs_dtype dt;
+	uint64_t nbytes;
+	if (strcmp(cls->u.global.name, "UntypedStorage") == 0) {
+		dt = v3_dtype;
+		nbytes = (uint64_t)numel; /* untyped storages count bytes */
+	} else {
+		dt = ckfs_dtype_from_storage_class(cls->u.global.name);
+		if (dt == CKFS_DTYPE_INVALID)
+			return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+					 "'%s': '%s' uses unsupported storage %s.%s",
+					 vlabel(tf), key, cls->u.global.module,
+					 cls->u.global.name);
+		if (v3_dtype != CKFS_DTYPE_INVALID)
+			dt = v3_dtype;
+		if (__builtin_mul_overflow((uint64_t)numel,
+					   (uint64_t)ckfs_dtype_size(dt), &nbytes))
+			return ckfs_fail(err, CKFS_E_FORMAT,
+					 "'%s': storage size overflow for '%s'",
+					 vlabel(tf), key);
+	}
+	if (dt == CKFS_DTYPE_INVALID)
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+				 "'%s': '%s' has an unsupported dtype",
+				 vlabel(tf), key);
+
+	char record[300];
+	if (skey->u.str.len > 256)
+		return ckfs_fail(err, CKFS_E_LIMIT, "'%s': storage key too long",
+				 vlabel(tf));
+	snprintf(record, sizeof(record), "data/%s", skey->u.str.s);
+	const struct ckfs_zip_entry *e = ckfs_zip_find(&tf->zip, record);
+	if (!e)
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': storage record '%s' of '%s' is missing",
+				 vlabel(tf), record, key);
+	if (e->method != 0)
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+				 "'%s': storage record '%s' is compressed",
+				 vlabel(tf), record);
+	if (e->size < nbytes)
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': storage record '%s' holds %llu bytes, "
+				 "its id declares %llu",
+				 vlabel(tf), record, (unsigned long long)e->size,
+				 (unsigned long long)nbytes);
+	view->dtype = dt;
+	view->storage_pos = e->data_offset;
+	view->storage_bytes = nbytes;
+	view->storage_key = skey->u.str.s;
+	return CKFS_OK;
+}
+
+static enum ckfs_code decode_plain(struct ckfs_torch_file *tf,
+				   const struct ckfs_pv *v, const char *key,
+				   int depth, struct ckfs_tensor_view *view,
+				   struct ckfs_error *err);
+
+/* _rebuild_tensor / _v2 / _v3 argument tuples. */
+static enum ckfs_code decode_rebuild(struct ckfs_torch_file *tf,
+				     const char *fn, const struct ckfs_pv *args,
+				     const char *key, struct ckfs_tensor_view *view,
+				     struct ckfs_error *err)
+{
+	int v3 = strcmp(fn, "_rebuild_tensor_v3") == 0;
+	enum ckfs_dtype v3_dtype = CKFS_DTYPE_INVALID;
+	const struct ckfs_pv *meta = NULL;
+	int ndim_stride = 0;
+
+	if (seq_len(args) < 4)
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': short %s call for '%s'", vlabel(tf), fn,
+				 key);
+	if (v3) {
+		const struct ckfs_pv *dt = tuple_item(args, 6);
+		if (!dt || dt->kind != CKFS_PV_GLOBAL ||
+		    (v3_dtype = ckfs_dtype_from_torch_name(dt->u.global.name)) ==
+			    CKFS_DTYPE_INVALID)
+			return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+					 "'%s': '%s' has an unsupported dtype%s%s",
+					 vlabel(tf), key, dt && dt->kind == CKFS_PV_GLOBAL ? " " : "",
+					 dt && dt->kind == CKFS_PV_GLOBAL ? dt->u.global.name : "");
+		meta = tuple_item(args, 7);
+	} else if (strcmp(fn, "_rebuild_tensor_v2") == 0) {
+		meta = tuple_item(args, 6);
+	}
+	CKFS_TRY(decode_storage(tf, tuple_item(args, 0), v3_dtype, key, view, err));
+	if (!get_int(tuple_item(args, 1), &view->storage_offset) ||
+	    view->storage_offset < 0)
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': bad storage offset of '%s'", vlabel(tf), key);
+	CKFS_TRY(get_dims(tuple_item(args, 2), view->shape, &view->ndim, "size",
+			  key, tf, err));
+	CKFS_TRY(get_dims(tuple_item(args, 3), view->stride, &ndim_stride,
+			  "stride", key, tf, err));
+	if (ndim_stride != view->ndim)
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': size and stride of '%s' disagree",
+				 vlabel(tf), key);
+	if (meta && meta->kind == CKFS_PV_DICT) {
+		const struct ckfs_pv *neg = ckfs_pv_dict_get(meta, "neg");
+		const struct ckfs_pv *conj = ckfs_pv_dict_get(meta, "conj");
+		if (conj && conj->kind == CKFS_PV_BOOL && conj->u.i)
+			return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+					 "'%s': '%s' has the conj bit set",
+					 vlabel(tf), key);
+		view->neg = neg && neg->kind == CKFS_PV_BOOL && neg->u.i;
+	}
+	char what[CKFS_MAX_NAME + 64];
+	snprintf(what, sizeof(what), "'%s': tensor '%s'", vlabel(tf), key);
+	return ckfs_view_check_bounds(view, what, err);
+}
+
+static enum ckfs_code decode_plain(struct ckfs_torch_file *tf,
+				   const struct ckfs_pv *v, const char *key,
+				   int depth, struct ckfs_tensor_view *view,
+				   struct ckfs_error *err)
+{
+	const struct ckfs_pv *fn, *args;
+
+	if (depth > TORCH_MAX_DEPTH)
+		return ckfs_fail(err, CKFS_E_LIMIT,
+				 "'%s': '%s' nests rebuild calls too deeply",
+				 vlabel(tf), key);
+	if (!v || v->kind != CKFS_PV_CALL)
+		goto unknown;
+	fn = v->u.call.fn;
+	args = v->u.call.args;
+	if (!fn || fn->kind != CKFS_PV_GLOBAL)
+		goto unknown;
+	if (strcmp(fn->u.global.module, "torch._utils") == 0) {
+		const char *name = fn->u.global.name;
+		if (strcmp(name, "_rebuild_tensor") == 0 ||
+		    strcmp(name, "_rebuild_tensor_v2") == 0 ||
+		    strcmp(name, "_rebuild_tensor_v3") == 0)
+			return decode_rebuild(tf, name, args, key, view, err);
+		if (strcmp(name, "_rebuild_parameter") == 0 ||
+		    strcmp(name, "_rebuild_parameter_with_state") == 0)
+			return decode_plain(tf, tuple_item(args, 0), key,
+					    depth + 1, view, err);
+	}
+	if (ckfs_pv_is_global(fn, "torch._tensor", "_rebuild_from_type_v2")) {
+		/* A tensor subclass without special layout: rebuild the inner
+		 * call (func, args) and ignore the subclass state. */
+		struct ckfs_pv inner = { .kind = CKFS_PV_CALL };
+		inner.u.call.fn = (struct ckfs_pv *)tuple_item(args, 0);
+		inner.u.call.args = (struct ckfs_pv *)tuple_item(args, 2);
+		return decode_plain(tf, &inner, key, depth + 1, view, err);
+	}
+unknown:
+	return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+			 "'%s': value of '%s' is not a supported tensor (%s%s%s)",
+			 vlabel(tf), key, v ? ckfs_pv_kind_name(v->kind) : "nothing",
+			 v && v->kind == CKFS_PV_CALL && v->u.call.fn &&
+					 v->u.call.fn->kind == CKFS_PV_GLOBAL
+				 ? " " : "",
+			 v && v->kind == CKFS_PV_CALL && v->u.call.fn &&
+					 v->u.call.fn->kind == CKFS_PV_GLOBAL
+				 ? v->u.call.fn->u.global.name : "");
+}
+
+static enum ckfs_code decode_placement(struct ckfs_torch_file *tf,
+				       const struct ckfs_pv *p, const char *key,
+				       struct ckfs_placement *out,
+				       struct ckfs_error *err)
+{
+	const struct ckfs_pv *cls = obj_class(p);
+	int64_t dim = 0, sf = 1;
+
+	if (is_dist_class(cls, "Replicate")) {
+		out->kind = CKFS_PLACE_REPLICATE;
+		return CKFS_OK;
+	}
+	if (is_dist_class(cls, "Partial") || is_dist_class(cls, "_Partial")) {
+		out->kind = CKFS_PLACE_PARTIAL;
+		return CKFS_OK;
+	}
+	int strided = is_dist_class(cls, "_StridedShard");
+	if (!strided && !is_dist_class(cls, "Shard"))
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+				 "'%s': '%s' has an unknown placement %s",
+				 vlabel(tf), key,
+				 cls && cls->kind == CKFS_PV_GLOBAL ? cls->u.global.name : "object");
+	/* Dataclass state {'dim': d}, or a REDUCE with (dim,) args. */
+	if (!get_int(attr(p, "dim"), &dim) &&
+	    !(p->kind == CKFS_PV_CALL && get_int(tuple_item(p->u.call.args, 0), &dim)))
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': shard placement of '%s' has no dim",
+				 vlabel(tf), key);
+	if (strided && !get_int(attr(p, "split_factor"), &sf) &&
+	    !(p->kind == CKFS_PV_CALL && get_int(tuple_item(p->u.call.args, 1), &sf)))
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': _StridedShard of '%s' has no split_factor",
+				 vlabel(tf), key);
+	if (dim < 0 || dim >= CKFS_MAX_DIMS || sf < 1)
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': bad shard placement of '%s'", vlabel(tf), key);
+	out->kind = strided ? CKFS_PLACE_STRIDED_SHARD : CKFS_PLACE_SHARD;
+	out->dim = (int)dim;
+	out->split_factor = sf;
+	return CKFS_OK;
+}
+
+static enum ckfs_code decode_mesh(struct ckfs_torch_file *tf,
+				  const struct ckfs_pv *mesh, const char *key,
+				  struct ckfs_dtensor_info *di,
+				  struct ckfs_error *err)
+{
+	const struct ckfs_pv *t = attr(mesh, "mesh"), *names, *coord;
+
+	if (t) {
+		CKFS_TRY(decode_plain(tf, t, key, 0, &di->mesh_tensor, err));
+		di->mesh_ndim = di->mesh_tensor.ndim;
+		memcpy(di->mesh_shape, di->mesh_tensor.shape, sizeof(di->mesh_shape));
+		di->have_mesh_tensor = true;
+	} else {
+		/* Newer DeviceMesh: a _layout with top-level sizes and a
+		 * flat _rank_map tensor. */
+		const struct ckfs_pv *layout = attr(mesh, "_layout");
+		const struct ckfs_pv *shape = attr(layout, "shape");
+		size_t n = seq_len(shape);
+		if (!shape || n == 0 || n > CKFS_MAX_DIMS)
+			return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+					 "'%s': device mesh of '%s' has no shape",
+					 vlabel(tf), key);
+		for (size_t i = 0; i < n; i++) {
+			const struct ckfs_pv *s = shape->u.seq.items[i];
+			int64_t size = 1, x;
+			if (get_int(s, &x))
+				size = x;
+			else
+				for (size_t j = 0; j < seq_len(s); j++)
+					if (get_int(s->u.seq.items[j], &x))
+						size *= x;
+			di->mesh_shape[i] = size;
+		}
+		di->mesh_ndim = (int)n;
+		const struct ckfs_pv *rank_map = attr(mesh, "_rank_map");
+		if (rank_map &&
+		    decode_plain(tf, rank_map, key, 0, &di->mesh_tensor, err) == CKFS_OK)
+			di->have_mesh_tensor = true;
+		ckfs_error_clear(err);
+	}
+	names = attr(mesh, "mesh_dim_names");
+	if (!names)
+		names = attr(mesh, "_mesh_dim_names");
+	for (size_t i = 0; i < seq_len(names) && i < CKFS_MAX_DIMS; i++) {
+		const struct ckfs_pv *s = names->u.seq.items[i];
+		di->mesh_dim_names[i] = s && s->kind == CKFS_PV_STR ? s->u.str.s : NULL;
+	}
+	coord = attr(mesh, "_coordinate_on_dim");
+	if (coord && seq_len(coord) == (size_t)di->mesh_ndim) {
+		di->have_coord = true;
+		for (int i = 0; i < di->mesh_ndim; i++)
+			if (!get_int(coord->u.seq.items[i], &di->coord[i]) ||
+			    di->coord[i] < 0 || di->coord[i] >= di->mesh_shape[i])
+				di->have_coord = false;
+	}
+	return CKFS_OK;
+}
+
+static enum ckfs_code decode_dtensor(struct ckfs_torch_file *tf,
+				     const struct ckfs_pv *wrap_args,
+				     const struct ckfs_pv *state, const char *key,
+				     struct ckfs_sd_entry *out,
+				     struct ckfs_error *err)
+{
+	struct ckfs_pv holder = { .kind = CKFS_PV_OBJECT };
+	const struct ckfs_pv *local, *spec, *placements;
+	struct ckfs_dtensor_info *di;
+
+	holder.u.obj.state = (struct ckfs_pv *)state;
+	local = attr(&holder, "_local_tensor");
+	spec = attr(&holder, "_spec");
+	if (!local || !spec)
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': DTensor '%s' lacks _local_tensor or _spec",
+				 vlabel(tf), key);
+	di = ckfs_arena_alloc(&tf->arena, sizeof(*di));
+	if (!di)
+		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	CKFS_TRY(decode_plain(tf, local, key, 0, &out->local, err));
+
+	/* Global shape: _rebuild_wrapper_subclass args (cls, dtype, size, ...),
+	 * else the spec's tensor_meta (shape, stride, dtype). */
+	const struct ckfs_pv *size = tuple_item(wrap_args, 2);
+	if (!size) {
+		const struct ckfs_pv *meta = attr(spec, "tensor_meta");
+		if (meta && meta->kind == CKFS_PV_OBJECT)
+			size = tuple_item(meta->u.obj.args, 0);
+	}
+	CKFS_TRY(get_dims(size, di->global_shape, &di->ndim, "global size", key,
+			  tf, err));
+	CKFS_TRY(decode_mesh(tf, attr(spec, "mesh"), key, di, err));
+	placements = attr(spec, "placements");
+	if (seq_len(placements) != (size_t)di->mesh_ndim)
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': DTensor '%s' has %zu placements for a "
+				 "%d-d mesh", vlabel(tf), key, seq_len(placements),
+				 di->mesh_ndim);
+	for (int i = 0; i < di->mesh_ndim; i++) {
+		CKFS_TRY(decode_placement(tf, placements->u.seq.items[i], key,
+					  &di->placements[i], err));
+		if (di->placements[i].kind != CKFS_PLACE_REPLICATE &&
+		    di->placements[i].kind != CKFS_PLACE_PARTIAL &&
+		    di->placements[i].dim >= di->ndim)
+			return ckfs_fail(err, CKFS_E_FORMAT,
+					 "'%s': DTensor '%s' is sharded on dim %d "
+					 "of a %d-d tensor", vlabel(tf), key,
+					 di->placements[i].dim, di->ndim);
+	}
+	if (out->local.ndim != di->ndim)
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': DTensor '%s' local and global ranks differ",
+				 vlabel(tf), key);
+	out->kind = CKFS_ENTRY_DTENSOR;
+	out->dtensor = di;
+	return CKFS_OK;
+}
+
+static enum ckfs_code decode_sharded(struct ckfs_torch_file *tf,
+				     const struct ckfs_pv *wrap_args,
+				     const struct ckfs_pv *state, const char *key,
+				     struct ckfs_sd_entry *out,
+				     struct ckfs_error *err)
+{
+	const struct ckfs_pv *shards = tuple_item(state, 0);
+	const struct ckfs_pv *meta = tuple_item(state, 1);
+	struct ckfs_sharded_info *si;
+	int n;
+
+	si = ckfs_arena_alloc(&tf->arena, sizeof(*si));
+	if (!si)
+		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	const struct ckfs_pv *size = tuple_item(wrap_args, 2);
+	if (!size)
+		size = attr(meta, "size");
+	CKFS_TRY(get_dims(size, si->global_shape, &si->ndim, "global size", key,
+			  tf, err));
+	if (!shards || shards->kind != CKFS_PV_LIST)
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': ShardedTensor '%s' has no local shard list",
+				 vlabel(tf), key);
+	if (shards->u.seq.n > 1)
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+				 "'%s': ShardedTensor '%s' has %zu local shards",
+				 vlabel(tf), key, shards->u.seq.n);
+	out->kind = CKFS_ENTRY_SHARDED;
+	out->sharded = si;
+	out->local.ndim = si->ndim;
+	if (shards->u.seq.n == 0)
+		return CKFS_OK;
+	const struct ckfs_pv *shard = shards->u.seq.items[0];
+	const struct ckfs_pv *smeta = attr(shard, "metadata");
+	CKFS_TRY(decode_plain(tf, attr(shard, "tensor"), key, 0, &out->local, err));
+	CKFS_TRY(get_dims(attr(smeta, "shard_offsets"), si->offsets, &n,
+			  "shard offsets", key, tf, err));
+	if (n != si->ndim)
+		goto bad;
+	CKFS_TRY(get_dims(attr(smeta, "shard_sizes"), si->sizes, &n,
+			  "shard sizes", key, tf, err));
+	if (n != si->ndim || out->local.ndim != si->ndim)
+		goto bad;
+	for (int k = 0; k < n; k++)
+		if (si->sizes[k] != out->local.shape[k])
+			goto bad;
+	si->have_local = true;
+	return CKFS_OK;
+bad:
+	return ckfs_fail(err, CKFS_E_FORMAT,
+			 "'%s': ShardedTensor '%s' shard metadata disagrees with "
+			 "its tensor", vlabel(tf), key);
+}
+
+enum ckfs_code ckfs_torch_decode_value(struct ckfs_torch_file *tf,
+				       const struct ckfs_pv *v, const char *key,
+				       struct ckfs_sd_entry *out,
+				       struct ckfs_error *err)
+{
+	memset(out, 0, sizeof(*out));
+	out->key = key;
+	if (v && v->kind == CKFS_PV_CALL &&
+	    ckfs_pv_is_global(v->u.call.fn, "torch._tensor", "_rebuild_from_type_v2")) {
+		const struct ckfs_pv *args = v->u.call.args;
+		const struct ckfs_pv *func = tuple_item(args, 0);
+		const struct ckfs_pv *type = tuple_item(args, 1);
+		const struct ckfs_pv *fargs = tuple_item(args, 2);
+		const struct ckfs_pv *state = tuple_item(args, 3);
+		int wrapper = ckfs_pv_is_global(func, "torch._utils",
+						"_rebuild_wrapper_subclass");
+		if (is_dist_class(type, "DTensor"))
+			return decode_dtensor(tf, wrapper ? fargs : NULL, state,
+					      key, out, err);
+		if (is_dist_class(type, "ShardedTensor"))
+			return decode_sharded(tf, wrapper ? fargs : NULL, state,
+					      key, out, err);
+		if (wrapper)
+			return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+					 "'%s': '%s' is a tensor subclass %s.%s "
+					 "without storage", vlabel(tf), key,
+					 type && type->kind == CKFS_PV_GLOBAL ? type->u.global.module : "?",
+					 type && type->kind == CKFS_PV_GLOBAL ? type->u.global.name : "?");
+	}
+	out->kind = CKFS_ENTRY_TENSOR;
+	return decode_plain(tf, v, key, 0, &out->local, err);
+}
+
+static enum ckfs_code check_byteorder(struct ckfs_torch_file *tf,
+				      struct ckfs_error *err)
+{
+	const struct ckfs_zip_entry *e = ckfs_zip_find(&tf->zip, "byteorder");
+	void *buf = NULL;
+	size_t len = 0;
+
+	if (!e)
+		return CKFS_OK; /* old writers: little-endian by default */
+	CKFS_TRY(ckfs_zip_read_record(&tf->zip, e, 64, &buf, &len, err));
+	int little = len >= 6 && memcmp(buf, "little", 6) == 0;
+	free(buf);
+	if (!little)
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+				 "'%s': big-endian torch.save files are not "
+				 "supported", vlabel(tf));
+	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_torch_open(struct ckfs_torch_file *tf, int fd,
+			       const char *label, struct ckfs_error *err)
+{
+	const struct ckfs_zip_entry *pkl;
+	void *bytes = NULL;
+	size_t len = 0;
+	enum ckfs_code rc;
+
+	memset(tf, 0, sizeof(*tf));
+	tf->label = label;
+	ckfs_arena_init(&tf->arena);
+	struct stat st;
+	if (fstat(fd, &st) != 0)
+		return ckfs_fail_errno(err, "'%s': cannot stat", label);
+	rc = ckfs_zip_open(&tf->zip, fd, 0, (uint64_t)st.st_size, label, err);
+	if (rc != CKFS_OK)
+		return rc;
+	pkl = ckfs_zip_find(&tf->zip, "data.pkl");
+	if (!pkl) {
+		rc = ckfs_fail(err, CKFS_E_FORMAT,
+			       "'%s': no data.pkl record (not a torch.save file)",
+			       label);
+		goto fail;
+	}
+	if ((rc = check_byteorder(tf, err)) != CKFS_OK)
+		goto fail;
+	rc = ckfs_zip_read_record(&tf->zip, pkl, CKFS_MAX_METADATA_BYTES, &bytes,
+				  &len, err);
+	if (rc != CKFS_OK)
+		goto fail;
+	char pkl_label[CKFS_MAX_NAME + 32];
+	snprintf(pkl_label, sizeof(pkl_label), "%s: %s", label, pkl->name);
+	rc = ckfs_pickle_load(bytes, len, pkl_label, &tf->arena, &tf->root, err);
+	free(bytes);
+	if (rc != CKFS_OK)
+		goto fail;
+
+	const struct ckfs_pv *root = tf->root;
+	if (root->kind != CKFS_PV_DICT) {
+		rc = ckfs_fail(err, CKFS_E_FORMAT,
+			       "'%s': data.pkl holds a %s, not a state dict",
+			       label, ckfs_pv_kind_name(root->kind));
+		goto fail;
+	}
+	if (root->u.dict.n > CKFS_MAX_TENSORS) {
+		rc = ckfs_fail(err, CKFS_E_LIMIT, "'%s': too many entries", label);
+		goto fail;
+	}
+	tf->entries = ckfs_arena_calloc(&tf->arena, root->u.dict.n + 1,
+					sizeof(*tf->entries));
+	if (!tf->entries) {
+		rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		goto fail;
+	}
+	for (size_t i = 0; i < root->u.dict.n; i++) {
+		const struct ckfs_pv *k = root->u.dict.keys[i];
+		if (!k || k->kind != CKFS_PV_STR) {
+			rc = ckfs_fail(err, CKFS_E_FORMAT,
+				       "'%s': state dict key %zu is not a string",
+				       label, i);
+			goto fail;
+		}
+		rc = ckfs_torch_decode_value(tf, root->u.dict.vals[i], k->u.str.s,
+					     &tf->entries[i], err);
+		if (rc != CKFS_OK)
+			goto fail;
+	}
+	tf->n_entries = root->u.dict.n;
+	return CKFS_OK;
+fail:
+	ckfs_torch_close(tf);
+	return rc;
+}
+
+void ckfs_torch_close(struct ckfs_torch_file *tf)
+{
+	ckfs_zip_release(&tf->zip);
+	ckfs_arena_release(&tf->arena);
+	tf->root = NULL;
+	tf->entries = NULL;
+	tf->n_entries = 0;
+}
+
+void ckfs_placement_format(const struct ckfs_placement *p, char *buf, size_t size)
+{
+	switch (p->kind) {
+	case CKFS_PLACE_REPLICATE: snprintf(buf, size, "Replicate()"); break;
+	case CKFS_PLACE_PARTIAL: snprintf(buf, size, "Partial()"); break;
+	case CKFS_PLACE_SHARD: snprintf(buf, size, "Shard(%d)", p->dim); break;
+	case CKFS_PLACE_STRIDED_SHARD:
+		snprintf(buf, size, "_StridedShard(%d, sf=%lld)", p->dim,
+			 (long long)p->split_factor);
+		break;
+	}
+}

@@ -1,0 +1,1082 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The verl FSDP layout (verl-checkpoints.md sections 1-2): a folder with
+ * model_world_size_W_rank_R.pt per rank, fsdp_config.json and huggingface/.
+ *
+ * Which ranks are read: the device mesh comes from the first DTensor of
+ * rank 0. A mesh dim on which every DTensor is Replicate() (HSDP's "ddp")
+ * holds copies, so only coordinate 0 along it is read; other dims are read
+ * in full. Without DTensors every rank is read (ShardedTensor) or only
+ * rank 0 (plain tensors, which FSDP replicates).
+ *
+ * How a rank's local tensor lands in the global one: each mesh dim's
+ * placement, in mesh order, cuts the current extent of one tensor dim the
+ * way torch.chunk does (Shard) or cuts it into split_factor pieces first
+ * and each piece by torch.chunk (_StridedShard). Tracking, per tensor dim,
+ * the list of (global start, local start, length) intervals this rank keeps
+ * gives its chunks; any combination of placements reduces to that.
+ *
+ * Naming follows verl's merger: keys as stored; lm_head.weight is dropped
+ * when config.json says tie_word_embeddings and model.embed_tokens.weight
+ * exists; plain (replicated) tensors are taken once, from the first rank
+ * read, as verl does since it stopped concatenating them.
+ */
+#include "ckfs/model.h"
+
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckfs/log.h"
+#include "ckfs/torch.h"
+
+#define MAX_CHUNKS_PER_ENTRY 4096 /* _StridedShard products stay tiny */
+
+/* ---- small helpers ---- */
+
+static enum ckfs_code nomem(struct ckfs_error *err)
+{
+	return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+}
+
+static enum ckfs_code add_warning(struct ckfs_model *m, struct ckfs_error *err,
+				  const char *fmt, ...) CKFS_PRINTF(3, 4);
+
+static enum ckfs_code add_warning(struct ckfs_model *m, struct ckfs_error *err,
+				  const char *fmt, ...)
+{
+	char buf[1024];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	const char **w = ckfs_arena_calloc(&m->arena, m->n_warnings + 1, sizeof(*w));
+	char *copy = ckfs_arena_strdup(&m->arena, buf);
+	if (!w || !copy)
+		return nomem(err);
+	if (m->n_warnings)
+		memcpy(w, m->warnings, m->n_warnings * sizeof(*w));
+	w[m->n_warnings++] = copy;
+	m->warnings = w;
+	return CKFS_OK;
+}
+
+/* Parse a non-negative decimal made only of digits; -1 when not. */
+static long parse_uint(const char *s, size_t len)
+{
+	long v = 0;
+
+	if (len == 0 || len > 9)
+		return -1;
+	for (size_t i = 0; i < len; i++) {
+		if (!isdigit((unsigned char)s[i]))
+			return -1;
+		v = v * 10 + (s[i] - '0');
+	}
+	return v;
+}
+
+/* "model_world_size_<W>_rank_<R>.pt" -> W, R. */
+static int parse_rank_name(const char *name, long *ws, long *rank)
+{
+	static const char p1[] = "model_world_size_", p2[] = "_rank_", sfx[] = ".pt";
+	size_t n = strlen(name);
+
+	if (strncmp(name, p1, sizeof(p1) - 1) != 0 || n < sizeof(sfx) ||
+	    strcmp(name + n - (sizeof(sfx) - 1), sfx) != 0)
+		return 0;
+	const char *w = name + sizeof(p1) - 1;
+	const char *mid = strstr(w, p2);
+	if (!mid)
+		return 0;
+	const char *r = mid + sizeof(p2) - 1;
+	*ws = parse_uint(w, (size_t)(mid - w));
+	*rank = parse_uint(r, (size_t)(name + n - (sizeof(sfx) - 1) - r));
+	return *ws > 0 && *rank >= 0;
+}
+
+/* Read a small text file whole (NUL-terminated). */
+static enum ckfs_code read_small_file(const char *path, size_t max, char **out,
+				      size_t *len, struct ckfs_error *err)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	struct stat st;
+
+	if (fd < 0)
+		return errno == ENOENT
+			       ? ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found", path)
+			       : ckfs_fail_errno(err, "'%s': cannot open", path);
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+		close(fd);
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': not a regular file", path);
+	}
+	if ((uint64_t)st.st_size > max) {
+		close(fd);
+		return ckfs_fail(err, CKFS_E_LIMIT, "'%s': larger than %zu bytes",
+				 path, max);
+	}
+	char *buf = malloc((size_t)st.st_size + 1);
+	if (!buf) {
+		close(fd);
+		return nomem(err);
+	}
+	size_t done = 0;
+	while (done < (size_t)st.st_size) {
+		ssize_t r = read(fd, buf + done, (size_t)st.st_size - done);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			free(buf);
+			close(fd);
+			return ckfs_fail_errno(err, "'%s': read failed", path);
+		}
+		done += (size_t)r;
+	}
+	close(fd);
+	buf[done] = '\0';
+	*out = buf;
+	*len = done;
+	return CKFS_OK;
+}
+
+static int is_dir(const char *path)
+{
+	struct stat st;
+	return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int exists(const char *path)
+{
+	struct stat st;
+	return stat(path, &st) == 0;
+}
+
+/* ---- rank discovery ---- */
+
+struct rank_scan {
+	long world_size;      /* chosen */
+	long *sizes_seen;     /* distinct W values in file names */
+	size_t n_sizes;
+	unsigned char *present; /* present[r] for the chosen W */
+};
+
+static enum ckfs_code explain_not_fsdp(const char *src, struct ckfs_error *err)
+{
+	char path[4096];
+
+	snprintf(path, sizeof(path), "%s/.metadata", src);
+	if (exists(path))
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+				 "'%s': torch.distributed.checkpoint folders are "
+				 "not supported yet", src);
+	snprintf(path, sizeof(path), "%s/dist_ckpt", src);
+	if (exists(path))
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+				 "'%s': Megatron checkpoints are not supported yet",
+				 src);
+	snprintf(path, sizeof(path), "%s/actor", src);
+	if (is_dir(path))
+		return ckfs_fail(err, CKFS_E_NOTFOUND,
+				 "'%s': no model_world_size_*_rank_*.pt files; "
+				 "did you mean '%s/actor'?", src, src);
+	return ckfs_fail(err, CKFS_E_NOTFOUND,
+			 "'%s': not a verl FSDP checkpoint (no "
+			 "model_world_size_*_rank_*.pt files)", src);
+}
+
+static enum ckfs_code read_fsdp_config(struct ckfs_model *m, long *ws,
+				       struct ckfs_error *err)
+{
+	char path[4096], *text = NULL;
+	size_t len;
+	enum ckfs_code rc;
+
+	snprintf(path, sizeof(path), "%s/fsdp_config.json", m->src_dir);
+	rc = read_small_file(path, CKFS_MAX_JSON_BYTES, &text, &len, err);
+	if (rc == CKFS_E_NOTFOUND) {
+		ckfs_error_clear(err);
+		*ws = 0;
+		return CKFS_OK;
+	}
+	if (rc != CKFS_OK)
+		return rc;
+	cJSON *j = cJSON_ParseWithLength(text, len);
+	free(text);
+	if (!j || !cJSON_IsObject(j)) {
+		cJSON_Delete(j);
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': not a JSON object", path);
+	}
+	cJSON *w = cJSON_GetObjectItemCaseSensitive(j, "world_size");
+	cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "FSDP_version");
+	if (!cJSON_IsNumber(w) || w->valuedouble < 1 ||
+	    w->valuedouble > CKFS_MAX_RANKS || w->valuedouble != (double)w->valueint) {
+		cJSON_Delete(j);
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': world_size missing or not a positive integer",
+				 path);
+	}
+	*ws = w->valueint;
+	if (cJSON_IsNumber(v))
+		m->fsdp_version = v->valueint;
+	cJSON_Delete(j);
+	return CKFS_OK;
+}
+
+static enum ckfs_code scan_ranks(struct ckfs_model *m, struct rank_scan *rs,
+				 struct ckfs_error *err)
+{
+	DIR *d = opendir(m->src_dir);
+	struct dirent *de;
+	long cfg_ws = 0;
+	enum ckfs_code rc = CKFS_OK;
+
+	memset(rs, 0, sizeof(*rs));
+	if (!d)
+		return ckfs_fail_errno(err, "'%s': cannot open folder", m->src_dir);
+	CKFS_TRY(read_fsdp_config(m, &cfg_ws, err));
+	rs->sizes_seen = calloc(64, sizeof(long));
+	if (!rs->sizes_seen) {
+		closedir(d);
+		return nomem(err);
+	}
+	/* First pass: which world sizes appear. */
+	while ((de = readdir(d))) {
+		long ws, rank;
+		if (!parse_rank_name(de->d_name, &ws, &rank))
+			continue;
+		size_t i;
+		for (i = 0; i < rs->n_sizes && rs->sizes_seen[i] != ws; i++)
+			;
+		if (i == rs->n_sizes && rs->n_sizes < 64)
+			rs->sizes_seen[rs->n_sizes++] = ws;
+	}
+	if (rs->n_sizes == 0) {
+		closedir(d);
+		return explain_not_fsdp(m->src_dir, err);
+	}
+	if (cfg_ws) {
+		rs->world_size = cfg_ws;
+	} else if (rs->n_sizes == 1) {
+		rs->world_size = rs->sizes_seen[0];
+		rc = add_warning(m, err, "fsdp_config.json not found; world size %ld "
+				 "taken from file names", rs->world_size);
+	} else {
+		closedir(d);
+		return ckfs_fail(err, CKFS_E_INVALID,
+				 "'%s': rank files of several world sizes (%ld and %ld) "
+				 "and no fsdp_config.json to choose", m->src_dir,
+				 rs->sizes_seen[0], rs->sizes_seen[1]);
+	}
+	if (rs->world_size > CKFS_MAX_RANKS) {
+		closedir(d);
+		return ckfs_fail(err, CKFS_E_LIMIT, "'%s': world size %ld too large",
+				 m->src_dir, rs->world_size);
+	}
+	rs->present = calloc((size_t)rs->world_size, 1);
+	if (!rs->present) {
+		closedir(d);
+		return nomem(err);
+	}
+	rewinddir(d);
+	while ((de = readdir(d))) {
+		long ws, rank;
+		if (parse_rank_name(de->d_name, &ws, &rank) && ws == rs->world_size) {
+			if (rank >= ws) {
+				closedir(d);
+				return ckfs_fail(err, CKFS_E_INVALID,
+						 "'%s/%s': rank %ld out of range for world "
+						 "size %ld", m->src_dir, de->d_name,
+						 rank, ws);
+			}
+			rs->present[rank] = 1;
+		}
+	}
+	closedir(d);
+	if (rc == CKFS_OK && rs->n_sizes > 1)
+		rc = add_warning(m, err, "ignoring rank files whose world size is "
+				 "not %ld", rs->world_size);
+	if (rc == CKFS_OK && !rs->present[0])
+		rc = ckfs_fail(err, CKFS_E_NOTFOUND,
+			       "'%s/model_world_size_%ld_rank_0.pt': not found",
+			       m->src_dir, rs->world_size);
+	m->world_size = (int)rs->world_size;
+	return rc;
+}
+
+/* ---- sources ---- */
+
+static enum ckfs_code open_source(struct ckfs_model *m, long rank,
+				  uint32_t *index, struct ckfs_error *err)
+{
+	char name[128];
+	struct stat st;
+
+	snprintf(name, sizeof(name), "model_world_size_%d_rank_%ld.pt",
+		 m->world_size, rank);
+	const char *path = ckfs_arena_printf(&m->arena, "%s/%s", m->src_dir, name);
+	const char *rel = ckfs_arena_strdup(&m->arena, name);
+	if (!path || !rel)
+		return nomem(err);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT
+			       ? ckfs_fail(err, CKFS_E_NOTFOUND,
+					   "'%s': not found (rank %ld is needed)",
+					   path, rank)
+			       : ckfs_fail_errno(err, "'%s': cannot open", path);
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+		close(fd);
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': not a regular file", path);
+	}
+	struct ckfs_source *s = &m->sources[m->n_sources];
+	s->path = path;
+	s->name = rel;
+	s->fd = fd;
+	s->size = (uint64_t)st.st_size;
+	s->dev = st.st_dev;
+	s->ino = st.st_ino;
+	s->mtime = st.st_mtim;
+	*index = (uint32_t)m->n_sources++;
+	return CKFS_OK;
+}
+
+/* ---- per-tensor accumulation ---- */
+
+struct acc {
+	const struct ckfs_sd_entry *first; /* from the first rank read */
+	int first_rank;
+	int n_ranks_seen;
+	enum ckfs_dtype dtype;             /* first rank holding data */
+	struct ckfs_chunk *chunks;
+	size_t n, cap;
+};
+
+static enum ckfs_code acc_push(struct acc *a, const struct ckfs_chunk *c,
+			       struct ckfs_error *err)
+{
+	if (a->n == a->cap) {
+		size_t cap = a->cap ? a->cap * 2 : 4;
+		struct ckfs_chunk *p = realloc(a->chunks, cap * sizeof(*p));
+		if (!p)
+			return nomem(err);
+		a->chunks = p;
+		a->cap = cap;
+	}
+	a->chunks[a->n++] = *c;
+	return CKFS_OK;
+}
+
+struct ivl {
+	int64_t global, local, len;
+};
+
+struct ivl_list {
+	struct ivl *v;
+	size_t n;
+};
+
+static int64_t ivl_total(const struct ivl_list *l)
+{
+	int64_t t = 0;
+	for (size_t i = 0; i < l->n; i++)
+		t += l->v[i].len;
+	return t;
+}
+
+/* Append the part of `in` at local positions [a, b) to out, renumbering
+ * local positions to follow out's current end. */
+static int ivl_select(const struct ivl_list *in, int64_t a, int64_t b,
+		      struct ivl_list *out, size_t cap)
+{
+	int64_t base = ivl_total(out);
+
+	for (size_t i = 0; i < in->n && a < b; i++) {
+		const struct ivl *v = &in->v[i];
+		int64_t lo = v->local > a ? v->local : a;
+		int64_t hi = v->local + v->len < b ? v->local + v->len : b;
+		if (lo >= hi)
+			continue;
+		if (out->n == cap)
+			return 0;
+		out->v[out->n++] = (struct ivl){ v->global + (lo - v->local), base,
+						 hi - lo };
+		base += hi - lo;
+	}
+	return 1;
+}
+
+/* torch.chunk: piece c of n over length L as [start, end). */
+static void chunk_range(int64_t L, int64_t n, int64_t c, int64_t *start,
+			int64_t *end)
+{
+	int64_t q = (L + n - 1) / n;
+	*start = q * c < L ? q * c : L;
+	*end = *start + q < L ? *start + q : L;
+}
+
+static enum ckfs_code apply_placement(const struct ckfs_placement *p, int64_t n,
+				      int64_t c, struct ivl_list *l, size_t cap,
+				      const char *key, struct ckfs_error *err)
+{
+	struct ivl tmp_v[64];
+	struct ivl_list in = { tmp_v, l->n };
+	int64_t L = ivl_total(l), a, b;
+
+	if (l->n > 64)
+		return ckfs_fail(err, CKFS_E_LIMIT, "tensor '%s': too many shard "
+				 "pieces", key);
+	memcpy(tmp_v, l->v, l->n * sizeof(*tmp_v));
+	l->n = 0;
+	if (p->kind == CKFS_PLACE_SHARD) {
+		chunk_range(L, n, c, &a, &b);
+		if (!ivl_select(&in, a, b, l, cap))
+			goto limit;
+		return CKFS_OK;
+	}
+	/* _StridedShard: split_factor pieces, each cut by torch.chunk. */
+	for (int64_t j = 0; j < p->split_factor; j++) {
+		int64_t ps, pe;
+		chunk_range(L, p->split_factor, j, &ps, &pe);
+		chunk_range(pe - ps, n, c, &a, &b);
+		if (!ivl_select(&in, ps + a, ps + b, l, cap))
+			goto limit;
+	}
+	return CKFS_OK;
+limit:
+	return ckfs_fail(err, CKFS_E_LIMIT, "tensor '%s': too many shard pieces",
+			 key);
+}
+
+static enum ckfs_code chunks_from_view(const struct ckfs_sd_entry *e,
+				       struct ivl_list *lists, uint32_t source,
+				       int rank, struct acc *a,
+				       struct ckfs_error *err)
+{
+	const struct ckfs_tensor_view *v = &e->local;
+	int ndim = v->ndim;
+	size_t idx[CKFS_MAX_DIMS] = { 0 }, total = 1;
+
+	for (int k = 0; k < ndim; k++) {
+		if (ivl_total(&lists[k]) != v->shape[k])
+			return ckfs_fail(err, CKFS_E_INVALID,
+					 "tensor '%s': rank %d holds %lld along dim %d, "
+					 "its placement implies %lld", e->key, rank,
+					 (long long)v->shape[k], k,
+					 (long long)ivl_total(&lists[k]));
+		if (lists[k].n == 0)
+			return CKFS_OK; /* empty shard */
+		total *= lists[k].n;
+		if (total > MAX_CHUNKS_PER_ENTRY)
+			return ckfs_fail(err, CKFS_E_LIMIT,
+					 "tensor '%s': too many shard pieces", e->key);
+	}
+	for (size_t t = 0; t < total; t++) {
+		struct ckfs_chunk c = { .source = source, .rank = rank,
+					.dtype = v->dtype, .neg = v->neg };
+		uint64_t local = (uint64_t)v->storage_offset;
+		for (int k = 0; k < ndim; k++) {
+			const struct ivl *iv = &lists[k].v[idx[k]];
+			c.shape[k] = iv->len;
+			c.offset[k] = iv->global;
+			c.stride[k] = v->stride[k];
+			local += (uint64_t)iv->local * (uint64_t)v->stride[k];
+		}
+		c.pos = v->storage_pos + local * ckfs_dtype_size(v->dtype);
+		/* Size-1 dims get row-major strides so the reader can merge
+		 * rows; the index along them is always 0. */
+		for (int k = ndim - 1; k >= 0; k--)
+			if (c.shape[k] == 1)
+				c.stride[k] = k == ndim - 1 ? 1 : c.stride[k + 1] * c.shape[k + 1];
+		CKFS_TRY(acc_push(a, &c, err));
+		for (int k = ndim - 1; k >= 0; k--) {
+			if (++idx[k] < lists[k].n)
+				break;
+			idx[k] = 0;
+		}
+	}
+	return CKFS_OK;
+}
+
+static int same_shape(int n1, const int64_t *s1, int n2, const int64_t *s2)
+{
+	return n1 == n2 && memcmp(s1, s2, sizeof(int64_t) * (size_t)n1) == 0;
+}
+
+/* Add one rank's entry for a tensor to its accumulator. */
+static enum ckfs_code add_entry(struct ckfs_model *m, struct acc *a,
+				const struct ckfs_sd_entry *e, int rank,
+				const int64_t *coord, uint32_t source,
+				struct ckfs_error *err)
+{
+	const struct ckfs_sd_entry *f = a->first;
+	struct ivl store[CKFS_MAX_DIMS][64];
+	struct ivl_list lists[CKFS_MAX_DIMS];
+
+	(void)m;
+	if (e->kind != f->kind)
+		return ckfs_fail(err, CKFS_E_INVALID,
+				 "tensor '%s': ranks %d and %d store it differently",
+				 e->key, a->first_rank, rank);
+	if (e->local.dtype != CKFS_DTYPE_INVALID) {
+		if (a->dtype == CKFS_DTYPE_INVALID)
+			a->dtype = e->local.dtype;
+		if (e->local.dtype != a->dtype)
+			return ckfs_fail(err, CKFS_E_INVALID,
+					 "tensor '%s': dtype %s on rank %d but %s on "
+					 "rank %d", e->key,
+					 ckfs_dtype_torch_name(a->dtype), a->first_rank,
+					 ckfs_dtype_torch_name(e->local.dtype), rank);
+	}
+	a->n_ranks_seen++;
+
+	if (e->kind == CKFS_ENTRY_TENSOR) {
+		if (!same_shape(e->local.ndim, e->local.shape, f->local.ndim,
+				f->local.shape))
+			return ckfs_fail(err, CKFS_E_INVALID,
+					 "tensor '%s': plain tensor has different "
+					 "shapes on ranks %d and %d", e->key,
+					 a->first_rank, rank);
+		if (e != f)
+			return CKFS_OK; /* replicated: first rank's copy */
+		for (int k = 0; k < e->local.ndim; k++)
+			lists[k] = (struct ivl_list){ store[k], 1 },
+			store[k][0] = (struct ivl){ 0, 0, e->local.shape[k] };
+		return chunks_from_view(e, lists, source, rank, a, err);
+	}
+	if (e->kind == CKFS_ENTRY_SHARDED) {
+		const struct ckfs_sharded_info *si = e->sharded;
+		if (!same_shape(si->ndim, si->global_shape, f->sharded->ndim,
+				f->sharded->global_shape))
+			return ckfs_fail(err, CKFS_E_INVALID,
+					 "tensor '%s': global shapes differ on ranks "
+					 "%d and %d", e->key, a->first_rank, rank);
+		if (!si->have_local)
+			return CKFS_OK;
+		for (int k = 0; k < si->ndim; k++)
+			lists[k] = (struct ivl_list){ store[k], 1 },
+			store[k][0] = (struct ivl){ si->offsets[k], 0, si->sizes[k] };
+		return chunks_from_view(e, lists, source, rank, a, err);
+	}
+
+	/* DTensor */
+	const struct ckfs_dtensor_info *di = e->dtensor, *fi = f->dtensor;
+	if (!same_shape(di->ndim, di->global_shape, fi->ndim, fi->global_shape) ||
+	    !same_shape(di->mesh_ndim, di->mesh_shape, fi->mesh_ndim, fi->mesh_shape) ||
+	    memcmp(di->placements, fi->placements,
+		   sizeof(di->placements[0]) * (size_t)di->mesh_ndim) != 0)
+		return ckfs_fail(err, CKFS_E_INVALID,
+				 "tensor '%s': global shape, mesh or placements "
+				 "differ between ranks %d and %d", e->key,
+				 a->first_rank, rank);
+	if (di->have_coord &&
+	    memcmp(di->coord, coord, sizeof(int64_t) * (size_t)di->mesh_ndim) != 0)
+		return ckfs_fail(err, CKFS_E_INVALID,
+				 "tensor '%s': rank %d's file records another mesh "
+				 "coordinate than the mesh gives it", e->key, rank);
+	for (int k = 0; k < di->ndim; k++)
+		lists[k] = (struct ivl_list){ store[k], 1 },
+		store[k][0] = (struct ivl){ 0, 0, di->global_shape[k] };
+	for (int i = 0; i < di->mesh_ndim; i++) {
+		const struct ckfs_placement *p = &di->placements[i];
+		if (p->kind == CKFS_PLACE_PARTIAL)
+			return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+					 "tensor '%s': Partial placement (unreduced "
+					 "values) is not supported", e->key);
+		if (p->kind == CKFS_PLACE_REPLICATE) {
+			if (coord[i] != 0)
+				return CKFS_OK; /* a copy of coordinate 0's data */
+			continue;
+		}
+		CKFS_TRY(apply_placement(p, di->mesh_shape[i], coord[i],
+					 &lists[p->dim], 64, e->key, err));
+	}
+	return chunks_from_view(e, lists, source, rank, a, err);
+}
+
+/* ---- mesh ---- */
+
+/* Global rank at each mesh position (row-major), read from the mesh
+ * tensor when the file has one, else the identity. */
+static enum ckfs_code mesh_ranks(struct ckfs_model *m,
+				 const struct ckfs_dtensor_info *di, int fd,
+				 const char *label, long *ranks, size_t n,
+				 struct ckfs_error *err)
+{
+	const struct ckfs_tensor_view *v = &di->mesh_tensor;
+
+	if (!di->have_mesh_tensor) {
+		for (size_t i = 0; i < n; i++)
+			ranks[i] = (long)i;
+		return add_warning(m, err, "device mesh has no rank tensor; "
+				   "assuming ranks in row-major order");
+	}
+	size_t es = ckfs_dtype_size(v->dtype);
+	if (v->dtype != CKFS_DTYPE_I64 && v->dtype != CKFS_DTYPE_I32)
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': device mesh tensor is "
+				 "not an integer tensor", label);
+	int64_t idx[CKFS_MAX_DIMS] = { 0 };
+	for (size_t i = 0; i < n; i++) {
+		uint64_t el = (uint64_t)v->storage_offset;
+		for (int k = 0; k < v->ndim; k++)
+			el += (uint64_t)idx[k] * (uint64_t)v->stride[k];
+		unsigned char b[8] = { 0 };
+		if (pread(fd, b, es, (off_t)(v->storage_pos + el * es)) != (ssize_t)es)
+			return ckfs_fail(err, CKFS_E_TRUNCATED,
+					 "'%s': cannot read the device mesh", label);
+		int64_t r;
+		if (es == 8) {
+			memcpy(&r, b, 8);
+		} else {
+			int32_t r32;
+			memcpy(&r32, b, 4);
+			r = r32;
+		}
+		if (r < 0 || r >= m->world_size)
+			return ckfs_fail(err, CKFS_E_INVALID,
+					 "'%s': device mesh names rank %lld outside "
+					 "world size %d", label, (long long)r,
+					 m->world_size);
+		ranks[i] = (long)r;
+		for (int k = v->ndim - 1; k >= 0; k--) {
+			if (++idx[k] < v->shape[k])
+				break;
+			idx[k] = 0;
+		}
+	}
+	return CKFS_OK;
+}
+
+/* ---- config ---- */
+
+static enum ckfs_code load_config(struct ckfs_model *m, const char *config_opt,
+				  struct ckfs_error *err)
+{
+	char *hf = ckfs_arena_printf(&m->arena, "%s/huggingface", m->src_dir);
+	const char *path;
+	char *text;
+	size_t len;
+
+	if (!hf)
+		return nomem(err);
+	if (is_dir(hf))
+		m->hf_dir = hf;
+	if (config_opt) {
+		path = is_dir(config_opt)
+			       ? ckfs_arena_printf(&m->arena, "%s/config.json", config_opt)
+			       : ckfs_arena_strdup(&m->arena, config_opt);
+		if (!m->hf_dir && is_dir(config_opt))
+			m->hf_dir = ckfs_arena_strdup(&m->arena, config_opt);
+	} else {
+		path = ckfs_arena_printf(&m->arena, "%s/config.json", hf);
+	}
+	if (!path)
+		return nomem(err);
+	enum ckfs_code rc = read_small_file(path, CKFS_MAX_JSON_BYTES, &text, &len, err);
+	if (rc == CKFS_E_NOTFOUND && !config_opt) {
+		ckfs_error_clear(err);
+		return ckfs_fail(err, CKFS_E_NOTFOUND,
+				 "'%s': not found; pass --config PATH to a "
+				 "Hugging Face config.json", path);
+	}
+	if (rc != CKFS_OK)
+		return rc;
+	cJSON *j = cJSON_ParseWithLength(text, len);
+	if (!j || !cJSON_IsObject(j)) {
+		cJSON_Delete(j);
+		free(text);
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': not a JSON object", path);
+	}
+	m->tie_word_embeddings =
+		cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings"));
+	cJSON_Delete(j);
+	m->config_json = ckfs_arena_strndup(&m->arena, text, len);
+	free(text);
+	if (!m->config_json)
+		return nomem(err);
+	m->config_len = len;
+	m->config_path = path;
+	return CKFS_OK;
+}
+
+/* ---- assembly ---- */
+
+static int cmp_key(const void *a, const void *b, void *ctx)
+{
+	const struct ckfs_torch_file *tf = ctx;
+	return strcmp(tf->entries[*(const size_t *)a].key,
+		      tf->entries[*(const size_t *)b].key);
+}
+
+static const char *describe_placement(struct ckfs_model *m,
+				      const struct ckfs_sd_entry *e)
+{
+	char buf[256] = "", one[64];
+
+	if (e->kind == CKFS_ENTRY_TENSOR)
+		return "replicated";
+	if (e->kind == CKFS_ENTRY_SHARDED)
+		return "ShardedTensor";
+	for (int i = 0; i < e->dtensor->mesh_ndim; i++) {
+		ckfs_placement_format(&e->dtensor->placements[i], one, sizeof(one));
+		if (i)
+			strncat(buf, ",", sizeof(buf) - strlen(buf) - 1);
+		strncat(buf, one, sizeof(buf) - strlen(buf) - 1);
+	}
+	return ckfs_arena_strdup(&m->arena, buf);
+}
+
+static enum ckfs_code build(struct ckfs_model *m, const struct ckfs_model_options *opt,
+			    struct ckfs_error *err)
+{
+	struct rank_scan rs;
+	struct ckfs_torch_file first;
+	struct acc *accs = NULL;
+	size_t *order = NULL, n_keys = 0;
+	long *ranks = NULL;
+	int64_t (*coords)[CKFS_MAX_DIMS] = NULL;
+	size_t n_read = 0;
+	enum ckfs_code rc;
+	uint32_t src0;
+
+	memset(&first, 0, sizeof(first));
+	rc = scan_ranks(m, &rs, err);
+	if (rc != CKFS_OK)
+		goto out;
+	m->sources = ckfs_arena_calloc(&m->arena, (size_t)m->world_size,
+				       sizeof(*m->sources));
+	if (!m->sources) {
+		rc = nomem(err);
+		goto out;
+	}
+	if ((rc = open_source(m, 0, &src0, err)) != CKFS_OK)
+		goto out;
+	if ((rc = ckfs_torch_open(&first, m->sources[src0].fd,
+				  m->sources[src0].path, err)) != CKFS_OK)
+		goto out;
+	n_keys = first.n_entries;
+	if (n_keys == 0) {
+		rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': the state dict is empty",
+			       m->sources[src0].path);
+		goto out;
+	}
+
+	/* The mesh, from the first DTensor. */
+	const struct ckfs_dtensor_info *mesh = NULL;
+	int any_sharded = 0;
+	for (size_t i = 0; i < n_keys; i++) {
+		if (first.entries[i].kind == CKFS_ENTRY_DTENSOR && !mesh)
+			mesh = first.entries[i].dtensor;
+		any_sharded |= first.entries[i].kind == CKFS_ENTRY_SHARDED;
+	}
+	ranks = calloc((size_t)m->world_size, sizeof(*ranks));
+	coords = calloc((size_t)m->world_size, sizeof(*coords));
+	if (!ranks || !coords) {
+		rc = nomem(err);
+		goto out;
+	}
+	if (mesh) {
+		size_t n = 1;
+		for (int i = 0; i < mesh->mesh_ndim; i++)
+			n *= (size_t)mesh->mesh_shape[i];
+		if (n != (size_t)m->world_size) {
+			rc = ckfs_fail(err, CKFS_E_INVALID,
+				       "'%s': device mesh has %zu ranks but the world "
+				       "size is %d", m->sources[src0].path, n,
+				       m->world_size);
+			goto out;
+		}
+		long *all = calloc(n, sizeof(long));
+		if (!all) {
+			rc = nomem(err);
+			goto out;
+		}
+		rc = mesh_ranks(m, mesh, m->sources[src0].fd, m->sources[src0].path,
+				all, n, err);
+		/* A mesh dim is a replica dim when every DTensor replicates
+		 * along it; read coordinate 0 only there. */
+		int replica[CKFS_MAX_DIMS];
+		for (int i = 0; i < mesh->mesh_ndim; i++) {
+			replica[i] = 1;
+			for (size_t k = 0; k < n_keys; k++) {
+				const struct ckfs_sd_entry *e = &first.entries[k];
+				if (e->kind == CKFS_ENTRY_DTENSOR &&
+				    (e->dtensor->mesh_ndim != mesh->mesh_ndim ||
+				     e->dtensor->placements[i].kind != CKFS_PLACE_REPLICATE))
+					replica[i] = 0;
+			}
+		}
+		int64_t idx[CKFS_MAX_DIMS] = { 0 };
+		for (size_t p = 0; rc == CKFS_OK && p < n; p++) {
+			int keep = 1;
+			for (int i = 0; i < mesh->mesh_ndim; i++)
+				keep &= !replica[i] || idx[i] == 0;
+			if (keep) {
+				ranks[n_read] = all[p];
+				memcpy(coords[n_read], idx, sizeof(idx));
+				n_read++;
+			}
+			for (int i = mesh->mesh_ndim - 1; i >= 0; i--) {
+				if (++idx[i] < mesh->mesh_shape[i])
+					break;
+				idx[i] = 0;
+			}
+		}
+		free(all);
+		if (rc != CKFS_OK)
+			goto out;
+		m->mesh_ndim = mesh->mesh_ndim;
+		memcpy(m->mesh_shape, mesh->mesh_shape, sizeof(m->mesh_shape));
+		for (int i = 0; i < mesh->mesh_ndim; i++)
+			m->mesh_dim_names[i] = mesh->mesh_dim_names[i]
+				? ckfs_arena_strdup(&m->arena, mesh->mesh_dim_names[i]) : NULL;
+	} else {
+		n_read = any_sharded ? (size_t)m->world_size : 1;
+		for (size_t i = 0; i < n_read; i++)
+			ranks[i] = (long)i;
+	}
+	for (size_t i = 0; i < n_read; i++) {
+		if (!rs.present[ranks[i]]) {
+			rc = ckfs_fail(err, CKFS_E_NOTFOUND,
+				       "'%s/model_world_size_%d_rank_%ld.pt': not "
+				       "found (rank %ld is needed)", m->src_dir,
+				       m->world_size, ranks[i], ranks[i]);
+			goto out;
+		}
+	}
+	m->ranks_read = ckfs_arena_calloc(&m->arena, n_read, sizeof(int));
+	if (!m->ranks_read) {
+		rc = nomem(err);
+		goto out;
+	}
+	m->n_ranks_read = n_read;
+
+	/* Keys of rank 0, sorted for lookups from the other ranks. */
+	accs = calloc(n_keys, sizeof(*accs));
+	order = calloc(n_keys, sizeof(*order));
+	if (!accs || !order) {
+		rc = nomem(err);
+		goto out;
+	}
+	for (size_t i = 0; i < n_keys; i++)
+		order[i] = i;
+	qsort_r(order, n_keys, sizeof(*order), cmp_key, &first);
+	for (size_t i = 1; i < n_keys; i++)
+		if (strcmp(first.entries[order[i]].key, first.entries[order[i - 1]].key) == 0) {
+			rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': duplicate key '%s'",
+				       m->sources[src0].path,
+				       first.entries[order[i]].key);
+			goto out;
+		}
+
+	for (size_t r = 0; r < n_read; r++) {
+		struct ckfs_torch_file other, *tf = &first;
+		uint32_t src = src0;
+		m->ranks_read[r] = (int)ranks[r];
+		if (ranks[r] != 0) {
+			if ((rc = open_source(m, ranks[r], &src, err)) != CKFS_OK)
+				goto out;
+			rc = ckfs_torch_open(&other, m->sources[src].fd,
+					     m->sources[src].path, err);
+			if (rc != CKFS_OK)
+				goto out;
+			tf = &other;
+			if (tf->n_entries != n_keys) {
+				rc = ckfs_fail(err, CKFS_E_INVALID,
+					       "'%s': %zu tensors, rank 0 has %zu",
+					       m->sources[src].path, tf->n_entries,
+					       n_keys);
+				ckfs_torch_close(&other);
+				goto out;
+			}
+		}
+		for (size_t i = 0; i < tf->n_entries && rc == CKFS_OK; i++) {
+			const struct ckfs_sd_entry *e = &tf->entries[i];
+			size_t lo = 0, hi = n_keys, k = SIZE_MAX;
+			while (lo < hi) {
+				size_t mid = (lo + hi) / 2;
+				int c = strcmp(first.entries[order[mid]].key, e->key);
+				if (c == 0) {
+					k = order[mid];
+					break;
+				}
+				if (c < 0)
+					lo = mid + 1;
+				else
+					hi = mid;
+			}
+			if (k == SIZE_MAX) {
+				rc = ckfs_fail(err, CKFS_E_INVALID,
+					       "'%s': tensor '%s' is not in rank 0's "
+					       "state dict", m->sources[src].path, e->key);
+				break;
+			}
+			if (!accs[k].first) {
+				accs[k].first = e;
+				accs[k].first_rank = (int)ranks[r];
+			}
+			if (accs[k].n_ranks_seen != (int)r) {
+				rc = ckfs_fail(err, CKFS_E_FORMAT,
+					       "'%s': duplicate key '%s'",
+					       m->sources[src].path, e->key);
+				break;
+			}
+			rc = add_entry(m, &accs[k], e, (int)ranks[r], coords[r], src, err);
+			if (rc == CKFS_OK && accs[k].first == e) {
+				/* Keep the first entry's metadata past close. */
+				struct ckfs_sd_entry *copy =
+					ckfs_arena_alloc(&m->arena, sizeof(*copy));
+				struct ckfs_dtensor_info *dcopy = NULL;
+				struct ckfs_sharded_info *scopy = NULL;
+				if (copy)
+					*copy = *e;
+				if (copy && e->dtensor &&
+				    (dcopy = ckfs_arena_alloc(&m->arena, sizeof(*dcopy))))
+					*dcopy = *e->dtensor;
+				if (copy && e->sharded &&
+				    (scopy = ckfs_arena_alloc(&m->arena, sizeof(*scopy))))
+					*scopy = *e->sharded;
+				if (copy)
+					copy->key = ckfs_arena_strdup(&m->arena, e->key);
+				if (!copy || !copy->key || (e->dtensor && !dcopy) ||
+				    (e->sharded && !scopy)) {
+					rc = nomem(err);
+					break;
+				}
+				copy->dtensor = dcopy;
+				copy->sharded = scopy;
+				for (int d = 0; d < CKFS_MAX_DIMS && dcopy; d++)
+					dcopy->mesh_dim_names[d] = NULL;
+				accs[k].first = copy;
+			}
+		}
+		if (tf != &first)
+			ckfs_torch_close(&other);
+		if (rc != CKFS_OK)
+			goto out;
+	}
+
+	/* Output tensors in rank 0's order. */
+	m->tensors = ckfs_arena_calloc(&m->arena, n_keys, sizeof(*m->tensors));
+	if (!m->tensors) {
+		rc = nomem(err);
+		goto out;
+	}
+	int drop_lm_head = 0;
+	if (m->tie_word_embeddings) {
+		int has_embed = 0, has_head = 0;
+		for (size_t i = 0; i < n_keys; i++) {
+			has_embed |= strcmp(first.entries[i].key, "model.embed_tokens.weight") == 0;
+			has_head |= strcmp(first.entries[i].key, "lm_head.weight") == 0;
+		}
+		drop_lm_head = has_embed && has_head;
+	}
+	for (size_t i = 0; i < n_keys; i++) {
+		const struct ckfs_sd_entry *e = accs[i].first;
+		struct ckfs_tensor *t = &m->tensors[m->n_tensors];
+		if (drop_lm_head && strcmp(e->key, "lm_head.weight") == 0)
+			continue;
+		t->name = e->key;
+		t->stored_dtype = accs[i].dtype;
+		t->out_dtype = opt->out_dtype == CKFS_DTYPE_INVALID ? t->stored_dtype
+								    : opt->out_dtype;
+		if (e->kind == CKFS_ENTRY_DTENSOR) {
+			t->ndim = e->dtensor->ndim;
+			memcpy(t->shape, e->dtensor->global_shape, sizeof(t->shape));
+		} else if (e->kind == CKFS_ENTRY_SHARDED) {
+			t->ndim = e->sharded->ndim;
+			memcpy(t->shape, e->sharded->global_shape, sizeof(t->shape));
+		} else {
+			t->ndim = e->local.ndim;
+			memcpy(t->shape, e->local.shape, sizeof(t->shape));
+		}
+		t->numel = 1;
+		for (int k = 0; k < t->ndim; k++)
+			if (__builtin_mul_overflow(t->numel, (uint64_t)t->shape[k], &t->numel)) {
+				rc = ckfs_fail(err, CKFS_E_FORMAT,
+					       "tensor '%s': shape overflows", t->name);
+				goto out;
+			}
+		if (t->stored_dtype == CKFS_DTYPE_INVALID && t->numel) {
+			rc = ckfs_fail(err, CKFS_E_FORMAT, "tensor '%s': no dtype (no "
+				       "rank holds data)", t->name);
+			goto out;
+		}
+		t->placement = describe_placement(m, e);
+		t->n_chunks = (uint32_t)accs[i].n;
+		t->chunks = ckfs_arena_calloc(&m->arena, accs[i].n + 1, sizeof(*t->chunks));
+		if (!t->chunks || !t->placement) {
+			rc = nomem(err);
+			goto out;
+		}
+		if (accs[i].n)
+			memcpy(t->chunks, accs[i].chunks, accs[i].n * sizeof(*t->chunks));
+		if ((rc = ckfs_plan_validate_tensor(m, t, err)) != CKFS_OK)
+			goto out;
+		m->n_tensors++;
+	}
+	if (drop_lm_head)
+		rc = add_warning(m, err, "lm_head.weight dropped: tied to "
+				 "model.embed_tokens.weight (tie_word_embeddings)");
+out:
+	if (accs)
+		for (size_t i = 0; i < n_keys; i++)
+			free(accs[i].chunks);
+	free(accs);
+	free(order);
+	free(ranks);
+	free(coords);
+	free(rs.present);
+	free(rs.sizes_seen);
+	ckfs_torch_close(&first);
+	return rc;
+}
+
+enum ckfs_code ckfs_model_open(const char *src, const struct ckfs_model_options *opt,
+			       struct ckfs_model **out, struct ckfs_error *err)
+{
+	struct ckfs_model *m = calloc(1, sizeof(*m));
+	enum ckfs_code rc;
+
+	if (!m)
+		return nomem(err);
+	ckfs_arena_init(&m->arena);
+	m->layout = "verl-fsdp";
+	m->src_dir = ckfs_arena_strdup(&m->arena, src);
+	if (!m->src_dir) {
+		rc = nomem(err);
+		goto fail;
+	}
+	if (!is_dir(src)) {
+		rc = exists(src) ? ckfs_fail(err, CKFS_E_INVALID, "'%s': not a folder", src)
+				 : ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found", src);
+		goto fail;
+	}
+	if ((rc = load_config(m, opt->config_path, err)) != CKFS_OK)
+		goto fail;
+	if ((rc = build(m, opt, err)) != CKFS_OK)
+		goto fail;
+	*out = m;
+	return CKFS_OK;
+fail:
+	ckfs_model_free(m);
+	return rc;
+}
+
+void ckfs_model_free(struct ckfs_model *m)
+{
+	if (!m)
+		return;
+	for (size_t i = 0; i < m->n_sources; i++)
+		close(m->sources[i].fd);
+	ckfs_arena_release(&m->arena);
+	free(m);
+}

@@ -1,0 +1,222 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The read path: elements of an output tensor, in global row-major order,
+ * assembled from the chunks that hold them (include/ckfs/model.h).
+ *
+ * A request is cut into runs. A run starts at a global index, stays inside
+ * one chunk and is contiguous both in the output and in the source file:
+ * along the last dim up to the chunk's edge, and across rows while the
+ * chunk spans the full width of the inner dims and its strides are
+ * row-major. Contiguous runs become one pread (straight into dst when no
+ * conversion is needed, else through the scratch buffer and ckfs_convert).
+ * Runs whose source is strided along the last dim (a transposed local view)
+ * read the spanned bytes in bounded windows and gather.
+ */
+#include "ckfs/model.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define READ_WINDOW (1u << 20) /* bytes read per pread when converting */
+
+void ckfs_read_scratch_release(struct ckfs_read_scratch *s)
+{
+	free(s->buf);
+	s->buf = NULL;
+	s->cap = 0;
+}
+
+static void *scratch_get(struct ckfs_read_scratch *s, size_t n)
+{
+	if (s->cap < n) {
+		void *p = realloc(s->buf, n);
+		if (!p)
+			return NULL;
+		s->buf = p;
+		s->cap = n;
+	}
+	return s->buf;
+}
+
+uint64_t ckfs_tensor_out_bytes(const struct ckfs_tensor *t)
+{
+	return t->numel * ckfs_dtype_size(t->out_dtype);
+}
+
+static enum ckfs_code read_exact(const struct ckfs_model *m, uint32_t src,
+				 void *buf, size_t len, uint64_t pos,
+				 struct ckfs_error *err)
+{
+	const struct ckfs_source *s = &m->sources[src];
+	size_t done = 0;
+
+	while (done < len) {
+		ssize_t r = pread(s->fd, (char *)buf + done, len - done,
+				  (off_t)(pos + done));
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			return ckfs_fail_errno(err, "'%s': read failed", s->path);
+		}
+		if (r == 0)
+			return ckfs_fail(err, CKFS_E_CHANGED,
+					 "'%s': file ends at %llu, expected data "
+					 "up to %llu (was it truncated?)",
+					 s->path,
+					 (unsigned long long)(pos + done),
+					 (unsigned long long)(pos + len));
+		done += (size_t)r;
+	}
+	return CKFS_OK;
+}
+
+static int chunk_contains(const struct ckfs_chunk *c, int ndim,
+			  const int64_t *idx)
+{
+	for (int k = 0; k < ndim; k++)
+		if (idx[k] < c->offset[k] || idx[k] >= c->offset[k] + c->shape[k])
+			return 0;
+	return 1;
+}
+
+/* Read `count` contiguous source elements at pos and convert into dst. */
+static enum ckfs_code read_contiguous(const struct ckfs_model *m,
+				      const struct ckfs_tensor *t,
+				      const struct ckfs_chunk *c, uint64_t pos,
+				      uint64_t count, unsigned char *dst,
+				      struct ckfs_read_scratch *scratch,
+				      struct ckfs_error *err)
+{
+	size_t in = ckfs_dtype_size(c->dtype), out = ckfs_dtype_size(t->out_dtype);
+
+	if (c->dtype == t->out_dtype && !c->neg)
+		return read_exact(m, c->source, dst, count * in, pos, err);
+	size_t per = READ_WINDOW / in;
+	unsigned char *buf = scratch_get(scratch, per * in);
+	if (!buf)
+		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	while (count) {
+		size_t n = count < per ? (size_t)count : per;
+		CKFS_TRY(read_exact(m, c->source, buf, n * in, pos, err));
+		ckfs_convert(t->out_dtype, dst, c->dtype, buf, n, c->neg);
+		pos += n * in;
+		dst += n * out;
+		count -= n;
+	}
+	return CKFS_OK;
+}
+
+/* count elements spaced `stride` apart in the source, starting at pos. */
+static enum ckfs_code read_strided(const struct ckfs_model *m,
+				   const struct ckfs_tensor *t,
+				   const struct ckfs_chunk *c, uint64_t pos,
+				   int64_t stride, uint64_t count,
+				   unsigned char *dst,
+				   struct ckfs_read_scratch *scratch,
+				   struct ckfs_error *err)
+{
+	size_t in = ckfs_dtype_size(c->dtype), out = ckfs_dtype_size(t->out_dtype);
+	uint64_t step = (uint64_t)stride * in;
+	/* Elements that fit one window (at least one). */
+	uint64_t per = step ? (READ_WINDOW - in) / step + 1 : count;
+	if (per == 0)
+		per = 1;
+	unsigned char *buf = scratch_get(scratch, READ_WINDOW);
+	unsigned char elem[8];
+
+	if (!buf)
+		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	while (count) {
+		uint64_t n = count < per ? count : per;
+		size_t span = (size_t)((n - 1) * step + in);
+		CKFS_TRY(read_exact(m, c->source, buf, span, pos, err));
+		for (uint64_t i = 0; i < n; i++) {
+			memcpy(elem, buf + i * step, in);
+			ckfs_convert(t->out_dtype, dst, c->dtype, elem, 1, c->neg);
+			dst += out;
+		}
+		pos += n * step;
+		count -= n;
+	}
+	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
+				const struct ckfs_tensor *t, uint64_t first,
+				uint64_t count, void *dst_v,
+				struct ckfs_read_scratch *scratch,
+				struct ckfs_error *err)
+{
+	unsigned char *dst = dst_v;
+	size_t out = ckfs_dtype_size(t->out_dtype);
+	int ndim = t->ndim ? t->ndim : 1;
+	int64_t shape[CKFS_MAX_DIMS], idx[CKFS_MAX_DIMS];
+	uint32_t hint = 0;
+
+	if (first > t->numel || count > t->numel - first)
+		return ckfs_fail(err, CKFS_E_INVALID,
+				 "read past the end of tensor '%s'", t->name);
+	if (t->ndim == 0)
+		shape[0] = 1;
+	else
+		memcpy(shape, t->shape, sizeof(int64_t) * (size_t)ndim);
+
+	uint64_t e = first, end = first + count;
+	while (e < end) {
+		/* Unravel e into a global index. */
+		uint64_t rest = e;
+		for (int k = ndim - 1; k >= 0; k--) {
+			idx[k] = (int64_t)(rest % (uint64_t)shape[k]);
+			rest /= (uint64_t)shape[k];
+		}
+		/* Find the chunk holding idx; runs usually stay in one. */
+		const struct ckfs_chunk *c = NULL;
+		for (uint32_t i = 0; i < t->n_chunks; i++) {
+			uint32_t j = (hint + i) % t->n_chunks;
+			if (chunk_contains(&t->chunks[j], ndim, idx)) {
+				c = &t->chunks[j];
+				hint = j;
+				break;
+			}
+		}
+		if (!c) /* impossible after validation */
+			return ckfs_fail(err, CKFS_E_INVALID,
+					 "tensor '%s': element %llu has no source",
+					 t->name, (unsigned long long)e);
+
+		int L = ndim - 1;
+		uint64_t src_elem = 0;
+		for (int k = 0; k < ndim; k++)
+			src_elem += (uint64_t)(idx[k] - c->offset[k]) * (uint64_t)c->stride[k];
+		uint64_t pos = c->pos + src_elem * ckfs_dtype_size(c->dtype);
+		uint64_t run = (uint64_t)(c->offset[L] + c->shape[L] - idx[L]);
+
+		if (c->stride[L] == 1) {
+			/* Extend across rows while the chunk spans the full
+			 * width of the inner dims and its strides are row-major
+			 * (plans give size-1 dims row-major strides). */
+			uint64_t inner = 1;
+			for (int k = L; k > 0; k--) {
+				if (c->offset[k] != 0 || c->shape[k] != shape[k] ||
+				    c->stride[k - 1] != c->stride[k] * c->shape[k])
+					break;
+				inner *= (uint64_t)shape[k];
+				run += (uint64_t)(c->offset[k - 1] + c->shape[k - 1] -
+						  idx[k - 1] - 1) * inner;
+			}
+			if (run > end - e)
+				run = end - e;
+			CKFS_TRY(read_contiguous(m, t, c, pos, run, dst, scratch, err));
+		} else {
+			if (run > end - e)
+				run = end - e;
+			CKFS_TRY(read_strided(m, t, c, pos, c->stride[L], run, dst,
+					      scratch, err));
+		}
+		dst += run * out;
+		e += run;
+	}
+	return CKFS_OK;
+}

@@ -1,0 +1,440 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * safetensors layout and reads of the virtual weight files
+ * (include/ckfs/st.h). The header is rendered once at build; a read of any
+ * byte range copies header bytes and asks the model for the elements of
+ * the tensors it overlaps, with partial elements at the edges read through
+ * a small bounce buffer.
+ */
+#include "ckfs/st.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- a growable byte buffer for JSON ---- */
+
+struct sbuf {
+	char *p;
+	size_t len, cap;
+	int failed;
+};
+
+static void sb_put(struct sbuf *b, const char *s, size_t n)
+{
+	if (b->failed)
+		return;
+	if (b->len + n + 1 > b->cap) {
+		size_t cap = b->cap ? b->cap : 4096;
+		while (cap < b->len + n + 1)
+			cap *= 2;
+		char *p = realloc(b->p, cap);
+		if (!p) {
+			b->failed = 1;
+			return;
+		}
+		b->p = p;
+		b->cap = cap;
+	}
+	memcpy(b->p + b->len, s, n);
+	b->len += n;
+	b->p[b->len] = '\0';
+}
+
+static void sb_str(struct sbuf *b, const char *s)
+{
+	sb_put(b, s, strlen(s));
+}
+
+static void sb_fmt(struct sbuf *b, const char *fmt, ...) CKFS_PRINTF(2, 3);
+
+static void sb_fmt(struct sbuf *b, const char *fmt, ...)
+{
+	char tmp[128];
+	va_list ap;
+
+	va_start(ap, fmt);
+	int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		sb_put(b, tmp, (size_t)n < sizeof(tmp) ? (size_t)n : sizeof(tmp) - 1);
+}
+
+/* A JSON string as serde_json writes it: quotes, backslash and control
+ * characters escaped, everything else (UTF-8 included) raw. */
+static void sb_json_serde(struct sbuf *b, const char *s)
+{
+	sb_put(b, "\"", 1);
+	for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+		switch (*c) {
+		case '"': sb_put(b, "\\\"", 2); break;
+		case '\\': sb_put(b, "\\\\", 2); break;
+		case '\b': sb_put(b, "\\b", 2); break;
+		case '\f': sb_put(b, "\\f", 2); break;
+		case '\n': sb_put(b, "\\n", 2); break;
+		case '\r': sb_put(b, "\\r", 2); break;
+		case '\t': sb_put(b, "\\t", 2); break;
+		default:
+			if (*c < 0x20)
+				sb_fmt(b, "\\u%04x", *c);
+			else
+				sb_put(b, (const char *)c, 1);
+		}
+	}
+	sb_put(b, "\"", 1);
+}
+
+/* A JSON string as Python's json.dumps writes it (ensure_ascii). */
+static void sb_json_python(struct sbuf *b, const char *s)
+{
+	const unsigned char *c = (const unsigned char *)s;
+
+	sb_put(b, "\"", 1);
+	while (*c) {
+		uint32_t cp = *c;
+		int extra = 0;
+		if (cp >= 0xF0) { cp &= 0x07; extra = 3; }
+		else if (cp >= 0xE0) { cp &= 0x0F; extra = 2; }
+		else if (cp >= 0xC0) { cp &= 0x1F; extra = 1; }
+		c++;
+		for (int i = 0; i < extra && (*c & 0xC0) == 0x80; i++, c++)
+			cp = (cp << 6) | (*c & 0x3F);
+		switch (cp) {
+		case '"': sb_put(b, "\\\"", 2); continue;
+		case '\\': sb_put(b, "\\\\", 2); continue;
+		case '\n': sb_put(b, "\\n", 2); continue;
+		case '\r': sb_put(b, "\\r", 2); continue;
+		case '\t': sb_put(b, "\\t", 2); continue;
+		case '\b': sb_put(b, "\\b", 2); continue;
+		case '\f': sb_put(b, "\\f", 2); continue;
+		}
+		if (cp < 0x20 || (cp >= 0x7F && cp < 0x10000)) {
+			if (cp == 0x7F) {
+				sb_put(b, "\x7f", 1);
+				continue;
+			}
+			sb_fmt(b, "\\u%04x", cp);
+		} else if (cp >= 0x10000) {
+			cp -= 0x10000;
+			sb_fmt(b, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+		} else {
+			char ch = (char)cp;
+			sb_put(b, &ch, 1);
+		}
+	}
+	sb_put(b, "\"", 1);
+}
+
+/* ---- layout ---- */
+
+static int cmp_st_order(const void *a, const void *b)
+{
+	const struct ckfs_tensor *x = *(const struct ckfs_tensor *const *)a;
+	const struct ckfs_tensor *y = *(const struct ckfs_tensor *const *)b;
+	int rx = ckfs_dtype_st_rank(x->out_dtype), ry = ckfs_dtype_st_rank(y->out_dtype);
+
+	if (rx != ry)
+		return ry - rx; /* descending dtype */
+	return strcmp(x->name, y->name);
+}
+
+static enum ckfs_code build_file(struct ckfs_st_layout *l, struct ckfs_st_file *f,
+				 const char *name, const struct ckfs_tensor **ts,
+				 size_t n, struct ckfs_error *err)
+{
+	struct sbuf b = { 0 };
+	uint64_t off = 0;
+
+	f->name = ckfs_arena_strdup(&l->arena, name);
+	f->tensors = ckfs_arena_calloc(&l->arena, n + 1, sizeof(*f->tensors));
+	f->offsets = ckfs_arena_calloc(&l->arena, n + 1, sizeof(*f->offsets));
+	if (!f->name || !f->tensors || !f->offsets)
+		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	memcpy(f->tensors, ts, n * sizeof(*ts));
+	qsort(f->tensors, n, sizeof(*f->tensors), cmp_st_order);
+	f->n_tensors = n;
+
+	sb_str(&b, "{\"__metadata__\":{\"format\":\"pt\"}");
+	for (size_t i = 0; i < n; i++) {
+		const struct ckfs_tensor *t = f->tensors[i];
+		uint64_t bytes = ckfs_tensor_out_bytes(t);
+		sb_put(&b, ",", 1);
+		sb_json_serde(&b, t->name);
+		sb_fmt(&b, ":{\"dtype\":\"%s\",\"shape\":[", ckfs_dtype_st_name(t->out_dtype));
+		for (int k = 0; k < t->ndim; k++)
+			sb_fmt(&b, "%s%lld", k ? "," : "", (long long)t->shape[k]);
+		sb_fmt(&b, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
+		       (unsigned long long)(off + bytes));
+		f->offsets[i] = off;
+		off += bytes;
+	}
+	sb_put(&b, "}", 1);
+	while (!b.failed && b.len % 8)
+		sb_put(&b, " ", 1);
+	if (b.failed) {
+		free(b.p);
+		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	}
+	if (b.len > CKFS_MAX_ST_HEADER) {
+		free(b.p);
+		return ckfs_fail(err, CKFS_E_LIMIT,
+				 "'%s': header of %zu bytes exceeds the safetensors "
+				 "limit; use --max-shard-size", name, b.len);
+	}
+	f->header_len = 8 + b.len;
+	f->header = ckfs_arena_alloc(&l->arena, f->header_len);
+	if (!f->header) {
+		free(b.p);
+		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	}
+	uint64_t n_le = b.len; /* little-endian hosts only (checked at build) */
+	memcpy(f->header, &n_le, 8);
+	memcpy(f->header + 8, b.p, b.len);
+	free(b.p);
+	for (size_t i = 0; i < n; i++)
+		f->offsets[i] += f->header_len;
+	f->offsets[n] = f->header_len + off;
+	f->size = f->header_len + off;
+	return CKFS_OK;
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static enum ckfs_code render_index(struct ckfs_st_layout *l,
+				   const struct ckfs_model *m, size_t *shard_of,
+				   struct ckfs_error *err)
+{
+	struct sbuf b = { 0 };
+	uint64_t total = 0, params = 0;
+	const char **names = calloc(m->n_tensors + 1, sizeof(*names));
+	size_t *idx = calloc(m->n_tensors + 1, sizeof(*idx));
+
+	if (!names || !idx) {
+		free(names);
+		free(idx);
+		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	}
+	for (size_t i = 0; i < m->n_tensors; i++) {
+		total += ckfs_tensor_out_bytes(&m->tensors[i]);
+		params += m->tensors[i].numel;
+		names[i] = m->tensors[i].name;
+	}
+	/* Sort names and keep the tensor index next to each (names point
+	 * into the model, so recover the index by pointer). */
+	qsort(names, m->n_tensors, sizeof(*names), cmp_name);
+	for (size_t i = 0; i < m->n_tensors; i++)
+		for (size_t j = 0; j < m->n_tensors; j++)
+			if (m->tensors[j].name == names[i]) {
+				idx[i] = j;
+				break;
+			}
+	sb_fmt(&b, "{\n  \"metadata\": {\n    \"total_parameters\": %llu,\n"
+		   "    \"total_size\": %llu\n  },\n  \"weight_map\": {\n",
+	       (unsigned long long)params, (unsigned long long)total);
+	for (size_t i = 0; i < m->n_tensors; i++) {
+		sb_str(&b, "    ");
+		sb_json_python(&b, names[i]);
+		sb_str(&b, ": ");
+		sb_json_python(&b, l->files[shard_of[idx[i]]].name);
+		sb_str(&b, i + 1 < m->n_tensors ? ",\n" : "\n");
+	}
+	sb_str(&b, "  }\n}\n");
+	free(names);
+	free(idx);
+	if (b.failed) {
+		free(b.p);
+		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	}
+	l->index_json = ckfs_arena_strndup(&l->arena, b.p, b.len);
+	l->index_len = b.len;
+	free(b.p);
+	return l->index_json ? CKFS_OK : ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+}
+
+enum ckfs_code ckfs_st_layout_build(const struct ckfs_model *m,
+				    uint64_t max_shard_size,
+				    struct ckfs_st_layout *l,
+				    struct ckfs_error *err)
+{
+	size_t n = m->n_tensors;
+	size_t *shard_of = calloc(n + 1, sizeof(*shard_of));
+	const struct ckfs_tensor **buf = calloc(n + 1, sizeof(*buf));
+	enum ckfs_code rc = CKFS_OK;
+
+	memset(l, 0, sizeof(*l));
+	ckfs_arena_init(&l->arena);
+	if (!shard_of || !buf) {
+		rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		goto out;
+	}
+	/* huggingface_hub's greedy split in state-dict order: a tensor bigger
+	 * than the limit gets a shard of its own, appended at once; otherwise
+	 * the current shard closes when the tensor would overflow it. */
+	size_t n_shards = 0, current = SIZE_MAX;
+	uint64_t current_size = 0;
+	for (size_t i = 0; i < n; i++) {
+		uint64_t size = ckfs_tensor_out_bytes(&m->tensors[i]);
+		if (max_shard_size == 0) {
+			shard_of[i] = 0;
+			n_shards = 1;
+			continue;
+		}
+		if (size > max_shard_size) {
+			shard_of[i] = n_shards++;
+			continue;
+		}
+		if (current != SIZE_MAX && current_size + size > max_shard_size)
+			current = SIZE_MAX;
+		if (current == SIZE_MAX) {
+			current = n_shards++;
+			current_size = 0;
+		}
+		shard_of[i] = current;
+		current_size += size;
+	}
+	if (n_shards == 0)
+		n_shards = 1;
+	l->n_files = n_shards;
+	l->files = ckfs_arena_calloc(&l->arena, n_shards, sizeof(*l->files));
+	if (!l->files) {
+		rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		goto out;
+	}
+	for (size_t s = 0; s < n_shards && rc == CKFS_OK; s++) {
+		size_t k = 0;
+		char name[64];
+		for (size_t i = 0; i < n; i++)
+			if (shard_of[i] == s)
+				buf[k++] = &m->tensors[i];
+		if (n_shards == 1)
+			snprintf(name, sizeof(name), "model.safetensors");
+		else
+			snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors",
+				 s + 1, n_shards);
+		rc = build_file(l, &l->files[s], name, buf, k, err);
+	}
+	if (rc == CKFS_OK && n_shards > 1)
+		rc = render_index(l, m, shard_of, err);
+out:
+	free(shard_of);
+	free(buf);
+	if (rc != CKFS_OK)
+		ckfs_st_layout_release(l);
+	return rc;
+}
+
+void ckfs_st_layout_release(struct ckfs_st_layout *l)
+{
+	ckfs_arena_release(&l->arena);
+	l->files = NULL;
+	l->n_files = 0;
+	l->index_json = NULL;
+}
+
+enum ckfs_code ckfs_st_file_read(const struct ckfs_model *m,
+				 const struct ckfs_st_file *f, uint64_t off,
+				 size_t len, void *buf_v,
+				 struct ckfs_read_scratch *scratch,
+				 struct ckfs_error *err)
+{
+	unsigned char *buf = buf_v;
+	uint64_t end = off + len;
+
+	if (off > f->size || len > f->size - off)
+		return ckfs_fail(err, CKFS_E_INVALID, "read past the end of '%s'",
+				 f->name);
+	if (off < f->header_len) {
+		size_t n = (size_t)((end < f->header_len ? end : f->header_len) - off);
+		memcpy(buf, f->header + off, n);
+		buf += n;
+		off += n;
+	}
+	if (off >= end)
+		return CKFS_OK;
+	/* First tensor whose data ends after off. */
+	size_t lo = 0, hi = f->n_tensors;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (f->offsets[mid + 1] <= off)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (size_t i = lo; i < f->n_tensors && off < end; i++) {
+		const struct ckfs_tensor *t = f->tensors[i];
+		uint64_t t_end = f->offsets[i + 1];
+		if (t_end == f->offsets[i])
+			continue; /* empty tensor */
+		uint64_t rel = off - f->offsets[i];
+		uint64_t stop = (end < t_end ? end : t_end) - f->offsets[i];
+		size_t es = ckfs_dtype_size(t->out_dtype);
+		uint64_t first = rel / es, last = (stop + es - 1) / es;
+		/* A partial element at the start. */
+		if (rel % es) {
+			unsigned char tmp[8];
+			CKFS_TRY(ckfs_tensor_read(m, t, first, 1, tmp, scratch, err));
+			size_t skip = (size_t)(rel % es);
+			size_t n = es - skip;
+			if (n > stop - rel)
+				n = (size_t)(stop - rel);
+			memcpy(buf, tmp + skip, n);
+			buf += n;
+			rel += n;
+			first++;
+		}
+		/* Whole elements, then a partial one at the end. */
+		uint64_t whole = rel < stop ? (stop - rel) / es : 0;
+		if (whole) {
+			CKFS_TRY(ckfs_tensor_read(m, t, first, whole, buf, scratch, err));
+			buf += whole * es;
+			rel += whole * es;
+			first += whole;
+		}
+		if (rel < stop && first < last) {
+			unsigned char tmp[8];
+			CKFS_TRY(ckfs_tensor_read(m, t, first, 1, tmp, scratch, err));
+			memcpy(buf, tmp, (size_t)(stop - rel));
+			buf += stop - rel;
+			rel = stop;
+		}
+		off = f->offsets[i] + rel;
+	}
+	return CKFS_OK;
+}
+
+uint64_t ckfs_parse_size(const char *text)
+{
+	static const struct { const char *unit; double mult; } units[] = {
+		{ "KIB", 1024.0 }, { "MIB", 1048576.0 }, { "GIB", 1073741824.0 },
+		{ "TIB", 1099511627776.0 }, { "KB", 1e3 }, { "MB", 1e6 },
+		{ "GB", 1e9 }, { "TB", 1e12 }, { "B", 1.0 }, { "", 1.0 },
+	};
+	char *end;
+	double v = strtod(text, &end);
+	char unit[8];
+	size_t n = 0;
+
+	if (end == text || !(v > 0) || !isfinite(v))
+		return 0;
+	while (*end == ' ')
+		end++;
+	for (; *end && n < sizeof(unit) - 1; end++)
+		unit[n++] = (char)toupper((unsigned char)*end);
+	unit[n] = '\0';
+	if (*end)
+		return 0;
+	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
+		if (strcmp(unit, units[i].unit) == 0) {
+			double bytes = v * units[i].mult;
+			if (bytes < 1 || bytes > 9e18)
+				return 0;
+			return (uint64_t)bytes;
+		}
+	return 0;
+}

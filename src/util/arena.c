@@ -1,0 +1,116 @@
+/* SPDX-License-Identifier: MIT */
+/* Bump allocator: see include/ckfs/arena.h. Blocks grow geometrically so a
+ * large plan costs few mallocs; big requests get a block of their own. */
+#include "ckfs/arena.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ckfs_arena_block {
+	struct ckfs_arena_block *next;
+	size_t size, used;
+	_Alignas(16) unsigned char data[];
+};
+
+#define ARENA_MIN_BLOCK (64u * 1024)
+#define ARENA_MAX_BLOCK (16u * 1024 * 1024)
+
+void ckfs_arena_init(struct ckfs_arena *a)
+{
+	a->head = NULL;
+	a->used_bytes = 0;
+}
+
+void ckfs_arena_release(struct ckfs_arena *a)
+{
+	struct ckfs_arena_block *b = a->head;
+
+	while (b) {
+		struct ckfs_arena_block *next = b->next;
+		free(b);
+		b = next;
+	}
+	a->head = NULL;
+	a->used_bytes = 0;
+}
+
+void *ckfs_arena_alloc(struct ckfs_arena *a, size_t n)
+{
+	struct ckfs_arena_block *b = a->head;
+	size_t need;
+
+	if (n > SIZE_MAX - 15)
+		return NULL;
+	need = (n + 15) & ~(size_t)15;
+	if (!b || b->size - b->used < need) {
+		size_t size = b ? b->size * 2 : ARENA_MIN_BLOCK;
+		if (size > ARENA_MAX_BLOCK)
+			size = ARENA_MAX_BLOCK;
+		if (size < need)
+			size = need;
+		if (size > SIZE_MAX - sizeof(*b))
+			return NULL;
+		struct ckfs_arena_block *nb = malloc(sizeof(*nb) + size);
+		if (!nb)
+			return NULL;
+		nb->size = size;
+		nb->used = 0;
+		/* A dedicated block for a big request keeps the current one. */
+		if (b && size == need && b->size - b->used > 4096) {
+			nb->next = b->next;
+			b->next = nb;
+		} else {
+			nb->next = b;
+			a->head = nb;
+		}
+		b = nb;
+	}
+	void *p = b->data + b->used;
+	b->used += need;
+	a->used_bytes += need;
+	memset(p, 0, n);
+	return p;
+}
+
+void *ckfs_arena_calloc(struct ckfs_arena *a, size_t count, size_t size)
+{
+	if (size && count > SIZE_MAX / size)
+		return NULL;
+	return ckfs_arena_alloc(a, count * size);
+}
+
+char *ckfs_arena_strndup(struct ckfs_arena *a, const char *s, size_t len)
+{
+	if (len == SIZE_MAX)
+		return NULL;
+	char *p = ckfs_arena_alloc(a, len + 1);
+	if (p) {
+		memcpy(p, s, len);
+		p[len] = '\0';
+	}
+	return p;
+}
+
+char *ckfs_arena_strdup(struct ckfs_arena *a, const char *s)
+{
+	return ckfs_arena_strndup(a, s, strlen(s));
+}
+
+char *ckfs_arena_printf(struct ckfs_arena *a, const char *fmt, ...)
+{
+	va_list ap, ap2;
+	int n;
+
+	va_start(ap, fmt);
+	va_copy(ap2, ap);
+	n = vsnprintf(NULL, 0, fmt, ap);
+	va_end(ap);
+	char *p = n < 0 ? NULL : ckfs_arena_alloc(a, (size_t)n + 1);
+	if (p)
+		vsnprintf(p, (size_t)n + 1, fmt, ap2);
+	va_end(ap2);
+	return p;
+}

@@ -1,0 +1,86 @@
+/* SPDX-License-Identifier: MIT */
+/* Error records: see include/ckfs/err.h. */
+#include "ckfs/err.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+void ckfs_error_clear(struct ckfs_error *err)
+{
+	if (!err)
+		return;
+	err->code = CKFS_OK;
+	err->sys_errno = 0;
+	err->msg[0] = '\0';
+}
+
+static void record(struct ckfs_error *err, enum ckfs_code code, int sys_errno,
+		   const char *fmt, va_list ap)
+{
+	if (!err || err->code != CKFS_OK)
+		return;
+	err->code = code;
+	err->sys_errno = sys_errno;
+	vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+}
+
+enum ckfs_code ckfs_fail(struct ckfs_error *err, enum ckfs_code code,
+			 const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	record(err, code, 0, fmt, ap);
+	va_end(ap);
+	return code;
+}
+
+enum ckfs_code ckfs_fail_errno(struct ckfs_error *err, const char *fmt, ...)
+{
+	int saved = errno;
+	va_list ap;
+
+	if (!err || err->code != CKFS_OK)
+		return CKFS_E_IO;
+	va_start(ap, fmt);
+	record(err, CKFS_E_IO, saved, fmt, ap);
+	va_end(ap);
+	size_t n = strlen(err->msg);
+	snprintf(err->msg + n, sizeof(err->msg) - n, ": %s", strerror(saved));
+	return CKFS_E_IO;
+}
+
+void ckfs_error_prefix(struct ckfs_error *err, const char *fmt, ...)
+{
+	char prefix[512], old[sizeof(err->msg)];
+	va_list ap;
+
+	if (!err || err->code == CKFS_OK)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(prefix, sizeof(prefix), fmt, ap);
+	va_end(ap);
+	memcpy(old, err->msg, sizeof(old));
+	snprintf(err->msg, sizeof(err->msg), "%s: %s", prefix, old);
+}
+
+const char *ckfs_strerror(enum ckfs_code code)
+{
+	switch (code) {
+	case CKFS_OK: return "success";
+	case CKFS_E_IO: return "i/o error";
+	case CKFS_E_NOMEM: return "out of memory";
+	case CKFS_E_FORMAT: return "format error";
+	case CKFS_E_TRUNCATED: return "truncated input";
+	case CKFS_E_LIMIT: return "limit exceeded";
+	case CKFS_E_UNSUPPORTED: return "unsupported";
+	case CKFS_E_NOTFOUND: return "not found";
+	case CKFS_E_INVALID: return "invalid";
+	case CKFS_E_CHANGED: return "source changed";
+	case CKFS_E_EXISTS: return "already exists";
+	case CKFS_E_MISMATCH: return "mismatch";
+	}
+	return "unknown error";
+}

@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: MIT */
+/* Logging: see include/ckfs/log.h. */
+#include "ckfs/log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static enum ckfs_log_level current_level = CKFS_LOG_NOTICE;
+static ckfs_log_sink current_sink;
+
+void ckfs_log_set_level(enum ckfs_log_level level) { current_level = level; }
+enum ckfs_log_level ckfs_log_get_level(void) { return current_level; }
+void ckfs_log_set_sink(ckfs_log_sink sink) { current_sink = sink; }
+
+int ckfs_log_parse_level(const char *name)
+{
+	static const struct { const char *name; int level; } names[] = {
+		{ "err", CKFS_LOG_ERR },     { "error", CKFS_LOG_ERR },
+		{ "warning", CKFS_LOG_WARNING }, { "warn", CKFS_LOG_WARNING },
+		{ "notice", CKFS_LOG_NOTICE }, { "info", CKFS_LOG_INFO },
+		{ "debug", CKFS_LOG_DEBUG },
+	};
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (strcmp(name, names[i].name) == 0)
+			return names[i].level;
+	return -1;
+}
+
+void ckfs_log(enum ckfs_log_level level, const char *fmt, ...)
+{
+	char line[2048];
+	va_list ap;
+
+	if (level > current_level)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	if (current_sink) {
+		current_sink(level, line);
+		return;
+	}
+	size_t n = strlen(line);
+	if (n + 1 < sizeof(line)) {
+		line[n++] = '\n';
+		line[n] = '\0';
+	}
+	/* One write per message keeps concurrent lines whole. */
+	ssize_t rc = write(STDERR_FILENO, line, n);
+	(void)rc;
+}
