@@ -1,0 +1,94 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The slice cache: final output bytes of virtual files, in aligned slices
+ * of a fixed size, under a byte budget.
+ *
+ * Protocol (after squashfuse's cache, made explicit):
+ *   - ckfs_cache_get() returns a pinned slice holding valid bytes. On a
+ *     miss the calling thread fills it through the fill callback; other
+ *     threads asking for the same slice meanwhile wait for that fill
+ *     instead of computing it again. A failed fill is not cached: every
+ *     waiter gets the error, and the next get tries again.
+ *   - ckfs_cache_put() unpins. Only unpinned slices are evicted, least
+ *     recently used first, whenever the bytes held exceed the budget (the
+ *     budget may be exceeded while everything is pinned; it is restored as
+ *     soon as slices are unpinned).
+ *   - ckfs_cache_prefetch() queues slices for worker threads to fill in the
+ *     background (read-ahead); already cached or queued slices are skipped,
+ *     and the queue is bounded (extra requests are dropped, counted).
+ * Keys are (file id, slice index); the cache knows nothing of tensors. All
+ * functions are thread-safe; the fill callback runs without cache locks
+ * held and may run on several threads at once for different slices.
+ */
+#ifndef CKFS_CACHE_H
+#define CKFS_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckfs/err.h"
+
+struct ckfs_cache;
+struct ckfs_slice;
+
+/* Fill buf with len bytes of file_id at offset; len is the slice size, or
+ * less for the last slice of a file. Runs on caller or worker threads. */
+typedef enum ckfs_code (*ckfs_cache_fill_fn)(void *ctx, uint64_t file_id,
+					     uint64_t offset, size_t len,
+					     void *buf, struct ckfs_error *err);
+
+struct ckfs_cache_options {
+	size_t slice_size;          /* bytes, power of two, e.g. 4 MiB */
+	uint64_t budget_bytes;      /* e.g. 1 GiB */
+	int prefetch_threads;       /* 0 disables read-ahead */
+	int prefetch_queue;         /* max queued slices */
+};
+
+struct ckfs_cache_stats {
+	uint64_t hits;              /* gets served from a valid slice */
+	uint64_t misses;            /* gets that had to fill or wait for a fill */
+	uint64_t waits;             /* misses that waited for another thread */
+	uint64_t evictions;
+	uint64_t fills;             /* slices filled (foreground + prefetch) */
+	uint64_t fill_errors;
+	uint64_t bytes_filled;      /* bytes produced by the fill callback */
+	uint64_t prefetch_queued;
+	uint64_t prefetch_dropped;
+	uint64_t prefetch_hits;     /* gets that found a prefetched slice */
+	uint64_t bytes_cached;      /* now */
+	uint64_t slices_cached;     /* now */
+	uint64_t budget_bytes;
+};
+
+enum ckfs_code ckfs_cache_new(const struct ckfs_cache_options *opt,
+			      ckfs_cache_fill_fn fill, void *ctx,
+			      struct ckfs_cache **out,
+			      struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* Stops the workers (queued prefetches are dropped) and frees everything;
+ * no slice may be pinned. */
+void ckfs_cache_free(struct ckfs_cache *c);
+
+/* Pinned slice index of file_id; len is the slice's byte length (slice
+ * size, or the file's tail). */
+enum ckfs_code ckfs_cache_get(struct ckfs_cache *c, uint64_t file_id,
+			      uint64_t index, size_t len,
+			      struct ckfs_slice **out,
+			      struct ckfs_error *err) CKFS_WARN_UNUSED;
+const void *ckfs_slice_data(const struct ckfs_slice *s);
+size_t ckfs_slice_len(const struct ckfs_slice *s);
+void ckfs_cache_put(struct ckfs_cache *c, struct ckfs_slice *s);
+
+/* Queue slice index of file_id (of byte length len) for read-ahead. */
+void ckfs_cache_prefetch(struct ckfs_cache *c, uint64_t file_id,
+			 uint64_t index, size_t len);
+
+/* Copy bytes [off, off + len) of a file of file_size bytes through the
+ * cache (get + memcpy + put per slice). */
+enum ckfs_code ckfs_cache_read(struct ckfs_cache *c, uint64_t file_id,
+			       uint64_t file_size, uint64_t off, size_t len,
+			       void *buf, struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+void ckfs_cache_get_stats(struct ckfs_cache *c, struct ckfs_cache_stats *out);
+size_t ckfs_cache_slice_size(const struct ckfs_cache *c);
+
+#endif
