@@ -32,8 +32,7 @@ struct ckfs_node {
 	uint64_t size;
 	const struct ckfs_st_file *st;  /* WEIGHTS */
 	const char *data;               /* RENDERED */
-	int fd;                         /* PASSTHROUGH, read-only */
-	const char *path;               /* PASSTHROUGH source */
+	struct ckfs_source src;         /* PASSTHROUGH, opened read-only */
 };
 
 struct ckfs_folder_options {

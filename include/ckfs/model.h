@@ -101,6 +101,19 @@ enum ckfs_code ckfs_model_open(const char *src,
 			       struct ckfs_error *err) CKFS_WARN_UNUSED;
 void ckfs_model_free(struct ckfs_model *m);
 
+/*
+ * Check that a source is still the file that was opened: same size and
+ * mtime through its descriptor, not deleted, and its path still naming the
+ * same inode. CKFS_E_CHANGED otherwise, with a message saying what changed.
+ * The read path calls it before and after reading, so bytes assembled
+ * while a file changed are never returned.
+ */
+enum ckfs_code ckfs_source_check(const struct ckfs_source *s,
+				 struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* Record the identity of an open descriptor into s (fd, path kept). */
+enum ckfs_code ckfs_source_init(struct ckfs_source *s, int fd, const char *path,
+				const char *name, struct ckfs_error *err) CKFS_WARN_UNUSED;
+
 /* Bytes of one output tensor. */
 uint64_t ckfs_tensor_out_bytes(const struct ckfs_tensor *t);
 

@@ -337,14 +337,10 @@ static enum ckfs_code open_source(struct ckfs_model *m, long rank,
 		close(fd);
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': not a regular file", path);
 	}
-	struct ckfs_source *s = &m->sources[m->n_sources];
-	s->path = path;
-	s->name = rel;
-	s->fd = fd;
-	s->size = (uint64_t)st.st_size;
-	s->dev = st.st_dev;
-	s->ino = st.st_ino;
-	s->mtime = st.st_mtim;
+	if (ckfs_source_init(&m->sources[m->n_sources], fd, path, rel, err) != CKFS_OK) {
+		close(fd);
+		return err->code;
+	}
 	*index = (uint32_t)m->n_sources++;
 	return CKFS_OK;
 }
@@ -670,11 +666,14 @@ static enum ckfs_code load_config(struct ckfs_model *m, const char *config_opt,
 	if (is_dir(hf))
 		m->hf_dir = hf;
 	if (config_opt) {
-		path = is_dir(config_opt)
-			       ? ckfs_arena_printf(&m->arena, "%s/config.json", config_opt)
-			       : ckfs_arena_strdup(&m->arena, config_opt);
-		if (!m->hf_dir && is_dir(config_opt))
-			m->hf_dir = ckfs_arena_strdup(&m->arena, config_opt);
+		char *abs = realpath(config_opt, NULL);
+		if (!abs)
+			return ckfs_fail_errno(err, "'%s': cannot resolve", config_opt);
+		path = is_dir(abs) ? ckfs_arena_printf(&m->arena, "%s/config.json", abs)
+				   : ckfs_arena_strdup(&m->arena, abs);
+		if (!m->hf_dir && is_dir(abs))
+			m->hf_dir = ckfs_arena_strdup(&m->arena, abs);
+		free(abs);
 	} else {
 		path = ckfs_arena_printf(&m->arena, "%s/config.json", hf);
 	}
@@ -749,6 +748,8 @@ static enum ckfs_code build(struct ckfs_model *m, const struct ckfs_model_option
 
 	memset(&first, 0, sizeof(first));
 	rc = scan_ranks(m, &rs, err);
+	if (rc == CKFS_OK)
+		rc = load_config(m, opt->config_path, err);
 	if (rc != CKFS_OK)
 		goto out;
 	m->sources = ckfs_arena_calloc(&m->arena, (size_t)m->world_size,
@@ -1050,18 +1051,20 @@ enum ckfs_code ckfs_model_open(const char *src, const struct ckfs_model_options 
 		return nomem(err);
 	ckfs_arena_init(&m->arena);
 	m->layout = "verl-fsdp";
-	m->src_dir = ckfs_arena_strdup(&m->arena, src);
-	if (!m->src_dir) {
-		rc = nomem(err);
-		goto fail;
-	}
 	if (!is_dir(src)) {
 		rc = exists(src) ? ckfs_fail(err, CKFS_E_INVALID, "'%s': not a folder", src)
 				 : ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found", src);
 		goto fail;
 	}
-	if ((rc = load_config(m, opt->config_path, err)) != CKFS_OK)
+	/* Absolute paths: a daemon changes its working directory, and source
+	 * checks stat the paths again later. */
+	char *abs = realpath(src, NULL);
+	m->src_dir = abs ? ckfs_arena_strdup(&m->arena, abs) : NULL;
+	free(abs);
+	if (!m->src_dir) {
+		rc = abs ? nomem(err) : ckfs_fail_errno(err, "'%s': cannot resolve", src);
 		goto fail;
+	}
 	if ((rc = build(m, opt, err)) != CKFS_OK)
 		goto fail;
 	*out = m;

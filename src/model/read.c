@@ -154,6 +154,10 @@ enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
 	int ndim = t->ndim ? t->ndim : 1;
 	int64_t shape[CKFS_MAX_DIMS], idx[CKFS_MAX_DIMS];
 	uint32_t hint = 0;
+	/* Sources used by this call: checked before their first read and
+	 * again after the last one. */
+	uint32_t touched[16];
+	size_t n_touched = 0;
 
 	if (first > t->numel || count > t->numel - first)
 		return ckfs_fail(err, CKFS_E_INVALID,
@@ -186,6 +190,15 @@ enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
 					 "tensor '%s': element %llu has no source",
 					 t->name, (unsigned long long)e);
 
+		size_t seen = 0;
+		while (seen < n_touched && touched[seen] != c->source)
+			seen++;
+		if (seen == n_touched) {
+			CKFS_TRY(ckfs_source_check(&m->sources[c->source], err));
+			if (n_touched < 16)
+				touched[n_touched++] = c->source;
+		}
+
 		int L = ndim - 1;
 		uint64_t src_elem = 0;
 		for (int k = 0; k < ndim; k++)
@@ -215,8 +228,12 @@ enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
 			CKFS_TRY(read_strided(m, t, c, pos, c->stride[L], run, dst,
 					      scratch, err));
 		}
+		if (seen == 16) /* not tracked: check this run now */
+			CKFS_TRY(ckfs_source_check(&m->sources[c->source], err));
 		dst += run * out;
 		e += run;
 	}
+	for (size_t i = 0; i < n_touched; i++)
+		CKFS_TRY(ckfs_source_check(&m->sources[touched[i]], err));
 	return CKFS_OK;
 }

@@ -219,11 +219,15 @@ static enum ckfs_code add_side_files(struct ckfs_folder *f, size_t *cap,
 		n->name = ckfs_arena_strdup(&f->arena, name);
 		n->kind = CKFS_NODE_PASSTHROUGH;
 		n->size = (uint64_t)st.st_size;
-		n->fd = fd;
-		n->path = path;
 		if (!n->name) {
+			close(fd);
 			closedir(d);
 			return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		}
+		if (ckfs_source_init(&n->src, fd, path, n->name, err) != CKFS_OK) {
+			close(fd);
+			closedir(d);
+			return err->code;
 		}
 		if (ts_newer(st.st_mtim, f->mtime))
 			f->mtime = st.st_mtim;
@@ -261,7 +265,7 @@ enum ckfs_code ckfs_folder_build(const struct ckfs_model *m,
 		n->kind = CKFS_NODE_WEIGHTS;
 		n->size = f->layout.files[i].size;
 		n->st = &f->layout.files[i];
-		n->fd = -1;
+		n->src.fd = -1;
 	}
 	if (f->layout.index_json) {
 		struct ckfs_node *n = &f->nodes[f->n_nodes++];
@@ -269,7 +273,7 @@ enum ckfs_code ckfs_folder_build(const struct ckfs_model *m,
 		n->kind = CKFS_NODE_RENDERED;
 		n->data = f->layout.index_json;
 		n->size = f->layout.index_len;
-		n->fd = -1;
+		n->src.fd = -1;
 	}
 	char *cfg;
 	size_t cfg_len;
@@ -284,7 +288,7 @@ enum ckfs_code ckfs_folder_build(const struct ckfs_model *m,
 	cn->kind = CKFS_NODE_RENDERED;
 	cn->data = ckfs_arena_strndup(&f->arena, cfg, cfg_len);
 	cn->size = cfg_len;
-	cn->fd = -1;
+	cn->src.fd = -1;
 	free(cfg);
 	if (!cn->data) {
 		rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
@@ -305,8 +309,8 @@ void ckfs_folder_free(struct ckfs_folder *f)
 	if (!f)
 		return;
 	for (size_t i = 0; i < f->n_nodes; i++)
-		if (f->nodes[i].kind == CKFS_NODE_PASSTHROUGH && f->nodes[i].fd >= 0)
-			close(f->nodes[i].fd);
+		if (f->nodes[i].kind == CKFS_NODE_PASSTHROUGH && f->nodes[i].src.fd >= 0)
+			close(f->nodes[i].src.fd);
 	ckfs_st_layout_release(&f->layout);
 	ckfs_arena_release(&f->arena);
 	free(f);
@@ -332,19 +336,21 @@ enum ckfs_code ckfs_folder_read(const struct ckfs_folder *f,
 		break;
 	case CKFS_NODE_PASSTHROUGH: {
 		size_t done = 0;
+		CKFS_TRY(ckfs_source_check(&n->src, err));
 		while (done < len) {
-			ssize_t r = pread(n->fd, (char *)buf + done, len - done,
+			ssize_t r = pread(n->src.fd, (char *)buf + done, len - done,
 					  (off_t)(off + done));
 			if (r < 0 && errno == EINTR)
 				continue;
 			if (r < 0)
-				return ckfs_fail_errno(err, "'%s': read failed", n->path);
+				return ckfs_fail_errno(err, "'%s': read failed", n->src.path);
 			if (r == 0)
 				return ckfs_fail(err, CKFS_E_CHANGED,
 						 "'%s': file shrank since it was opened",
-						 n->path);
+						 n->src.path);
 			done += (size_t)r;
 		}
+		CKFS_TRY(ckfs_source_check(&n->src, err));
 		break;
 	}
 	}

@@ -49,11 +49,19 @@ import time
 import zipfile
 import zlib
 
-# DeviceMesh pickles a cached hash() of a tuple holding strings; a fixed string-hash seed keeps
-# the rank files byte-identical between runs.
-if os.environ.get("PYTHONHASHSEED") != "0":
-    os.environ["PYTHONHASHSEED"] = "0"
-    os.execv(sys.executable, [sys.executable] + sys.argv)
+# Byte-reproducible rank files: DeviceMesh and DTensorSpec pickle a cached `_hash`, computed
+# with hash() over strings (PYTHONHASHSEED) and torch.dtype objects (hashed by address, so
+# ASLR).  Re-exec once with a fixed hash seed and, where `setarch -R` works, without address
+# randomisation.  Without setarch only those `_hash` integers (and the zip's serialization_id,
+# a checksum of the records) change between runs; tensors are identical either way.
+if os.environ.get("CKFS_GEN_REEXEC") != "1":
+    env = dict(os.environ, PYTHONHASHSEED="0", CKFS_GEN_REEXEC="1")
+    argv = [sys.executable] + sys.argv
+    setarch = shutil.which("setarch")
+    if setarch and subprocess.run([setarch, os.uname().machine, "-R", "true"],
+                                  stderr=subprocess.DEVNULL).returncode == 0:
+        argv = [setarch, os.uname().machine, "-R"] + argv
+    os.execve(argv[0], argv, env)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

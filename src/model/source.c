@@ -1,0 +1,59 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Source identity (include/ckfs/model.h): what a source file was when it
+ * was opened, and the check that it still is. A file deleted, truncated,
+ * extended, rewritten (mtime) or replaced under its name is "changed": its
+ * bytes may no longer be the checkpoint's, so reads that need it fail
+ * instead of serving stale or mixed data.
+ */
+#include "ckfs/model.h"
+
+#include <errno.h>
+#include <sys/stat.h>
+
+enum ckfs_code ckfs_source_init(struct ckfs_source *s, int fd, const char *path,
+				const char *name, struct ckfs_error *err)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) != 0)
+		return ckfs_fail_errno(err, "'%s': cannot stat", path);
+	s->path = path;
+	s->name = name;
+	s->fd = fd;
+	s->size = (uint64_t)st.st_size;
+	s->dev = st.st_dev;
+	s->ino = st.st_ino;
+	s->mtime = st.st_mtim;
+	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_source_check(const struct ckfs_source *s,
+				 struct ckfs_error *err)
+{
+	struct stat st;
+
+	if (stat(s->path, &st) != 0)
+		return errno == ENOENT
+			       ? ckfs_fail(err, CKFS_E_CHANGED,
+					   "'%s': source was deleted", s->path)
+			       : ckfs_fail_errno(err, "'%s': cannot stat", s->path);
+	if (st.st_dev != s->dev || st.st_ino != s->ino)
+		return ckfs_fail(err, CKFS_E_CHANGED, "'%s': source was replaced",
+				 s->path);
+	if (fstat(s->fd, &st) != 0)
+		return ckfs_fail_errno(err, "'%s': cannot stat", s->path);
+	if (st.st_nlink == 0)
+		return ckfs_fail(err, CKFS_E_CHANGED, "'%s': source was deleted",
+				 s->path);
+	if ((uint64_t)st.st_size != s->size)
+		return ckfs_fail(err, CKFS_E_CHANGED,
+				 "'%s': source size changed from %llu to %llu bytes",
+				 s->path, (unsigned long long)s->size,
+				 (unsigned long long)st.st_size);
+	if (st.st_mtim.tv_sec != s->mtime.tv_sec ||
+	    st.st_mtim.tv_nsec != s->mtime.tv_nsec)
+		return ckfs_fail(err, CKFS_E_CHANGED, "'%s': source was modified",
+				 s->path);
+	return CKFS_OK;
+}
