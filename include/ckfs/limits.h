@@ -49,6 +49,11 @@
  * reference lets a few bytes re-run a call on a large string. Real pickles
  * stay below 1x since each such call has its own operand in the stream. */
 #define CKFS_MAX_PICKLE_EXPANSION 4u
+/* Nodes a full recursive walk of one pickle's tree may visit, counting a
+ * shared object once per use. Memo references make a DAG whose expansion
+ * can double per two input bytes; real pickles expand to about their node
+ * count (a 70B state dict: ~100k), so 1G only stops exponential ones. */
+#define CKFS_MAX_PICKLE_TREE (1u << 30)
 
 /* Tensors per state dict and per output model (DeepSeek-V3 has ~92k). */
 #define CKFS_MAX_TENSORS (1u << 22)

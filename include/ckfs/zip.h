@@ -6,8 +6,12 @@
  * libzip does not expose where an entry's data starts; tensor bytes are then
  * read in place with pread at ckfs_zip_entry.data_offset and never loaded
  * whole. Small records (data.pkl, version) are read with
- * ckfs_zip_read_record(), which inflates deflated entries (through libzip)
- * and caps the size. ckfs_zip_verify_crc() checks stored CRC32s with zlib.
+ * ckfs_zip_read_record(), which inflates deflated entries (with zlib; see
+ * src/fmt/zip.c for why not libzip) and caps the size.
+ * ckfs_zip_verify_crc() checks stored CRC32s with zlib.
+ *
+ * Thread safety: the struct is read-only after ckfs_zip_open() and all reads
+ * use pread(), so concurrent find/read_record/verify_crc calls are fine.
  *
  * Not done here: anything torch-specific beyond the common top folder.
  */

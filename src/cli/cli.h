@@ -11,6 +11,7 @@ int ckfs_cmd_export(int argc, char **argv);
 int ckfs_cmd_verify(int argc, char **argv);
 int ckfs_cmd_mount(int argc, char **argv);
 int ckfs_cmd_umount(int argc, char **argv);
+int ckfs_cmd_stats(int argc, char **argv);
 
 /* "bf16" | "fp16" | "fp32" | "auto" (and torch names) -> dtype; auto gives
  * CKFS_DTYPE_INVALID. Returns 0 on success, -1 for an unknown name. */

@@ -143,7 +143,8 @@ static enum ckfs_code write_node(const struct ckfs_folder *f, const struct ckfs_
 	char path[PATH_MAX];
 	enum ckfs_code rc = CKFS_OK;
 
-	snprintf(path, sizeof(path), "%s/%s", dir, n->name);
+	if (snprintf(path, sizeof(path), "%s/%s", dir, n->name) >= (int)sizeof(path))
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': path too long", dir);
 	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
 	if (fd < 0)
 		return ckfs_fail_errno(err, "'%s': cannot create", path);
@@ -206,8 +207,9 @@ static void remove_tree(const char *dir, const struct ckfs_folder *f)
 	char path[PATH_MAX];
 
 	for (size_t i = 0; f && i < f->n_nodes; i++) {
-		snprintf(path, sizeof(path), "%s/%s", dir, f->nodes[i].name);
-		unlink(path);
+		if (snprintf(path, sizeof(path), "%s/%s", dir, f->nodes[i].name) <
+		    (int)sizeof(path))
+			unlink(path);
 	}
 	rmdir(dir);
 }

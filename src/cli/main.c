@@ -21,7 +21,8 @@ static const char usage_text[] =
 	"  export SRC DIR [options]          write the merged Hugging Face folder\n"
 	"  verify SRC --against DIR          compare a checkpoint with a HF folder\n"
 	"  mount SRC MNT [options]           serve the merged folder through FUSE\n"
-	"  umount MNT                        unmount\n"
+	"  umount [-z] MNT                   unmount (-z: lazily, while files are open)\n"
+	"  stats MNT                         counters of a running mount\n"
 	"\n"
 	"Common options: --dtype bf16|fp16|fp32|auto (default bf16),\n"
 	"  --max-shard-size SIZE (e.g. 5GB), --config PATH, --log-level LEVEL.\n"
@@ -97,6 +98,8 @@ int main(int argc, char **argv)
 		return ckfs_cmd_mount(argc - 1, argv + 1);
 	if (strcmp(cmd, "umount") == 0 || strcmp(cmd, "unmount") == 0)
 		return ckfs_cmd_umount(argc - 1, argv + 1);
+	if (strcmp(cmd, "stats") == 0)
+		return ckfs_cmd_stats(argc - 1, argv + 1);
 	if (cmd[0] != '-' && argc >= 3)
 		return ckfs_cmd_mount(argc, argv); /* mount.fuse3: ckfs SRC MNT -o ... */
 	fprintf(stderr, "ckfs: unknown command '%s'\n\n%s", cmd, usage_text);

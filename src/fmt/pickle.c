@@ -15,20 +15,24 @@
  * append (SETITEMS, APPENDS or ADDITEMS on a CALL or OBJECT node).
  *
  * Shape guarantees for consumers: the result is a DAG, never a cyclic
- * graph, and no path from the root passes through more than
+ * graph; no path from the root passes through more than
  * CKFS_MAX_PICKLE_NESTING container nodes (tuple, list, set, dict, call,
- * object, persistent id), so a recursive walk bounded by that depth always
- * terminates. (Shared nodes are visited once per path: walkers that visit
- * everything should remember what they have seen.) Every node carries a
- * private height, 1 + the largest height of its children (0 for scalars).
- * A new node gets it from its children, which already exist. A container
- * that grows later (APPEND(S), SETITEM(S), ADDITEMS, BUILD) may raise its
- * height only while nothing refers to it yet; once referenced it accepts
- * only children strictly lower than itself. Heights then strictly decrease
- * along every edge, which rules out cycles. Python's pickler finishes a
- * container before anything outside its contents refers to it, so the only
- * real pickles refused by this rule are self-referencing ones (l.append(l),
- * an object whose state points back at it): CKFS_E_UNSUPPORTED.
+ * object, persistent id); and a full recursive walk, which visits a shared
+ * node once per use, visits at most CKFS_MAX_PICKLE_TREE nodes. So plain
+ * recursion with no visited set is safe. To enforce this every node carries
+ * a private height (1 + the largest child height, 0 for scalars) and size
+ * (1 + the children's sizes). A new node takes both from its children,
+ * which already exist. A container filled later (APPEND(S), SETITEM(S),
+ * ADDITEMS, BUILD) may only grow while nothing refers to it yet; once it is
+ * some node's child it is frozen, so no parent's height or size goes stale
+ * and no cycle can form. Python's pickler fills every container before
+ * anything outside its contents refers to it, so the only real pickles
+ * this refuses are self-referencing ones (l.append(l), an object whose
+ * state points back at it): CKFS_E_UNSUPPORTED.
+ *
+ * Immutable leaves may be shared even where the pickle did not share them
+ * (None, True, False, the empty tuple, BININT1 ints 0..255): compare ints by
+ * value, never by address.
  *
  * Memory: nodes, strings and container arrays come from the arena (arrays
  * grow geometrically, old copies stay in the arena); the stack, mark list and
@@ -158,14 +162,35 @@ static const char *const op_names[256] = {
 /* Every node this file hands out is the first member of one of these. */
 struct node {
 	struct ckfs_pv pv;
-	uint32_t height;    /* see the top of the file */
-	uint32_t referenced; /* some node has (had) this one as a child */
-	struct str_index *index; /* string keys of a large DICT, or NULL */
+	uint32_t size;      /* see the top of the file */
+	uint16_t height;    /* likewise */
+	uint8_t referenced; /* some node has (had) this one as a child */
+};
+
+_Static_assert(CKFS_MAX_PICKLE_NESTING < UINT16_MAX, "height is 16 bits");
+_Static_assert(CKFS_MAX_PICKLE_TREE < UINT32_MAX, "size is 32 bits");
+
+/* Height and expanded size of a node being built. */
+struct shape {
+	uint32_t height, size;
+};
+
+#define SHAPE_EMPTY ((struct shape){ 1, 1 })
+
+/* DICT nodes are one of these. */
+struct dict_node {
+	struct node n;
+	struct str_index *index; /* string keys of a large dict, or NULL */
 };
 
 static struct node *node_of(struct ckfs_pv *v)
 {
 	return (struct node *)v;
+}
+
+static struct str_index **index_of(struct ckfs_pv *dict)
+{
+	return &((struct dict_node *)dict)->index;
 }
 
 /* Open-addressing hash of the positions of a dict's string keys, built once
@@ -209,14 +234,16 @@ struct vm {
 
 	size_t nodes, items;
 	size_t synth, synth_max; /* bytes made by evaluated calls */
+	uint64_t seed;           /* of the dict key hash */
+	/* Shared immutable leaves: None, True, False, (), BININT1 values. */
 	struct ckfs_pv *none, *yes, *no, *empty_tuple;
+	struct ckfs_pv *small_int[256];
 };
 
-static enum ckfs_code vm_fail(struct vm *vm, enum ckfs_code code,
-			      const char *fmt, ...) CKFS_PRINTF(3, 4);
+static void vm_fail(struct vm *vm, enum ckfs_code code, const char *fmt, ...)
+	CKFS_PRINTF(3, 4);
 
-static enum ckfs_code vm_fail(struct vm *vm, enum ckfs_code code,
-			      const char *fmt, ...)
+static void vm_fail(struct vm *vm, enum ckfs_code code, const char *fmt, ...)
 {
 	char what[512];
 	va_list ap;
@@ -224,24 +251,25 @@ static enum ckfs_code vm_fail(struct vm *vm, enum ckfs_code code,
 	va_start(ap, fmt);
 	vsnprintf(what, sizeof(what), fmt, ap);
 	va_end(ap);
-	return ckfs_fail(vm->err, code, "'%s': %s at offset %zu", vm->label,
-			 what, vm->at);
+	ckfs_fail(vm->err, code, "'%s': %s at offset %zu", vm->label, what,
+		  vm->at);
 }
+
+/* Record "'label': <what> at offset N" and yield code. The code is spelled
+ * at the call site so the compiler sees every error path return non-zero
+ * (vm_fail, being variadic, is never inlined). */
+#define FAIL(vm, code, ...) (vm_fail((vm), (code), __VA_ARGS__), (code))
 
 static const char *op_name(unsigned char op)
 {
 	return op_names[op] ? op_names[op] : "?";
 }
 
-static enum ckfs_code nomem(struct vm *vm)
-{
-	return vm_fail(vm, CKFS_E_NOMEM, "out of memory");
-}
+#define nomem(vm) FAIL(vm, CKFS_E_NOMEM, "out of memory")
+#define truncated(vm) FAIL(vm, CKFS_E_TRUNCATED, "unexpected end of pickle")
+#define underflow(vm)                                                        \
+	FAIL(vm, CKFS_E_FORMAT, "stack underflow in %s", op_name((vm)->op))
 
-static enum ckfs_code truncated(struct vm *vm)
-{
-	return vm_fail(vm, CKFS_E_TRUNCATED, "unexpected end of pickle");
-}
 
 /* ---- input cursor ---------------------------------------------------- */
 
@@ -283,7 +311,7 @@ static enum ckfs_code take_len(struct vm *vm, int width, int is_signed,
 	} else if (width == 4) {
 		uint32_t u = rd_u32(p);
 		if (is_signed && (u & 0x80000000u))
-			return vm_fail(vm, CKFS_E_FORMAT,
+			return FAIL(vm, CKFS_E_FORMAT,
 				       "negative length %" PRId32 " in %s",
 				       (int32_t)u, op_name(vm->op));
 		*n = u;
@@ -295,21 +323,37 @@ static enum ckfs_code take_len(struct vm *vm, int width, int is_signed,
 
 /* ---- nodes ----------------------------------------------------------- */
 
-static enum ckfs_code node_new(struct vm *vm, enum ckfs_pv_kind kind,
-			       struct ckfs_pv **out)
+/* A zeroed node with `extra` bytes after it (a tuple's items). */
+static enum ckfs_code node_alloc(struct vm *vm, enum ckfs_pv_kind kind,
+				 size_t extra, struct ckfs_pv **out)
 {
+	size_t size = kind == CKFS_PV_DICT ? sizeof(struct dict_node) :
+					     sizeof(struct node);
 	struct node *n;
 
 	if (vm->nodes >= CKFS_MAX_PICKLE_NODES)
-		return vm_fail(vm, CKFS_E_LIMIT, "more than %u objects",
+		return FAIL(vm, CKFS_E_LIMIT, "more than %u objects",
 			       CKFS_MAX_PICKLE_NODES);
-	n = ckfs_arena_alloc(vm->arena, sizeof(*n));
+	n = ckfs_arena_alloc(vm->arena, size + extra);
 	if (!n)
 		return nomem(vm);
 	vm->nodes++;
 	n->pv.kind = kind;
+	n->size = 1;
 	*out = &n->pv;
 	return CKFS_OK;
+}
+
+static void set_shape(struct ckfs_pv *v, struct shape sh)
+{
+	node_of(v)->height = (uint16_t)sh.height;
+	node_of(v)->size = sh.size;
+}
+
+static enum ckfs_code node_new(struct vm *vm, enum ckfs_pv_kind kind,
+			       struct ckfs_pv **out)
+{
+	return node_alloc(vm, kind, 0, out);
 }
 
 static enum ckfs_code int_new(struct vm *vm, int64_t i, struct ckfs_pv **out)
@@ -333,9 +377,10 @@ static enum ckfs_code blob_new(struct vm *vm, enum ckfs_pv_kind kind,
 	return CKFS_OK;
 }
 
-/* Height a new node needs to sit above child; marks child referenced. */
+/* Add child to the shape of its (new or still unreferenced) parent and
+ * mark it referenced. */
 static enum ckfs_code adopt(struct vm *vm, struct ckfs_pv *child,
-			    uint32_t *height)
+			    struct shape *sh)
 {
 	struct node *c;
 
@@ -343,46 +388,50 @@ static enum ckfs_code adopt(struct vm *vm, struct ckfs_pv *child,
 		return CKFS_OK;
 	c = node_of(child);
 	c->referenced = 1;
-	if (c->height >= *height) {
+	if (c->height >= sh->height) {
 		if (c->height >= CKFS_MAX_PICKLE_NESTING)
-			return vm_fail(vm, CKFS_E_LIMIT,
-				       "nesting deeper than %u in %s",
-				       CKFS_MAX_PICKLE_NESTING,
-				       op_name(vm->op));
-		*height = c->height + 1;
+			return FAIL(vm, CKFS_E_LIMIT,
+				    "nesting deeper than %u in %s",
+				    CKFS_MAX_PICKLE_NESTING, op_name(vm->op));
+		sh->height = c->height + 1u;
 	}
+	if (c->size > CKFS_MAX_PICKLE_TREE - sh->size)
+		return FAIL(vm, CKFS_E_LIMIT,
+			    "tree of more than %u nodes, counting shared objects at each use, in %s",
+			    CKFS_MAX_PICKLE_TREE, op_name(vm->op));
+	sh->size += c->size;
 	return CKFS_OK;
 }
 
 /*
- * parent, which exists already, is about to refer to child: refuse what
- * could close a cycle (see the top of the file) and raise parent's height.
+ * parent, which exists already, is about to refer to child (APPEND(S),
+ * SETITEM(S), ADDITEMS, BUILD). Only a container nothing refers to yet may
+ * grow: that rules out cycles and keeps every height and size exact.
  */
 static enum ckfs_code attach(struct vm *vm, struct ckfs_pv *parent,
 			     struct ckfs_pv *child)
 {
-	struct node *p = node_of(parent), *c = node_of(child);
+	struct node *p = node_of(parent);
 	const char *kind = ckfs_pv_kind_name(parent->kind);
+	struct shape sh = { p->height, p->size };
 
 	if (parent == child)
-		return vm_fail(vm, CKFS_E_UNSUPPORTED,
-			       "%s would make %s contain itself",
-			       op_name(vm->op), kind);
-	if (p->referenced) {
-		if (c->height >= p->height)
-			return vm_fail(vm, CKFS_E_UNSUPPORTED,
-				       "%s into %s that is already referenced (possible reference cycle)",
-				       op_name(vm->op), kind);
-		c->referenced = 1;
-		return CKFS_OK;
-	}
-	return adopt(vm, child, &p->height);
+		return FAIL(vm, CKFS_E_UNSUPPORTED,
+			    "%s would make %s contain itself",
+			    op_name(vm->op), kind);
+	if (p->referenced)
+		return FAIL(vm, CKFS_E_UNSUPPORTED,
+			    "%s into %s that is already referenced (possible reference cycle)",
+			    op_name(vm->op), kind);
+	CKFS_TRY(adopt(vm, child, &sh));
+	set_shape(parent, sh);
+	return CKFS_OK;
 }
 
 static enum ckfs_code charge_items(struct vm *vm, size_t n)
 {
 	if (n > CKFS_MAX_PICKLE_ITEMS - vm->items)
-		return vm_fail(vm, CKFS_E_LIMIT, "more than %u container items",
+		return FAIL(vm, CKFS_E_LIMIT, "more than %u container items",
 			       CKFS_MAX_PICKLE_ITEMS);
 	vm->items += n;
 	return CKFS_OK;
@@ -427,17 +476,20 @@ static enum ckfs_code seq_new(struct vm *vm, enum ckfs_pv_kind kind,
 			      struct ckfs_pv *const *items, size_t n,
 			      struct ckfs_pv **out)
 {
-	uint32_t height = 1;
+	struct shape sh = SHAPE_EMPTY;
 	struct ckfs_pv *v;
 
 	for (size_t i = 0; i < n; i++)
-		CKFS_TRY(adopt(vm, items[i], &height));
-	CKFS_TRY(node_new(vm, kind, &v));
-	node_of(v)->height = height;
+		CKFS_TRY(adopt(vm, items[i], &sh));
+	CKFS_TRY(charge_items(vm, n));
+	/* n <= CKFS_MAX_PICKLE_ITEMS: no overflow. Later growth (ADDITEMS on
+	 * a set) moves the items to an array of their own. */
+	CKFS_TRY(node_alloc(vm, kind, n * sizeof(*items), &v));
+	set_shape(v, sh);
 	if (n) {
-		CKFS_TRY(seq_reserve(vm, v, n));
+		v->u.seq.items = (struct ckfs_pv **)(node_of(v) + 1);
 		memcpy(v->u.seq.items, items, n * sizeof(*items));
-		v->u.seq.n = n;
+		v->u.seq.n = v->u.seq.cap = n;
 	}
 	*out = v;
 	return CKFS_OK;
@@ -458,15 +510,26 @@ static enum ckfs_code seq_extend(struct vm *vm, struct ckfs_pv *v,
 
 /* ---- dicts ----------------------------------------------------------- */
 
-static uint64_t hash_bytes(const char *s, size_t n)
+/* splitmix64's finalizer: every input bit reaches the low bits we mask. */
+static uint64_t mix64(uint64_t x)
 {
-	uint64_t h = 1469598103934665603ull;
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ull;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+/* FNV-1a from a per-load seed, so colliding keys cannot be precomputed. */
+static uint64_t hash_bytes(const struct vm *vm, const char *s, size_t n)
+{
+	uint64_t h = 1469598103934665603ull ^ vm->seed;
 
 	for (size_t i = 0; i < n; i++) {
 		h ^= (unsigned char)s[i];
 		h *= 1099511628211ull;
 	}
-	return h;
+	return mix64(h);
 }
 
 static int str_eq(const struct ckfs_pv *v, const char *s, size_t n)
@@ -475,11 +538,10 @@ static int str_eq(const struct ckfs_pv *v, const char *s, size_t n)
 	       memcmp(v->u.str.s, s, n) == 0;
 }
 
-static void index_insert(struct str_index *x, const struct ckfs_pv *key,
-			 size_t pos)
+static void index_insert(struct str_index *x, uint64_t hash, size_t pos)
 {
 	size_t mask = x->cap - 1;
-	size_t i = hash_bytes(key->u.str.s, key->u.str.len) & mask;
+	size_t i = hash & mask;
 
 	while (x->slots[i])
 		i = (i + 1) & mask;
@@ -490,8 +552,7 @@ static void index_insert(struct str_index *x, const struct ckfs_pv *key,
 /* (Re)build the index of d's string keys with room for `want` of them. */
 static enum ckfs_code index_build(struct vm *vm, struct ckfs_pv *d, size_t want)
 {
-	struct node *n = node_of(d);
-	struct str_index *x = n->index;
+	struct str_index *x = *index_of(d);
 	size_t cap = 64;
 
 	while (cap < want * 2)
@@ -506,18 +567,22 @@ static enum ckfs_code index_build(struct vm *vm, struct ckfs_pv *d, size_t want)
 		return nomem(vm);
 	x->cap = cap;
 	x->used = 0;
-	n->index = x;
-	for (size_t i = 0; i < d->u.dict.n; i++)
-		if (d->u.dict.keys[i]->kind == CKFS_PV_STR)
-			index_insert(x, d->u.dict.keys[i], i);
+	*index_of(d) = x;
+	for (size_t i = 0; i < d->u.dict.n; i++) {
+		const struct ckfs_pv *k = d->u.dict.keys[i];
+		if (k->kind == CKFS_PV_STR)
+			index_insert(x, hash_bytes(vm, k->u.str.s, k->u.str.len),
+				     i);
+	}
 	return CKFS_OK;
 }
 
-/* Position of string key s in d, or -1. */
+/* Position of string key s in d, or -1; *hash is set when d is indexed. */
 static enum ckfs_code dict_find(struct vm *vm, struct ckfs_pv *d,
-				const char *s, size_t len, ptrdiff_t *pos)
+				const char *s, size_t len, ptrdiff_t *pos,
+				uint64_t *hash)
 {
-	struct str_index *x = node_of(d)->index;
+	struct str_index *x = *index_of(d);
 
 	*pos = -1;
 	if (!x && d->u.dict.n < DICT_LINEAR_MAX) {
@@ -530,10 +595,11 @@ static enum ckfs_code dict_find(struct vm *vm, struct ckfs_pv *d,
 	}
 	if (!x) {
 		CKFS_TRY(index_build(vm, d, d->u.dict.n + 1));
-		x = node_of(d)->index;
+		x = *index_of(d);
 	}
+	*hash = hash_bytes(vm, s, len);
 	size_t mask = x->cap - 1;
-	for (size_t i = hash_bytes(s, len) & mask; x->slots[i];
+	for (size_t i = *hash & mask; x->slots[i];
 	     i = (i + 1) & mask) {
 		size_t at = x->slots[i] - 1;
 		if (str_eq(d->u.dict.keys[at], s, len)) {
@@ -549,11 +615,13 @@ static enum ckfs_code dict_set(struct vm *vm, struct ckfs_pv *d,
 {
 	struct str_index *x;
 	ptrdiff_t pos = -1;
+	uint64_t hash = 0;
 
 	CKFS_TRY(attach(vm, d, key));
 	CKFS_TRY(attach(vm, d, val));
 	if (key->kind == CKFS_PV_STR) {
-		CKFS_TRY(dict_find(vm, d, key->u.str.s, key->u.str.len, &pos));
+		CKFS_TRY(dict_find(vm, d, key->u.str.s, key->u.str.len, &pos,
+				   &hash));
 		if (pos >= 0) {
 			d->u.dict.vals[pos] = val;
 			return CKFS_OK;
@@ -568,12 +636,12 @@ static enum ckfs_code dict_set(struct vm *vm, struct ckfs_pv *d,
 	d->u.dict.keys[d->u.dict.n] = key;
 	d->u.dict.vals[d->u.dict.n] = val;
 	d->u.dict.n++;
-	x = node_of(d)->index;
+	x = *index_of(d);
 	if (x && key->kind == CKFS_PV_STR) {
 		if ((x->used + 1) * 2 > x->cap)
 			CKFS_TRY(index_build(vm, d, x->used + 1));
 		else
-			index_insert(x, key, d->u.dict.n - 1);
+			index_insert(x, hash, d->u.dict.n - 1);
 	}
 	return CKFS_OK;
 }
@@ -583,11 +651,11 @@ static enum ckfs_code dict_set(struct vm *vm, struct ckfs_pv *d,
 static enum ckfs_code push(struct vm *vm, struct ckfs_pv *v)
 {
 	if (vm->sp == vm->stack_cap) {
-		size_t cap = vm->stack_cap ? vm->stack_cap * 2 : 256;
+		size_t cap = vm->stack_cap * 2;
 		struct ckfs_pv **s;
 
 		if (vm->stack_cap >= CKFS_MAX_PICKLE_STACK)
-			return vm_fail(vm, CKFS_E_LIMIT,
+			return FAIL(vm, CKFS_E_LIMIT,
 				       "stack deeper than %u",
 				       CKFS_MAX_PICKLE_STACK);
 		if (cap > CKFS_MAX_PICKLE_STACK)
@@ -600,12 +668,6 @@ static enum ckfs_code push(struct vm *vm, struct ckfs_pv *v)
 	}
 	vm->stack[vm->sp++] = v;
 	return CKFS_OK;
-}
-
-static enum ckfs_code underflow(struct vm *vm)
-{
-	return vm_fail(vm, CKFS_E_FORMAT, "stack underflow in %s",
-		       op_name(vm->op));
 }
 
 /* Take the n items above the innermost mark; they are *items[0..n). */
@@ -642,7 +704,7 @@ static enum ckfs_code push_mark(struct vm *vm)
 		size_t *m;
 
 		if (vm->marks_cap >= CKFS_MAX_PICKLE_MARKS)
-			return vm_fail(vm, CKFS_E_LIMIT,
+			return FAIL(vm, CKFS_E_LIMIT,
 				       "more than %u nested marks",
 				       CKFS_MAX_PICKLE_MARKS);
 		if (cap > CKFS_MAX_PICKLE_MARKS)
@@ -662,7 +724,7 @@ static enum ckfs_code push_mark(struct vm *vm)
 static enum ckfs_code pop_mark(struct vm *vm, size_t *k)
 {
 	if (!vm->nmarks)
-		return vm_fail(vm, CKFS_E_FORMAT, "%s without MARK",
+		return FAIL(vm, CKFS_E_FORMAT, "%s without MARK",
 			       op_name(vm->op));
 	*k = vm->marks[--vm->nmarks];
 	vm->fence = vm->nmarks ? vm->marks[vm->nmarks - 1] : 0;
@@ -683,7 +745,7 @@ static enum ckfs_code below_mark(struct vm *vm, size_t k, struct ckfs_pv **v)
 static struct memo_slot *sparse_slot(const struct memo *m, uint32_t key)
 {
 	size_t mask = m->sparse_cap - 1;
-	size_t i = (key * 2654435761u) & mask;
+	size_t i = mix64(key) & mask;
 
 	while (m->sparse[i].key && m->sparse[i].key != key)
 		i = (i + 1) & mask;
@@ -697,7 +759,7 @@ static enum ckfs_code memo_put(struct vm *vm, uint64_t idx)
 
 	CKFS_TRY(peek(vm, &v));
 	if (idx >= CKFS_MAX_PICKLE_MEMO)
-		return vm_fail(vm, CKFS_E_LIMIT,
+		return FAIL(vm, CKFS_E_LIMIT,
 			       "memo index %" PRIu64 " exceeds the limit of %u",
 			       idx, CKFS_MAX_PICKLE_MEMO);
 	if (idx < m->dense_max) {
@@ -758,7 +820,7 @@ static enum ckfs_code memo_get(struct vm *vm, uint64_t idx)
 		 m->sparse_cap)
 		v = sparse_slot(m, (uint32_t)idx + 1)->val;
 	if (!v)
-		return vm_fail(vm, CKFS_E_FORMAT,
+		return FAIL(vm, CKFS_E_FORMAT,
 			       "memo index %" PRIu64 " out of range", idx);
 	return push(vm, v);
 }
@@ -779,7 +841,7 @@ static int is_latin1_name(const struct ckfs_pv *v)
 static enum ckfs_code charge_synth(struct vm *vm, size_t n)
 {
 	if (n > vm->synth_max - vm->synth)
-		return vm_fail(vm, CKFS_E_LIMIT,
+		return FAIL(vm, CKFS_E_LIMIT,
 			       "evaluated calls make more than %zu bytes",
 			       vm->synth_max);
 	vm->synth += n;
@@ -807,7 +869,7 @@ static enum ckfs_code latin1_bytes(struct vm *vm, const struct ckfs_pv *s,
 			b[o++] = (char)((p[i] & 0x1f) << 6 | (p[i + 1] & 0x3f));
 			i++;
 		} else {
-			return vm_fail(vm, CKFS_E_FORMAT,
+			return FAIL(vm, CKFS_E_FORMAT,
 				       "latin-1 text has a character above U+00FF or bad UTF-8 (text byte %zu)",
 				       i);
 		}
@@ -828,7 +890,7 @@ static enum ckfs_code getattr_global(struct vm *vm, const struct ckfs_pv *cls,
 	char *name;
 
 	if (memchr(attr->u.str.s, '\0', attr->u.str.len))
-		return vm_fail(vm, CKFS_E_FORMAT, "NUL byte in getattr name");
+		return FAIL(vm, CKFS_E_FORMAT, "NUL byte in getattr name");
 	CKFS_TRY(charge_synth(vm, a + attr->u.str.len + 2));
 	name = ckfs_arena_alloc(vm->arena, a + attr->u.str.len + 2);
 	if (!name)
@@ -852,7 +914,7 @@ static enum ckfs_code reduce(struct vm *vm, struct ckfs_pv *fn,
 	if (fn->kind == CKFS_PV_GLOBAL) {
 		if (n == 0 && ckfs_pv_is_global(fn, "collections", "OrderedDict")) {
 			CKFS_TRY(node_new(vm, CKFS_PV_DICT, out));
-			node_of(*out)->height = 1;
+			set_shape(*out, SHAPE_EMPTY);
 			return CKFS_OK;
 		}
 		if (n == 1 && a[0]->kind == CKFS_PV_TUPLE &&
@@ -890,11 +952,11 @@ static enum ckfs_code reduce(struct vm *vm, struct ckfs_pv *fn,
 			return getattr_global(vm, a[0], a[1], out);
 	}
 
-	uint32_t height = 1;
-	CKFS_TRY(adopt(vm, fn, &height));
-	CKFS_TRY(adopt(vm, args, &height));
+	struct shape sh = SHAPE_EMPTY;
+	CKFS_TRY(adopt(vm, fn, &sh));
+	CKFS_TRY(adopt(vm, args, &sh));
 	CKFS_TRY(node_new(vm, CKFS_PV_CALL, out));
-	node_of(*out)->height = height;
+	set_shape(*out, sh);
 	(*out)->u.call.fn = fn;
 	(*out)->u.call.args = args;
 	return CKFS_OK;
@@ -907,10 +969,10 @@ static enum ckfs_code global_new(struct vm *vm, const char *module,
 				 int copy, struct ckfs_pv **out)
 {
 	if (!mlen || !nlen)
-		return vm_fail(vm, CKFS_E_FORMAT, "empty name in %s",
+		return FAIL(vm, CKFS_E_FORMAT, "empty name in %s",
 			       op_name(vm->op));
 	if (memchr(module, '\0', mlen) || memchr(name, '\0', nlen))
-		return vm_fail(vm, CKFS_E_FORMAT, "NUL byte in %s name",
+		return FAIL(vm, CKFS_E_FORMAT, "NUL byte in %s name",
 			       op_name(vm->op));
 	if (copy) {
 		module = ckfs_arena_strndup(vm->arena, module, mlen);
@@ -955,7 +1017,7 @@ static enum ckfs_code op_stack_global(struct vm *vm)
 
 	CKFS_TRY(pop_n(vm, 2, &mn));
 	if (mn[0]->kind != CKFS_PV_STR || mn[1]->kind != CKFS_PV_STR)
-		return vm_fail(vm, CKFS_E_FORMAT,
+		return FAIL(vm, CKFS_E_FORMAT,
 			       "STACK_GLOBAL on %s and %s, not str",
 			       ckfs_pv_kind_name(mn[0]->kind),
 			       ckfs_pv_kind_name(mn[1]->kind));
@@ -969,7 +1031,7 @@ static enum ckfs_code want_kind(struct vm *vm, const struct ckfs_pv *v,
 {
 	if (v->kind == kind)
 		return CKFS_OK;
-	return vm_fail(vm, CKFS_E_FORMAT, "%s %s: expected %s, got %s",
+	return FAIL(vm, CKFS_E_FORMAT, "%s %s: expected %s, got %s",
 		       op_name(vm->op), role, ckfs_pv_kind_name(kind),
 		       ckfs_pv_kind_name(v->kind));
 }
@@ -980,7 +1042,7 @@ static enum ckfs_code want_target(struct vm *vm, const struct ckfs_pv *t,
 {
 	if (t->kind == kind)
 		return CKFS_OK;
-	return vm_fail(vm,
+	return FAIL(vm,
 		       t->kind == CKFS_PV_CALL || t->kind == CKFS_PV_OBJECT ?
 			       CKFS_E_UNSUPPORTED : CKFS_E_FORMAT,
 		       "%s on %s", op_name(vm->op), ckfs_pv_kind_name(t->kind));
@@ -999,16 +1061,16 @@ static enum ckfs_code op_reduce(struct vm *vm)
 static enum ckfs_code op_newobj(struct vm *vm, int ex)
 {
 	struct ckfs_pv **c, *v;
-	uint32_t height = 1;
+	struct shape sh = SHAPE_EMPTY;
 
 	CKFS_TRY(pop_n(vm, ex ? 3 : 2, &c));
 	CKFS_TRY(want_kind(vm, c[1], CKFS_PV_TUPLE, "arguments"));
 	if (ex)
 		CKFS_TRY(want_kind(vm, c[2], CKFS_PV_DICT, "keyword arguments"));
 	for (int i = 0; i < (ex ? 3 : 2); i++)
-		CKFS_TRY(adopt(vm, c[i], &height));
+		CKFS_TRY(adopt(vm, c[i], &sh));
 	CKFS_TRY(node_new(vm, CKFS_PV_OBJECT, &v));
-	node_of(v)->height = height;
+	set_shape(v, sh);
 	v->u.obj.cls = c[0];
 	v->u.obj.args = c[1];
 	v->u.obj.kwargs = ex ? c[2] : NULL;
@@ -1033,7 +1095,7 @@ static enum ckfs_code op_build(struct vm *vm)
 		t->u.call.state = state;
 		return CKFS_OK;
 	default:
-		return vm_fail(vm, CKFS_E_FORMAT, "BUILD on %s",
+		return FAIL(vm, CKFS_E_FORMAT, "BUILD on %s",
 			       ckfs_pv_kind_name(t->kind));
 	}
 }
@@ -1041,12 +1103,12 @@ static enum ckfs_code op_build(struct vm *vm)
 static enum ckfs_code op_persid(struct vm *vm)
 {
 	struct ckfs_pv *pid, *v;
-	uint32_t height = 1;
+	struct shape sh = SHAPE_EMPTY;
 
 	CKFS_TRY(pop(vm, &pid));
-	CKFS_TRY(adopt(vm, pid, &height));
+	CKFS_TRY(adopt(vm, pid, &sh));
 	CKFS_TRY(node_new(vm, CKFS_PV_PERSID, &v));
-	node_of(v)->height = height;
+	set_shape(v, sh);
 	v->u.persid.pid = pid;
 	return push(vm, v);
 }
@@ -1073,7 +1135,7 @@ static enum ckfs_code op_empty(struct vm *vm, enum ckfs_pv_kind kind)
 	struct ckfs_pv *v;
 
 	CKFS_TRY(node_new(vm, kind, &v));
-	node_of(v)->height = 1;
+	set_shape(v, SHAPE_EMPTY);
 	return push(vm, v);
 }
 
@@ -1082,7 +1144,7 @@ static enum ckfs_code op_empty(struct vm *vm, enum ckfs_pv_kind kind)
 static enum ckfs_code op_extend(struct vm *vm, enum ckfs_pv_kind kind,
 				int marked)
 {
-	struct ckfs_pv *t;
+	struct ckfs_pv *t = NULL;
 	size_t k;
 
 	if (marked) {
@@ -1101,13 +1163,13 @@ static enum ckfs_code op_extend(struct vm *vm, enum ckfs_pv_kind kind,
 
 static enum ckfs_code op_setitems(struct vm *vm, int marked)
 {
-	struct ckfs_pv *d;
+	struct ckfs_pv *d = NULL;
 	size_t k;
 
 	if (marked) {
 		CKFS_TRY(pop_mark(vm, &k));
 		if ((vm->sp - k) % 2)
-			return vm_fail(vm, CKFS_E_FORMAT,
+			return FAIL(vm, CKFS_E_FORMAT,
 				       "SETITEMS with odd item count %zu",
 				       vm->sp - k);
 	} else {
@@ -1181,9 +1243,12 @@ static enum ckfs_code op_int(struct vm *vm, int width)
 	int64_t i;
 
 	CKFS_TRY(take(vm, (uint64_t)width, &p));
-	if (width == 1)
-		i = p[0];
-	else if (width == 2)
+	if (width == 1) {
+		if (!vm->small_int[p[0]])
+			CKFS_TRY(int_new(vm, p[0], &vm->small_int[p[0]]));
+		return push(vm, vm->small_int[p[0]]);
+	}
+	if (width == 2)
 		i = rd_u16(p);
 	else
 		i = (int32_t)rd_u32(p);
@@ -1217,7 +1282,7 @@ static enum ckfs_code step(struct vm *vm, struct ckfs_pv **out)
 	case OP_PROTO:
 		CKFS_TRY(take(vm, 1, &p));
 		if (p[0] > HIGHEST_PROTOCOL)
-			return vm_fail(vm, CKFS_E_UNSUPPORTED,
+			return FAIL(vm, CKFS_E_UNSUPPORTED,
 				       "unsupported pickle protocol %u", p[0]);
 		return CKFS_OK;
 	case OP_FRAME:
@@ -1354,11 +1419,11 @@ static enum ckfs_code step(struct vm *vm, struct ckfs_pv **out)
 	case OP_EXT4:
 	case OP_NEXT_BUFFER:
 	case OP_READONLY_BUFFER:
-		return vm_fail(vm, CKFS_E_UNSUPPORTED,
+		return FAIL(vm, CKFS_E_UNSUPPORTED,
 			       "unsupported pickle opcode %s",
 			       op_name(vm->op));
 	default:
-		return vm_fail(vm, CKFS_E_FORMAT, "unknown opcode 0x%02x",
+		return FAIL(vm, CKFS_E_FORMAT, "unknown opcode 0x%02x",
 			       vm->op);
 	}
 }
@@ -1367,6 +1432,11 @@ static enum ckfs_code run(struct vm *vm, struct ckfs_pv **out)
 {
 	struct ckfs_pv *v = NULL;
 
+	/* Never NULL, so "stack + k" is defined even before the first push. */
+	vm->stack_cap = 256;
+	vm->stack = malloc(vm->stack_cap * sizeof(*vm->stack));
+	if (!vm->stack)
+		return nomem(vm);
 	CKFS_TRY(node_new(vm, CKFS_PV_NONE, &vm->none));
 	CKFS_TRY(node_new(vm, CKFS_PV_BOOL, &vm->yes));
 	vm->yes->u.i = 1;
@@ -1402,6 +1472,10 @@ enum ckfs_code ckfs_pickle_load(const void *bytes, size_t len,
 	vm.buf = bytes;
 	vm.len = len;
 	vm.arena = arena;
+	/* Addresses vary with ASLR: enough to spoil precomputed collisions. */
+	vm.seed = mix64((uint64_t)(uintptr_t)&vm ^
+			(uint64_t)(uintptr_t)bytes << 17 ^
+			(uint64_t)(uintptr_t)arena->head << 33);
 	vm.memo.dense_max = len < CKFS_MAX_PICKLE_MEMO ? len : CKFS_MAX_PICKLE_MEMO;
 	vm.synth_max = len > (SIZE_MAX - 65536) / CKFS_MAX_PICKLE_EXPANSION ?
 			       SIZE_MAX :

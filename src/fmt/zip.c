@@ -717,6 +717,9 @@ enum ckfs_code ckfs_zip_open(struct ckfs_zip *z, int fd, uint64_t base,
 	unsigned char head[4];
 	enum ckfs_code rc;
 
+	if (!z)
+		return ckfs_fail(err, CKFS_E_INVALID,
+				 "ckfs_zip_open: missing argument");
 	memset(z, 0, sizeof(*z));
 	z->label = label ? label : "(zip)";
 	z->fd = fd;

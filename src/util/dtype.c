@@ -4,7 +4,8 @@
  * `.to(dtype)` bit for bit on x86 (formats.md section 7, checked against
  * vectors written by torch in tests/fixtures/dtype/):
  *   - float32 -> bfloat16: round to nearest even on the dropped 16 bits;
- *     every NaN becomes 0xFFFF, as the AVX2/AVX-512 kernels write it;
+ *     every NaN becomes 0xFFFF, as the AVX2/AVX-512 kernels write it
+ *     (float16 and float8 NaNs become 0x7FC0, as torch writes them);
  *   - float32 -> float16: IEEE round to nearest even with subnormals; NaN
  *     keeps its sign and top payload bits with the quiet bit set (F16C);
  *   - wider or integer sources go through float32 first, as c10's
@@ -197,8 +198,8 @@ static float f8_e4m3_to_float(uint8_t b)
 	int sign = b >> 7, exp = (b >> 3) & 0xF, mant = b & 7;
 	float v;
 
-	if (exp == 0xF && mant == 7)
-		return bits_f32(sign ? 0xFFC00000u : 0x7FC00000u);
+	if (exp == 0xF && mant == 7) /* NaN, with the payload c10 gives it */
+		return bits_f32(sign ? 0xFFF00000u : 0x7FF00000u);
 	if (exp == 0)
 		v = ldexpf((float)mant, -9); /* subnormal: m/8 * 2^-6 */
 	else
@@ -299,8 +300,15 @@ static void convert_generic(enum ckfs_dtype to, unsigned char *dst,
 			s = tmp;
 		}
 		unsigned char *d = dst + i * out;
-		if (to == CKFS_DTYPE_F32 || to == CKFS_DTYPE_BF16 ||
-		    to == CKFS_DTYPE_F16) {
+		if (to == CKFS_DTYPE_BF16 && isnan(load_float(from, s)) &&
+		    (from == CKFS_DTYPE_F16 || from == CKFS_DTYPE_F8_E4M3 ||
+		     from == CKFS_DTYPE_F8_E5M2)) {
+			/* torch converts these through c10's scalar path,
+			 * whose NaN is 0x7FC0 (tests/fixtures/dtype). */
+			d[0] = 0xC0;
+			d[1] = 0x7F;
+		} else if (to == CKFS_DTYPE_F32 || to == CKFS_DTYPE_BF16 ||
+			   to == CKFS_DTYPE_F16) {
 			store_from_float(to, d, load_float(from, s));
 		} else if (to == CKFS_DTYPE_F64) {
 			double v = ckfs_dtype_load_double(from, s);

@@ -63,7 +63,18 @@ void ckfs_error_prefix(struct ckfs_error *err, const char *fmt, ...)
 	vsnprintf(prefix, sizeof(prefix), fmt, ap);
 	va_end(ap);
 	memcpy(old, err->msg, sizeof(old));
-	snprintf(err->msg, sizeof(err->msg), "%s: %s", prefix, old);
+	/* prefix + ": " + old, truncated to the message buffer. */
+	size_t n = strlen(prefix), cap = sizeof(err->msg) - 1;
+	if (n > cap)
+		n = cap;
+	memcpy(err->msg, prefix, n);
+	for (const char *p = ": "; *p && n < cap; p++)
+		err->msg[n++] = *p;
+	size_t k = strlen(old);
+	if (k > cap - n)
+		k = cap - n;
+	memcpy(err->msg + n, old, k);
+	err->msg[n + k] = '\0';
 }
 
 const char *ckfs_strerror(enum ckfs_code code)

@@ -97,7 +97,7 @@ LLAMA = dict(arch="llama", vocab_size=515, hidden_size=64, intermediate_size=96,
 
 
 def cfg(name, base, fsdp, world, mesh=None, names=("fsdp",), tied=False, dtype="float32", desc="",
-        model_class=None, placement_fn=True, optim=False, nocfg_of=None, **overrides):
+        model_class=None, placement_fn=True, optim=False, nocfg_of=None, config_arch=None, **overrides):
     model = dict(base)
     model.update(overrides)
     if mesh is None and names is not None:
@@ -106,7 +106,7 @@ def cfg(name, base, fsdp, world, mesh=None, names=("fsdp",), tied=False, dtype="
                 mesh_shape=list(mesh) if mesh else None, mesh_dim_names=list(names) if names else None,
                 tied=tied, dtype=dtype, description=desc,
                 model_class=model_class or ("Qwen2ForCausalLM" if base["arch"] == "qwen2" else "LlamaForCausalLM"),
-                placement_fn=placement_fn, optim=optim, nocfg_of=nocfg_of)
+                placement_fn=placement_fn, optim=optim, nocfg_of=nocfg_of, config_arch=config_arch)
 
 
 CONFIGS = [
@@ -139,6 +139,11 @@ CONFIGS = [
     cfg("qwen2_critic_fsdp2_w2", QWEN2, 2, 2, model_class="Qwen2ForTokenClassification", num_labels=1,
         desc="critic: Qwen2ForTokenClassification, num_labels=1 (score.weight [1,64] -> Shard(1)), "
              "no lm_head"),
+    cfg("qwen2_critic_lmcfg_fsdp1_w2", QWEN2, 1, 2, model_class="Qwen2ForTokenClassification", num_labels=1,
+        config_arch="Qwen2ForCausalLM",
+        desc="critic as verl really saves it: Qwen2ForTokenClassification weights (score.weight [1,64], "
+             "score.bias [1]: rank 1 holds empty shards) but config.json still says Qwen2ForCausalLM (verl "
+             "only sets num_labels), so verl's merger builds a causal-LM shell and writes score.* anyway"),
     cfg("llama_bf16_fsdp2_w2", LLAMA, 2, 2, dtype="bfloat16",
         desc="FSDP2 W=2 with bf16 master parameters (like verl's ref model)"),
     cfg("llama_fsdp2_w3_noplacement", LLAMA, 2, 3, placement_fn=False,
@@ -260,6 +265,13 @@ def prepare_source(spec, srcdir):
                                                    temperature=0.7, top_p=0.8, max_new_tokens=16)
     model.config.dtype = torch_dtype(spec)
     model.save_pretrained(srcdir)
+    if spec["config_arch"]:
+        # verl's critic: AutoConfig of the causal-LM checkpoint + num_labels=1, architectures untouched
+        from transformers import AutoConfig
+
+        c2 = AutoConfig.from_pretrained(srcdir)
+        c2.architectures = [spec["config_arch"]]
+        c2.save_pretrained(srcdir)
     build_tokenizer().save_pretrained(srcdir)
     sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
     return sd, save_file
@@ -637,7 +649,9 @@ def main():
             if spec["nocfg_of"]:
                 os.remove(os.path.join(ckpt, "fsdp_config.json"))
             layout = summarize_layout(spec, ranks)
-            rec = dict(name=name, model_class=spec["model_class"], architecture=spec["model"]["arch"],
+            rec = dict(name=name, model_class=spec["model_class"],
+                       config_architectures=[spec["config_arch"] or spec["model_class"]],
+                       architecture=spec["model"]["arch"],
                        world_size=spec["world_size"], fsdp_version=spec["fsdp_version"],
                        mesh_shape=spec["mesh_shape"], mesh_dim_names=spec["mesh_dim_names"],
                        tied=spec["tied"], stored_dtype=spec["dtype"],
@@ -683,6 +697,7 @@ def main():
                 source = target
             else:
                 err = next((ln for ln in reversed(logtail) if "Error" in ln), logtail[-1] if logtail else "")
+                err = err.replace(os.path.abspath(args.out) + os.sep, "tests/fixtures/").replace(tmp_root, "<tmp>")
                 rec["verl_merger"] = f"fails (exit {rc}): {err.strip()}"
                 log(f"[{name}] verl merger FAILED as recorded (exit {rc}): {err.strip()}")
                 source = None

@@ -14,7 +14,9 @@ the fixtures; the corpus needs the standard library alone):
 
     /work/venvtest/v/bin/python tests/gen/make_zip_vectors.py
 
-Outputs are deterministic and committed, so the C tests never need Python.
+Outputs are committed, so the C tests never need Python. All are
+deterministic except legacy.pt, whose storage keys are memory addresses
+(only its first bytes matter to the tests).
 """
 
 import io
@@ -126,7 +128,37 @@ def make_fixtures():
     torch.save(sd, os.path.join(FIXTURES, "legacy.pt"),
                _use_new_zipfile_serialization=False)
 
-    # 7. A real DCP file: each item of __0_0.distcp is a torch.save zip at
+    # 7. Past 4 GiB: miniz's central zip64 extras (sizes of the big record,
+    # offsets of the records after it). skip_data() leaves the storage
+    # bytes as a hole, so only the head and tail of the 4.4 GB file are
+    # kept; the test rebuilds it as a sparse file.
+    if hasattr(ser, "skip_data"):
+        big = dict(sd)
+        big["big"] = torch.empty(4_400_000_000, dtype=torch.uint8)
+        big["c"] = torch.arange(3, dtype=torch.int64)
+        with tempfile.TemporaryDirectory() as tmp:
+            p = os.path.join(tmp, "big.pt")
+            with ser.skip_data():
+                torch.save(big, p)
+            size = os.path.getsize(p)
+            with zipfile.ZipFile(p) as zf:
+                infos = zf.infolist()
+                # Tail: from the first local header past the big record.
+                tail_off = min(i.header_offset for i in infos
+                               if i.header_offset > 0xFFFFFFFF)
+                head_len = max(i.header_offset for i in infos
+                               if i.header_offset < 0xFFFFFFFF) + 4096
+            with open(p, "rb") as f:
+                head = f.read(head_len)
+                f.seek(tail_off)
+                tail = f.read()
+            assert size - tail_off < 4096 and not any(head[2048:])
+            write(os.path.join(FIXTURES, "big_skipdata.head"), head.rstrip(b"\0"))
+            write(os.path.join(FIXTURES, "big_skipdata.tail"), tail)
+            write(os.path.join(FIXTURES, "big_skipdata.records.txt"),
+                  ("%d %d\n" % (size, tail_off) + manifest(p)).encode())
+
+    # 8. A real DCP file: each item of __0_0.distcp is a torch.save zip at
     # an offset recorded in .metadata; list "key offset length" next to it.
     try:
         import warnings
@@ -247,6 +279,7 @@ def make_corpus():
         E("z/csize-only", TEXT, 8, cd_zip64=("csize",)),
     ], zip64=True, saturate=True)
 
+    c["ok_no_entries.zip"] = build([])  # just an end record, 22 bytes
     c["empty.zip"] = b""
     c["not_zip.txt"] = b"this is not a zip archive, just text\n"
     c["eocd_truncated.zip"] = ok_small[:-5]

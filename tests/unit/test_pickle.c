@@ -1068,17 +1068,54 @@ static void test_big_dict(void)
 	free(b);
 }
 
-/* Sharing survives: a leaf appended to a list after it was referenced is
- * visible through every reference (only deeper children are refused). */
-static void test_late_append_leaf(void)
+/* Once referenced, a container is frozen: even a leaf may not be added
+ * (Python's pickler never does this outside reference cycles). */
+static void test_frozen_after_reference(void)
 {
-	static const char pk[] = "\x80\x02]q\x00\x85h\x00K\x07" "a0.";
+	MEM("\x80\x02]q\x00\x85h\x00K\x07" "a0.", CKFS_E_UNSUPPORTED,
+	    "APPEND into list that is already referenced (possible reference cycle) at offset 10");
+	MEM("\x80\x02" "cmod\nC\n)\x81q\x00\x85h\x00}b.", CKFS_E_UNSUPPORTED,
+	    "BUILD into object that is already referenced (possible reference cycle) at offset 17");
+	/* Filling before the reference is fine, and BUILD twice replaces. */
+	static const char pk[] = "\x80\x02" "cmod\nC\n)\x81K\x01" "bK\x02" "b\x85.";
 	struct ckfs_pv *v;
 
 	ckfs_arena_init(&arena);
 	CHECK_EQ_INT(load(pk, sizeof(pk) - 1, "mem", &v), CKFS_OK);
 	CHECK(is_seq(v, CKFS_PV_TUPLE, 1));
-	CHECK(INTS(item(v, 0), CKFS_PV_LIST, 7));
+	CHECK(is_plain_object(item(v, 0), "mod", "C") &&
+	      is_int(item(v, 0)->u.obj.state, 2));
+	ckfs_arena_release(&arena);
+}
+
+/* x = []; 40 times x = (x, x): 82 bytes whose full walk would visit 2^41
+ * nodes. Refused when the expanded size passes CKFS_MAX_PICKLE_TREE. */
+static void test_dag_bomb(void)
+{
+	unsigned char b[128];
+	size_t len = 0;
+	char want[160];
+
+	b[len++] = 0x80;
+	b[len++] = 2;
+	b[len++] = ']';
+	for (int i = 0; i < 40; i++) {
+		b[len++] = '2';    /* DUP */
+		b[len++] = 0x86;   /* TUPLE2 */
+	}
+	b[len++] = '.';
+	/* After k doublings the size is 2^(k+1) - 1: the 30th TUPLE2 fails. */
+	snprintf(want, sizeof(want),
+		 "tree of more than %u nodes, counting shared objects at each use, in TUPLE2 at offset %d",
+		 CKFS_MAX_PICKLE_TREE, 3 + 2 * 29 + 1);
+	check_mem(b, len, CKFS_E_LIMIT, want);
+
+	/* 28 doublings (2^29 - 1 nodes expanded) still load. */
+	struct ckfs_pv *v;
+	b[3 + 2 * 28] = '.';
+	ckfs_arena_init(&arena);
+	CHECK_EQ_INT(load(b, 3 + 2 * 28 + 1, "mem", &v), CKFS_OK);
+	CHECK(is_seq(v, CKFS_PV_TUPLE, 2) && item(v, 0) == item(v, 1));
 	ckfs_arena_release(&arena);
 }
 
@@ -1156,7 +1193,8 @@ int main(void)
 	RUN(test_depth_bombs);
 	RUN(test_stack_limit);
 	RUN(test_big_dict);
-	RUN(test_late_append_leaf);
+	RUN(test_frozen_after_reference);
+	RUN(test_dag_bomb);
 	RUN(test_helpers);
 	return test_summary();
 }

@@ -145,9 +145,10 @@ static char *make_text(size_t *len)
 
 /*
  * Compare the directory with a manifest written by Python's zipfile
- * ("name size crc" per entry, central directory order).
+ * ("name size crc" per entry, central directory order) after skip lines.
  */
-static void check_manifest(const struct ckfs_zip *z, const char *path)
+static void check_manifest(const struct ckfs_zip *z, const char *path,
+			   int skip)
 {
 	size_t len, i = 0;
 	char *text = slurp(path, &len), *line, *save = NULL;
@@ -155,8 +156,10 @@ static void check_manifest(const struct ckfs_zip *z, const char *path)
 	CHECK(text != NULL);
 	if (!text)
 		return;
-	for (line = strtok_r(text, "\n", &save); line;
-	     line = strtok_r(NULL, "\n", &save), i++) {
+	line = strtok_r(text, "\n", &save);
+	for (; line && skip > 0; skip--)
+		line = strtok_r(NULL, "\n", &save);
+	for (; line; line = strtok_r(NULL, "\n", &save), i++) {
 		char name[256];
 		unsigned long long size;
 		unsigned int crc;
@@ -193,7 +196,7 @@ static void test_torch_save(void)
 	}
 	CHECK_EQ_STR(z.prefix, "sd/");
 	CHECK_EQ_INT(z.n_entries, 9);
-	check_manifest(&z, FIX("sd.records.txt"));
+	check_manifest(&z, FIX("sd.records.txt"), 0);
 	for (size_t i = 0; i < sizeof(records) / sizeof(records[0]); i++) {
 		const struct ckfs_zip_entry *e = ckfs_zip_find(&z, records[i]);
 
@@ -300,7 +303,7 @@ static void test_zipfile_rewrite(void)
 	CHECK_EQ_INT(open_zip(&ref, FIX("sd.pt"), 0, 0, "sd.pt", &err),
 		     CKFS_OK);
 	CHECK_EQ_STR(z.prefix, "sd/");
-	check_manifest(&z, FIX("rezip.records.txt"));
+	check_manifest(&z, FIX("rezip.records.txt"), 0);
 	CHECK_EQ_INT(ckfs_zip_find(&z, "data.pkl")->method, 8);
 	CHECK_EQ_INT(ckfs_zip_find(&z, "data/0")->method, 8);
 	CHECK(ckfs_zip_find(&z, "data/0")->comp_size <
@@ -383,6 +386,71 @@ static void test_embedded(void)
 				   &err), CKFS_E_INVALID);
 	ckfs_zip_release(&z);
 	close(fd);
+}
+
+/*
+ * A 4.4 GB torch.save made with skip_data(): past 4 GiB miniz writes zip64
+ * extras in the central directory (sizes of the big record, offsets of the
+ * later ones). Only its head and tail are committed; the rest is a hole,
+ * so it is rebuilt here as a sparse file.
+ */
+static void test_torch_zip64(void)
+{
+	char path[512], *head, *tail, *text;
+	const char *tmp = getenv("TMPDIR");
+	unsigned long long size = 0, tail_off = 0;
+	size_t hlen, tlen, tx, checked = 0;
+	struct ckfs_error err;
+	struct ckfs_zip z;
+	int fd;
+
+	head = slurp(FIX("big_skipdata.head"), &hlen);
+	tail = slurp(FIX("big_skipdata.tail"), &tlen);
+	text = slurp(FIX("big_skipdata.records.txt"), &tx);
+	CHECK(head && tail && text);
+	if (!head || !tail || !text)
+		goto out;
+	CHECK_EQ_INT(sscanf(text, "%llu %llu", &size, &tail_off), 2);
+	CHECK_EQ_INT(tail_off + tlen, size);
+	snprintf(path, sizeof(path), "%s/ckfs-test-zip64-XXXXXX",
+		 tmp && *tmp ? tmp : "/tmp");
+	fd = mkstemp(path);
+	CHECK(fd >= 0);
+	if (fd < 0)
+		goto out;
+	unlink(path);
+	if (pwrite(fd, head, hlen, 0) != (ssize_t)hlen ||
+	    pwrite(fd, tail, tlen, (off_t)tail_off) != (ssize_t)tlen) {
+		fprintf(stderr, "  skipped: cannot write a sparse %llu-byte file\n",
+			size);
+		close(fd);
+		goto out;
+	}
+	ckfs_error_clear(&err);
+	CHECK_EQ_INT(ckfs_zip_open(&z, fd, 0, size, "big.pt", &err), CKFS_OK);
+	if (err.code) {
+		fprintf(stderr, "%s\n", err.msg);
+		close(fd);
+		goto out;
+	}
+	CHECK_EQ_STR(z.prefix, "big/");
+	/* The manifest follows the "size tail_offset" line. */
+	check_manifest(&z, FIX("big_skipdata.records.txt"), 1);
+	for (size_t i = 0; i < z.n_entries; i++)
+		CHECK_EQ_INT(z.entries[i].data_offset % 64, 0);
+	const struct ckfs_zip_entry *big = ckfs_zip_find(&z, "data/3");
+	const struct ckfs_zip_entry *after = ckfs_zip_find(&z, "data/4");
+	CHECK(big && big->size == 4400000000ull && big->comp_size == big->size);
+	/* The big record ends with a 24-byte zip64 data descriptor. */
+	CHECK(big && after && after->header_offset > 0xffffffffull &&
+	      after->header_offset == big->data_offset + big->size + 24);
+	CHECK_EQ_INT(ckfs_zip_verify_crc(&z, &checked, &err), CKFS_OK);
+	CHECK_EQ_INT(checked, 6); /* skipped storages have CRC 0 */
+	close_zip(&z);
+out:
+	free(head);
+	free(tail);
+	free(text);
 }
 
 /* A real DCP .distcp: every item is a torch.save zip at an offset. */
@@ -510,6 +578,18 @@ static void test_handcrafted_ok(void)
 		close_zip(&z);
 	}
 	free(text);
+
+	/* An archive with no entries: no prefix, nothing to find. */
+	CHECK_EQ_INT(open_zip(&z, CORPUS("ok_no_entries.zip"), 0, 0,
+			      "ok_no_entries.zip", &err), CKFS_OK);
+	if (!err.code) {
+		CHECK_EQ_INT(z.n_entries, 0);
+		CHECK_EQ_STR(z.prefix, "");
+		CHECK(ckfs_zip_find(&z, "data.pkl") == NULL);
+		CHECK_EQ_INT(ckfs_zip_verify_crc(&z, &checked, &err), CKFS_OK);
+		CHECK_EQ_INT(checked, 0);
+		close_zip(&z);
+	}
 }
 
 enum stage { AT_OPEN, AT_READ, AT_VERIFY };
@@ -705,6 +785,7 @@ int main(void)
 	RUN(test_torch_nocrc);
 	RUN(test_zipfile_rewrite);
 	RUN(test_embedded);
+	RUN(test_torch_zip64);
 	RUN(test_dcp_items);
 	RUN(test_legacy);
 	RUN(test_handcrafted_ok);

@@ -1,0 +1,835 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The slice cache: see include/ckfs/cache.h for the protocol. This file
+ * keeps final output bytes of virtual files in slices keyed by (file id,
+ * slice index), fills missing slices through the caller's callback exactly
+ * once however many threads ask, evicts unpinned slices least recently used
+ * first to stay under a byte budget, and fills queued slices on read-ahead
+ * worker threads. It deliberately does not decide what to read ahead (the
+ * FUSE front end sees the access pattern and calls ckfs_cache_prefetch),
+ * does not know file sizes except in ckfs_cache_read, never resizes its
+ * hash table, and never interrupts a running fill. Depends on
+ * include/ckfs/cache.h, err.h, log.h and xxHash (XXH3_64bits).
+ *
+ * Table. The key (file id, index) is hashed once with XXH3; the top bits
+ * pick one of CACHE_SHARDS shards, the low bits a bucket in that shard's
+ * fixed array (sized for twice the slices the budget holds, chained). Each
+ * shard has its own mutex, so threads reading different slices rarely
+ * meet. A shard's mutex protects its buckets, the pin counts and states of
+ * its slices, and its counters (so the counters cost no atomic traffic).
+ *
+ * LRU. One global list of the slices that are VALID and unpinned, most
+ * recently released at the head, under lru_lock. It is global rather than
+ * per shard so that eviction really is least recently used across the
+ * whole cache (per-shard lists would evict by shard, not by age); its
+ * critical sections are a few pointer writes, taken only when a pin count
+ * moves between 0 and 1 (at most twice per get/put pair, against a memcpy
+ * of up to a slice per pair) and once per eviction. Invariant, true
+ * whenever both the slice's shard lock and lru_lock are held: a slice is
+ * on the list if and only if it is VALID with no pins. Every change to the
+ * list is made holding both locks, so either lock alone is enough to read
+ * a slice's links.
+ *
+ * Lock order: a shard lock, then lru_lock; never two shard locks at once.
+ * q_lock (the read-ahead queue) is a leaf, never held with another lock.
+ * No lock is held while the fill callback runs, while slice memory is
+ * allocated or freed, or while bytes are copied out. The evictor, which
+ * starts from the list's tail and so cannot take the victim's shard lock
+ * first, reads the tail's shard under lru_lock, drops it, takes that
+ * shard's lock and then lru_lock, and evicts the tail only if it still
+ * belongs to that shard; otherwise it looks again.
+ *
+ * Filling and waiting. A miss inserts a FILLING slice pinned by the
+ * filler, drops the shard lock, evicts to make room, allocates and runs
+ * the callback, then publishes under the shard lock. Threads that find a
+ * FILLING slice take a pin (so it outlives the fill) and sleep on the
+ * shard's condition variable; the filler broadcasts when it has waiters.
+ * On success the waiters return their pins. On failure the slice leaves
+ * the table at once (the next get starts afresh), turns FAILED and carries
+ * the filler's error for its waiters; the last pin frees it.
+ *
+ * Accounting. bytes counts VALID and FILLING slices (charged when the
+ * slice is inserted, before its buffer exists, so that eviction runs
+ * before allocation) and is atomic because the budget check reads it
+ * without locks. Eviction brings it back under the budget whenever enough
+ * unpinned slices exist; otherwise the next unpin does. Buffers come from
+ * posix_memalign (4 KiB alignment from 4 KiB up); the budget counts slice
+ * bytes, not allocator or header overhead.
+ */
+#include "ckfs/cache.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "ckfs/log.h"
+
+#define CACHE_SHARDS 32           /* a power of two */
+#define CACHE_SHARD_BITS 5
+#define CACHE_MIN_BUCKETS 8       /* per shard, a power of two */
+#define CACHE_MAX_BUCKETS (1u << 16)
+#define CACHE_MAX_THREADS 256
+
+_Static_assert(CACHE_SHARDS == 1 << CACHE_SHARD_BITS, "shard bits");
+
+enum slice_state {
+	SLICE_FILLING, /* in the table, buffer owned by the filler */
+	SLICE_VALID,   /* in the table, bytes immutable */
+	SLICE_FAILED,  /* out of the table, kept alive by its waiters' pins */
+};
+
+struct ckfs_slice {
+	/* Immutable from creation to free. */
+	uint64_t file_id, index, hash;
+	size_t len;
+	struct cache_shard *shard;
+	/* Set by the filler under shard->lock as the slice turns VALID, then
+	 * immutable; readers reach it through a pin taken under that lock. */
+	unsigned char *data;
+	/* Protected by shard->lock. */
+	struct ckfs_slice *hnext;       /* bucket chain while in the table */
+	enum slice_state state;
+	unsigned refs;                  /* pins: filler + waiters, or holders */
+	bool prefetched;                /* read ahead and not asked for yet */
+	enum ckfs_code fail_code;       /* FAILED: the filler's code */
+	struct ckfs_error *fail;        /* FAILED: its error for waiters, or
+					 * NULL if it could not be copied */
+	/* Protected by c->lru_lock; changed only with shard->lock held too. */
+	struct ckfs_slice *lru_prev, *lru_next;
+};
+
+struct cache_shard {
+	_Alignas(64) pthread_mutex_t lock; /* before lru_lock */
+	pthread_cond_t filled;          /* a fill with waiters ended */
+	/* Protected by lock. */
+	struct ckfs_slice **buckets;    /* nbuckets chains */
+	uint64_t hits, misses, waits, evictions, fills, fill_errors;
+	uint64_t bytes_filled, prefetch_hits, slices;
+};
+
+struct prefetch_req {
+	uint64_t file_id, index;
+	size_t len;
+};
+
+struct ckfs_cache {
+	/* Immutable after ckfs_cache_new. */
+	size_t slice_size;
+	unsigned slice_shift;
+	uint64_t budget;
+	ckfs_cache_fill_fn fill;
+	void *ctx;
+	size_t nbuckets;                /* per shard, a power of two */
+	int nthreads;                   /* started read-ahead workers (reset
+					 * to 0 once ckfs_cache_free joins) */
+	pthread_t *threads;
+
+	_Atomic uint64_t bytes;         /* VALID + FILLING slice bytes */
+
+	/* The LRU list of unpinned VALID slices; head is most recent. */
+	pthread_mutex_t lru_lock;       /* after any shard lock */
+	struct ckfs_slice *lru_head, *lru_tail;
+
+	/* The read-ahead queue, a ring of qcap requests. */
+	pthread_mutex_t q_lock;         /* a leaf: no other lock with it */
+	pthread_cond_t q_cond;          /* work queued, or stopping */
+	struct prefetch_req *q;         /* qcap entries, immutable pointer */
+	int qcap;
+	/* Protected by q_lock. */
+	int qhead, qcount;              /* the ring's contents */
+	bool stopping;
+	uint64_t prefetch_queued, prefetch_dropped;
+
+	struct cache_shard shards[CACHE_SHARDS];
+};
+
+/*
+ * Broken invariants are bugs in the caller or here, never input errors:
+ * report and abort whatever NDEBUG says (git's BUG()), since going on
+ * would free memory that is in use.
+ */
+static _Noreturn void cache_bug(const char *func, const char *what)
+{
+	ckfs_log(CKFS_LOG_ERR, "BUG: %s: %s", func, what);
+	abort();
+}
+
+#define CACHE_BUG_ON(cond, what)                                           \
+	do {                                                               \
+		if (cond)                                                  \
+			cache_bug(__func__, what);                         \
+	} while (0)
+
+static uint64_t key_hash(uint64_t file_id, uint64_t index)
+{
+	const uint64_t key[2] = { file_id, index };
+
+	return XXH3_64bits(key, sizeof(key));
+}
+
+static struct cache_shard *shard_of(struct ckfs_cache *c, uint64_t hash)
+{
+	return &c->shards[hash >> (64 - CACHE_SHARD_BITS)];
+}
+
+static struct ckfs_slice **bucket_of(struct ckfs_cache *c,
+				     struct cache_shard *sh, uint64_t hash)
+{
+	return &sh->buckets[hash & (c->nbuckets - 1)];
+}
+
+/* Under sh->lock. */
+static struct ckfs_slice *lookup(struct ckfs_cache *c, struct cache_shard *sh,
+				 uint64_t hash, uint64_t file_id,
+				 uint64_t index)
+{
+	struct ckfs_slice *s = *bucket_of(c, sh, hash);
+
+	while (s && (s->hash != hash || s->file_id != file_id ||
+		     s->index != index))
+		s = s->hnext;
+	return s;
+}
+
+/* Under sh->lock: a new FILLING slice pinned once, charged to the budget.
+ * NULL when out of memory. */
+static struct ckfs_slice *insert_filling(struct ckfs_cache *c,
+					 struct cache_shard *sh, uint64_t hash,
+					 uint64_t file_id, uint64_t index,
+					 size_t len, bool prefetched)
+{
+	struct ckfs_slice *s = calloc(1, sizeof(*s));
+	struct ckfs_slice **b = bucket_of(c, sh, hash);
+
+	if (!s)
+		return NULL;
+	s->file_id = file_id;
+	s->index = index;
+	s->hash = hash;
+	s->len = len;
+	s->shard = sh;
+	s->state = SLICE_FILLING;
+	s->refs = 1;
+	s->prefetched = prefetched;
+	s->hnext = *b;
+	*b = s;
+	sh->slices++;
+	atomic_fetch_add(&c->bytes, (uint64_t)len);
+	return s;
+}
+
+/* Under sh->lock: take s out of its bucket and uncharge it. */
+static void remove_from_table(struct ckfs_cache *c, struct cache_shard *sh,
+			      struct ckfs_slice *s)
+{
+	struct ckfs_slice **p = bucket_of(c, sh, s->hash);
+
+	while (*p != s)
+		p = &(*p)->hnext;
+	*p = s->hnext;
+	s->hnext = NULL;
+	sh->slices--;
+	atomic_fetch_sub(&c->bytes, (uint64_t)s->len);
+}
+
+static void slice_free(struct ckfs_slice *s)
+{
+	free(s->data);
+	free(s->fail);
+	free(s);
+}
+
+/* Under the slice's shard lock and lru_lock. */
+static void lru_unlink(struct ckfs_cache *c, struct ckfs_slice *s)
+{
+	if (s->lru_prev)
+		s->lru_prev->lru_next = s->lru_next;
+	else
+		c->lru_head = s->lru_next;
+	if (s->lru_next)
+		s->lru_next->lru_prev = s->lru_prev;
+	else
+		c->lru_tail = s->lru_prev;
+	s->lru_prev = s->lru_next = NULL;
+}
+
+/* Under sh->lock: one more pin on a VALID slice. */
+static void pin(struct ckfs_cache *c, struct ckfs_slice *s)
+{
+	if (s->refs++ == 0) {
+		pthread_mutex_lock(&c->lru_lock);
+		lru_unlink(c, s);
+		pthread_mutex_unlock(&c->lru_lock);
+	}
+}
+
+/* Under sh->lock: drop a pin on a VALID slice; true when it became
+ * evictable (it is then the most recently used). */
+static bool unpin(struct ckfs_cache *c, struct ckfs_slice *s)
+{
+	if (--s->refs != 0)
+		return false;
+	pthread_mutex_lock(&c->lru_lock);
+	s->lru_prev = NULL;
+	s->lru_next = c->lru_head;
+	if (c->lru_head)
+		c->lru_head->lru_prev = s;
+	else
+		c->lru_tail = s;
+	c->lru_head = s;
+	pthread_mutex_unlock(&c->lru_lock);
+	return true;
+}
+
+/* Free least recently used unpinned slices until the bytes held fit the
+ * budget or nothing more can go. Called with no lock held. */
+static void evict_to_budget(struct ckfs_cache *c)
+{
+	while (atomic_load(&c->bytes) > c->budget) {
+		struct ckfs_slice *victim;
+		struct cache_shard *sh;
+
+		pthread_mutex_lock(&c->lru_lock);
+		sh = c->lru_tail ? c->lru_tail->shard : NULL;
+		pthread_mutex_unlock(&c->lru_lock);
+		if (!sh)
+			return; /* all pinned or filling: put restores it */
+
+		pthread_mutex_lock(&sh->lock);
+		pthread_mutex_lock(&c->lru_lock);
+		victim = c->lru_tail;
+		/* Recheck the bytes too, so that concurrent evictors do not
+		 * each take one slice for the same excess. */
+		if (victim && victim->shard == sh &&
+		    atomic_load(&c->bytes) > c->budget) {
+			lru_unlink(c, victim);
+			remove_from_table(c, sh, victim);
+			sh->evictions++;
+		} else {
+			victim = NULL;
+		}
+		pthread_mutex_unlock(&c->lru_lock);
+		pthread_mutex_unlock(&sh->lock);
+		if (victim)
+			slice_free(victim);
+	}
+}
+
+static void *slice_alloc(size_t len)
+{
+	void *p = NULL;
+	size_t align = len >= 4096 ? 4096 : sizeof(void *);
+
+	if (posix_memalign(&p, align, len) != 0)
+		return NULL;
+	return p;
+}
+
+/*
+ * Fill s, a FILLING slice pinned once by this thread, and publish the
+ * result. On success s is VALID and still pinned. On failure s has left
+ * the table, this thread's pin is gone, its waiters get the error, and the
+ * error is recorded in err (may be NULL). Called with no lock held.
+ */
+static enum ckfs_code fill_slice(struct ckfs_cache *c, struct ckfs_slice *s,
+				 struct ckfs_error *err)
+{
+	struct cache_shard *sh = s->shard;
+	struct ckfs_error local;
+	enum ckfs_code rc;
+	unsigned char *data;
+	bool last;
+
+	ckfs_error_clear(&local);
+	evict_to_budget(c); /* make room before allocating */
+	data = slice_alloc(s->len);
+	if (!data) {
+		rc = ckfs_fail(&local, CKFS_E_NOMEM,
+			       "cannot allocate %zu bytes for slice %" PRIu64
+			       " of file %" PRIu64, s->len, s->index,
+			       s->file_id);
+	} else {
+		rc = c->fill(c->ctx, s->file_id, s->index << c->slice_shift,
+			     s->len, data, &local);
+		if (rc != CKFS_OK && local.code == CKFS_OK)
+			ckfs_fail(&local, rc,
+				  "cannot fill slice %" PRIu64 " of file %"
+				  PRIu64 ": %s", s->index, s->file_id,
+				  ckfs_strerror(rc));
+	}
+
+	pthread_mutex_lock(&sh->lock);
+	if (rc == CKFS_OK) {
+		s->data = data;
+		s->state = SLICE_VALID;
+		sh->fills++;
+		sh->bytes_filled += s->len;
+		if (s->refs > 1)
+			pthread_cond_broadcast(&sh->filled);
+		pthread_mutex_unlock(&sh->lock);
+		return CKFS_OK;
+	}
+	remove_from_table(c, sh, s);
+	sh->fill_errors++;
+	s->state = SLICE_FAILED;
+	s->fail_code = rc;
+	if (s->refs > 1) {
+		/* No new waiter can come: the slice is out of the table. */
+		s->fail = malloc(sizeof(*s->fail));
+		if (s->fail)
+			*s->fail = local;
+		pthread_cond_broadcast(&sh->filled);
+	}
+	last = --s->refs == 0;
+	pthread_mutex_unlock(&sh->lock);
+	free(data);
+	if (last)
+		slice_free(s);
+	if (err && err->code == CKFS_OK)
+		*err = local;
+	return rc;
+}
+
+/* Under the shard lock: a get found s, which read-ahead produced. Counted
+ * whether the fill is done or still running: either way read-ahead got
+ * there first. */
+static void take_prefetched(struct cache_shard *sh, struct ckfs_slice *s)
+{
+	if (s->prefetched) {
+		s->prefetched = false;
+		sh->prefetch_hits++;
+	}
+}
+
+static enum ckfs_code check_slice(const struct ckfs_cache *c, uint64_t file_id,
+				  uint64_t index, size_t len,
+				  struct ckfs_error *err)
+{
+	if (len == 0 || len > c->slice_size)
+		return ckfs_fail(err, CKFS_E_INVALID,
+				 "slice %" PRIu64 " of file %" PRIu64
+				 ": length %zu not in 1..%zu", index, file_id,
+				 len, c->slice_size);
+	if (index > (UINT64_MAX >> c->slice_shift))
+		return ckfs_fail(err, CKFS_E_INVALID,
+				 "slice %" PRIu64 " of file %" PRIu64
+				 ": offset out of range", index, file_id);
+	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_cache_get(struct ckfs_cache *c, uint64_t file_id,
+			      uint64_t index, size_t len,
+			      struct ckfs_slice **out, struct ckfs_error *err)
+{
+	struct cache_shard *sh;
+	struct ckfs_slice *s;
+	enum ckfs_code rc;
+	uint64_t hash;
+	bool last;
+
+	*out = NULL;
+	CKFS_TRY(check_slice(c, file_id, index, len, err));
+	hash = key_hash(file_id, index);
+	sh = shard_of(c, hash);
+
+	pthread_mutex_lock(&sh->lock);
+	s = lookup(c, sh, hash, file_id, index);
+	if (s && s->len != len) {
+		size_t have = s->len;
+
+		pthread_mutex_unlock(&sh->lock);
+		return ckfs_fail(err, CKFS_E_INVALID,
+				 "slice %" PRIu64 " of file %" PRIu64
+				 " is %zu bytes, not %zu", index, file_id,
+				 have, len);
+	}
+	if (s && s->state == SLICE_VALID) {
+		sh->hits++;
+		take_prefetched(sh, s);
+		pin(c, s);
+		pthread_mutex_unlock(&sh->lock);
+		*out = s;
+		return CKFS_OK;
+	}
+	sh->misses++;
+	if (s) {
+		/* Another thread is filling it: wait, pinned. */
+		sh->waits++;
+		take_prefetched(sh, s);
+		s->refs++;
+		while (s->state == SLICE_FILLING)
+			pthread_cond_wait(&sh->filled, &sh->lock);
+		if (s->state == SLICE_VALID) {
+			pthread_mutex_unlock(&sh->lock);
+			*out = s;
+			return CKFS_OK;
+		}
+		rc = s->fail_code;
+		if (s->fail) {
+			if (err && err->code == CKFS_OK)
+				*err = *s->fail;
+		} else {
+			ckfs_fail(err, rc,
+				  "cannot fill slice %" PRIu64 " of file %"
+				  PRIu64 ": %s (details lost: out of memory)",
+				  index, file_id, ckfs_strerror(rc));
+		}
+		last = --s->refs == 0;
+		pthread_mutex_unlock(&sh->lock);
+		if (last)
+			slice_free(s);
+		return rc;
+	}
+	s = insert_filling(c, sh, hash, file_id, index, len, false);
+	pthread_mutex_unlock(&sh->lock);
+	if (!s)
+		return ckfs_fail(err, CKFS_E_NOMEM,
+				 "cannot allocate slice %" PRIu64 " of file %"
+				 PRIu64, index, file_id);
+	rc = fill_slice(c, s, err);
+	if (rc == CKFS_OK)
+		*out = s;
+	return rc;
+}
+
+const void *ckfs_slice_data(const struct ckfs_slice *s)
+{
+	return s->data;
+}
+
+size_t ckfs_slice_len(const struct ckfs_slice *s)
+{
+	return s->len;
+}
+
+void ckfs_cache_put(struct ckfs_cache *c, struct ckfs_slice *s)
+{
+	struct cache_shard *sh = s->shard;
+	bool evictable;
+
+	pthread_mutex_lock(&sh->lock);
+	CACHE_BUG_ON(s->refs == 0, "put of a slice that is not pinned");
+	CACHE_BUG_ON(s->state != SLICE_VALID, "put of a slice never got");
+	evictable = unpin(c, s);
+	pthread_mutex_unlock(&sh->lock);
+	if (evictable)
+		evict_to_budget(c);
+}
+
+/* On a worker: fill one queued slice unless it is there already. */
+static void prefetch_one(struct ckfs_cache *c, const struct prefetch_req *r)
+{
+	uint64_t hash = key_hash(r->file_id, r->index);
+	struct cache_shard *sh = shard_of(c, hash);
+	struct ckfs_error err;
+	struct ckfs_slice *s;
+
+	pthread_mutex_lock(&sh->lock);
+	if (lookup(c, sh, hash, r->file_id, r->index)) {
+		pthread_mutex_unlock(&sh->lock);
+		return;
+	}
+	s = insert_filling(c, sh, hash, r->file_id, r->index, r->len, true);
+	pthread_mutex_unlock(&sh->lock);
+	if (!s) {
+		ckfs_log(CKFS_LOG_DEBUG, "%s: no memory for slice %" PRIu64
+			 " of file %" PRIu64, __func__, r->index, r->file_id);
+		return;
+	}
+	ckfs_error_clear(&err);
+	if (fill_slice(c, s, &err) == CKFS_OK)
+		ckfs_cache_put(c, s); /* unpinned, most recently used */
+	else
+		ckfs_log(CKFS_LOG_DEBUG, "%s: %s", __func__, err.msg);
+}
+
+static void *prefetch_worker(void *arg)
+{
+	struct ckfs_cache *c = arg;
+	struct prefetch_req r;
+
+	pthread_mutex_lock(&c->q_lock);
+	for (;;) {
+		while (!c->stopping && c->qcount == 0)
+			pthread_cond_wait(&c->q_cond, &c->q_lock);
+		if (c->stopping)
+			break;
+		r = c->q[c->qhead];
+		c->qhead = (c->qhead + 1) % c->qcap;
+		c->qcount--;
+		pthread_mutex_unlock(&c->q_lock);
+		prefetch_one(c, &r);
+		pthread_mutex_lock(&c->q_lock);
+	}
+	pthread_mutex_unlock(&c->q_lock);
+	return NULL;
+}
+
+void ckfs_cache_prefetch(struct ckfs_cache *c, uint64_t file_id,
+			 uint64_t index, size_t len)
+{
+	uint64_t hash;
+	struct cache_shard *sh;
+	bool present;
+
+	/* A hint: bad arguments are ignored like a full queue. */
+	if (c->nthreads == 0 || check_slice(c, file_id, index, len, NULL))
+		return;
+	hash = key_hash(file_id, index);
+	sh = shard_of(c, hash);
+	pthread_mutex_lock(&sh->lock);
+	present = lookup(c, sh, hash, file_id, index) != NULL;
+	pthread_mutex_unlock(&sh->lock);
+	if (present)
+		return;
+
+	pthread_mutex_lock(&c->q_lock);
+	if (c->stopping)
+		goto out;
+	/* The queue is short (a read-ahead window), so a scan is cheap. A
+	 * request a worker has just taken is not seen here; the worker's
+	 * own table lookup makes such a duplicate harmless. */
+	for (int i = 0; i < c->qcount; i++) {
+		const struct prefetch_req *r = &c->q[(c->qhead + i) % c->qcap];
+
+		if (r->file_id == file_id && r->index == index)
+			goto out;
+	}
+	if (c->qcount == c->qcap) {
+		c->prefetch_dropped++;
+		goto out;
+	}
+	c->q[(c->qhead + c->qcount) % c->qcap] =
+		(struct prefetch_req){ file_id, index, len };
+	c->qcount++;
+	c->prefetch_queued++;
+	pthread_cond_signal(&c->q_cond);
+out:
+	pthread_mutex_unlock(&c->q_lock);
+}
+
+enum ckfs_code ckfs_cache_read(struct ckfs_cache *c, uint64_t file_id,
+			       uint64_t file_size, uint64_t off, size_t len,
+			       void *buf, struct ckfs_error *err)
+{
+	unsigned char *dst = buf;
+
+	if (off > file_size || len > file_size - off)
+		return ckfs_fail(err, CKFS_E_INVALID,
+				 "read of %zu bytes at %" PRIu64
+				 " is past the end of file %" PRIu64
+				 " (%" PRIu64 " bytes)", len, off, file_id,
+				 file_size);
+	while (len > 0) {
+		uint64_t index = off >> c->slice_shift;
+		uint64_t start = index << c->slice_shift;
+		size_t in = (size_t)(off - start);
+		size_t slen = file_size - start < c->slice_size ?
+				      (size_t)(file_size - start) :
+				      c->slice_size;
+		size_t n = slen - in < len ? slen - in : len;
+		struct ckfs_slice *s;
+
+		CKFS_TRY(ckfs_cache_get(c, file_id, index, slen, &s, err));
+		memcpy(dst, s->data + in, n);
+		ckfs_cache_put(c, s);
+		dst += n;
+		off += n;
+		len -= n;
+	}
+	return CKFS_OK;
+}
+
+void ckfs_cache_get_stats(struct ckfs_cache *c, struct ckfs_cache_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	for (int i = 0; i < CACHE_SHARDS; i++) {
+		struct cache_shard *sh = &c->shards[i];
+
+		pthread_mutex_lock(&sh->lock);
+		out->hits += sh->hits;
+		out->misses += sh->misses;
+		out->waits += sh->waits;
+		out->evictions += sh->evictions;
+		out->fills += sh->fills;
+		out->fill_errors += sh->fill_errors;
+		out->bytes_filled += sh->bytes_filled;
+		out->prefetch_hits += sh->prefetch_hits;
+		out->slices_cached += sh->slices;
+		pthread_mutex_unlock(&sh->lock);
+	}
+	pthread_mutex_lock(&c->q_lock);
+	out->prefetch_queued = c->prefetch_queued;
+	out->prefetch_dropped = c->prefetch_dropped;
+	pthread_mutex_unlock(&c->q_lock);
+	out->bytes_cached = atomic_load(&c->bytes);
+	out->budget_bytes = c->budget;
+}
+
+size_t ckfs_cache_slice_size(const struct ckfs_cache *c)
+{
+	return c->slice_size;
+}
+
+/* Ask the workers to stop and wait for them; a fill in progress ends
+ * first. Queued requests are dropped. */
+static void stop_workers(struct ckfs_cache *c)
+{
+	pthread_mutex_lock(&c->q_lock);
+	c->stopping = true;
+	c->qcount = 0;
+	pthread_cond_broadcast(&c->q_cond);
+	pthread_mutex_unlock(&c->q_lock);
+	for (int i = 0; i < c->nthreads; i++)
+		pthread_join(c->threads[i], NULL);
+	c->nthreads = 0;
+}
+
+/* Workers take no signals: the process's handlers run on its own
+ * threads (export's Ctrl-C, the FUSE session's). */
+static enum ckfs_code start_workers(struct ckfs_cache *c, int n,
+				    struct ckfs_error *err)
+{
+	sigset_t all, old;
+	enum ckfs_code rc = CKFS_OK;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	for (int i = 0; i < n; i++) {
+		int e = pthread_create(&c->threads[i], NULL, prefetch_worker,
+				       c);
+
+		if (e != 0) {
+			errno = e;
+			rc = ckfs_fail_errno(err, "cannot start read-ahead "
+					     "thread %d of %d", i + 1, n);
+			break;
+		}
+		c->nthreads++;
+	}
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return rc;
+}
+
+static size_t round_up_pow2(uint64_t n)
+{
+	size_t p = 1;
+
+	while (p < n)
+		p <<= 1;
+	return p;
+}
+
+enum ckfs_code ckfs_cache_new(const struct ckfs_cache_options *opt,
+			      ckfs_cache_fill_fn fill, void *ctx,
+			      struct ckfs_cache **out,
+			      struct ckfs_error *err)
+{
+	struct ckfs_cache *c;
+	uint64_t want;
+	void *mem;
+	int i;
+
+	*out = NULL;
+	if (!fill)
+		return ckfs_fail(err, CKFS_E_INVALID,
+				 "cache: no fill callback");
+	if (opt->slice_size == 0 || (opt->slice_size & (opt->slice_size - 1)))
+		return ckfs_fail(err, CKFS_E_INVALID,
+				 "cache: slice size %zu is not a power of two",
+				 opt->slice_size);
+	if (opt->prefetch_threads < 0 ||
+	    opt->prefetch_threads > CACHE_MAX_THREADS)
+		return ckfs_fail(err, CKFS_E_INVALID,
+				 "cache: %d read-ahead threads not in 0..%d",
+				 opt->prefetch_threads, CACHE_MAX_THREADS);
+	if (opt->prefetch_threads > 0 && opt->prefetch_queue <= 0)
+		return ckfs_fail(err, CKFS_E_INVALID,
+				 "cache: read-ahead queue of %d slices with "
+				 "%d threads", opt->prefetch_queue,
+				 opt->prefetch_threads);
+
+	if (posix_memalign(&mem, _Alignof(struct ckfs_cache), sizeof(*c)))
+		return ckfs_fail(err, CKFS_E_NOMEM, "cache: out of memory");
+	c = mem;
+	memset(c, 0, sizeof(*c));
+	c->slice_size = opt->slice_size;
+	while (((size_t)1 << c->slice_shift) < c->slice_size)
+		c->slice_shift++;
+	c->budget = opt->budget_bytes;
+	c->fill = fill;
+	c->ctx = ctx;
+	/* Twice the slices the budget holds, spread over the shards. */
+	want = opt->budget_bytes / opt->slice_size / CACHE_SHARDS * 2;
+	if (want < CACHE_MIN_BUCKETS)
+		want = CACHE_MIN_BUCKETS;
+	if (want > CACHE_MAX_BUCKETS)
+		want = CACHE_MAX_BUCKETS;
+	c->nbuckets = round_up_pow2(want);
+	atomic_init(&c->bytes, 0);
+	pthread_mutex_init(&c->lru_lock, NULL);
+	pthread_mutex_init(&c->q_lock, NULL);
+	pthread_cond_init(&c->q_cond, NULL);
+	for (i = 0; i < CACHE_SHARDS; i++) {
+		pthread_mutex_init(&c->shards[i].lock, NULL);
+		pthread_cond_init(&c->shards[i].filled, NULL);
+	}
+	for (i = 0; i < CACHE_SHARDS; i++) {
+		c->shards[i].buckets = calloc(c->nbuckets, sizeof(void *));
+		if (!c->shards[i].buckets)
+			goto nomem;
+	}
+	if (opt->prefetch_threads > 0) {
+		c->qcap = opt->prefetch_queue;
+		c->q = calloc((size_t)c->qcap, sizeof(*c->q));
+		c->threads = calloc((size_t)opt->prefetch_threads,
+				    sizeof(*c->threads));
+		if (!c->q || !c->threads)
+			goto nomem;
+		if (start_workers(c, opt->prefetch_threads, err) != CKFS_OK) {
+			ckfs_cache_free(c);
+			return CKFS_E_IO;
+		}
+	}
+	*out = c;
+	return CKFS_OK;
+nomem:
+	ckfs_cache_free(c);
+	return ckfs_fail(err, CKFS_E_NOMEM, "cache: out of memory");
+}
+
+void ckfs_cache_free(struct ckfs_cache *c)
+{
+	if (!c)
+		return;
+	stop_workers(c);
+	for (int i = 0; i < CACHE_SHARDS; i++) {
+		struct cache_shard *sh = &c->shards[i];
+
+		for (size_t b = 0; sh->buckets && b < c->nbuckets; b++) {
+			struct ckfs_slice *s = sh->buckets[b], *next;
+
+			for (; s; s = next) {
+				next = s->hnext;
+				CACHE_BUG_ON(s->refs != 0,
+					     "cache freed with a pinned slice");
+				slice_free(s);
+			}
+		}
+		free(sh->buckets);
+		pthread_cond_destroy(&sh->filled);
+		pthread_mutex_destroy(&sh->lock);
+	}
+	free(c->q);
+	free(c->threads);
+	pthread_cond_destroy(&c->q_cond);
+	pthread_mutex_destroy(&c->q_lock);
+	pthread_mutex_destroy(&c->lru_lock);
+	free(c);
+}
