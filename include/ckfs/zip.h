@@ -77,4 +77,10 @@ enum ckfs_code ckfs_zip_read_record(const struct ckfs_zip *z,
 enum ckfs_code ckfs_zip_verify_crc(const struct ckfs_zip *z, size_t *checked,
 				   struct ckfs_error *err) CKFS_WARN_UNUSED;
 
+/* Re-read the directory with libzip and require the same records, sizes,
+ * methods and CRCs (for ckfs verify). Archives embedded at base > 0 are
+ * not checked. */
+enum ckfs_code ckfs_zip_crosscheck(const struct ckfs_zip *z,
+				   struct ckfs_error *err) CKFS_WARN_UNUSED;
+
 #endif

@@ -173,7 +173,7 @@ def cmd_erofs(mnt):
     expect_errno("create", E, os.open, new, os.O_WRONLY | os.O_CREAT, 0o644)
     expect_errno("mknod", E, os.mknod, new)
     expect_errno("mkdir", E, os.mkdir, os.path.join(mnt, "d"))
-    expect_errno("rmdir", E, os.rmdir, mnt)
+    expect_errno("rmdir", E, os.rmdir, f)
     expect_errno("unlink", E, os.unlink, f)
     expect_errno("rename", E, os.rename, f, new)
     expect_errno("link", E, os.link, f, new)

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# The ckfs command line as a user meets it: exit codes, one-line errors that
+# name the file and the cause, no partial output on failure, --force,
+# sharded export, inspect --json, verify pass and fail.
+# Usage: test_cli.sh CKFS_BINARY FIXTURES_DIR
+set -uo pipefail
+CKFS=$1
+FIX=$2
+WORK=$(mktemp -d /tmp/ckfs-cli.XXXXXX)
+trap 'umount "$WORK/tiny" 2>/dev/null; rm -rf "$WORK"' EXIT
+pass=0 fail=0
+
+ok() { pass=$((pass + 1)); echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+# expect NAME STATUS PATTERN -- command...: exit status and one stderr line
+expect() {
+	local name=$1 status=$2 pattern=$3
+	shift 4
+	local err
+	err=$("$@" 2>&1 >/dev/null)
+	local rc=$?
+	if [ "$rc" != "$status" ]; then
+		bad "$name: exit $rc, expected $status ($err)"
+	elif [ -n "$pattern" ] && ! printf '%s' "$err" | grep -qE -- "$pattern"; then
+		bad "$name: stderr '$err' does not match '$pattern'"
+	elif [ "$status" = 1 ] && [ "$(printf '%s\n' "$err" | wc -l)" != 1 ]; then
+		bad "$name: expected one line, got: $err"
+	else
+		ok "$name"
+	fi
+}
+SAMPLE=$FIX/fsdp/qwen2_fsdp2_w3
+EXPECTED=$FIX/expected/qwen2_fsdp2_w3
+
+"$CKFS" --version | grep -q '^ckfs ' && ok version || bad version
+expect "unknown command" 2 "unknown command" -- "$CKFS" frobnicate
+expect "export without DIR" 2 "expected SRC and DIR" -- "$CKFS" export "$SAMPLE"
+expect "bad dtype" 2 "unknown dtype 'int7'" -- "$CKFS" export --dtype int7 "$SAMPLE" "$WORK/x"
+expect "bad size" 2 "bad size" -- "$CKFS" export --max-shard-size 12XB "$SAMPLE" "$WORK/x"
+
+# export: success, then refuse to overwrite, then --force
+"$CKFS" export -q "$SAMPLE" "$WORK/out" && cmp -s "$WORK/out/model.safetensors" "$EXPECTED/model.safetensors" &&
+	ok "export equals verl's output" || bad "export equals verl's output"
+expect "existing DIR refused" 1 "^ckfs: '.*/out': already exists; use --force" -- "$CKFS" export -q "$SAMPLE" "$WORK/out"
+touch "$WORK/out/stale-file"
+"$CKFS" export -q --force "$SAMPLE" "$WORK/out" && [ ! -e "$WORK/out/stale-file" ] &&
+	cmp -s "$WORK/out/model.safetensors" "$EXPECTED/model.safetensors" && ok "--force replaces" || bad "--force replaces"
+ls "$WORK" | grep -q ckfs- && bad "no temporary folders left" || ok "no temporary folders left"
+
+# failures leave nothing behind
+expect "missing source" 1 "^ckfs: '/nonexistent/ckpt': not found$" -- "$CKFS" export /nonexistent/ckpt "$WORK/none"
+mkdir "$WORK/empty"
+expect "not a checkpoint" 1 "not a verl FSDP checkpoint" -- "$CKFS" export "$WORK/empty" "$WORK/none"
+cp -r "$SAMPLE" "$WORK/norank"
+rm "$WORK/norank/model_world_size_3_rank_1.pt"
+expect "missing rank" 1 "model_world_size_3_rank_1.pt': not found \(rank 1 is needed\)" -- "$CKFS" export "$WORK/norank" "$WORK/none"
+cp -r "$SAMPLE" "$WORK/nocfg"
+rm "$WORK/nocfg/huggingface/config.json"
+expect "missing config" 1 "config.json': not found; pass --config PATH" -- "$CKFS" export "$WORK/nocfg" "$WORK/none"
+"$CKFS" export -q --config "$SAMPLE/huggingface/config.json" "$WORK/nocfg" "$WORK/withcfg" &&
+	ok "--config" || bad "--config"
+cp -r "$SAMPLE" "$WORK/trunc"
+truncate -s 5000 "$WORK/trunc/model_world_size_3_rank_2.pt"
+expect "truncated rank file" 1 "model_world_size_3_rank_2.pt" -- "$CKFS" export "$WORK/trunc" "$WORK/none"
+[ ! -e "$WORK/none" ] && ! ls "$WORK" | grep -q "none.ckfs" && ok "failed exports leave no output" ||
+	bad "failed exports leave no output"
+
+# dtype and sharding
+"$CKFS" export -q --dtype fp32 "$SAMPLE" "$WORK/fp32" && grep -q '"dtype": "float32"\|"torch_dtype": "float32"' "$WORK/fp32/config.json" &&
+	ok "fp32 export, config dtype" || bad "fp32 export, config dtype"
+grep -q '"dtype": "bfloat16"\|"torch_dtype": "bfloat16"' "$WORK/out/config.json" && ok "bf16 config dtype" || bad "bf16 config dtype"
+"$CKFS" export -q --max-shard-size 100KB "$SAMPLE" "$WORK/sharded" &&
+	[ -f "$WORK/sharded/model.safetensors.index.json" ] && [ ! -e "$WORK/sharded/model.safetensors" ] &&
+	ls "$WORK/sharded" | grep -q 'model-00001-of-0000[0-9].safetensors' && ok "sharded export" || bad "sharded export"
+"$CKFS" verify "$SAMPLE" --against "$WORK/sharded" >/dev/null && ok "verify sharded" || bad "verify sharded"
+
+# inspect
+"$CKFS" inspect --json "$SAMPLE" | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["world_size"]==3 and len(d["tensors"])==27, d' &&
+	ok "inspect --json" || bad "inspect --json"
+"$CKFS" inspect "$SAMPLE" | grep -q "Shard(0)" && ok "inspect text" || bad "inspect text"
+
+# verify: pass, then fail on a changed reference
+"$CKFS" verify "$SAMPLE" --against "$EXPECTED" >/dev/null && ok "verify passes" || bad "verify passes"
+cp -r "$EXPECTED" "$WORK/ref"
+python3 - "$WORK/ref/model.safetensors" <<'PY'
+import sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+b[-2] ^= 0x01
+open(p, "wb").write(b)
+PY
+"$CKFS" verify "$SAMPLE" --against "$WORK/ref" >"$WORK/verify.out"
+[ $? = 1 ] && grep -q "values differ" "$WORK/verify.out" && ok "verify fails on changed values" ||
+	bad "verify fails on changed values"
+"$CKFS" verify --atol 1 "$SAMPLE" --against "$WORK/ref" >/dev/null && ok "verify --atol" || bad "verify --atol"
+
+# a full disk fails before anything lands (root only: needs a tiny tmpfs)
+if [ "$(id -u)" = 0 ] && mkdir -p "$WORK/tiny" && mount -t tmpfs -o size=64k tmpfs "$WORK/tiny" 2>/dev/null; then
+	expect "full disk" 1 "No space left on device" -- "$CKFS" export -q "$SAMPLE" "$WORK/tiny/out"
+	[ -z "$(ls -A "$WORK/tiny")" ] && ok "full disk leaves nothing" || bad "full disk leaves nothing"
+	umount "$WORK/tiny"
+else
+	echo "note: full-disk case not run (needs root to mount a tmpfs)"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
