@@ -479,8 +479,10 @@ static enum ckfs_code chunks_from_view(const struct ckfs_sd_entry *e,
 		struct ckfs_chunk c = { .source = source, .rank = rank,
 					.dtype = v->dtype, .neg = v->neg };
 		uint64_t local = (uint64_t)v->storage_offset;
+		int empty = 0;
 		for (int k = 0; k < ndim; k++) {
 			const struct ivl *iv = &lists[k].v[idx[k]];
+			empty |= iv->len == 0;
 			c.shape[k] = iv->len;
 			c.offset[k] = iv->global;
 			c.stride[k] = v->stride[k];
@@ -492,7 +494,12 @@ static enum ckfs_code chunks_from_view(const struct ckfs_sd_entry *e,
 		for (int k = ndim - 1; k >= 0; k--)
 			if (c.shape[k] == 1)
 				c.stride[k] = k == ndim - 1 ? 1 : c.stride[k + 1] * c.shape[k + 1];
-		CKFS_TRY(acc_push(a, &c, err));
+		if (ndim == 0) { /* a scalar reads as one element of a 1-d block */
+			c.shape[0] = 1;
+			c.stride[0] = 1;
+		}
+		if (!empty) /* zero-size blocks hold no element */
+			CKFS_TRY(acc_push(a, &c, err));
 		for (int k = ndim - 1; k >= 0; k--) {
 			if (++idx[k] < lists[k].n)
 				break;

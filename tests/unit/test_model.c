@@ -289,6 +289,40 @@ static void test_sharded_layout(void)
 	ckfs_model_free(m);
 }
 
+/* Corner cases written by real torch (tests/gen/make_edge_fixtures.py):
+ * views, shared storages, neg bit, every dtype, 0-d and empty tensors,
+ * _StridedShard on a 2-D mesh. Served as stored, the file must equal
+ * safetensors' own save_file of the logical tensors, byte for byte. */
+static void test_edge_fixtures(void)
+{
+	const char *names[] = { "plain_views_w1", "strided_2x2" };
+	for (size_t i = 0; i < 2; i++) {
+		char src[1024], exp[1024];
+		struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_INVALID };
+		struct ckfs_folder_options fopt = { 0 };
+		struct ckfs_model *m = NULL;
+		struct ckfs_folder *f = NULL;
+		struct ckfs_error err;
+		size_t len;
+
+		ckfs_error_clear(&err);
+		snprintf(src, sizeof(src), CKFS_FIXTURES "/edge/%s", names[i]);
+		snprintf(exp, sizeof(exp), CKFS_FIXTURES "/edge/%s.expected.safetensors", names[i]);
+		unsigned char *want = slurp(exp, &len);
+		CHECK(want != NULL);
+		if (ckfs_model_open(src, &opt, &m, &err) != CKFS_OK ||
+		    ckfs_folder_build(m, &fopt, &f, &err) != CKFS_OK) {
+			fprintf(stderr, "%s: %s\n", names[i], err.msg);
+			CHECK(0);
+		} else if (want) {
+			check_patterns(f, find_node(f, "model.safetensors"), want, len, names[i]);
+		}
+		free(want);
+		ckfs_folder_free(f);
+		ckfs_model_free(m);
+	}
+}
+
 static int copy_dir(const char *from, const char *to)
 {
 	char cmd[4096];
@@ -365,6 +399,7 @@ int main(void)
 	RUN(test_fixtures_match_verl);
 	RUN(test_fp32_equals_original);
 	RUN(test_sharded_layout);
+	RUN(test_edge_fixtures);
 	RUN(test_source_changes);
 	printf("(%d fixtures checked against verl's merger)\n", n_fixtures);
 	return test_summary();

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Edge-case checkpoints written by real torch, for the reader's corner cases.
+
+verl's fixtures (make_fixtures.py) cover what FSDP produces; these cover what
+a torch.save file may legally hold and FSDP happens not to: views with a
+storage offset, transposed and expanded (zero-stride) views sharing one
+storage, a neg-bit view, every stored dtype ckfs supports, 0-d and empty
+tensors, nn.Parameter, and DTensors with _StridedShard on a 2-D mesh (the
+FSDP2 + TP layout). Each is laid out as a verl FSDP actor folder, and the
+logical tensors are saved next to it as the expected values.
+
+    .venv/bin/python tests/gen/make_edge_fixtures.py
+
+Outputs (relative to tests/fixtures/edge/):
+    <name>/                       model_world_size_W_rank_R.pt, fsdp_config.json,
+                                  huggingface/config.json
+    <name>.expected.safetensors   the logical (dense, contiguous) tensors
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+os.environ.setdefault("USE_LIBUV", "0")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "edge")
+CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "float32",
+          "tie_word_embeddings": False}
+
+
+def folder(name: str, world_size: int) -> str:
+    path = os.path.join(OUT, name)
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(os.path.join(path, "huggingface"))
+    with open(os.path.join(path, "fsdp_config.json"), "w") as f:
+        json.dump({"FSDP_version": 2, "world_size": world_size}, f, indent=4)
+    with open(os.path.join(path, "huggingface", "config.json"), "w") as f:
+        json.dump(CONFIG, f, indent=2)
+    return path
+
+
+def expected(name: str, sd: dict) -> None:
+    dense = {k: (v.resolve_neg() if v.is_neg() else v).detach().clone().contiguous() for k, v in sd.items()}
+    save_file(dense, os.path.join(OUT, f"{name}.expected.safetensors"), metadata={"format": "pt"})
+
+
+def plain_views() -> None:
+    """World size 1, plain tensors of every kind a torch.save may hold."""
+    g = torch.Generator().manual_seed(7)
+    base = torch.randn(6, 5, generator=g)
+    other = torch.randn(4, 3, generator=g)
+    sd = {
+        "base": base,                                  # shares its storage with the next three
+        "transposed": base.t(),                        # strides (1, 5)
+        "rows_2_4": base[2:4],                         # storage offset 10
+        "column_3": base[:, 3],                        # offset 3, stride 5
+        "expanded": other[1:2].expand(5, 3),           # zero stride on dim 0
+        "negated": torch._neg_view(other),             # neg bit set
+        "param": torch.nn.Parameter(torch.randn(3, 7, generator=g)),
+        "scalar": torch.tensor(3.25),
+        "empty": torch.zeros(0, 4),
+        "f64": torch.randn(3, 3, generator=g, dtype=torch.float64),
+        "f16": torch.randn(5, 2, generator=g).half(),
+        "bf16": torch.randn(2, 5, generator=g).bfloat16(),
+        "i64": torch.randint(-2**40, 2**40, (7,), generator=g, dtype=torch.int64),
+        "i32": torch.randint(-2**30, 2**30, (2, 3), generator=g, dtype=torch.int32),
+        "i16": torch.randint(-2**15, 2**15, (9,), generator=g, dtype=torch.int16),
+        "i8": torch.randint(-128, 128, (11,), generator=g, dtype=torch.int8),
+        "u8": torch.randint(0, 256, (13,), generator=g, dtype=torch.uint8),
+        "bool": torch.randint(0, 2, (3, 3), generator=g).bool(),
+        "f8_e4m3": torch.randn(4, 4, generator=g).to(torch.float8_e4m3fn),
+        "f8_e5m2": torch.randn(4, 4, generator=g).to(torch.float8_e5m2),
+    }
+    assert sd["negated"].is_neg(), "torch no longer keeps the neg bit on this view"
+    path = folder("plain_views_w1", 1)
+    torch.save(sd, os.path.join(path, "model_world_size_1_rank_0.pt"))
+    expected("plain_views_w1", sd)
+    print("edge: plain_views_w1 (views, shared storage, neg bit, every dtype)")
+
+
+def _strided_worker(rank: int, world: int, port: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    g = torch.Generator().manual_seed(11)
+    full = {
+        "strided_even": torch.randn(16, 6, generator=g),
+        "strided_uneven": torch.randn(11, 5, generator=g),
+        "tp_cols_dp_rows": torch.randn(10, 7, generator=g),
+        "replicated_tp": torch.randn(9, 4, generator=g),
+    }
+    placements = {
+        # FSDP2 on top of TP: the dp dim shards what tp already sharded.
+        "strided_even": [_StridedShard(0, split_factor=2), Shard(0)],
+        "strided_uneven": [_StridedShard(0, split_factor=2), Shard(0)],
+        "tp_cols_dp_rows": [Shard(0), Shard(1)],
+        "replicated_tp": [Shard(0), Replicate()],
+    }
+    sd = {k: distribute_tensor(full[k], mesh, placements[k]) for k in full}
+    for k, v in sd.items():  # the layout must round-trip through torch itself
+        assert torch.equal(v.full_tensor(), full[k]), k
+    path = os.path.join(OUT, "strided_2x2")
+    torch.save(sd, os.path.join(path, f"model_world_size_{world}_rank_{rank}.pt"))
+    if rank == 0:
+        expected("strided_2x2", full)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def strided() -> None:
+    folder("strided_2x2", 4)
+    mp.spawn(_strided_worker, args=(4, 29517), nprocs=4, join=True)
+    print("edge: strided_2x2 (2-D mesh: _StridedShard + Shard, Shard(0)+Shard(1), Replicate)")
+
+
+if __name__ == "__main__":
+    os.makedirs(OUT, exist_ok=True)
+    plain_views()
+    strided()
+    print("torch", torch.__version__, file=sys.stderr)
