@@ -14,7 +14,16 @@
  *   builtins/__builtin__ set|frozenset(list) -> CKFS_PV_SET
  *   builtins/__builtin__ bytearray(bytes)    -> CKFS_PV_BYTES
  *   builtins/__builtin__ getattr(GLOBAL, str) -> GLOBAL named "Cls.attr"
- * Memo references return the same node (shared objects stay shared).
+ *   builtins/__builtin__ bytes()       -> empty CKFS_PV_BYTES (protocol 2's b'')
+ * Memo references return the same node (shared objects stay shared); small
+ * constants (None, booleans, (), ints 0-255) are shared too, so compare
+ * values, never addresses.
+ * No cycles: a container can be filled (APPEND, SETITEMS, ADDITEMS, BUILD)
+ * only until something refers to it, as Python's pickler always does; a
+ * self-referencing pickle is refused. Every path is at most
+ * CKFS_MAX_PICKLE_NESTING deep and the tree's size with shared nodes
+ * counted per use is bounded (CKFS_MAX_PICKLE_TREE), so consumers may walk
+ * it recursively without a visited set.
  * BUILD stores its argument in the target's `state` (OBJECT or CALL; on a
  * DICT it is ignored, as for nn.Module state-dict metadata).
  *
@@ -101,7 +110,7 @@ int ckfs_pv_is_global_named(const struct ckfs_pv *v, const char *module_prefix,
 /* Value of a string key in a DICT, or NULL. */
 struct ckfs_pv *ckfs_pv_dict_get(const struct ckfs_pv *dict, const char *key);
 int ckfs_pv_is_str(const struct ckfs_pv *v, const char *s);
-/* Short description for messages ("tuple of 3", "global torch.Size"). */
+/* Name of a kind for messages ("tuple", "global", ...). */
 const char *ckfs_pv_kind_name(enum ckfs_pv_kind kind);
 
 #endif

@@ -270,7 +270,6 @@ static const char *op_name(unsigned char op)
 #define underflow(vm)                                                        \
 	FAIL(vm, CKFS_E_FORMAT, "stack underflow in %s", op_name((vm)->op))
 
-
 /* ---- input cursor ---------------------------------------------------- */
 
 static enum ckfs_code take(struct vm *vm, uint64_t n,
@@ -312,8 +311,8 @@ static enum ckfs_code take_len(struct vm *vm, int width, int is_signed,
 		uint32_t u = rd_u32(p);
 		if (is_signed && (u & 0x80000000u))
 			return FAIL(vm, CKFS_E_FORMAT,
-				       "negative length %" PRId32 " in %s",
-				       (int32_t)u, op_name(vm->op));
+				    "negative length %" PRId32 " in %s",
+				    (int32_t)u, op_name(vm->op));
 		*n = u;
 	} else {
 		*n = rd_u64(p);
@@ -333,7 +332,7 @@ static enum ckfs_code node_alloc(struct vm *vm, enum ckfs_pv_kind kind,
 
 	if (vm->nodes >= CKFS_MAX_PICKLE_NODES)
 		return FAIL(vm, CKFS_E_LIMIT, "more than %u objects",
-			       CKFS_MAX_PICKLE_NODES);
+			    CKFS_MAX_PICKLE_NODES);
 	n = ckfs_arena_alloc(vm->arena, size + extra);
 	if (!n)
 		return nomem(vm);
@@ -432,7 +431,7 @@ static enum ckfs_code charge_items(struct vm *vm, size_t n)
 {
 	if (n > CKFS_MAX_PICKLE_ITEMS - vm->items)
 		return FAIL(vm, CKFS_E_LIMIT, "more than %u container items",
-			       CKFS_MAX_PICKLE_ITEMS);
+			    CKFS_MAX_PICKLE_ITEMS);
 	vm->items += n;
 	return CKFS_OK;
 }
@@ -656,8 +655,8 @@ static enum ckfs_code push(struct vm *vm, struct ckfs_pv *v)
 
 		if (vm->stack_cap >= CKFS_MAX_PICKLE_STACK)
 			return FAIL(vm, CKFS_E_LIMIT,
-				       "stack deeper than %u",
-				       CKFS_MAX_PICKLE_STACK);
+				    "stack deeper than %u",
+				    CKFS_MAX_PICKLE_STACK);
 		if (cap > CKFS_MAX_PICKLE_STACK)
 			cap = CKFS_MAX_PICKLE_STACK;
 		s = realloc(vm->stack, cap * sizeof(*s));
@@ -705,8 +704,8 @@ static enum ckfs_code push_mark(struct vm *vm)
 
 		if (vm->marks_cap >= CKFS_MAX_PICKLE_MARKS)
 			return FAIL(vm, CKFS_E_LIMIT,
-				       "more than %u nested marks",
-				       CKFS_MAX_PICKLE_MARKS);
+				    "more than %u nested marks",
+				    CKFS_MAX_PICKLE_MARKS);
 		if (cap > CKFS_MAX_PICKLE_MARKS)
 			cap = CKFS_MAX_PICKLE_MARKS;
 		m = realloc(vm->marks, cap * sizeof(*m));
@@ -725,7 +724,7 @@ static enum ckfs_code pop_mark(struct vm *vm, size_t *k)
 {
 	if (!vm->nmarks)
 		return FAIL(vm, CKFS_E_FORMAT, "%s without MARK",
-			       op_name(vm->op));
+			    op_name(vm->op));
 	*k = vm->marks[--vm->nmarks];
 	vm->fence = vm->nmarks ? vm->marks[vm->nmarks - 1] : 0;
 	return CKFS_OK;
@@ -760,8 +759,8 @@ static enum ckfs_code memo_put(struct vm *vm, uint64_t idx)
 	CKFS_TRY(peek(vm, &v));
 	if (idx >= CKFS_MAX_PICKLE_MEMO)
 		return FAIL(vm, CKFS_E_LIMIT,
-			       "memo index %" PRIu64 " exceeds the limit of %u",
-			       idx, CKFS_MAX_PICKLE_MEMO);
+			    "memo index %" PRIu64 " exceeds the limit of %u",
+			    idx, CKFS_MAX_PICKLE_MEMO);
 	if (idx < m->dense_max) {
 		if (idx >= m->dense_cap) {
 			size_t cap = m->dense_cap ? m->dense_cap * 2 : 1024;
@@ -821,7 +820,7 @@ static enum ckfs_code memo_get(struct vm *vm, uint64_t idx)
 		v = sparse_slot(m, (uint32_t)idx + 1)->val;
 	if (!v)
 		return FAIL(vm, CKFS_E_FORMAT,
-			       "memo index %" PRIu64 " out of range", idx);
+			    "memo index %" PRIu64 " out of range", idx);
 	return push(vm, v);
 }
 
@@ -842,8 +841,8 @@ static enum ckfs_code charge_synth(struct vm *vm, size_t n)
 {
 	if (n > vm->synth_max - vm->synth)
 		return FAIL(vm, CKFS_E_LIMIT,
-			       "evaluated calls make more than %zu bytes",
-			       vm->synth_max);
+			    "evaluated calls make more than %zu bytes",
+			    vm->synth_max);
 	vm->synth += n;
 	return CKFS_OK;
 }
@@ -870,8 +869,8 @@ static enum ckfs_code latin1_bytes(struct vm *vm, const struct ckfs_pv *s,
 			i++;
 		} else {
 			return FAIL(vm, CKFS_E_FORMAT,
-				       "latin-1 text has a character above U+00FF or bad UTF-8 (text byte %zu)",
-				       i);
+				    "latin-1 text has a character above U+00FF or bad UTF-8 (text byte %zu)",
+				    i);
 		}
 	}
 	b[o] = '\0';
@@ -970,10 +969,10 @@ static enum ckfs_code global_new(struct vm *vm, const char *module,
 {
 	if (!mlen || !nlen)
 		return FAIL(vm, CKFS_E_FORMAT, "empty name in %s",
-			       op_name(vm->op));
+			    op_name(vm->op));
 	if (memchr(module, '\0', mlen) || memchr(name, '\0', nlen))
 		return FAIL(vm, CKFS_E_FORMAT, "NUL byte in %s name",
-			       op_name(vm->op));
+			    op_name(vm->op));
 	if (copy) {
 		module = ckfs_arena_strndup(vm->arena, module, mlen);
 		name = ckfs_arena_strndup(vm->arena, name, nlen);
@@ -1018,9 +1017,9 @@ static enum ckfs_code op_stack_global(struct vm *vm)
 	CKFS_TRY(pop_n(vm, 2, &mn));
 	if (mn[0]->kind != CKFS_PV_STR || mn[1]->kind != CKFS_PV_STR)
 		return FAIL(vm, CKFS_E_FORMAT,
-			       "STACK_GLOBAL on %s and %s, not str",
-			       ckfs_pv_kind_name(mn[0]->kind),
-			       ckfs_pv_kind_name(mn[1]->kind));
+			    "STACK_GLOBAL on %s and %s, not str",
+			    ckfs_pv_kind_name(mn[0]->kind),
+			    ckfs_pv_kind_name(mn[1]->kind));
 	CKFS_TRY(global_new(vm, mn[0]->u.str.s, mn[0]->u.str.len,
 			    mn[1]->u.str.s, mn[1]->u.str.len, 0, &v));
 	return push(vm, v);
@@ -1032,8 +1031,8 @@ static enum ckfs_code want_kind(struct vm *vm, const struct ckfs_pv *v,
 	if (v->kind == kind)
 		return CKFS_OK;
 	return FAIL(vm, CKFS_E_FORMAT, "%s %s: expected %s, got %s",
-		       op_name(vm->op), role, ckfs_pv_kind_name(kind),
-		       ckfs_pv_kind_name(v->kind));
+		    op_name(vm->op), role, ckfs_pv_kind_name(kind),
+		    ckfs_pv_kind_name(v->kind));
 }
 
 /* The target of APPEND(S), SETITEM(S), ADDITEMS. */
@@ -1043,9 +1042,9 @@ static enum ckfs_code want_target(struct vm *vm, const struct ckfs_pv *t,
 	if (t->kind == kind)
 		return CKFS_OK;
 	return FAIL(vm,
-		       t->kind == CKFS_PV_CALL || t->kind == CKFS_PV_OBJECT ?
-			       CKFS_E_UNSUPPORTED : CKFS_E_FORMAT,
-		       "%s on %s", op_name(vm->op), ckfs_pv_kind_name(t->kind));
+		    t->kind == CKFS_PV_CALL || t->kind == CKFS_PV_OBJECT ?
+		    CKFS_E_UNSUPPORTED : CKFS_E_FORMAT,
+		    "%s on %s", op_name(vm->op), ckfs_pv_kind_name(t->kind));
 }
 
 static enum ckfs_code op_reduce(struct vm *vm)
@@ -1096,7 +1095,7 @@ static enum ckfs_code op_build(struct vm *vm)
 		return CKFS_OK;
 	default:
 		return FAIL(vm, CKFS_E_FORMAT, "BUILD on %s",
-			       ckfs_pv_kind_name(t->kind));
+			    ckfs_pv_kind_name(t->kind));
 	}
 }
 
@@ -1170,8 +1169,8 @@ static enum ckfs_code op_setitems(struct vm *vm, int marked)
 		CKFS_TRY(pop_mark(vm, &k));
 		if ((vm->sp - k) % 2)
 			return FAIL(vm, CKFS_E_FORMAT,
-				       "SETITEMS with odd item count %zu",
-				       vm->sp - k);
+				    "SETITEMS with odd item count %zu",
+				    vm->sp - k);
 	} else {
 		if (vm->sp - vm->fence < 3)
 			return underflow(vm);
@@ -1283,7 +1282,7 @@ static enum ckfs_code step(struct vm *vm, struct ckfs_pv **out)
 		CKFS_TRY(take(vm, 1, &p));
 		if (p[0] > HIGHEST_PROTOCOL)
 			return FAIL(vm, CKFS_E_UNSUPPORTED,
-				       "unsupported pickle protocol %u", p[0]);
+				    "unsupported pickle protocol %u", p[0]);
 		return CKFS_OK;
 	case OP_FRAME:
 		CKFS_TRY(take_len(vm, 8, 0, &n));
@@ -1420,11 +1419,11 @@ static enum ckfs_code step(struct vm *vm, struct ckfs_pv **out)
 	case OP_NEXT_BUFFER:
 	case OP_READONLY_BUFFER:
 		return FAIL(vm, CKFS_E_UNSUPPORTED,
-			       "unsupported pickle opcode %s",
-			       op_name(vm->op));
+			    "unsupported pickle opcode %s",
+			    op_name(vm->op));
 	default:
 		return FAIL(vm, CKFS_E_FORMAT, "unknown opcode 0x%02x",
-			       vm->op);
+			    vm->op);
 	}
 }
 
