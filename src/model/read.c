@@ -143,33 +143,52 @@ static enum ckfs_code read_strided(const struct ckfs_model *m,
 	return CKFS_OK;
 }
 
-enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
-				const struct ckfs_tensor *t, uint64_t first,
-				uint64_t count, void *dst_v,
-				struct ckfs_read_scratch *scratch,
-				struct ckfs_error *err)
+/* Sources used by one read: each is checked before its first pread and
+ * again after the last, so bytes read while a file changed are refused. */
+struct touch_set {
+	uint32_t ids[16];
+	size_t n;
+};
+
+/* Check src if this read has not yet; *now is set when the set is full
+ * and the caller must check again right after its pread. */
+static enum ckfs_code touch(const struct ckfs_model *m, struct touch_set *ts,
+			    uint32_t src, int *now, struct ckfs_error *err)
 {
-	unsigned char *dst = dst_v;
-	size_t out = ckfs_dtype_size(t->out_dtype);
-	int ndim = t->ndim ? t->ndim : 1;
-	int64_t shape[CKFS_MAX_DIMS], idx[CKFS_MAX_DIMS];
-	uint32_t hint = 0;
-	/* Sources used by this call: checked before their first read and
-	 * again after the last one. */
-	uint32_t touched[16];
-	size_t n_touched = 0;
-
-	if (first > t->numel || count > t->numel - first)
-		return ckfs_fail(err, CKFS_E_INVALID,
-				 "read past the end of tensor '%s'", t->name);
-	if (t->ndim == 0)
-		shape[0] = 1;
+	*now = 0;
+	for (size_t i = 0; i < ts->n; i++)
+		if (ts->ids[i] == src)
+			return CKFS_OK;
+	CKFS_TRY(ckfs_source_check(&m->sources[src], err));
+	if (ts->n < sizeof(ts->ids) / sizeof(ts->ids[0]))
+		ts->ids[ts->n++] = src;
 	else
-		memcpy(shape, t->shape, sizeof(int64_t) * (size_t)ndim);
+		*now = 1;
+	return CKFS_OK;
+}
 
-	uint64_t e = first, end = first + count;
+static enum ckfs_code touch_finish(const struct ckfs_model *m,
+				   const struct touch_set *ts,
+				   struct ckfs_error *err)
+{
+	for (size_t i = 0; i < ts->n; i++)
+		CKFS_TRY(ckfs_source_check(&m->sources[ts->ids[i]], err));
+	return CKFS_OK;
+}
+
+/* Elements [e, end) by runs (see the top of this file). */
+static enum ckfs_code read_runs(const struct ckfs_model *m,
+				const struct ckfs_tensor *t, const int64_t *shape,
+				int ndim, uint64_t e, uint64_t end,
+				unsigned char *dst, struct ckfs_read_scratch *scratch,
+				struct touch_set *ts, struct ckfs_error *err)
+{
+	size_t out = ckfs_dtype_size(t->out_dtype);
+	int64_t idx[CKFS_MAX_DIMS];
+	uint32_t hint = 0;
+	int L = ndim - 1, now;
+
 	while (e < end) {
-		/* Unravel e into a global index. */
 		uint64_t rest = e;
 		for (int k = ndim - 1; k >= 0; k--) {
 			idx[k] = (int64_t)(rest % (uint64_t)shape[k]);
@@ -189,17 +208,8 @@ enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
 			return ckfs_fail(err, CKFS_E_INVALID,
 					 "tensor '%s': element %llu has no source",
 					 t->name, (unsigned long long)e);
+		CKFS_TRY(touch(m, ts, c->source, &now, err));
 
-		size_t seen = 0;
-		while (seen < n_touched && touched[seen] != c->source)
-			seen++;
-		if (seen == n_touched) {
-			CKFS_TRY(ckfs_source_check(&m->sources[c->source], err));
-			if (n_touched < 16)
-				touched[n_touched++] = c->source;
-		}
-
-		int L = ndim - 1;
 		uint64_t src_elem = 0;
 		for (int k = 0; k < ndim; k++)
 			src_elem += (uint64_t)(idx[k] - c->offset[k]) * (uint64_t)c->stride[k];
@@ -228,12 +238,129 @@ enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
 			CKFS_TRY(read_strided(m, t, c, pos, c->stride[L], run, dst,
 					      scratch, err));
 		}
-		if (seen == 16) /* not tracked: check this run now */
+		if (now)
 			CKFS_TRY(ckfs_source_check(&m->sources[c->source], err));
 		dst += run * out;
 		e += run;
 	}
-	for (size_t i = 0; i < n_touched; i++)
-		CKFS_TRY(ckfs_source_check(&m->sources[touched[i]], err));
 	return CKFS_OK;
+}
+
+/*
+ * Column-sharded tensors (FSDP2 Shard(1), TP row-parallel) give runs of one
+ * partial row each; reading them one by one would cost a pread per row per
+ * chunk. Viewed as 2-D (rows = all leading dims, columns = the last), each
+ * chunk is a rectangle when it spans the full extent of dims 1..L-1 with
+ * row-major strides there and stride 1 along the last dim. Then whole rows
+ * of the request are served chunk by chunk: one pread per window of the
+ * chunk's rows, converted row by row into place.
+ */
+static int rows_as_blocks(const struct ckfs_tensor *t, int ndim)
+{
+	int L = ndim - 1, partial = 0;
+
+	if (ndim < 2)
+		return 0;
+	for (uint32_t i = 0; i < t->n_chunks; i++) {
+		const struct ckfs_chunk *c = &t->chunks[i];
+		if (c->stride[L] != 1 || c->stride[L - 1] < c->shape[L])
+			return 0;
+		for (int k = 1; k < L; k++)
+			if (c->offset[k] != 0 || c->shape[k] != t->shape[k] ||
+			    c->stride[k - 1] != c->stride[k] * c->shape[k])
+				return 0;
+		partial |= c->shape[L] != t->shape[L];
+	}
+	return partial;
+}
+
+static enum ckfs_code read_row_blocks(const struct ckfs_model *m,
+				      const struct ckfs_tensor *t, int ndim,
+				      uint64_t ra, uint64_t rb, unsigned char *dst,
+				      struct ckfs_read_scratch *scratch,
+				      struct touch_set *ts, struct ckfs_error *err)
+{
+	int L = ndim - 1, now;
+	uint64_t cols = (uint64_t)t->shape[L], inner = 1;
+	size_t out = ckfs_dtype_size(t->out_dtype);
+
+	for (int k = 1; k < L; k++)
+		inner *= (uint64_t)t->shape[k];
+	for (uint32_t i = 0; i < t->n_chunks; i++) {
+		const struct ckfs_chunk *c = &t->chunks[i];
+		size_t in = ckfs_dtype_size(c->dtype);
+		uint64_t r0 = (uint64_t)c->offset[0] * inner;
+		uint64_t r1 = r0 + (uint64_t)c->shape[0] * inner;
+		uint64_t x0 = r0 > ra ? r0 : ra, x1 = r1 < rb ? r1 : rb;
+		uint64_t width = (uint64_t)c->shape[L], rstride = (uint64_t)c->stride[L - 1];
+		if (x0 >= x1)
+			continue;
+		CKFS_TRY(touch(m, ts, c->source, &now, err));
+		/* Rows per window: the span of n rows is (n-1)*rstride + width. */
+		uint64_t per = width * in > READ_WINDOW ? 1
+			: (READ_WINDOW / in - width) / rstride + 1;
+		for (uint64_t r = x0; r < x1; r += per) {
+			uint64_t n = x1 - r < per ? x1 - r : per;
+			uint64_t pos = c->pos + (r - r0) * rstride * in;
+			unsigned char *row_dst = dst + ((r - ra) * cols + (uint64_t)c->offset[L]) * out;
+			if (width * in > READ_WINDOW) { /* one huge row at a time */
+				CKFS_TRY(read_contiguous(m, t, c, pos, width, row_dst,
+							 scratch, err));
+				continue;
+			}
+			size_t span = (size_t)(((n - 1) * rstride + width) * in);
+			unsigned char *buf = scratch_get(scratch, span);
+			if (!buf)
+				return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+			CKFS_TRY(read_exact(m, c->source, buf, span, pos, err));
+			for (uint64_t j = 0; j < n; j++)
+				ckfs_convert(t->out_dtype, row_dst + j * cols * out, c->dtype,
+					     buf + j * rstride * in, (size_t)width, c->neg);
+		}
+		if (now)
+			CKFS_TRY(ckfs_source_check(&m->sources[c->source], err));
+	}
+	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
+				const struct ckfs_tensor *t, uint64_t first,
+				uint64_t count, void *dst_v,
+				struct ckfs_read_scratch *scratch,
+				struct ckfs_error *err)
+{
+	unsigned char *dst = dst_v;
+	size_t out = ckfs_dtype_size(t->out_dtype);
+	int ndim = t->ndim ? t->ndim : 1;
+	int64_t shape[CKFS_MAX_DIMS];
+	struct touch_set ts = { .n = 0 };
+	uint64_t end = first + count;
+
+	if (first > t->numel || count > t->numel - first)
+		return ckfs_fail(err, CKFS_E_INVALID,
+				 "read past the end of tensor '%s'", t->name);
+	if (t->ndim == 0)
+		shape[0] = 1;
+	else
+		memcpy(shape, t->shape, sizeof(int64_t) * (size_t)ndim);
+
+	uint64_t cols = (uint64_t)shape[ndim - 1];
+	if (count && cols && rows_as_blocks(t, ndim)) {
+		/* Partial first row, whole rows as blocks, partial last row. */
+		uint64_t ra = (first + cols - 1) / cols, rb = end / cols;
+		if (ra < rb) {
+			uint64_t head = ra * cols;
+			CKFS_TRY(read_runs(m, t, shape, ndim, first, head, dst, scratch,
+					   &ts, err));
+			CKFS_TRY(read_row_blocks(m, t, ndim, ra, rb,
+						 dst + (head - first) * out, scratch,
+						 &ts, err));
+			CKFS_TRY(read_runs(m, t, shape, ndim, rb * cols, end,
+					   dst + (rb * cols - first) * out, scratch,
+					   &ts, err));
+			return touch_finish(m, &ts, err);
+		}
+	}
+	CKFS_TRY(read_runs(m, t, shape, ndim, first, end, dst, scratch, &ts, err));
+	return touch_finish(m, &ts, err);
 }
