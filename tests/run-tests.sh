@@ -34,5 +34,7 @@ ckfs_build build-tsan -DCKFS_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan -R 'cache' --output-on-failure
 
 tier "tier 4: Python oracles (verl merger, originals, real readers)"
-VENV=$("$CKFS_ROOT/tests/setup-venv.sh" --print-path)
+# The venv lives outside the clone so CI runs on fresh clones reuse it.
+VENV=$(CKFS_VENV=${CKFS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ckfs/venv} \
+	"$CKFS_ROOT/tests/setup-venv.sh" --print-path)
 CKFS_BIN="$CKFS_ROOT/build/ckfs" "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/py

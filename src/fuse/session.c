@@ -40,6 +40,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <syslog.h>
@@ -140,6 +141,13 @@ static void sd_notify_send(const char *state)
 
 /* ---- steps ---- */
 
+static enum ckfs_code dead_mount(const char *mnt, struct ckfs_error *err)
+{
+	return ckfs_fail(err, CKFS_E_INVALID,
+			 "'%s': a dead mount is in the way (transport endpoint is not "
+			 "connected); run 'ckfs umount %s'", mnt, mnt);
+}
+
 static enum ckfs_code check_mountpoint(const char *mnt, struct ckfs_error *err)
 {
 	struct stat st;
@@ -149,10 +157,7 @@ static enum ckfs_code check_mountpoint(const char *mnt, struct ckfs_error *err)
 		return CKFS_OK; /* mount.fuse3 -o drop_privileges: already open */
 	if (stat(mnt, &st) != 0) {
 		if (errno == ENOTCONN)
-			return ckfs_fail(err, CKFS_E_INVALID,
-					 "'%s': a dead mount is in the way (transport "
-					 "endpoint is not connected); run 'ckfs umount %s'",
-					 mnt, mnt);
+			return dead_mount(mnt, err);
 		if (errno == ENOENT)
 			return ckfs_fail(err, CKFS_E_NOTFOUND,
 					 "'%s': mount point does not exist", mnt);
@@ -161,10 +166,16 @@ static enum ckfs_code check_mountpoint(const char *mnt, struct ckfs_error *err)
 	if (!S_ISDIR(st.st_mode))
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': mount point is not a directory",
 				 mnt);
-	if (ckfs_mountinfo_lookup(mnt, type, sizeof(type)) == 1)
+	if (ckfs_mountinfo_lookup(mnt, type, sizeof(type)) == 1) {
+		/* stat may have been answered from cached attributes; statfs
+		 * always asks the daemon. */
+		struct statvfs sv;
+		if (statvfs(mnt, &sv) != 0 && errno == ENOTCONN)
+			return dead_mount(mnt, err);
 		return ckfs_fail(err, CKFS_E_EXISTS,
 				 "'%s': already a mount point (%s); unmount it first", mnt,
 				 type);
+	}
 	return CKFS_OK;
 }
 
@@ -268,6 +279,15 @@ static int serve(const struct ckfs_mount_options *opt, int ready_fd)
 	se = new_session(opt, &fs, &err);
 	if (!se)
 		goto err_out3;
+	if (ready_fd >= 0) {
+		/* A daemon stops on these whatever the shell that started it
+		 * ignored (a script's "ckfs mount ... &" ignores SIGINT). In the
+		 * foreground an inherited SIG_IGN is kept, as libfuse does, so
+		 * nohup keeps meaning no SIGHUP. */
+		signal(SIGTERM, SIG_DFL);
+		signal(SIGINT, SIG_DFL);
+		signal(SIGHUP, SIG_DFL);
+	}
 	if (fuse_set_signal_handlers(se) != 0) {
 		ckfs_fail(&err, CKFS_E_IO, "cannot install signal handlers");
 		goto err_out4;

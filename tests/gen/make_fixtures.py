@@ -52,8 +52,10 @@ import zlib
 # Byte-reproducible rank files: DeviceMesh and DTensorSpec pickle a cached `_hash`, computed
 # with hash() over strings (PYTHONHASHSEED) and torch.dtype objects (hashed by address, so
 # ASLR).  Re-exec once with a fixed hash seed and, where `setarch -R` works, without address
-# randomisation.  Without setarch only those `_hash` integers (and the zip's serialization_id,
-# a checksum of the records) change between runs; tensors are identical either way.
+# randomisation; the same command line then rewrites byte-identical files (other arguments,
+# e.g. --only or --layout, shift the heap and so those integers).  Otherwise only the `_hash`
+# integers (and the zip's serialization_id, a checksum of the records) change between runs;
+# tensors are identical either way.
 if os.environ.get("CKFS_GEN_REEXEC") != "1":
     env = dict(os.environ, PYTHONHASHSEED="0", CKFS_GEN_REEXEC="1")
     argv = [sys.executable] + sys.argv

@@ -59,6 +59,8 @@ cleanup() {
 	for m in $(mounts_under | sort -r); do
 		umount -l "$m" 2>/dev/null || fusermount3 -u -z "$m" 2>/dev/null
 	done
+	[ -n "${CKFS_FSTAB_NS:-}" ] && umount -l /usr/local/sbin 2>/dev/null
+	[ -n "${CKFS_NONROOT_NS:-}" ] && umount -l /dev/fuse 2>/dev/null
 	for p in $PIDS; do
 		kill -9 "$p" 2>/dev/null
 	done
@@ -114,7 +116,8 @@ start_foreground() {
 	local lpid=$!
 	exec 8<"$fifo"
 	read -r line <&8 # "bound": the socket exists before ckfs starts
-	NOTIFY_SOCKET=$sock "$CKFS" mount -f "$@" 2>"$logf" &
+	# A script's background job ignores SIGINT; the tests send it.
+	NOTIFY_SOCKET=$sock env --default-signal=INT,QUIT "$CKFS" mount -f "$@" 2>"$logf" &
 	FG_PID=$!
 	PIDS="$PIDS $FG_PID"
 	if ! read -r line <&8 || [ "${line#READY=1}" = "$line" ]; then

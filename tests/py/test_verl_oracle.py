@@ -7,6 +7,25 @@ import re
 from conftest import BY_NAME, expected_dir, json_without_version, weight_files
 
 
+def assert_config_matches_verl(out, oracle):
+    """config.json equal to verl's, apart from transformers_version.
+
+    One documented deviation: for a *ForTokenClassification critic whose source config says
+    float32, transformers 5.10.4 builds verl's shell model half in fp32 and stamps
+    "dtype": "float32" into config.json although every weight it writes is bf16.  ckfs
+    states the dtype it serves (docs/formats.md); the weights themselves are byte-identical.
+    """
+    ours, theirs = json_without_version(out / "config.json"), json_without_version(oracle / "config.json")
+    arch = (theirs.get("architectures") or [""])[0]
+    if arch.endswith("ForTokenClassification") and theirs.get("dtype") == "float32" \
+            and ours.get("dtype") == "bfloat16":
+        header = json.loads((out / "model.safetensors").read_bytes()[8:8 + int.from_bytes(
+            (out / "model.safetensors").read_bytes()[:8], "little")])
+        assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16"}
+        theirs["dtype"] = "bfloat16"
+    assert ours == theirs, "config.json differs from verl's (ignoring transformers_version)"
+
+
 def _live_oracle(verl_live, config):
     """Live oracle output for this config; for checkpoints verl refuses, its twin's output."""
     name = config["expected"]
@@ -49,8 +68,7 @@ def test_ckfs_export_equals_verl(config, verl_live, ckfs_export):
     if (oracle / "model.safetensors.index.json").exists():
         assert json.loads((out / "model.safetensors.index.json").read_text()) == \
             json.loads((oracle / "model.safetensors.index.json").read_text())
-    assert json_without_version(out / "config.json") == json_without_version(oracle / "config.json"), \
-        "config.json differs from verl's (ignoring transformers_version)"
+    assert_config_matches_verl(out, oracle)
     if (oracle / "generation_config.json").exists() and (out / "generation_config.json").exists():
         assert json_without_version(out / "generation_config.json") == \
             json_without_version(oracle / "generation_config.json")
@@ -62,7 +80,7 @@ def test_ckfs_export_equals_committed(config, ckfs_export):
     out = ckfs_export(config)
     for fn in weight_files(exp):
         assert filecmp.cmp(out / fn, exp / fn, shallow=False), f"{fn}: ckfs bytes differ from {exp / fn}"
-    assert json_without_version(out / "config.json") == json_without_version(exp / "config.json")
+    assert_config_matches_verl(out, exp)
 
 
 def test_manifest_twins_exist():
