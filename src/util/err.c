@@ -16,6 +16,7 @@ void ckfs_error_clear(struct ckfs_error *err)
 	err->msg[0] = '\0';
 }
 
+CKFS_PRINTF(4, 0)
 static void record(struct ckfs_error *err, enum ckfs_code code, int sys_errno,
 		   const char *fmt, va_list ap)
 {

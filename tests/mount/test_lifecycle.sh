@@ -81,6 +81,17 @@ is_mounted "$MNT" && fail "dead mount still in the mount table"
 do_mount "$FIX" "$MNT" || fail "remount after cleaning a dead mount"
 cmp -s "$MNT/model.safetensors" "$EXP/model.safetensors" || fail "remount: weights differ"
 
+# ---- -o auto_unmount: fusermount3 unmounts when the daemon dies ----
+"$CKFS" umount "$MNT" || fail "umount before auto_unmount"
+if command -v fusermount3 >/dev/null; then
+	do_mount -o auto_unmount "$FIX" "$MNT" || die "mount -o auto_unmount failed"
+	pid=$(daemon_pid "$MNT")
+	kill -9 "$pid"
+	wait_gone "$pid" || die "daemon survived SIGKILL"
+	wait_unmounted "$MNT" || fail "auto_unmount: a killed daemon left its mount"
+fi
+do_mount "$FIX" "$MNT" || die "mount failed"
+
 # ---- mounts that must fail: one line, non-zero, no mount left ----
 expect_refusal() { # LABEL PATTERN MNTPOINT ckfs-args...
 	local label=$1 pattern=$2 mnt=$3 rc

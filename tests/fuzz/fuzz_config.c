@@ -1,0 +1,27 @@
+/* SPDX-License-Identifier: MIT */
+/* Fuzz target: config.json rendering (the top-level dtype rewrite) on
+ * arbitrary bytes; whatever it accepts must still be the input with only
+ * string values replaced, so the output re-renders to itself. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckfs/folder.h"
+#include "fuzz_common.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	struct ckfs_error err;
+	char *out = NULL, *again = NULL;
+	size_t n, m;
+
+	ckfs_error_clear(&err);
+	if (ckfs_render_config((const char *)data, size, "bfloat16", &out, &n, &err) != CKFS_OK)
+		return 0;
+	ckfs_error_clear(&err);
+	if (ckfs_render_config(out, n, "bfloat16", &again, &m, &err) != CKFS_OK ||
+	    m != n || memcmp(out, again, n) != 0)
+		abort(); /* rendering must be idempotent */
+	free(out);
+	free(again);
+	return 0;
+}
