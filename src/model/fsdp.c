@@ -9,12 +9,9 @@
  * in full. Without DTensors every rank is read (ShardedTensor) or only
  * rank 0 (plain tensors, which FSDP replicates).
  *
- * How a rank's local tensor lands in the global one: each mesh dim's
- * placement, in mesh order, cuts the current extent of one tensor dim the
- * way torch.chunk does (Shard) or cuts it into split_factor pieces first
- * and each piece by torch.chunk (_StridedShard). Tracking, per tensor dim,
- * the list of (global start, local start, length) intervals this rank keeps
- * gives its chunks; any combination of placements reduces to that.
+ * Each rank's entries are checked against the first rank's (kind, dtype,
+ * shapes, mesh, placements) and turned into chunks by placement.c; the
+ * finished plan is validated by plan.c.
  *
  * Naming follows verl's merger: keys as stored; lm_head.weight is dropped
  * when config.json says tie_word_embeddings and model.embed_tokens.weight
@@ -28,7 +25,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,38 +32,13 @@
 #include <unistd.h>
 
 #include "ckfs/log.h"
-#include "ckfs/torch.h"
-
-#define MAX_CHUNKS_PER_ENTRY 4096 /* _StridedShard products stay tiny */
+#include "model/model_int.h"
 
 /* ---- small helpers ---- */
 
 static enum ckfs_code nomem(struct ckfs_error *err)
 {
 	return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
-}
-
-static enum ckfs_code add_warning(struct ckfs_model *m, struct ckfs_error *err,
-				  const char *fmt, ...) CKFS_PRINTF(3, 4);
-
-static enum ckfs_code add_warning(struct ckfs_model *m, struct ckfs_error *err,
-				  const char *fmt, ...)
-{
-	char buf[1024];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(buf, sizeof(buf), fmt, ap);
-	va_end(ap);
-	const char **w = ckfs_arena_calloc(&m->arena, m->n_warnings + 1, sizeof(*w));
-	char *copy = ckfs_arena_strdup(&m->arena, buf);
-	if (!w || !copy)
-		return nomem(err);
-	if (m->n_warnings)
-		memcpy(w, m->warnings, m->n_warnings * sizeof(*w));
-	w[m->n_warnings++] = copy;
-	m->warnings = w;
-	return CKFS_OK;
 }
 
 /* Parse a non-negative decimal made only of digits; -1 when not. */
@@ -104,62 +75,6 @@ static int parse_rank_name(const char *name, long *ws, long *rank)
 	return *ws > 0 && *rank >= 0;
 }
 
-/* Read a small text file whole (NUL-terminated). */
-static enum ckfs_code read_small_file(const char *path, size_t max, char **out,
-				      size_t *len, struct ckfs_error *err)
-{
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	struct stat st;
-
-	if (fd < 0)
-		return errno == ENOENT
-			       ? ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found", path)
-			       : ckfs_fail_errno(err, "'%s': cannot open", path);
-	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-		close(fd);
-		return ckfs_fail(err, CKFS_E_INVALID, "'%s': not a regular file", path);
-	}
-	if ((uint64_t)st.st_size > max) {
-		close(fd);
-		return ckfs_fail(err, CKFS_E_LIMIT, "'%s': larger than %zu bytes",
-				 path, max);
-	}
-	char *buf = malloc((size_t)st.st_size + 1);
-	if (!buf) {
-		close(fd);
-		return nomem(err);
-	}
-	size_t done = 0;
-	while (done < (size_t)st.st_size) {
-		ssize_t r = read(fd, buf + done, (size_t)st.st_size - done);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0) {
-			free(buf);
-			close(fd);
-			return ckfs_fail_errno(err, "'%s': read failed", path);
-		}
-		done += (size_t)r;
-	}
-	close(fd);
-	buf[done] = '\0';
-	*out = buf;
-	*len = done;
-	return CKFS_OK;
-}
-
-static int is_dir(const char *path)
-{
-	struct stat st;
-	return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-static int exists(const char *path)
-{
-	struct stat st;
-	return stat(path, &st) == 0;
-}
-
 /* ---- rank discovery ---- */
 
 struct rank_scan {
@@ -174,17 +89,17 @@ static enum ckfs_code explain_not_fsdp(const char *src, struct ckfs_error *err)
 	char path[4096];
 
 	snprintf(path, sizeof(path), "%s/.metadata", src);
-	if (exists(path))
+	if (ckfs_path_exists(path))
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
 				 "'%s': torch.distributed.checkpoint folders are "
 				 "not supported yet", src);
 	snprintf(path, sizeof(path), "%s/dist_ckpt", src);
-	if (exists(path))
+	if (ckfs_path_exists(path))
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
 				 "'%s': Megatron checkpoints are not supported yet",
 				 src);
 	snprintf(path, sizeof(path), "%s/actor", src);
-	if (is_dir(path))
+	if (ckfs_path_is_dir(path))
 		return ckfs_fail(err, CKFS_E_NOTFOUND,
 				 "'%s': no model_world_size_*_rank_*.pt files; "
 				 "did you mean '%s/actor'?", src, src);
@@ -201,7 +116,7 @@ static enum ckfs_code read_fsdp_config(struct ckfs_model *m, long *ws,
 	enum ckfs_code rc;
 
 	snprintf(path, sizeof(path), "%s/fsdp_config.json", m->src_dir);
-	rc = read_small_file(path, CKFS_MAX_JSON_BYTES, &text, &len, err);
+	rc = ckfs_read_small_file(path, CKFS_MAX_JSON_BYTES, &text, &len, err);
 	if (rc == CKFS_E_NOTFOUND) {
 		ckfs_error_clear(err);
 		*ws = 0;
@@ -267,7 +182,7 @@ static enum ckfs_code scan_ranks(struct ckfs_model *m, struct rank_scan *rs,
 		rs->world_size = cfg_ws;
 	} else if (rs->n_sizes == 1) {
 		rs->world_size = rs->sizes_seen[0];
-		rc = add_warning(m, err, "fsdp_config.json not found; world size %ld "
+		rc = ckfs_model_warn(m, err, "fsdp_config.json not found; world size %ld "
 				 "taken from file names", rs->world_size);
 	} else {
 		closedir(d);
@@ -302,7 +217,7 @@ static enum ckfs_code scan_ranks(struct ckfs_model *m, struct rank_scan *rs,
 	}
 	closedir(d);
 	if (rc == CKFS_OK && rs->n_sizes > 1)
-		rc = add_warning(m, err, "ignoring rank files whose world size is "
+		rc = ckfs_model_warn(m, err, "ignoring rank files whose world size is "
 				 "not %ld", rs->world_size);
 	if (rc == CKFS_OK && !rs->present[0])
 		rc = ckfs_fail(err, CKFS_E_NOTFOUND,
@@ -352,162 +267,8 @@ struct acc {
 	int first_rank;
 	int n_ranks_seen;
 	enum ckfs_dtype dtype;             /* first rank holding data */
-	struct ckfs_chunk *chunks;
-	size_t n, cap;
+	struct ckfs_chunk_list chunks;
 };
-
-static enum ckfs_code acc_push(struct acc *a, const struct ckfs_chunk *c,
-			       struct ckfs_error *err)
-{
-	if (a->n == a->cap) {
-		size_t cap = a->cap ? a->cap * 2 : 4;
-		struct ckfs_chunk *p = realloc(a->chunks, cap * sizeof(*p));
-		if (!p)
-			return nomem(err);
-		a->chunks = p;
-		a->cap = cap;
-	}
-	a->chunks[a->n++] = *c;
-	return CKFS_OK;
-}
-
-struct ivl {
-	int64_t global, local, len;
-};
-
-struct ivl_list {
-	struct ivl *v;
-	size_t n;
-};
-
-static int64_t ivl_total(const struct ivl_list *l)
-{
-	int64_t t = 0;
-	for (size_t i = 0; i < l->n; i++)
-		t += l->v[i].len;
-	return t;
-}
-
-/* Append the part of `in` at local positions [a, b) to out, renumbering
- * local positions to follow out's current end. */
-static int ivl_select(const struct ivl_list *in, int64_t a, int64_t b,
-		      struct ivl_list *out, size_t cap)
-{
-	int64_t base = ivl_total(out);
-
-	for (size_t i = 0; i < in->n && a < b; i++) {
-		const struct ivl *v = &in->v[i];
-		int64_t lo = v->local > a ? v->local : a;
-		int64_t hi = v->local + v->len < b ? v->local + v->len : b;
-		if (lo >= hi)
-			continue;
-		if (out->n == cap)
-			return 0;
-		out->v[out->n++] = (struct ivl){ v->global + (lo - v->local), base,
-						 hi - lo };
-		base += hi - lo;
-	}
-	return 1;
-}
-
-/* torch.chunk: piece c of n over length L as [start, end). */
-static void chunk_range(int64_t L, int64_t n, int64_t c, int64_t *start,
-			int64_t *end)
-{
-	int64_t q = (L + n - 1) / n;
-	*start = q * c < L ? q * c : L;
-	*end = *start + q < L ? *start + q : L;
-}
-
-static enum ckfs_code apply_placement(const struct ckfs_placement *p, int64_t n,
-				      int64_t c, struct ivl_list *l, size_t cap,
-				      const char *key, struct ckfs_error *err)
-{
-	struct ivl tmp_v[64];
-	struct ivl_list in = { tmp_v, l->n };
-	int64_t L = ivl_total(l), a, b;
-
-	if (l->n > 64)
-		return ckfs_fail(err, CKFS_E_LIMIT, "tensor '%s': too many shard "
-				 "pieces", key);
-	memcpy(tmp_v, l->v, l->n * sizeof(*tmp_v));
-	l->n = 0;
-	if (p->kind == CKFS_PLACE_SHARD) {
-		chunk_range(L, n, c, &a, &b);
-		if (!ivl_select(&in, a, b, l, cap))
-			goto limit;
-		return CKFS_OK;
-	}
-	/* _StridedShard: split_factor pieces, each cut by torch.chunk. */
-	for (int64_t j = 0; j < p->split_factor; j++) {
-		int64_t ps, pe;
-		chunk_range(L, p->split_factor, j, &ps, &pe);
-		chunk_range(pe - ps, n, c, &a, &b);
-		if (!ivl_select(&in, ps + a, ps + b, l, cap))
-			goto limit;
-	}
-	return CKFS_OK;
-limit:
-	return ckfs_fail(err, CKFS_E_LIMIT, "tensor '%s': too many shard pieces",
-			 key);
-}
-
-static enum ckfs_code chunks_from_view(const struct ckfs_sd_entry *e,
-				       struct ivl_list *lists, uint32_t source,
-				       int rank, struct acc *a,
-				       struct ckfs_error *err)
-{
-	const struct ckfs_tensor_view *v = &e->local;
-	int ndim = v->ndim;
-	size_t idx[CKFS_MAX_DIMS] = { 0 }, total = 1;
-
-	for (int k = 0; k < ndim; k++) {
-		if (ivl_total(&lists[k]) != v->shape[k])
-			return ckfs_fail(err, CKFS_E_INVALID,
-					 "tensor '%s': rank %d holds %lld along dim %d, "
-					 "its placement implies %lld", e->key, rank,
-					 (long long)v->shape[k], k,
-					 (long long)ivl_total(&lists[k]));
-		if (lists[k].n == 0)
-			return CKFS_OK; /* empty shard */
-		total *= lists[k].n;
-		if (total > MAX_CHUNKS_PER_ENTRY)
-			return ckfs_fail(err, CKFS_E_LIMIT,
-					 "tensor '%s': too many shard pieces", e->key);
-	}
-	for (size_t t = 0; t < total; t++) {
-		struct ckfs_chunk c = { .source = source, .rank = rank,
-					.dtype = v->dtype, .neg = v->neg };
-		uint64_t local = (uint64_t)v->storage_offset;
-		int empty = 0;
-		for (int k = 0; k < ndim; k++) {
-			const struct ivl *iv = &lists[k].v[idx[k]];
-			empty |= iv->len == 0;
-			c.shape[k] = iv->len;
-			c.offset[k] = iv->global;
-			c.stride[k] = v->stride[k];
-			local += (uint64_t)iv->local * (uint64_t)v->stride[k];
-		}
-		c.pos = v->storage_pos + local * ckfs_dtype_size(v->dtype);
-		/* Size-1 dims get row-major strides so the reader can merge
-		 * rows; the index along them is always 0. */
-		for (int k = ndim - 1; k >= 0; k--)
-			if (c.shape[k] == 1)
-				c.stride[k] = k == ndim - 1 ? 1 : c.stride[k + 1] * c.shape[k + 1];
-		if (ndim == 0) { /* a scalar reads as one element of a 1-d block */
-			c.shape[0] = 1;
-			c.stride[0] = 1;
-		}
-		if (!empty) /* zero-size blocks hold no element */
-			CKFS_TRY(acc_push(a, &c, err));
-		for (int k = ndim - 1; k >= 0; k--) {
-			if (++idx[k] < lists[k].n)
-				break;
-			idx[k] = 0;
-		}
-	}
-	return CKFS_OK;
-}
 
 static int same_shape(int n1, const int64_t *s1, int n2, const int64_t *s2)
 {
@@ -515,16 +276,13 @@ static int same_shape(int n1, const int64_t *s1, int n2, const int64_t *s2)
 }
 
 /* Add one rank's entry for a tensor to its accumulator. */
-static enum ckfs_code add_entry(struct ckfs_model *m, struct acc *a,
-				const struct ckfs_sd_entry *e, int rank,
-				const int64_t *coord, uint32_t source,
+/* Check one rank's entry against the first rank's, then add its chunks. */
+static enum ckfs_code add_entry(struct acc *a, const struct ckfs_sd_entry *e,
+				int rank, const int64_t *coord, uint32_t source,
 				struct ckfs_error *err)
 {
 	const struct ckfs_sd_entry *f = a->first;
-	struct ivl store[CKFS_MAX_DIMS][64];
-	struct ivl_list lists[CKFS_MAX_DIMS];
 
-	(void)m;
 	if (e->kind != f->kind)
 		return ckfs_fail(err, CKFS_E_INVALID,
 				 "tensor '%s': ranks %d and %d store it differently",
@@ -549,60 +307,32 @@ static enum ckfs_code add_entry(struct ckfs_model *m, struct acc *a,
 					 "shapes on ranks %d and %d", e->key,
 					 a->first_rank, rank);
 		if (e != f)
-			return CKFS_OK; /* replicated: first rank's copy */
-		for (int k = 0; k < e->local.ndim; k++)
-			lists[k] = (struct ivl_list){ store[k], 1 },
-			store[k][0] = (struct ivl){ 0, 0, e->local.shape[k] };
-		return chunks_from_view(e, lists, source, rank, a, err);
-	}
-	if (e->kind == CKFS_ENTRY_SHARDED) {
-		const struct ckfs_sharded_info *si = e->sharded;
-		if (!same_shape(si->ndim, si->global_shape, f->sharded->ndim,
-				f->sharded->global_shape))
+			return CKFS_OK; /* replicated: the first rank's copy */
+	} else if (e->kind == CKFS_ENTRY_SHARDED) {
+		if (!same_shape(e->sharded->ndim, e->sharded->global_shape,
+				f->sharded->ndim, f->sharded->global_shape))
 			return ckfs_fail(err, CKFS_E_INVALID,
 					 "tensor '%s': global shapes differ on ranks "
 					 "%d and %d", e->key, a->first_rank, rank);
-		if (!si->have_local)
-			return CKFS_OK;
-		for (int k = 0; k < si->ndim; k++)
-			lists[k] = (struct ivl_list){ store[k], 1 },
-			store[k][0] = (struct ivl){ si->offsets[k], 0, si->sizes[k] };
-		return chunks_from_view(e, lists, source, rank, a, err);
+	} else {
+		const struct ckfs_dtensor_info *di = e->dtensor, *fi = f->dtensor;
+		if (!same_shape(di->ndim, di->global_shape, fi->ndim, fi->global_shape) ||
+		    !same_shape(di->mesh_ndim, di->mesh_shape, fi->mesh_ndim,
+				fi->mesh_shape) ||
+		    memcmp(di->placements, fi->placements,
+			   sizeof(di->placements[0]) * (size_t)di->mesh_ndim) != 0)
+			return ckfs_fail(err, CKFS_E_INVALID,
+					 "tensor '%s': global shape, mesh or placements "
+					 "differ between ranks %d and %d", e->key,
+					 a->first_rank, rank);
+		if (di->have_coord &&
+		    memcmp(di->coord, coord, sizeof(int64_t) * (size_t)di->mesh_ndim) != 0)
+			return ckfs_fail(err, CKFS_E_INVALID,
+					 "tensor '%s': rank %d's file records another "
+					 "mesh coordinate than the mesh gives it",
+					 e->key, rank);
 	}
-
-	/* DTensor */
-	const struct ckfs_dtensor_info *di = e->dtensor, *fi = f->dtensor;
-	if (!same_shape(di->ndim, di->global_shape, fi->ndim, fi->global_shape) ||
-	    !same_shape(di->mesh_ndim, di->mesh_shape, fi->mesh_ndim, fi->mesh_shape) ||
-	    memcmp(di->placements, fi->placements,
-		   sizeof(di->placements[0]) * (size_t)di->mesh_ndim) != 0)
-		return ckfs_fail(err, CKFS_E_INVALID,
-				 "tensor '%s': global shape, mesh or placements "
-				 "differ between ranks %d and %d", e->key,
-				 a->first_rank, rank);
-	if (di->have_coord &&
-	    memcmp(di->coord, coord, sizeof(int64_t) * (size_t)di->mesh_ndim) != 0)
-		return ckfs_fail(err, CKFS_E_INVALID,
-				 "tensor '%s': rank %d's file records another mesh "
-				 "coordinate than the mesh gives it", e->key, rank);
-	for (int k = 0; k < di->ndim; k++)
-		lists[k] = (struct ivl_list){ store[k], 1 },
-		store[k][0] = (struct ivl){ 0, 0, di->global_shape[k] };
-	for (int i = 0; i < di->mesh_ndim; i++) {
-		const struct ckfs_placement *p = &di->placements[i];
-		if (p->kind == CKFS_PLACE_PARTIAL)
-			return ckfs_fail(err, CKFS_E_UNSUPPORTED,
-					 "tensor '%s': Partial placement (unreduced "
-					 "values) is not supported", e->key);
-		if (p->kind == CKFS_PLACE_REPLICATE) {
-			if (coord[i] != 0)
-				return CKFS_OK; /* a copy of coordinate 0's data */
-			continue;
-		}
-		CKFS_TRY(apply_placement(p, di->mesh_shape[i], coord[i],
-					 &lists[p->dim], 64, e->key, err));
-	}
-	return chunks_from_view(e, lists, source, rank, a, err);
+	return ckfs_entry_chunks(e, coord, source, rank, &a->chunks, err);
 }
 
 /* ---- mesh ---- */
@@ -619,7 +349,7 @@ static enum ckfs_code mesh_ranks(struct ckfs_model *m,
 	if (!di->have_mesh_tensor) {
 		for (size_t i = 0; i < n; i++)
 			ranks[i] = (long)i;
-		return add_warning(m, err, "device mesh has no rank tensor; "
+		return ckfs_model_warn(m, err, "device mesh has no rank tensor; "
 				   "assuming ranks in row-major order");
 	}
 	size_t es = ckfs_dtype_size(v->dtype);
@@ -655,61 +385,6 @@ static enum ckfs_code mesh_ranks(struct ckfs_model *m,
 			idx[k] = 0;
 		}
 	}
-	return CKFS_OK;
-}
-
-/* ---- config ---- */
-
-static enum ckfs_code load_config(struct ckfs_model *m, const char *config_opt,
-				  struct ckfs_error *err)
-{
-	char *hf = ckfs_arena_printf(&m->arena, "%s/huggingface", m->src_dir);
-	const char *path;
-	char *text;
-	size_t len;
-
-	if (!hf)
-		return nomem(err);
-	if (is_dir(hf))
-		m->hf_dir = hf;
-	if (config_opt) {
-		char *abs = realpath(config_opt, NULL);
-		if (!abs)
-			return ckfs_fail_errno(err, "'%s': cannot resolve", config_opt);
-		path = is_dir(abs) ? ckfs_arena_printf(&m->arena, "%s/config.json", abs)
-				   : ckfs_arena_strdup(&m->arena, abs);
-		if (!m->hf_dir && is_dir(abs))
-			m->hf_dir = ckfs_arena_strdup(&m->arena, abs);
-		free(abs);
-	} else {
-		path = ckfs_arena_printf(&m->arena, "%s/config.json", hf);
-	}
-	if (!path)
-		return nomem(err);
-	enum ckfs_code rc = read_small_file(path, CKFS_MAX_JSON_BYTES, &text, &len, err);
-	if (rc == CKFS_E_NOTFOUND && !config_opt) {
-		ckfs_error_clear(err);
-		return ckfs_fail(err, CKFS_E_NOTFOUND,
-				 "'%s': not found; pass --config PATH to a "
-				 "Hugging Face config.json", path);
-	}
-	if (rc != CKFS_OK)
-		return rc;
-	cJSON *j = cJSON_ParseWithLength(text, len);
-	if (!j || !cJSON_IsObject(j)) {
-		cJSON_Delete(j);
-		free(text);
-		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': not a JSON object", path);
-	}
-	m->tie_word_embeddings =
-		cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings"));
-	cJSON_Delete(j);
-	m->config_json = ckfs_arena_strndup(&m->arena, text, len);
-	free(text);
-	if (!m->config_json)
-		return nomem(err);
-	m->config_len = len;
-	m->config_path = path;
 	return CKFS_OK;
 }
 
@@ -756,7 +431,7 @@ static enum ckfs_code build(struct ckfs_model *m, const struct ckfs_model_option
 	memset(&first, 0, sizeof(first));
 	rc = scan_ranks(m, &rs, err);
 	if (rc == CKFS_OK)
-		rc = load_config(m, opt->config_path, err);
+		rc = ckfs_model_load_config(m, opt->config_path, err);
 	if (rc != CKFS_OK)
 		goto out;
 	m->sources = ckfs_arena_calloc(&m->arena, (size_t)m->world_size,
@@ -937,7 +612,7 @@ static enum ckfs_code build(struct ckfs_model *m, const struct ckfs_model_option
 					       m->sources[src].path, e->key);
 				break;
 			}
-			rc = add_entry(m, &accs[k], e, (int)ranks[r], coords[r], src, err);
+			rc = add_entry(&accs[k], e, (int)ranks[r], coords[r], src, err);
 			if (rc == CKFS_OK && accs[k].first == e) {
 				/* Keep the first entry's metadata past close. */
 				struct ckfs_sd_entry *copy =
@@ -1019,25 +694,27 @@ static enum ckfs_code build(struct ckfs_model *m, const struct ckfs_model_option
 			goto out;
 		}
 		t->placement = describe_placement(m, e);
-		t->n_chunks = (uint32_t)accs[i].n;
-		t->chunks = ckfs_arena_calloc(&m->arena, accs[i].n + 1, sizeof(*t->chunks));
+		t->n_chunks = (uint32_t)accs[i].chunks.n;
+		t->chunks = ckfs_arena_calloc(&m->arena, accs[i].chunks.n + 1,
+					      sizeof(*t->chunks));
 		if (!t->chunks || !t->placement) {
 			rc = nomem(err);
 			goto out;
 		}
-		if (accs[i].n)
-			memcpy(t->chunks, accs[i].chunks, accs[i].n * sizeof(*t->chunks));
+		if (accs[i].chunks.n)
+			memcpy(t->chunks, accs[i].chunks.v,
+			       accs[i].chunks.n * sizeof(*t->chunks));
 		if ((rc = ckfs_plan_validate_tensor(m, t, err)) != CKFS_OK)
 			goto out;
 		m->n_tensors++;
 	}
 	if (drop_lm_head)
-		rc = add_warning(m, err, "lm_head.weight dropped: tied to "
+		rc = ckfs_model_warn(m, err, "lm_head.weight dropped: tied to "
 				 "model.embed_tokens.weight (tie_word_embeddings)");
 out:
 	if (accs)
 		for (size_t i = 0; i < n_keys; i++)
-			free(accs[i].chunks);
+			free(accs[i].chunks.v);
 	free(accs);
 	free(order);
 	free(ranks);
@@ -1058,8 +735,8 @@ enum ckfs_code ckfs_model_open(const char *src, const struct ckfs_model_options 
 		return nomem(err);
 	ckfs_arena_init(&m->arena);
 	m->layout = "verl-fsdp";
-	if (!is_dir(src)) {
-		rc = exists(src) ? ckfs_fail(err, CKFS_E_INVALID, "'%s': not a folder", src)
+	if (!ckfs_path_is_dir(src)) {
+		rc = ckfs_path_exists(src) ? ckfs_fail(err, CKFS_E_INVALID, "'%s': not a folder", src)
 				 : ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found", src);
 		goto fail;
 	}

@@ -1,0 +1,43 @@
+/* SPDX-License-Identifier: MIT */
+/* Shared inside src/model only: helpers of the layout readers. */
+#ifndef CKFS_MODEL_INT_H
+#define CKFS_MODEL_INT_H
+
+#include "ckfs/model.h"
+#include "ckfs/torch.h"
+
+/* ---- config.c ---- */
+
+int ckfs_path_is_dir(const char *path);
+int ckfs_path_exists(const char *path);
+/* A regular file of at most max bytes, read whole and NUL-terminated into a
+ * malloc'd buffer; CKFS_E_NOTFOUND when missing. */
+enum ckfs_code ckfs_read_small_file(const char *path, size_t max, char **out,
+				    size_t *len, struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* Record a warning shown by inspect and export. */
+enum ckfs_code ckfs_model_warn(struct ckfs_model *m, struct ckfs_error *err,
+			       const char *fmt, ...) CKFS_PRINTF(3, 4);
+/* config.json: --config (a file or a folder) or SRC/huggingface/; sets
+ * hf_dir, config_path, config_json and tie_word_embeddings. */
+enum ckfs_code ckfs_model_load_config(struct ckfs_model *m, const char *config_opt,
+				      struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/* ---- placement.c ---- */
+
+struct ckfs_chunk_list {
+	struct ckfs_chunk *v;
+	size_t n, cap;
+};
+
+/*
+ * The chunks one rank contributes for a state-dict entry: a plain tensor
+ * is the whole tensor at offset 0; a ShardedTensor its local shard at its
+ * offsets; a DTensor what its placements leave this mesh coordinate (none
+ * when it is a copy along a Replicate() dim). Appends to out (malloc'd;
+ * the caller frees out->v).
+ */
+enum ckfs_code ckfs_entry_chunks(const struct ckfs_sd_entry *e, const int64_t *coord,
+				 uint32_t source, int rank, struct ckfs_chunk_list *out,
+				 struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+#endif
