@@ -348,10 +348,19 @@ static int is_fuse_type(const char *type)
 /* Non-root: fusermount3 (setuid) unmounts mounts the user made. */
 static int run_fusermount(const char *mnt, int lazy)
 {
-	char *argv[] = { "fusermount3", "-u", lazy ? "-z" : "-q", "--", (char *)mnt, NULL };
-	pid_t pid = fork();
+	char *argv[6];
+	int argc = 0;
+	pid_t pid;
 	int st;
 
+	argv[argc++] = "fusermount3";
+	argv[argc++] = "-u";
+	if (lazy)
+		argv[argc++] = "-z";
+	argv[argc++] = "--";
+	argv[argc++] = (char *)mnt;
+	argv[argc] = NULL;
+	pid = fork();
 	if (pid < 0) {
 		fprintf(stderr, "ckfs: cannot fork: %s\n", strerror(errno));
 		return 1;

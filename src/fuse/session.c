@@ -79,6 +79,8 @@ static int capturing;
 
 /* libfuse's messages join ckfs's log, so both share one sink and level. */
 static void fuse_log_bridge(enum fuse_log_level level, const char *fmt, va_list ap)
+	__attribute__((format(printf, 2, 0)));
+static void fuse_log_bridge(enum fuse_log_level level, const char *fmt, va_list ap)
 {
 	char line[1024];
 	size_t n;
@@ -267,7 +269,8 @@ static int serve(const struct ckfs_mount_options *opt, int ready_fd)
 	if (ckfs_folder_build(m, &opt->folder, &f, &err) != CKFS_OK)
 		goto err_out1;
 
-	/* Threads made from here on inherit a mask without the stop signals. */
+	/* The cache starts its read-ahead workers: they inherit a mask
+	 * without the stop signals, which must reach the main thread. */
 	sigemptyset(&stop_signals);
 	sigaddset(&stop_signals, SIGTERM);
 	sigaddset(&stop_signals, SIGINT);
@@ -276,6 +279,9 @@ static int serve(const struct ckfs_mount_options *opt, int ready_fd)
 	pthread_sigmask(SIG_BLOCK, &stop_signals, &old_mask);
 	if (ckfs_fs_init(&fs, opt, m, f, &err) != CKFS_OK)
 		goto err_out3;
+	/* Unblocked again before anything is spawned (fusermount3 inherits
+	 * the mask; with auto_unmount it stays running). */
+	pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
 	se = new_session(opt, &fs, &err);
 	if (!se)
 		goto err_out3;
@@ -316,7 +322,6 @@ static int serve(const struct ckfs_mount_options *opt, int ready_fd)
 	sd_notify_send(status_line);
 	ckfs_log(CKFS_LOG_NOTICE, "serving '%s' at '%s': %zu files, cache %s, %d threads",
 		 opt->src, opt->mountpoint, f->n_nodes, size_text, opt->threads);
-	pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
 
 	lc = fuse_loop_cfg_create();
 	if (!lc) {
