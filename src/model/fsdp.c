@@ -613,6 +613,8 @@ static enum ckfs_code build(struct ckfs_model *m, const struct ckfs_model_option
 				break;
 			}
 			rc = add_entry(&accs[k], e, (int)ranks[r], coords[r], src, err);
+			if (rc != CKFS_OK)
+				ckfs_error_prefix(err, "'%s'", m->sources[src].path);
 			if (rc == CKFS_OK && accs[k].first == e) {
 				/* Keep the first entry's metadata past close. */
 				struct ckfs_sd_entry *copy =
@@ -704,8 +706,10 @@ static enum ckfs_code build(struct ckfs_model *m, const struct ckfs_model_option
 		if (accs[i].chunks.n)
 			memcpy(t->chunks, accs[i].chunks.v,
 			       accs[i].chunks.n * sizeof(*t->chunks));
-		if ((rc = ckfs_plan_validate_tensor(m, t, err)) != CKFS_OK)
+		if ((rc = ckfs_plan_validate_tensor(m, t, err)) != CKFS_OK) {
+			ckfs_error_prefix(err, "'%s'", m->src_dir);
 			goto out;
+		}
 		m->n_tensors++;
 	}
 	if (drop_lm_head)

@@ -66,6 +66,15 @@ expect "truncated rank file" 1 "model_world_size_3_rank_2.pt" -- "$CKFS" export 
 [ ! -e "$WORK/none" ] && ! ls "$WORK" | grep -q "none.ckfs" && ok "failed exports leave no output" ||
 	bad "failed exports leave no output"
 
+# values ckfs cannot serve are refused naming the file and the key
+EDGE=$FIX/edge
+expect "non-tensor value" 1 "rank_0.pt': value of 'step' is not a supported tensor \(int\)" -- "$CKFS" inspect "$EDGE/refused_value_w1"
+expect "quantized tensor" 1 "value of 'qweight' is not a supported tensor \(call _rebuild_qtensor\)" -- "$CKFS" inspect "$EDGE/refused_quantized_w1"
+expect "Partial placement" 1 "rank_0.pt': tensor 'weight': Partial placement \(unreduced values\) is not supported" -- "$CKFS" export "$EDGE/refused_partial_w2" "$WORK/none"
+cp -r "$SAMPLE" "$WORK/legacy"
+cp "$FIX/zip/legacy.pt" "$WORK/legacy/model_world_size_3_rank_0.pt"
+expect "legacy torch format" 1 "legacy \(non-zip\) torch.save format is not supported" -- "$CKFS" inspect "$WORK/legacy"
+
 # dtype and sharding
 "$CKFS" export -q --dtype fp32 "$SAMPLE" "$WORK/fp32" && grep -q '"dtype": "float32"\|"torch_dtype": "float32"' "$WORK/fp32/config.json" &&
 	ok "fp32 export, config dtype" || bad "fp32 export, config dtype"

@@ -86,6 +86,36 @@ def plain_views() -> None:
     print("edge: plain_views_w1 (views, shared storage, neg bit, every dtype)")
 
 
+def refused() -> None:
+    """Checkpoints ckfs must refuse with an error naming the key."""
+    path = folder("refused_value_w1", 1)
+    torch.save({"weight": torch.ones(2, 2), "step": 5}, os.path.join(path, "model_world_size_1_rank_0.pt"))
+    path = folder("refused_quantized_w1", 1)
+    q = torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.qint8)
+    torch.save({"weight": torch.ones(2, 2), "qweight": q}, os.path.join(path, "model_world_size_1_rank_0.pt"))
+    print("edge: refused_value_w1, refused_quantized_w1 (values ckfs cannot serve)")
+
+
+def _partial_worker(rank: int, world: int, port: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+    t = DTensor.from_local(torch.full((3, 2), float(rank + 1)), mesh, [Partial()])
+    path = os.path.join(OUT, "refused_partial_w2")
+    torch.save({"weight": t}, os.path.join(path, f"model_world_size_{world}_rank_{rank}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def partial() -> None:
+    folder("refused_partial_w2", 2)
+    mp.spawn(_partial_worker, args=(2, 29519), nprocs=2, join=True)
+    print("edge: refused_partial_w2 (a Partial() DTensor: unreduced values)")
+
+
 def _strided_worker(rank: int, world: int, port: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
@@ -129,4 +159,6 @@ if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
     plain_views()
     strided()
+    refused()
+    partial()
     print("torch", torch.__version__, file=sys.stderr)
