@@ -68,6 +68,12 @@
 /* JSON side files parsed by ckfs (config.json, fsdp_config.json). */
 #define CKFS_MAX_JSON_BYTES (64u * 1024 * 1024)
 
+/* Bytes of one served tensor and of all weights together: 4 EiB keeps every
+ * file size, offset and sum far inside off_t (2^63 - 1) with room for the
+ * header; the largest models are ~10^6 times smaller. A zero-stride view
+ * (torch's expand) can declare any size in a few bytes of pickle. */
+#define CKFS_MAX_SERVED_BYTES (1ull << 62)
+
 /* safetensors header: the reference loader refuses more (MAX_HEADER_SIZE). */
 #define CKFS_MAX_ST_HEADER 100000000ull
 

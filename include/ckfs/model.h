@@ -67,12 +67,15 @@ struct ckfs_model_options {
 	/* --config: a config.json, or a folder holding one; NULL for the
 	 * checkpoint's huggingface/config.json. */
 	const char *config_path;
+	/* --follow-symlinks: serve files whose symlinks lead outside the
+	 * checkpoint folder (refused by default: ckfs_model_check_path). */
+	bool follow_symlinks;
 };
 
 struct ckfs_model {
 	struct ckfs_arena arena;
 	const char *src_dir;
-	const char *layout;             /* "verl-fsdp" */
+	const char *layout;             /* "verl-fsdp", "dcp" or "hf" */
 	int world_size;
 	int fsdp_version;               /* 1 or 2; 0 when not recorded */
 	int mesh_ndim;
@@ -89,12 +92,15 @@ struct ckfs_model {
 	char *config_json;              /* the source config, NUL-terminated */
 	size_t config_len;
 	bool tie_word_embeddings;
+	bool follow_symlinks;           /* from the options */
 	const char **warnings;
 	size_t n_warnings;
 };
 
-/* Open SRC (a verl actor/critic folder). On success *out is a new model the
- * caller frees with ckfs_model_free. */
+/* Open SRC: a verl actor/critic folder, a torch.distributed.checkpoint
+ * folder or a folder of Hugging Face safetensors weights (detection order
+ * in src/model/layout.c). On success *out is a new model the caller frees
+ * with ckfs_model_free. */
 enum ckfs_code ckfs_model_open(const char *src,
 			       const struct ckfs_model_options *opt,
 			       struct ckfs_model **out,
@@ -110,6 +116,19 @@ void ckfs_model_free(struct ckfs_model *m);
  */
 enum ckfs_code ckfs_source_check(const struct ckfs_source *s,
 				 struct ckfs_error *err) CKFS_WARN_UNUSED;
+/*
+ * The symlink policy for files read from SRC: path (opened as fd, or -1
+ * when not opened yet) must resolve inside the real path of the checkpoint
+ * folder (m->src_dir), or inside the side-file folder m->hf_dir when that
+ * came from --config. A symlink leading elsewhere is refused with
+ * CKFS_E_INVALID, "'<path>': symlink leads outside the checkpoint; use
+ * --follow-symlinks", unless m->follow_symlinks. With fd, the opened file
+ * must also be the one the resolved path names (CKFS_E_CHANGED if a link
+ * was swapped in between). A path that does not exist passes: opening it
+ * reports that.
+ */
+enum ckfs_code ckfs_model_check_path(const struct ckfs_model *m, const char *path,
+				     int fd, struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Record the identity of an open descriptor into s (fd, path kept). */
 enum ckfs_code ckfs_source_init(struct ckfs_source *s, int fd, const char *path,
 				const char *name, struct ckfs_error *err) CKFS_WARN_UNUSED;

@@ -107,6 +107,20 @@ enum ckfs_code ckfs_torch_open(struct ckfs_torch_file *tf, int fd,
 			       struct ckfs_error *err) CKFS_WARN_UNUSED;
 void ckfs_torch_close(struct ckfs_torch_file *tf);
 
+/*
+ * One torch.save zip embedded at [base, base + length) of fd (a DCP
+ * .distcp item): parse its directory and data.pkl and decode the root value
+ * (a bare _rebuild_tensor_v2 call, not a dict) as a plain tensor into *out,
+ * named key in messages. Storage positions in out are absolute file
+ * offsets. On success the caller releases tf with ckfs_torch_close; on
+ * failure it is already released.
+ */
+enum ckfs_code ckfs_torch_open_item(struct ckfs_torch_file *tf, int fd,
+				    uint64_t base, uint64_t length,
+				    const char *label, const char *key,
+				    struct ckfs_sd_entry *out,
+				    struct ckfs_error *err) CKFS_WARN_UNUSED;
+
 /* Decode a tensor value (any supported kind) found in the pickle tree of
  * tf; used by ckfs_torch_open for each state-dict value. */
 enum ckfs_code ckfs_torch_decode_value(struct ckfs_torch_file *tf,

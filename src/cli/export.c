@@ -252,8 +252,10 @@ static void usage(FILE *to)
 {
 	fputs("usage: ckfs export SRC DIR [--dtype bf16|fp16|fp32|auto]\n"
 	      "                   [--max-shard-size SIZE] [--config PATH] [--force]\n"
-	      "                   [--threads N] [--quiet]\n"
-	      "Writes the merged Hugging Face folder of checkpoint SRC to DIR.\n", to);
+	      "                   [--threads N] [--quiet] [--follow-symlinks]\n"
+	      "Writes the merged Hugging Face folder of checkpoint SRC to DIR.\n"
+	      "Files whose symlinks lead outside SRC are refused unless\n"
+	      "--follow-symlinks.\n", to);
 }
 
 int ckfs_cmd_export(int argc, char **argv)
@@ -266,6 +268,7 @@ int ckfs_cmd_export(int argc, char **argv)
 		{ "threads", required_argument, NULL, 't' },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "log-level", required_argument, NULL, 'l' },
+		{ "follow-symlinks", no_argument, NULL, 'F' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -287,6 +290,7 @@ int ckfs_cmd_export(int argc, char **argv)
 				return ckfs_cli_usage_error("export", "bad size '%s'", optarg);
 			break;
 		case 'c': mopt.config_path = optarg; break;
+		case 'F': mopt.follow_symlinks = true; break;
 		case 'f': force = 1; break;
 		case 'q': quiet = 1; break;
 		case 't':

@@ -99,25 +99,38 @@ static void print_text(const struct ckfs_model *m, const struct ckfs_folder *f)
 	size_t w = 4;
 
 	printf("source       %s\n", m->src_dir);
-	printf("layout       %s (FSDP%s%d), world size %d\n", m->layout,
-	       m->fsdp_version ? "" : " version unknown", m->fsdp_version,
-	       m->world_size);
-	if (m->mesh_ndim) {
-		printf("mesh         (");
-		for (int i = 0; i < m->mesh_ndim; i++)
-			printf("%s%lld", i ? ", " : "", (long long)m->mesh_shape[i]);
-		printf(") dims (");
-		for (int i = 0; i < m->mesh_ndim; i++)
-			printf("%s%s", i ? ", " : "",
-			       m->mesh_dim_names[i] ? m->mesh_dim_names[i] : "?");
-		printf(")\n");
+	if (strcmp(m->layout, "verl-fsdp") != 0) {
+		/* dcp, hf: no mesh or ranks, only the files read */
+		printf("layout       %s, %zu source file%s", m->layout, m->n_sources,
+		       m->n_sources == 1 ? "" : "s");
+		if (strcmp(m->layout, "dcp") == 0 && m->world_size > 0)
+			printf(", saved by %d rank%s", m->world_size,
+			       m->world_size == 1 ? "" : "s");
+		printf("\n");
 	} else {
-		printf("mesh         none (plain tensors or ShardedTensor)\n");
+		printf("layout       %s (FSDP%s%d), world size %d\n", m->layout,
+		       m->fsdp_version ? "" : " version unknown", m->fsdp_version,
+		       m->world_size);
+		if (m->mesh_ndim) {
+			printf("mesh         (");
+			for (int i = 0; i < m->mesh_ndim; i++)
+				printf("%s%lld", i ? ", " : "", (long long)m->mesh_shape[i]);
+			printf(") dims (");
+			for (int i = 0; i < m->mesh_ndim; i++)
+				printf("%s%s", i ? ", " : "",
+				       m->mesh_dim_names[i] ? m->mesh_dim_names[i] : "?");
+			printf(")\n");
+		} else {
+			printf("mesh         none (plain tensors or ShardedTensor)\n");
+		}
 	}
-	printf("ranks read   ");
-	for (size_t i = 0; i < m->n_ranks_read; i++)
-		printf("%s%d", i ? " " : "", m->ranks_read[i]);
-	printf("\nconfig       %s%s\n\n", m->config_path,
+	if (m->n_ranks_read) {
+		printf("ranks read   ");
+		for (size_t i = 0; i < m->n_ranks_read; i++)
+			printf("%s%d", i ? " " : "", m->ranks_read[i]);
+		printf("\n");
+	}
+	printf("config       %s%s\n\n", m->config_path,
 	       m->tie_word_embeddings ? " (tie_word_embeddings)" : "");
 	for (size_t i = 0; i < m->n_tensors; i++)
 		if (strlen(m->tensors[i].name) > w)
@@ -155,6 +168,7 @@ int ckfs_cmd_inspect(int argc, char **argv)
 		{ "dtype", required_argument, NULL, 'd' },
 		{ "max-shard-size", required_argument, NULL, 's' },
 		{ "config", required_argument, NULL, 'c' },
+		{ "follow-symlinks", no_argument, NULL, 'F' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -177,8 +191,10 @@ int ckfs_cmd_inspect(int argc, char **argv)
 				return ckfs_cli_usage_error("inspect", "bad size '%s'", optarg);
 			break;
 		case 'c': mopt.config_path = optarg; break;
+		case 'F': mopt.follow_symlinks = true; break;
 		case 'h':
-			puts("usage: ckfs inspect SRC [--json] [--dtype D] [--max-shard-size S] [--config PATH]");
+			puts("usage: ckfs inspect SRC [--json] [--dtype D] [--max-shard-size S] [--config PATH]\n"
+			     "                    [--follow-symlinks]");
 			return 0;
 		default: return 2;
 		}

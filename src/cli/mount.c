@@ -52,6 +52,8 @@ static void mount_usage(FILE *to)
 	      "      --readahead N         read-ahead window, in slices (default 16, 0 off)\n"
 	      "                                                                -o readahead=\n"
 	      "      --config PATH         config.json (or a folder holding one) -o config=\n"
+	      "      --follow-symlinks     serve files whose symlinks lead outside SRC\n"
+	      "                                                          -o follow_symlinks\n"
 	      "      --log-level L         err|warning|notice|info|debug      -o log_level=\n"
 	      "  -o prefetch_threads=N, slice_size=N (power of two, default 4MiB),\n"
 	      "     uid=N, gid=N (owner shown for all files; default: the mounting user)\n"
@@ -170,6 +172,8 @@ static int apply_key(struct mount_parse *p, const char *key, const char *val,
 			mo->gid = (gid_t)n;
 			mo->has_gid = true;
 		}
+	} else if (strcmp(key, "follow_symlinks") == 0 && !val) {
+		mo->model.follow_symlinks = true;
 	} else if (strcmp(key, "debug") == 0 && !val) {
 		mo->debug = true;
 		mo->foreground = true;
@@ -231,6 +235,7 @@ int ckfs_cmd_mount(int argc, char **argv)
 		{ "readahead", required_argument, NULL, 'R' },
 		{ "config", required_argument, NULL, 'c' },
 		{ "log-level", required_argument, NULL, 'L' },
+		{ "follow-symlinks", no_argument, NULL, 'F' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -259,6 +264,9 @@ int ckfs_cmd_mount(int argc, char **argv)
 			break;
 		case 'd':
 			mo.debug = mo.foreground = true;
+			break;
+		case 'F':
+			mo.model.follow_symlinks = true;
 			break;
 		case 'o':
 			if ((rc = apply_option_list(&p, optarg)) != 0)

@@ -314,15 +314,16 @@ static enum ckfs_code decode_plain(struct ckfs_torch_file *tf,
 		return decode_plain(tf, &inner, key, depth + 1, view, err);
 	}
 unknown:
+	/* Name the callee with its module: "call os.system" says what the
+	 * pickle asked for (nothing is ever called). */
+	fn = v && v->kind == CKFS_PV_CALL ? v->u.call.fn : NULL;
+	if (fn && fn->kind != CKFS_PV_GLOBAL)
+		fn = NULL;
 	return ckfs_fail(err, CKFS_E_UNSUPPORTED,
-			 "'%s': value of '%s' is not a supported tensor (%s%s%s)",
+			 "'%s': value of '%s' is not a supported tensor (%s%s%s%s%s)",
 			 vlabel(tf), key, v ? ckfs_pv_kind_name(v->kind) : "nothing",
-			 v && v->kind == CKFS_PV_CALL && v->u.call.fn &&
-					 v->u.call.fn->kind == CKFS_PV_GLOBAL
-				 ? " " : "",
-			 v && v->kind == CKFS_PV_CALL && v->u.call.fn &&
-					 v->u.call.fn->kind == CKFS_PV_GLOBAL
-				 ? v->u.call.fn->u.global.name : "");
+			 fn ? " " : "", fn ? fn->u.global.module : "", fn ? "." : "",
+			 fn ? fn->u.global.name : "");
 }
 
 static enum ckfs_code decode_placement(struct ckfs_torch_file *tf,
@@ -590,8 +591,11 @@ static enum ckfs_code check_byteorder(struct ckfs_torch_file *tf,
 	return CKFS_OK;
 }
 
-enum ckfs_code ckfs_torch_open(struct ckfs_torch_file *tf, int fd,
-			       const char *label, struct ckfs_error *err)
+/* The zip at [base, base + length) of fd and its data.pkl as a value tree
+ * in tf->root. On failure tf is released. */
+static enum ckfs_code open_pickle(struct ckfs_torch_file *tf, int fd,
+				  uint64_t base, uint64_t length,
+				  const char *label, struct ckfs_error *err)
 {
 	const struct ckfs_zip_entry *pkl;
 	void *bytes = NULL;
@@ -601,10 +605,7 @@ enum ckfs_code ckfs_torch_open(struct ckfs_torch_file *tf, int fd,
 	memset(tf, 0, sizeof(*tf));
 	tf->label = label;
 	ckfs_arena_init(&tf->arena);
-	struct stat st;
-	if (fstat(fd, &st) != 0)
-		return ckfs_fail_errno(err, "'%s': cannot stat", label);
-	rc = ckfs_zip_open(&tf->zip, fd, 0, (uint64_t)st.st_size, label, err);
+	rc = ckfs_zip_open(&tf->zip, fd, base, length, label, err);
 	if (rc != CKFS_OK)
 		return rc;
 	pkl = ckfs_zip_find(&tf->zip, "data.pkl");
@@ -626,6 +627,45 @@ enum ckfs_code ckfs_torch_open(struct ckfs_torch_file *tf, int fd,
 	free(bytes);
 	if (rc != CKFS_OK)
 		goto fail;
+	return CKFS_OK;
+fail:
+	ckfs_torch_close(tf);
+	return rc;
+}
+
+enum ckfs_code ckfs_torch_open_item(struct ckfs_torch_file *tf, int fd,
+				    uint64_t base, uint64_t length,
+				    const char *label, const char *key,
+				    struct ckfs_sd_entry *out,
+				    struct ckfs_error *err)
+{
+	enum ckfs_code rc = open_pickle(tf, fd, base, length, label, err);
+
+	if (rc != CKFS_OK)
+		return rc;
+	rc = ckfs_torch_decode_value(tf, tf->root, key, out, err);
+	if (rc == CKFS_OK && out->kind != CKFS_ENTRY_TENSOR)
+		rc = ckfs_fail(err, CKFS_E_UNSUPPORTED,
+			       "'%s': item of '%s' is not a plain tensor", label,
+			       key);
+	if (rc != CKFS_OK)
+		ckfs_torch_close(tf);
+	return rc;
+}
+
+enum ckfs_code ckfs_torch_open(struct ckfs_torch_file *tf, int fd,
+			       const char *label, struct ckfs_error *err)
+{
+	enum ckfs_code rc;
+	struct stat st;
+
+	if (fstat(fd, &st) != 0) {
+		memset(tf, 0, sizeof(*tf));
+		return ckfs_fail_errno(err, "'%s': cannot stat", label);
+	}
+	rc = open_pickle(tf, fd, 0, (uint64_t)st.st_size, label, err);
+	if (rc != CKFS_OK)
+		return rc;
 
 	const struct ckfs_pv *root = tf->root;
 	if (root->kind != CKFS_PV_DICT) {

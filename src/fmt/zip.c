@@ -269,8 +269,9 @@ static enum ckfs_code zip_find_end(const struct ckfs_zip *z,
 				       z->label);
 		else if (le32(head) == ZIP_LOCAL_SIG)
 			rc = ckfs_fail(err, CKFS_E_TRUNCATED,
-				       "'%s': zip end of central directory not found",
-				       z->label);
+				       "'%s': zip end of central directory not found; "
+				       "the file looks truncated (%llu bytes)",
+				       z->label, (ull)z->length);
 		else
 			rc = ckfs_fail(err, CKFS_E_FORMAT,
 				       "'%s': not a zip archive", z->label);

@@ -40,7 +40,9 @@ enum ckfs_code ckfs_model_warn(struct ckfs_model *m, struct ckfs_error *err,
 enum ckfs_code ckfs_read_small_file(const char *path, size_t max, char **out,
 				      size_t *len, struct ckfs_error *err)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* O_NONBLOCK: a FIFO in place of the file must not block the open;
+	 * it is refused as "not a regular file" below. */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 	struct stat st;
 
 	if (fd < 0)
@@ -80,6 +82,73 @@ enum ckfs_code ckfs_read_small_file(const char *path, size_t max, char **out,
 	return CKFS_OK;
 }
 
+enum ckfs_code ckfs_json_parse_object(const char *path, const char *text, size_t len,
+				      cJSON **out, struct ckfs_error *err)
+{
+	const char *end = NULL;
+	cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+
+	*out = NULL;
+	if (!j) {
+		size_t at = end && end >= text && end <= text + len ? (size_t)(end - text) : 0;
+		unsigned line = 1, col = 1;
+		for (size_t i = 0; i < at; i++) {
+			col = text[i] == '\n' ? 1 : col + 1;
+			line += text[i] == '\n';
+		}
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': invalid JSON at line %u, "
+				 "column %u", path, line, col);
+	}
+	if (!cJSON_IsObject(j)) {
+		cJSON_Delete(j);
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': not a JSON object", path);
+	}
+	*out = j;
+	return CKFS_OK;
+}
+
+/* path names root or something under it (both real paths). */
+static int path_under(const char *path, const char *root)
+{
+	size_t n = strlen(root);
+
+	if (n == 1 && root[0] == '/')
+		return path[0] == '/';
+	return strncmp(path, root, n) == 0 && (path[n] == '\0' || path[n] == '/');
+}
+
+enum ckfs_code ckfs_model_check_path(const struct ckfs_model *m, const char *path,
+				     int fd, struct ckfs_error *err)
+{
+	struct stat st, fst;
+	enum ckfs_code rc = CKFS_OK;
+
+	if (m->follow_symlinks)
+		return CKFS_OK;
+	char *real = realpath(path, NULL);
+	if (!real) {
+		if (fd < 0 && (errno == ENOENT || errno == ENOTDIR))
+			return CKFS_OK; /* the open says "not found" */
+		return ckfs_fail_errno(err, "'%s': cannot resolve", path);
+	}
+	int inside = path_under(real, m->src_dir);
+	if (!inside && m->hf_dir) {
+		/* Side files of a --config folder stay inside that folder. */
+		char *hf = realpath(m->hf_dir, NULL);
+		inside = hf && !path_under(hf, m->src_dir) && path_under(real, hf);
+		free(hf);
+	}
+	if (!inside)
+		rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': symlink leads outside the "
+			       "checkpoint; use --follow-symlinks", path);
+	else if (fd >= 0 && (stat(real, &st) != 0 || fstat(fd, &fst) != 0 ||
+			     st.st_dev != fst.st_dev || st.st_ino != fst.st_ino))
+		rc = ckfs_fail(err, CKFS_E_CHANGED, "'%s': replaced while it was "
+			       "opened", path);
+	free(real);
+	return rc;
+}
+
 int ckfs_path_is_dir(const char *path)
 {
 	struct stat st;
@@ -96,14 +165,26 @@ enum ckfs_code ckfs_model_load_config(struct ckfs_model *m, const char *config_o
 				      struct ckfs_error *err)
 {
 	char *hf = ckfs_arena_printf(&m->arena, "%s/huggingface", m->src_dir);
+
+	if (!hf)
+		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	return ckfs_model_load_config_from(m, hf, config_opt, err);
+}
+
+enum ckfs_code ckfs_model_load_config_from(struct ckfs_model *m, const char *hf,
+					   const char *config_opt,
+					   struct ckfs_error *err)
+{
 	const char *path;
 	char *text;
 	size_t len;
 
 	if (!hf)
 		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
-	if (ckfs_path_is_dir(hf))
+	if (ckfs_path_is_dir(hf)) {
+		CKFS_TRY(ckfs_model_check_path(m, hf, -1, err));
 		m->hf_dir = hf;
+	}
 	if (config_opt) {
 		char *abs = realpath(config_opt, NULL);
 		if (!abs)
@@ -115,6 +196,8 @@ enum ckfs_code ckfs_model_load_config(struct ckfs_model *m, const char *config_o
 		free(abs);
 	} else {
 		path = ckfs_arena_printf(&m->arena, "%s/config.json", hf);
+		if (path)
+			CKFS_TRY(ckfs_model_check_path(m, path, -1, err));
 	}
 	if (!path)
 		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
@@ -127,11 +210,11 @@ enum ckfs_code ckfs_model_load_config(struct ckfs_model *m, const char *config_o
 	}
 	if (rc != CKFS_OK)
 		return rc;
-	cJSON *j = cJSON_ParseWithLength(text, len);
-	if (!j || !cJSON_IsObject(j)) {
-		cJSON_Delete(j);
+	cJSON *j;
+	rc = ckfs_json_parse_object(path, text, len, &j, err);
+	if (rc != CKFS_OK) {
 		free(text);
-		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': not a JSON object", path);
+		return rc;
 	}
 	m->tie_word_embeddings =
 		cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings"));

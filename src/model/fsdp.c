@@ -116,6 +116,7 @@ static enum ckfs_code read_fsdp_config(struct ckfs_model *m, long *ws,
 	enum ckfs_code rc;
 
 	snprintf(path, sizeof(path), "%s/fsdp_config.json", m->src_dir);
+	CKFS_TRY(ckfs_model_check_path(m, path, -1, err));
 	rc = ckfs_read_small_file(path, CKFS_MAX_JSON_BYTES, &text, &len, err);
 	if (rc == CKFS_E_NOTFOUND) {
 		ckfs_error_clear(err);
@@ -124,20 +125,28 @@ static enum ckfs_code read_fsdp_config(struct ckfs_model *m, long *ws,
 	}
 	if (rc != CKFS_OK)
 		return rc;
-	cJSON *j = cJSON_ParseWithLength(text, len);
+	cJSON *j;
+	rc = ckfs_json_parse_object(path, text, len, &j, err);
 	free(text);
-	if (!j || !cJSON_IsObject(j)) {
-		cJSON_Delete(j);
-		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': not a JSON object", path);
-	}
+	if (rc != CKFS_OK)
+		return rc;
 	cJSON *w = cJSON_GetObjectItemCaseSensitive(j, "world_size");
 	cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "FSDP_version");
-	if (!cJSON_IsNumber(w) || w->valuedouble < 1 ||
-	    w->valuedouble > CKFS_MAX_RANKS || w->valuedouble != (double)w->valueint) {
+	if (!w)
+		rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': no world_size", path);
+	else if (!cJSON_IsNumber(w))
+		rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': world_size is not a number",
+			       path);
+	else if (w->valuedouble > CKFS_MAX_RANKS)
+		rc = ckfs_fail(err, CKFS_E_LIMIT, "'%s': world_size %.17g is more "
+			       "than the limit of %u ranks", path, w->valuedouble,
+			       CKFS_MAX_RANKS);
+	else if (w->valuedouble < 1 || w->valuedouble != (double)w->valueint)
+		rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': world_size %.17g is not a "
+			       "positive integer", path, w->valuedouble);
+	if (rc != CKFS_OK) {
 		cJSON_Delete(j);
-		return ckfs_fail(err, CKFS_E_FORMAT,
-				 "'%s': world_size missing or not a positive integer",
-				 path);
+		return rc;
 	}
 	*ws = w->valueint;
 	if (cJSON_IsNumber(v))
@@ -149,15 +158,16 @@ static enum ckfs_code read_fsdp_config(struct ckfs_model *m, long *ws,
 static enum ckfs_code scan_ranks(struct ckfs_model *m, struct rank_scan *rs,
 				 struct ckfs_error *err)
 {
-	DIR *d = opendir(m->src_dir);
+	DIR *d;
 	struct dirent *de;
 	long cfg_ws = 0;
 	enum ckfs_code rc = CKFS_OK;
 
 	memset(rs, 0, sizeof(*rs));
+	CKFS_TRY(read_fsdp_config(m, &cfg_ws, err));
+	d = opendir(m->src_dir);
 	if (!d)
 		return ckfs_fail_errno(err, "'%s': cannot open folder", m->src_dir);
-	CKFS_TRY(read_fsdp_config(m, &cfg_ws, err));
 	rs->sizes_seen = calloc(64, sizeof(long));
 	if (!rs->sizes_seen) {
 		closedir(d);
@@ -179,6 +189,16 @@ static enum ckfs_code scan_ranks(struct ckfs_model *m, struct rank_scan *rs,
 		return explain_not_fsdp(m->src_dir, err);
 	}
 	if (cfg_ws) {
+		size_t i;
+		for (i = 0; i < rs->n_sizes && rs->sizes_seen[i] != cfg_ws; i++)
+			;
+		if (i == rs->n_sizes) {
+			closedir(d);
+			return ckfs_fail(err, CKFS_E_INVALID,
+					 "'%s/fsdp_config.json': world_size %ld disagrees "
+					 "with the rank files (model_world_size_%ld_rank_*.pt)",
+					 m->src_dir, cfg_ws, rs->sizes_seen[0]);
+		}
 		rs->world_size = cfg_ws;
 	} else if (rs->n_sizes == 1) {
 		rs->world_size = rs->sizes_seen[0];
@@ -206,11 +226,14 @@ static enum ckfs_code scan_ranks(struct ckfs_model *m, struct rank_scan *rs,
 		long ws, rank;
 		if (parse_rank_name(de->d_name, &ws, &rank) && ws == rs->world_size) {
 			if (rank >= ws) {
+				/* The message names de->d_name: format it
+				 * before closedir frees the entry. */
+				rc = ckfs_fail(err, CKFS_E_INVALID,
+					       "'%s/%s': rank %ld out of range for world "
+					       "size %ld", m->src_dir, de->d_name,
+					       rank, ws);
 				closedir(d);
-				return ckfs_fail(err, CKFS_E_INVALID,
-						 "'%s/%s': rank %ld out of range for world "
-						 "size %ld", m->src_dir, de->d_name,
-						 rank, ws);
+				return rc;
 			}
 			rs->present[rank] = 1;
 		}
@@ -241,13 +264,19 @@ static enum ckfs_code open_source(struct ckfs_model *m, long rank,
 	const char *rel = ckfs_arena_strdup(&m->arena, name);
 	if (!path || !rel)
 		return nomem(err);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* O_NONBLOCK: a FIFO named like a rank file must not block the open. */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 	if (fd < 0)
 		return errno == ENOENT
 			       ? ckfs_fail(err, CKFS_E_NOTFOUND,
 					   "'%s': not found (rank %ld is needed)",
 					   path, rank)
 			       : ckfs_fail_errno(err, "'%s': cannot open", path);
+	enum ckfs_code rc = ckfs_model_check_path(m, path, fd, err);
+	if (rc != CKFS_OK) {
+		close(fd);
+		return rc;
+	}
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
 		close(fd);
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': not a regular file", path);
@@ -273,6 +302,32 @@ struct acc {
 static int same_shape(int n1, const int64_t *s1, int n2, const int64_t *s2)
 {
 	return n1 == n2 && memcmp(s1, s2, sizeof(int64_t) * (size_t)n1) == 0;
+}
+
+/* "[8, 4]" (open "[" close "]"), cut to fit buf. */
+static const char *dims_text(int n, const int64_t *v, const char *open,
+			     const char *close, char *buf, size_t size)
+{
+	size_t k = (size_t)snprintf(buf, size, "%s", open);
+	for (int i = 0; i < n && k < size; i++)
+		k += (size_t)snprintf(buf + k, size - k, "%s%lld", i ? ", " : "",
+				      (long long)v[i]);
+	if (k < size)
+		snprintf(buf + k, size - k, "%s", close);
+	return buf;
+}
+
+static const char *placements_text(const struct ckfs_dtensor_info *di, char *buf,
+				   size_t size)
+{
+	size_t k = 0;
+	buf[0] = '\0';
+	for (int i = 0; i < di->mesh_ndim && k < size; i++) {
+		char one[64];
+		ckfs_placement_format(&di->placements[i], one, sizeof(one));
+		k += (size_t)snprintf(buf + k, size - k, "%s%s", i ? ", " : "", one);
+	}
+	return buf;
 }
 
 /* Add one rank's entry for a tensor to its accumulator. */
@@ -316,21 +371,39 @@ static enum ckfs_code add_entry(struct acc *a, const struct ckfs_sd_entry *e,
 					 "%d and %d", e->key, a->first_rank, rank);
 	} else {
 		const struct ckfs_dtensor_info *di = e->dtensor, *fi = f->dtensor;
-		if (!same_shape(di->ndim, di->global_shape, fi->ndim, fi->global_shape) ||
-		    !same_shape(di->mesh_ndim, di->mesh_shape, fi->mesh_ndim,
-				fi->mesh_shape) ||
-		    memcmp(di->placements, fi->placements,
+		char x[160], y[160];
+		if (!same_shape(di->ndim, di->global_shape, fi->ndim, fi->global_shape))
+			return ckfs_fail(err, CKFS_E_INVALID,
+					 "tensor '%s': global shape %s on rank %d but %s "
+					 "on rank %d", e->key,
+					 dims_text(fi->ndim, fi->global_shape, "[", "]", x, sizeof(x)),
+					 a->first_rank,
+					 dims_text(di->ndim, di->global_shape, "[", "]", y, sizeof(y)),
+					 rank);
+		if (!same_shape(di->mesh_ndim, di->mesh_shape, fi->mesh_ndim,
+				fi->mesh_shape))
+			return ckfs_fail(err, CKFS_E_INVALID,
+					 "tensor '%s': device mesh %s on rank %d but %s "
+					 "on rank %d", e->key,
+					 dims_text(fi->mesh_ndim, fi->mesh_shape, "(", ")", x, sizeof(x)),
+					 a->first_rank,
+					 dims_text(di->mesh_ndim, di->mesh_shape, "(", ")", y, sizeof(y)),
+					 rank);
+		if (memcmp(di->placements, fi->placements,
 			   sizeof(di->placements[0]) * (size_t)di->mesh_ndim) != 0)
 			return ckfs_fail(err, CKFS_E_INVALID,
-					 "tensor '%s': global shape, mesh or placements "
-					 "differ between ranks %d and %d", e->key,
-					 a->first_rank, rank);
+					 "tensor '%s': placements (%s) on rank %d but (%s) "
+					 "on rank %d", e->key,
+					 placements_text(fi, x, sizeof(x)), a->first_rank,
+					 placements_text(di, y, sizeof(y)), rank);
 		if (di->have_coord &&
 		    memcmp(di->coord, coord, sizeof(int64_t) * (size_t)di->mesh_ndim) != 0)
 			return ckfs_fail(err, CKFS_E_INVALID,
-					 "tensor '%s': rank %d's file records another "
-					 "mesh coordinate than the mesh gives it",
-					 e->key, rank);
+					 "tensor '%s': the file is for mesh coordinate %s "
+					 "but rank %d is at %s in the device mesh", e->key,
+					 dims_text(di->mesh_ndim, di->coord, "(", ")", x, sizeof(x)),
+					 rank,
+					 dims_text(di->mesh_ndim, coord, "(", ")", y, sizeof(y)));
 	}
 	return ckfs_entry_chunks(e, coord, source, rank, &a->chunks, err);
 }
@@ -415,8 +488,8 @@ static const char *describe_placement(struct ckfs_model *m,
 	return ckfs_arena_strdup(&m->arena, buf);
 }
 
-static enum ckfs_code build(struct ckfs_model *m, const struct ckfs_model_options *opt,
-			    struct ckfs_error *err)
+enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_options *opt,
+			       struct ckfs_error *err)
 {
 	struct rank_scan rs;
 	struct ckfs_torch_file first;
@@ -572,14 +645,6 @@ static enum ckfs_code build(struct ckfs_model *m, const struct ckfs_model_option
 			if (rc != CKFS_OK)
 				goto out;
 			tf = &other;
-			if (tf->n_entries != n_keys) {
-				rc = ckfs_fail(err, CKFS_E_INVALID,
-					       "'%s': %zu tensors, rank 0 has %zu",
-					       m->sources[src].path, tf->n_entries,
-					       n_keys);
-				ckfs_torch_close(&other);
-				goto out;
-			}
 		}
 		for (size_t i = 0; i < tf->n_entries && rc == CKFS_OK; i++) {
 			const struct ckfs_sd_entry *e = &tf->entries[i];
@@ -643,6 +708,13 @@ static enum ckfs_code build(struct ckfs_model *m, const struct ckfs_model_option
 				accs[k].first = copy;
 			}
 		}
+		/* Keys of rank 0 this rank lacks (extra ones failed above). */
+		for (size_t k = 0; rc == CKFS_OK && k < n_keys; k++)
+			if (accs[k].n_ranks_seen != (int)r + 1)
+				rc = ckfs_fail(err, CKFS_E_INVALID,
+					       "'%s': tensor '%s' of rank 0's state dict "
+					       "is missing", m->sources[src].path,
+					       first.entries[k].key);
 		if (tf != &first)
 			ckfs_torch_close(&other);
 		if (rc != CKFS_OK)
@@ -727,47 +799,4 @@ out:
 	free(rs.sizes_seen);
 	ckfs_torch_close(&first);
 	return rc;
-}
-
-enum ckfs_code ckfs_model_open(const char *src, const struct ckfs_model_options *opt,
-			       struct ckfs_model **out, struct ckfs_error *err)
-{
-	struct ckfs_model *m = calloc(1, sizeof(*m));
-	enum ckfs_code rc;
-
-	if (!m)
-		return nomem(err);
-	ckfs_arena_init(&m->arena);
-	m->layout = "verl-fsdp";
-	if (!ckfs_path_is_dir(src)) {
-		rc = ckfs_path_exists(src) ? ckfs_fail(err, CKFS_E_INVALID, "'%s': not a folder", src)
-				 : ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found", src);
-		goto fail;
-	}
-	/* Absolute paths: a daemon changes its working directory, and source
-	 * checks stat the paths again later. */
-	char *abs = realpath(src, NULL);
-	m->src_dir = abs ? ckfs_arena_strdup(&m->arena, abs) : NULL;
-	free(abs);
-	if (!m->src_dir) {
-		rc = abs ? nomem(err) : ckfs_fail_errno(err, "'%s': cannot resolve", src);
-		goto fail;
-	}
-	if ((rc = build(m, opt, err)) != CKFS_OK)
-		goto fail;
-	*out = m;
-	return CKFS_OK;
-fail:
-	ckfs_model_free(m);
-	return rc;
-}
-
-void ckfs_model_free(struct ckfs_model *m)
-{
-	if (!m)
-		return;
-	for (size_t i = 0; i < m->n_sources; i++)
-		close(m->sources[i].fd);
-	ckfs_arena_release(&m->arena);
-	free(m);
 }

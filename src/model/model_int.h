@@ -14,6 +14,13 @@ int ckfs_path_exists(const char *path);
  * malloc'd buffer; CKFS_E_NOTFOUND when missing. */
 enum ckfs_code ckfs_read_small_file(const char *path, size_t max, char **out,
 				    size_t *len, struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* text (read from path) parsed as a JSON object; *out is freed with
+ * cJSON_Delete. CKFS_E_FORMAT naming the line and column of a syntax
+ * error, or saying the value is not an object. */
+struct cJSON;
+enum ckfs_code ckfs_json_parse_object(const char *path, const char *text, size_t len,
+				      struct cJSON **out,
+				      struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Record a warning shown by inspect and export. */
 enum ckfs_code ckfs_model_warn(struct ckfs_model *m, struct ckfs_error *err,
 			       const char *fmt, ...) CKFS_PRINTF(3, 4);
@@ -21,6 +28,11 @@ enum ckfs_code ckfs_model_warn(struct ckfs_model *m, struct ckfs_error *err,
  * hf_dir, config_path, config_json and tie_word_embeddings. */
 enum ckfs_code ckfs_model_load_config(struct ckfs_model *m, const char *config_opt,
 				      struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The same with the side-file folder hf (an arena string of m) in place of
+ * SRC/huggingface: config.json is read from it unless config_opt is given. */
+enum ckfs_code ckfs_model_load_config_from(struct ckfs_model *m, const char *hf,
+					   const char *config_opt,
+					   struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /* ---- placement.c ---- */
 
@@ -39,5 +51,27 @@ struct ckfs_chunk_list {
 enum ckfs_code ckfs_entry_chunks(const struct ckfs_sd_entry *e, const int64_t *coord,
 				 uint32_t source, int rank, struct ckfs_chunk_list *out,
 				 struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/* ---- layouts: layout.c detects, one builder per layout fills m ---- */
+
+/* verl FSDP rank files (fsdp.c). */
+enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m,
+			       const struct ckfs_model_options *opt,
+			       struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* torch.distributed.checkpoint: SRC/.metadata and __R_I.distcp (dcp.c). */
+enum ckfs_code ckfs_dcp_build(struct ckfs_model *m,
+			      const struct ckfs_model_options *opt,
+			      struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* Hugging Face safetensors weights in dir (SRC, SRC/huggingface or
+ * SRC/model/huggingface), served as they are (hf.c). */
+enum ckfs_code ckfs_hf_build(struct ckfs_model *m,
+			     const struct ckfs_model_options *opt,
+			     const char *dir,
+			     struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* verl's tie rule: drop lm_head.weight from m->tensors when config.json
+ * says tie_word_embeddings and model.embed_tokens.weight exists (with a
+ * warning). */
+enum ckfs_code ckfs_model_drop_tied(struct ckfs_model *m,
+				    struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 #endif

@@ -198,37 +198,43 @@ static enum ckfs_code add_side_files(struct ckfs_folder *f, size_t *cap,
 			closedir(d);
 			return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
 		}
-		int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+		/* Symlinks are followed under the model's symlink policy
+		 * (ckfs_model_check_path); O_NONBLOCK keeps a FIFO from
+		 * blocking the open (it is skipped below). */
+		int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 		if (fd < 0) {
-			if (errno == ELOOP)
-				continue; /* symlinks are not passed through */
+			int e = errno;
+			struct stat lst;
 			closedir(d);
+			if (e == ENOENT && lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode))
+				return ckfs_fail(err, CKFS_E_NOTFOUND,
+						 "'%s': dangling symlink", path);
+			errno = e;
 			return ckfs_fail_errno(err, "'%s': cannot open", path);
 		}
 		if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
 			close(fd);
 			continue; /* folders and devices are not side files */
 		}
-		if (*cap == f->n_nodes) {
+		enum ckfs_code rc = ckfs_model_check_path(m, path, fd, err);
+		if (rc == CKFS_OK && *cap == f->n_nodes)
+			rc = ckfs_fail(err, CKFS_E_LIMIT, "'%s': too many files",
+				       m->hf_dir);
+		struct ckfs_node *n = &f->nodes[f->n_nodes];
+		if (rc == CKFS_OK && !(n->name = ckfs_arena_strdup(&f->arena, name)))
+			rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		if (rc == CKFS_OK)
+			rc = ckfs_source_init(&n->src, fd, path, n->name, err);
+		if (rc != CKFS_OK) {
+			/* The node is not counted, so the folder's cleanup
+			 * never sees a half-made one. */
 			close(fd);
 			closedir(d);
-			return ckfs_fail(err, CKFS_E_LIMIT, "'%s': too many files",
-					 m->hf_dir);
+			return rc;
 		}
-		struct ckfs_node *n = &f->nodes[f->n_nodes++];
-		n->name = ckfs_arena_strdup(&f->arena, name);
 		n->kind = CKFS_NODE_PASSTHROUGH;
 		n->size = (uint64_t)st.st_size;
-		if (!n->name) {
-			close(fd);
-			closedir(d);
-			return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
-		}
-		if (ckfs_source_init(&n->src, fd, path, n->name, err) != CKFS_OK) {
-			close(fd);
-			closedir(d);
-			return err->code;
-		}
+		f->n_nodes++;
 		if (ts_newer(st.st_mtim, f->mtime))
 			f->mtime = st.st_mtim;
 	}

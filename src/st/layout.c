@@ -277,9 +277,18 @@ enum ckfs_code ckfs_st_layout_build(const struct ckfs_model *m,
 	 * than the limit gets a shard of its own, appended at once; otherwise
 	 * the current shard closes when the tensor would overflow it. */
 	size_t n_shards = 0, current = SIZE_MAX;
-	uint64_t current_size = 0;
+	uint64_t current_size = 0, total = 0;
 	for (size_t i = 0; i < n; i++) {
 		uint64_t size = ckfs_tensor_out_bytes(&m->tensors[i]);
+		/* Each tensor is within the limit (plan.c); so must be the sum,
+		 * which bounds every file size, offset and the index total. */
+		if (__builtin_add_overflow(total, size, &total) ||
+		    total > CKFS_MAX_SERVED_BYTES) {
+			rc = ckfs_fail(err, CKFS_E_LIMIT, "the weights are more than "
+				       "the limit of %llu bytes",
+				       (unsigned long long)CKFS_MAX_SERVED_BYTES);
+			goto out;
+		}
 		if (max_shard_size == 0) {
 			shard_of[i] = 0;
 			n_shards = 1;

@@ -69,7 +69,7 @@ expect "truncated rank file" 1 "model_world_size_3_rank_2.pt" -- "$CKFS" export 
 # values ckfs cannot serve are refused naming the file and the key
 EDGE=$FIX/edge
 expect "non-tensor value" 1 "rank_0.pt': value of 'step' is not a supported tensor \(int\)" -- "$CKFS" inspect "$EDGE/refused_value_w1"
-expect "quantized tensor" 1 "value of 'qweight' is not a supported tensor \(call _rebuild_qtensor\)" -- "$CKFS" inspect "$EDGE/refused_quantized_w1"
+expect "quantized tensor" 1 "value of 'qweight' is not a supported tensor \(call torch._utils._rebuild_qtensor\)" -- "$CKFS" inspect "$EDGE/refused_quantized_w1"
 expect "Partial placement" 1 "rank_0.pt': tensor 'weight': Partial placement \(unreduced values\) is not supported" -- "$CKFS" export "$EDGE/refused_partial_w2" "$WORK/none"
 cp -r "$SAMPLE" "$WORK/legacy"
 cp "$FIX/zip/legacy.pt" "$WORK/legacy/model_world_size_3_rank_0.pt"

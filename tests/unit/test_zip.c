@@ -608,7 +608,7 @@ static const struct bad_case bad_cases[] = {
 	{ "eocd_truncated.zip", AT_OPEN, 0, CKFS_E_TRUNCATED,
 	  "zip end of central directory truncated" },
 	{ "eocd_missing.zip", AT_OPEN, 0, CKFS_E_TRUNCATED,
-	  "zip end of central directory not found" },
+	  "zip end of central directory not found; the file looks truncated (259 bytes)" },
 	{ "cd_truncated.zip", AT_OPEN, 0, CKFS_E_TRUNCATED,
 	  "zip central directory truncated" },
 	{ "cd_past_end.zip", AT_OPEN, 0, CKFS_E_TRUNCATED,

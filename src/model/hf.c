@@ -1,0 +1,167 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Folders that already hold Hugging Face safetensors weights: SRC,
+ * SRC/huggingface or SRC/model/huggingface (layout.c picks the first) with
+ * model.safetensors, or model.safetensors.index.json and its shards.
+ * They are served as they are, through the same plan as every other
+ * layout: each tensor is one chunk pointing at its bytes in its file, so
+ * --dtype conversions and --max-shard-size re-sharding work as usual.
+ *
+ * Headers are read and validated by the safetensors reader of src/st
+ * (ckfs_st_set_open: the reference loader's rules). Each weight file
+ * becomes a source (the reader's descriptor, duplicated, so the identity
+ * recorded is that of the file whose header was validated).
+ *
+ * Order: files by name (model-00001-of-N first), tensors in data order
+ * within each file. A single file is thus re-served byte for byte, since
+ * the writer's sort (dtype, then name) is the file's own order. No tie
+ * rule: the folder's tensors are exactly what it serves. config.json and
+ * side files come from the same folder (or --config).
+ */
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ckfs/st.h"
+#include "model/model_int.h"
+
+static enum ckfs_code nomem(struct ckfs_error *err)
+{
+	return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+}
+
+static int cmp_file_then_pos(const void *a, const void *b)
+{
+	const struct ckfs_st_entry *x = *(const struct ckfs_st_entry *const *)a;
+	const struct ckfs_st_entry *y = *(const struct ckfs_st_entry *const *)b;
+	int c = strcmp(x->file, y->file);
+
+	if (c)
+		return c;
+	return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* Source index for e's file, opening (duplicating) it on first use. */
+static enum ckfs_code source_of(struct ckfs_model *m, const struct ckfs_st_entry *e,
+				uint32_t *out, struct ckfs_error *err)
+{
+	/* Entries arrive grouped by file: the last source is the only
+	 * candidate. */
+	if (m->n_sources && strcmp(m->sources[m->n_sources - 1].path, e->file) == 0) {
+		*out = (uint32_t)(m->n_sources - 1);
+		return CKFS_OK;
+	}
+	size_t dl = strlen(m->src_dir);
+	const char *rel = strncmp(e->file, m->src_dir, dl) == 0 && e->file[dl] == '/'
+				  ? e->file + dl + 1 : e->file;
+	const char *path = ckfs_arena_strdup(&m->arena, e->file);
+	const char *name = ckfs_arena_strdup(&m->arena, rel);
+	if (!path || !name)
+		return nomem(err);
+	int fd = fcntl(e->fd, F_DUPFD_CLOEXEC, 0);
+	if (fd < 0)
+		return ckfs_fail_errno(err, "'%s': cannot keep open", path);
+	if (ckfs_model_check_path(m, path, fd, err) != CKFS_OK ||
+	    ckfs_source_init(&m->sources[m->n_sources], fd, path, name, err) != CKFS_OK) {
+		close(fd);
+		return err->code;
+	}
+	*out = (uint32_t)m->n_sources++;
+	return CKFS_OK;
+}
+
+static enum ckfs_code add_tensor(struct ckfs_model *m, const struct ckfs_st_entry *e,
+				 const struct ckfs_model_options *opt,
+				 struct ckfs_error *err)
+{
+	struct ckfs_tensor *t = &m->tensors[m->n_tensors];
+	struct ckfs_chunk_list list = { 0 };
+	struct ckfs_sd_entry se = { .kind = CKFS_ENTRY_TENSOR };
+	uint32_t src = 0;
+	enum ckfs_code rc;
+
+	CKFS_TRY(source_of(m, e, &src, err));
+	t->name = ckfs_arena_strdup(&m->arena, e->name);
+	if (!t->name)
+		return nomem(err);
+	t->stored_dtype = e->dtype;
+	t->out_dtype = opt->out_dtype == CKFS_DTYPE_INVALID ? e->dtype : opt->out_dtype;
+	t->ndim = e->ndim;
+	memcpy(t->shape, e->shape, sizeof(t->shape));
+	/* The reader checked end - begin == numel * element size. */
+	t->numel = 1;
+	for (int k = 0; k < t->ndim; k++)
+		t->numel *= (uint64_t)t->shape[k];
+	t->placement = "whole";
+
+	/* A row-major view of the file at begin: placement.c turns it into
+	 * a chunk (scalars, size-1 dims) as for a plain torch tensor. */
+	se.key = t->name;
+	se.local.dtype = e->dtype;
+	se.local.ndim = e->ndim;
+	memcpy(se.local.shape, e->shape, sizeof(se.local.shape));
+	int64_t stride = 1;
+	for (int k = e->ndim - 1; k >= 0; k--) {
+		se.local.stride[k] = stride;
+		stride *= e->shape[k] ? e->shape[k] : 1;
+	}
+	se.local.storage_pos = e->begin;
+	se.local.storage_bytes = e->end - e->begin;
+	rc = ckfs_entry_chunks(&se, NULL, src, 0, &list, err);
+	if (rc == CKFS_OK) {
+		t->chunks = ckfs_arena_calloc(&m->arena, list.n + 1, sizeof(*t->chunks));
+		if (!t->chunks)
+			rc = nomem(err);
+		else if (list.n)
+			memcpy(t->chunks, list.v, list.n * sizeof(*t->chunks));
+		t->n_chunks = (uint32_t)list.n;
+	}
+	free(list.v);
+	if (rc == CKFS_OK && (rc = ckfs_plan_validate_tensor(m, t, err)) != CKFS_OK)
+		ckfs_error_prefix(err, "'%s'", e->file);
+	if (rc == CKFS_OK)
+		m->n_tensors++;
+	return rc;
+}
+
+enum ckfs_code ckfs_hf_build(struct ckfs_model *m, const struct ckfs_model_options *opt,
+			     const char *dir, struct ckfs_error *err)
+{
+	struct ckfs_st_set set;
+	const struct ckfs_st_entry **order = NULL;
+	enum ckfs_code rc;
+
+	CKFS_TRY(ckfs_st_set_open(dir, &set, err));
+	if (set.n_entries == 0) {
+		rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': the safetensors weights hold "
+			       "no tensors", dir);
+		goto out;
+	}
+	if (set.n_entries > CKFS_MAX_TENSORS) {
+		rc = ckfs_fail(err, CKFS_E_LIMIT, "'%s': %zu tensors (limit %u)", dir,
+			       set.n_entries, CKFS_MAX_TENSORS);
+		goto out;
+	}
+	order = calloc(set.n_entries, sizeof(*order));
+	m->tensors = ckfs_arena_calloc(&m->arena, set.n_entries, sizeof(*m->tensors));
+	m->sources = ckfs_arena_calloc(&m->arena, set.n_fds + 1, sizeof(*m->sources));
+	if (!order || !m->tensors || !m->sources) {
+		rc = nomem(err);
+		goto out;
+	}
+	for (size_t i = 0; i < set.n_entries; i++)
+		order[i] = &set.entries[i];
+	qsort(order, set.n_entries, sizeof(*order), cmp_file_then_pos);
+	rc = CKFS_OK;
+	for (size_t i = 0; i < set.n_entries && rc == CKFS_OK; i++)
+		rc = add_tensor(m, order[i], opt, err);
+	if (rc == CKFS_OK)
+		rc = ckfs_model_load_config_from(m, dir, opt->config_path, err);
+	if (rc == CKFS_OK)
+		m->world_size = 1;
+out:
+	free(order);
+	ckfs_st_set_release(&set);
+	return rc;
+}

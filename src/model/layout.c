@@ -1,0 +1,213 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Which layout a checkpoint folder has, and the model's lifetime
+ * (ckfs_model_open / ckfs_model_free). Detection looks at names only, in
+ * this order, and the first match decides:
+ *
+ *   1. verl FSDP rank files: SRC/model_world_size_<W>_rank_<R>.pt (fsdp.c);
+ *   2. torch.distributed.checkpoint: SRC/.metadata (dcp.c);
+ *   3. Hugging Face weights: model.safetensors or
+ *      model.safetensors.index.json in SRC, SRC/huggingface or
+ *      SRC/model/huggingface (hf.c).
+ *
+ * So a verl folder that also saved HF weights (save_contents "hf_model")
+ * is still read from its rank files. A folder with none of these is an
+ * error listing what was looked for.
+ */
+#include <ctype.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/model_int.h"
+
+static enum ckfs_code nomem(struct ckfs_error *err)
+{
+	return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+}
+
+static int all_digits(const char *s, size_t n)
+{
+	if (n == 0)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if (!isdigit((unsigned char)s[i]))
+			return 0;
+	return 1;
+}
+
+/* "model_world_size_<digits>_rank_<digits>.pt", as fsdp.c reads them. */
+static int is_rank_file(const char *name)
+{
+	static const char p1[] = "model_world_size_", p2[] = "_rank_", sfx[] = ".pt";
+	size_t n = strlen(name);
+
+	if (strncmp(name, p1, sizeof(p1) - 1) != 0 || n < sizeof(p1) + sizeof(sfx) ||
+	    strcmp(name + n - (sizeof(sfx) - 1), sfx) != 0)
+		return 0;
+	const char *w = name + sizeof(p1) - 1;
+	const char *mid = strstr(w, p2);
+	if (!mid)
+		return 0;
+	const char *r = mid + sizeof(p2) - 1;
+	const char *end = name + n - (sizeof(sfx) - 1);
+	return r <= end && all_digits(w, (size_t)(mid - w)) &&
+	       all_digits(r, (size_t)(end - r));
+}
+
+static int has_rank_files(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	int found = 0;
+
+	if (!d)
+		return 0;
+	while (!found && (de = readdir(d)))
+		found = is_rank_file(de->d_name);
+	closedir(d);
+	return found;
+}
+
+/* The first of SRC, SRC/huggingface, SRC/model/huggingface holding
+ * safetensors weights, as an arena string; NULL when none does. */
+static const char *find_hf_weights(struct ckfs_model *m, int *oom)
+{
+	static const char *const subdirs[] = { "", "/huggingface", "/model/huggingface" };
+
+	*oom = 0;
+	for (size_t i = 0; i < sizeof(subdirs) / sizeof(subdirs[0]); i++) {
+		char path[4096];
+		if ((size_t)snprintf(path, sizeof(path), "%s%s/model.safetensors",
+				     m->src_dir, subdirs[i]) >= sizeof(path))
+			continue;
+		int single = ckfs_path_exists(path);
+		snprintf(path, sizeof(path), "%s%s/model.safetensors.index.json",
+			 m->src_dir, subdirs[i]);
+		if (single || ckfs_path_exists(path)) {
+			char *dir = ckfs_arena_printf(&m->arena, "%s%s", m->src_dir,
+						      subdirs[i]);
+			*oom = !dir;
+			return dir;
+		}
+	}
+	return NULL;
+}
+
+static enum ckfs_code explain_unknown(const struct ckfs_model *m, const char *src,
+				      struct ckfs_error *err)
+{
+	char path[4096];
+
+	snprintf(path, sizeof(path), "%s/dist_ckpt", m->src_dir);
+	if (ckfs_path_exists(path))
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+				 "'%s': Megatron checkpoints are not supported yet",
+				 src);
+	snprintf(path, sizeof(path), "%s/actor", m->src_dir);
+	if (ckfs_path_is_dir(path))
+		return ckfs_fail(err, CKFS_E_NOTFOUND,
+				 "'%s': no model_world_size_*_rank_*.pt files; "
+				 "did you mean '%s/actor'?", src, src);
+	return ckfs_fail(err, CKFS_E_NOTFOUND,
+			 "'%s': not a verl FSDP checkpoint (no "
+			 "model_world_size_*_rank_*.pt files), nor a "
+			 "torch.distributed.checkpoint folder (no .metadata), nor "
+			 "Hugging Face weights (no model.safetensors or "
+			 "model.safetensors.index.json in it, huggingface/ or "
+			 "model/huggingface/)", src);
+}
+
+static enum ckfs_code dispatch(struct ckfs_model *m, const char *src,
+			       const struct ckfs_model_options *opt,
+			       struct ckfs_error *err)
+{
+	char path[4096];
+	int oom;
+
+	if (has_rank_files(m->src_dir)) {
+		m->layout = "verl-fsdp";
+		return ckfs_fsdp_build(m, opt, err);
+	}
+	snprintf(path, sizeof(path), "%s/.metadata", m->src_dir);
+	if (ckfs_path_exists(path)) {
+		m->layout = "dcp";
+		return ckfs_dcp_build(m, opt, err);
+	}
+	const char *hf = find_hf_weights(m, &oom);
+	if (oom)
+		return nomem(err);
+	if (hf) {
+		m->layout = "hf";
+		return ckfs_hf_build(m, opt, hf, err);
+	}
+	return explain_unknown(m, src, err);
+}
+
+enum ckfs_code ckfs_model_open(const char *src, const struct ckfs_model_options *opt,
+			       struct ckfs_model **out, struct ckfs_error *err)
+{
+	struct ckfs_model *m = calloc(1, sizeof(*m));
+	enum ckfs_code rc;
+
+	if (!m)
+		return nomem(err);
+	ckfs_arena_init(&m->arena);
+	m->layout = "unknown";
+	m->follow_symlinks = opt->follow_symlinks;
+	if (!ckfs_path_is_dir(src)) {
+		rc = ckfs_path_exists(src) ? ckfs_fail(err, CKFS_E_INVALID, "'%s': not a folder", src)
+				 : ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found", src);
+		goto fail;
+	}
+	/* Absolute paths: a daemon changes its working directory, and source
+	 * checks stat the paths again later. */
+	char *abs = realpath(src, NULL);
+	m->src_dir = abs ? ckfs_arena_strdup(&m->arena, abs) : NULL;
+	free(abs);
+	if (!m->src_dir) {
+		rc = abs ? nomem(err) : ckfs_fail_errno(err, "'%s': cannot resolve", src);
+		goto fail;
+	}
+	if ((rc = dispatch(m, src, opt, err)) != CKFS_OK)
+		goto fail;
+	*out = m;
+	return CKFS_OK;
+fail:
+	ckfs_model_free(m);
+	return rc;
+}
+
+void ckfs_model_free(struct ckfs_model *m)
+{
+	if (!m)
+		return;
+	for (size_t i = 0; i < m->n_sources; i++)
+		close(m->sources[i].fd);
+	ckfs_arena_release(&m->arena);
+	free(m);
+}
+
+enum ckfs_code ckfs_model_drop_tied(struct ckfs_model *m, struct ckfs_error *err)
+{
+	size_t head = SIZE_MAX;
+	int has_embed = 0;
+
+	if (!m->tie_word_embeddings)
+		return CKFS_OK;
+	for (size_t i = 0; i < m->n_tensors; i++) {
+		if (strcmp(m->tensors[i].name, "model.embed_tokens.weight") == 0)
+			has_embed = 1;
+		else if (strcmp(m->tensors[i].name, "lm_head.weight") == 0)
+			head = i;
+	}
+	if (!has_embed || head == SIZE_MAX)
+		return CKFS_OK;
+	memmove(&m->tensors[head], &m->tensors[head + 1],
+		(m->n_tensors - head - 1) * sizeof(*m->tensors));
+	m->n_tensors--;
+	return ckfs_model_warn(m, err, "lm_head.weight dropped: tied to "
+			       "model.embed_tokens.weight (tie_word_embeddings)");
+}

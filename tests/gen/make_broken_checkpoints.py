@@ -1,0 +1,422 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Write tests/corpus/checkpoints/: whole checkpoints that are broken in one way.
+
+Each case is a verl FSDP actor folder (model_world_size_W_rank_R.pt,
+fsdp_config.json, huggingface/config.json) that ckfs must refuse with one
+exact code and message, asserted in tests/unit/test_corpus.c. Cases are
+named <category>_<what>:
+
+    zip_*    the rank file's zip container: truncated at each structure
+             boundary, offsets and counts that lie, zip64 lies, deflate bombs
+    pkl_*    data.pkl: memo index out of range, truncation, a forbidden
+             global, deep nesting, huge declared lengths, storage ids that
+             disagree with their records, placements and meshes that lie
+    model_*  real torch files that disagree with each other: shapes, dtypes,
+             keys, world sizes, meshes, ranks, overlapping shards
+    cfg_*    fsdp_config.json and huggingface/config.json
+    fs_*     the folder itself: zero-byte and directory rank files, symlink
+             loops, symlinks leading outside the checkpoint
+    ok_*     valid controls (the unbroken base, symlinks that stay inside)
+
+Everything starts from real bytes: the base checkpoint and every
+"wrong but real" variant are written by torch.save of DTensors on a gloo
+process group (2 ranks, 1-D mesh "fsdp", Shard(0)), exactly the objects
+FSDP2 saves; the broken cases then change as few bytes as possible (in
+place where the length allows, else by re-zipping the records with
+Python's zipfile). _outside/ holds files the fs_symlink_* cases point at:
+it is outside each case's checkpoint folder.
+
+    .venv/bin/python tests/gen/make_broken_checkpoints.py   # ~20 s
+
+Outputs are committed, so the C tests never need Python. Storage contents
+are seeded; torch writes a random serialization id, so re-running changes
+those 40 bytes of every rank file and nothing else the tests assert.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import zipfile
+import zlib
+
+os.environ.setdefault("USE_LIBUV", "0")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OUT = os.path.join(ROOT, "tests", "corpus", "checkpoints")
+CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "float32",
+          "tie_word_embeddings": False}
+R0 = "model_world_size_2_rank_0.pt"
+R1 = "model_world_size_2_rank_1.pt"
+
+# ---------------------------------------------------------------------------
+# Real torch files
+
+
+def make_state_dict(variant: str, rank: int, world: int, mesh) -> dict:
+    """What one rank saves: DTensors sharded Shard(0) over the mesh, built
+    with DTensor.from_local so a rank can be made to disagree."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    g = torch.Generator().manual_seed(3)
+    emb = torch.randn(10 if variant == "wide" else 8, 4, generator=g)
+    norm = torch.randn(4, generator=g)
+    dtype = torch.bfloat16 if variant == "bf16" else torch.float32
+    full = {"model.embed_tokens.weight": emb.to(dtype), "model.norm.weight": norm.to(dtype)}
+    if variant == "nonutf8":  # pickle writes str as UTF-8 with surrogatepass
+        full = {"model.embed_tokens.w\udcffeight": full["model.embed_tokens.weight"],
+                "model.norm.weight": full["model.norm.weight"]}
+    if variant == "extra_key" and rank == 1:
+        full["model.extra.weight"] = torch.randn(6, 4, generator=g)
+    if variant == "renamed_key" and rank == 1:
+        full["model.norm.bias"] = full.pop("model.norm.weight")
+    sd = {}
+    for k, v in full.items():
+        local = v.chunk(world, 0)[rank].clone()
+        if variant == "bad_local" and rank == 1 and k == "model.embed_tokens.weight":
+            local = v[4:7].clone()  # 3 rows where Shard(0) of 8 rows gives 4
+        sd[k] = DTensor.from_local(local, mesh, [Shard(0)], run_check=False,
+                                   shape=v.shape, stride=v.stride())
+    return sd
+
+
+def _worker(rank: int, world: int, port: int, variants: list, out: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+    for variant in variants:
+        os.makedirs(os.path.join(out, variant), exist_ok=True)
+        sd = make_state_dict(variant, rank, world, mesh)
+        torch.save(sd, os.path.join(out, variant, f"model_world_size_{world}_rank_{rank}.pt"))
+    # FSDP1-style ShardedTensor: rows [4r, 4r + 4) of an 8x4 tensor.
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharded_tensor import Shard as STShard
+    from torch.distributed._shard.sharded_tensor import init_from_local_shards
+
+    full = torch.arange(32, dtype=torch.float32).reshape(8, 4)
+    md = ShardMetadata(shard_offsets=[4 * rank, 0], shard_sizes=[4, 4], placement=f"rank:{rank}/cpu")
+    st = init_from_local_shards([STShard(full[4 * rank:4 * rank + 4].clone(), md)], [8, 4])
+    os.makedirs(os.path.join(out, "sharded"), exist_ok=True)
+    torch.save({"model.embed_tokens.weight": st},
+               os.path.join(out, "sharded", f"model_world_size_{world}_rank_{rank}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def real_files() -> dict:
+    """variant -> [rank 0 bytes, rank 1 bytes], plus world-size-1 files."""
+    variants = ["base", "wide", "bf16", "extra_key", "renamed_key", "bad_local", "nonutf8"]
+    tmp = tempfile.mkdtemp(prefix="ckfs-broken-")
+    try:
+        mp.spawn(_worker, args=(2, 29631, variants, tmp), nprocs=2, join=True)
+        files = {}
+        for v in variants + ["sharded"]:
+            files[v] = [open(os.path.join(tmp, v, f"model_world_size_2_rank_{r}.pt"), "rb").read()
+                        for r in range(2)]
+        # Rank 1 of the base, written by the pre-1.6 (non-zip) serializer.
+        sd = torch.load(io.BytesIO(files["base"][1]), weights_only=False)
+        buf = io.BytesIO()
+        torch.save(sd, buf, _use_new_zipfile_serialization=False)
+        files["legacy"] = buf.getvalue()
+
+        def save1(obj):
+            b = io.BytesIO()
+            torch.save(obj, b)
+            return b.getvalue()
+
+        files["w1_empty"] = save1({})
+        files["w1_list"] = save1([torch.ones(2)])
+        # A real tensor of 2^62 float32 elements (2^64 bytes): one stored
+        # element expanded (stride 0) to 2^31 x 2^31.
+        files["w1_overflow"] = save1({"model.big.weight": torch.ones(1).expand(2 ** 31, 2 ** 31)})
+        return files
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------
+# Zip surgery on real files
+
+
+def layout(b: bytes) -> dict:
+    """Offsets of every structure of a zip: EOCD, zip64 records, central
+    directory entries and where each record's local header and data are."""
+    eocd = b.rfind(b"PK\x05\x06")
+    loc = eocd - 20 if eocd >= 20 and b[eocd - 20:eocd - 16] == b"PK\x06\x07" else None
+    z64 = struct.unpack_from("<Q", b, loc + 8)[0] if loc is not None else None
+    count, cd_size, cd_off = struct.unpack_from("<HII", b, eocd + 10)
+    if z64 is not None:
+        count, cd_size, cd_off = struct.unpack_from("<QQQ", b, z64 + 32)
+    entries, p = {}, cd_off
+    for _ in range(count):
+        assert b[p:p + 4] == b"PK\x01\x02"
+        nlen, xlen, clen = struct.unpack_from("<HHH", b, p + 28)
+        csize, usize = struct.unpack_from("<II", b, p + 20)
+        lho = struct.unpack_from("<I", b, p + 42)[0]
+        name = b[p + 46:p + 46 + nlen].decode()
+        lnlen, lxlen = struct.unpack_from("<HH", b, lho + 26)
+        short = name.split("/", 1)[1]
+        entries[short] = dict(name=name, cd=p, lho=lho, data=lho + 30 + lnlen + lxlen,
+                              size=usize, csize=csize)
+        p += 46 + nlen + xlen + clen
+    return dict(eocd=eocd, loc=loc, z64=z64, cd_off=cd_off, cd_size=cd_size, count=count,
+                entries=entries)
+
+
+def patch(b: bytes, off: int, new: bytes) -> bytes:
+    return b[:off] + new + b[off + len(new):]
+
+
+def put(b: bytes, off: int, fmt: str, *vals) -> bytes:
+    return patch(b, off, struct.pack(fmt, *vals))
+
+
+def rezip(b: bytes, replace: dict | None = None, deflate: tuple = ()) -> bytes:
+    """The same records in the same order through Python's zipfile, with
+    some contents replaced and some records deflated."""
+    replace = replace or {}
+    src = zipfile.ZipFile(io.BytesIO(b))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as dst:
+        for info in src.infolist():
+            short = info.filename.split("/", 1)[1]
+            data = replace.get(short, src.read(info.filename))
+            method = zipfile.ZIP_DEFLATED if short in deflate else zipfile.ZIP_STORED
+            dst.writestr(zipfile.ZipInfo(info.filename, date_time=(2025, 1, 1, 0, 0, 0)), data,
+                         compress_type=method)
+    return out.getvalue()
+
+
+def pickle_of(b: bytes) -> bytes:
+    z = zipfile.ZipFile(io.BytesIO(b))
+    return z.read([n for n in z.namelist() if n.endswith("/data.pkl")][0])
+
+
+def pkl_patch(b: bytes, old: bytes, new: bytes, nth: int = 0) -> bytes:
+    """Replace the nth occurrence of old in data.pkl; in place when the
+    length is unchanged (the zip keeps torch's exact framing), else by
+    re-zipping."""
+    pkl = pickle_of(b)
+    at = -1
+    for _ in range(nth + 1):
+        at = pkl.find(old, at + 1)
+        assert at >= 0, (old, nth)
+    new_pkl = pkl[:at] + new + pkl[at + len(old):]
+    if len(new) == len(old):
+        return patch(b, layout(b)["entries"]["data.pkl"]["data"] + at, new)
+    return rezip(b, {"data.pkl": new_pkl})
+
+
+# ---------------------------------------------------------------------------
+# Case folders
+
+
+def case(name: str, ranks: dict, fsdp_config=None, config=None, world: int = 2) -> str:
+    """Write a case: ranks maps file names to bytes (or to a callable that
+    makes the entry itself); fsdp_config/config are text, a dict, or False
+    for none."""
+    path = os.path.join(OUT, name)
+    os.makedirs(os.path.join(path, "huggingface"))
+    if fsdp_config is not False:
+        text = fsdp_config if isinstance(fsdp_config, str) else json.dumps(
+            fsdp_config or {"FSDP_version": 2, "world_size": world}, indent=4)
+        with open(os.path.join(path, "fsdp_config.json"), "w") as f:
+            f.write(text)
+    if config is not False:
+        text = config if isinstance(config, str) else json.dumps(config or CONFIG, indent=2)
+        with open(os.path.join(path, "huggingface", "config.json"), "w") as f:
+            f.write(text)
+    for fname, data in ranks.items():
+        if callable(data):
+            data(os.path.join(path, fname))
+        else:
+            with open(os.path.join(path, fname), "wb") as f:
+                f.write(data)
+    return path
+
+
+def symlink(target: str):
+    return lambda p: os.symlink(target, p)
+
+
+def main() -> None:
+    files = real_files()
+    r0, r1 = files["base"]
+    L = layout(r1)
+    E = L["entries"]
+    shutil.rmtree(OUT, ignore_errors=True)
+    os.makedirs(OUT)
+
+    def broken(name, data, rank=1):
+        case(name, {R0: data if rank == 0 else r0, R1: data if rank == 1 else r1})
+
+    case("ok_base", {R0: r0, R1: r1})
+
+    # ---- zip container ----
+    broken("zip_empty_file", b"")
+    broken("zip_not_a_zip", b"this is not a torch checkpoint\n")
+    broken("zip_legacy_torch", files["legacy"])
+    broken("zip_trunc_local_header", r1[:20])
+    broken("zip_trunc_data_pkl", r1[:E["data.pkl"]["data"] + 100])
+    broken("zip_trunc_storage", r1[:E["data/0"]["data"] + 10])
+    broken("zip_trunc_central_dir", r1[:L["cd_off"] + 50])
+    broken("zip_trunc_zip64_eocd", r1[:L["z64"] + 20])
+    broken("zip_trunc_zip64_locator", r1[:L["loc"] + 10])
+    broken("zip_trunc_eocd", r1[:L["eocd"] + 10])
+    # The central directory offset moved, in the end record and the zip64 one.
+    moved = put(put(r1, L["eocd"] + 16, "<I", L["cd_off"] - 8), L["z64"] + 48, "<Q", L["cd_off"] - 8)
+    broken("zip_cd_offset_shifted", moved)
+    past = put(put(r1, L["eocd"] + 16, "<I", 0xFFFFFFFF), L["z64"] + 48, "<Q", 1 << 40)
+    broken("zip_cd_offset_past_end", past)
+    broken("zip_cd_bad_signature", patch(r1, E["data/1"]["cd"], b"PK\x01\x03"))
+    broken("zip_local_offset_shifted", put(r1, E["data/0"]["cd"] + 42, "<I", E["data/0"]["lho"] + 1))
+    broken("zip_local_offset_in_cd", put(r1, E["data/0"]["cd"] + 42, "<I", L["cd_off"] + 4))
+    broken("zip_local_name_differs", patch(r1, E["data/0"]["lho"] + 30 + len(E["data/0"]["name"]) - 1, b"7"))
+    big = put(r1, E["data/0"]["cd"] + 20, "<II", 1 << 20, 1 << 20)
+    broken("zip_record_past_end", big)
+    grown = put(r1, E["data/1"]["cd"] + 20, "<II", E["data/1"]["size"] + 100, E["data/1"]["size"] + 100)
+    broken("zip_records_overlap", grown)
+    dup = E["data/2"]
+    d = patch(r1, dup["cd"] + 46 + len(dup["name"]) - 1, b"1")
+    d = patch(d, dup["lho"] + 30 + len(dup["name"]) - 1, b"1")
+    broken("zip_duplicate_name", d)
+    broken("zip_no_data_pkl", patch(patch(r1, E["data.pkl"]["cd"] + 46 + len(E["data.pkl"]["name"]) - 1, b"x"),
+                                    E["data.pkl"]["lho"] + 30 + len(E["data.pkl"]["name"]) - 1, b"x"))
+    gone = E["data/0"]
+    g = patch(r1, gone["cd"] + 46 + len(gone["name"]) - 1, b"9")
+    g = patch(g, gone["lho"] + 30 + len(gone["name"]) - 1, b"9")
+    broken("zip_storage_missing", g)
+    m = put(put(r1, E["data/0"]["cd"] + 10, "<H", 14), E["data/0"]["lho"] + 8, "<H", 14)
+    broken("zip_method_lzma", m)
+    broken("zip_encrypted", put(r1, E["data/0"]["cd"] + 8, "<H", 1))
+    broken("zip_multi_disk", put(r1, L["eocd"] + 4, "<H", 1))
+    # zip64 lies: the classic record saturated, the zip64 one lying.
+    sat = put(r1, L["eocd"] + 8, "<HH", 0xFFFF, 0xFFFF)
+    broken("zip64_count_lie", put(sat, L["z64"] + 24, "<QQ", 1000, 1000))
+    broken("zip64_count_huge", put(sat, L["z64"] + 24, "<QQ", 1 << 40, 1 << 40))
+    broken("zip64_disagree", put(r1, L["z64"] + 24, "<QQ", L["count"] + 1, L["count"] + 1))
+    broken("zip64_cd_size_huge", put(put(r1, L["eocd"] + 12, "<I", 0xFFFFFFFF), L["z64"] + 40, "<Q", 1 << 40))
+    broken("zip64_locator_past_end", put(r1, L["loc"] + 8, "<Q", 1 << 40))
+    broken("zip64_bad_signature", patch(r1, L["z64"], b"PK\x06\x07"))
+    # Deflate: a record declaring 3 GiB, a bomb lying about its size, a corrupt stream.
+    defl = rezip(r1, deflate=("data.pkl",))
+    D = layout(defl)["entries"]["data.pkl"]
+    broken("zip_deflate_huge_size", put(defl, D["cd"] + 24, "<I", 3 << 30))
+    bomb = rezip(r1, {"data.pkl": pickle_of(r1) + bytes(8 << 20)}, deflate=("data.pkl",))
+    B = layout(bomb)["entries"]["data.pkl"]
+    broken("zip_deflate_bomb", put(bomb, B["cd"] + 24, "<I", len(pickle_of(r1))))
+    broken("zip_deflate_corrupt", patch(defl, D["data"] + 40, bytes(b ^ 0xFF for b in defl[D["data"] + 40:D["data"] + 48])))
+    broken("zip_storage_deflated", rezip(r1, deflate=("data/0",)))
+    broken("zip_big_endian", rezip(r1, {"byteorder": b"big"}))
+
+    # ---- data.pkl ----
+    # BINGET 27 (collections.OrderedDict) -> 250: past every memo slot.
+    broken("pkl_memo_out_of_range", pkl_patch(r1, b"h\x1b)R", b"h\xfa)R"))
+    pkl = pickle_of(r1)
+    broken("pkl_truncated", rezip(r1, {"data.pkl": pkl[:600]}))
+    broken("pkl_forbidden_global", pkl_patch(r1, b"ctorch._utils\n_rebuild_tensor_v2\n", b"cos\nsystem\n"))
+    nest = b"\x80\x02}X\x01\x00\x00\x00w" + b"]" * 100000 + b"a" * 99999 + b"s."
+    broken("pkl_deep_nesting", rezip(r1, {"data.pkl": nest}))
+    # BINUNICODE '_local_tensor' declaring 2^31 - 1 bytes.
+    broken("pkl_huge_string", pkl_patch(r1, b"X\x0d\x00\x00\x00_local_tensor", b"X\xff\xff\xff\x7f_local_tensor"))
+    # The first storage id's numel (16 floats) made smaller and larger.
+    broken("pkl_storage_smaller_than_view", pkl_patch(r1, b"K\x10t", b"K\x08t"))
+    broken("pkl_storage_larger_than_record", pkl_patch(r1, b"K\x10t", b"K\xc8t"))
+    # Shard(dim=0) -> Shard(dim=5) for a 2-d tensor.
+    at = pkl.find(b"X\x03\x00\x00\x00dimq") + 10  # BINUNICODE 'dim', BINPUT n, BININT1 0
+    assert pkl[at:at + 2] == b"K\x00"
+    broken("pkl_shard_dim_out_of_range", pkl_patch(r1, pkl[at - 10:at + 2], pkl[at - 10:at] + b"K\x05"))
+    broken("pkl_not_a_dict", files["w1_list"])
+
+    # ---- real torch files that disagree ----
+    case("model_shape_mismatch", {R0: r0, R1: files["wide"][1]})
+    case("model_dtype_mismatch", {R0: r0, R1: files["bf16"][1]})
+    case("model_extra_key", {R0: files["extra_key"][0], R1: files["extra_key"][1]})
+    case("model_renamed_key", {R0: files["renamed_key"][0], R1: files["renamed_key"][1]})
+    case("model_bad_local_shape", {R0: files["bad_local"][0], R1: files["bad_local"][1]})
+    case("model_non_utf8_key", {R0: files["nonutf8"][0], R1: files["nonutf8"][1]})
+    case("model_missing_rank", {R0: r0})
+    case("model_world_size_disagree", {R0: r0, R1: r1}, fsdp_config={"FSDP_version": 2, "world_size": 4})
+    case("model_mesh_size_mismatch", {f"model_world_size_3_rank_{r}.pt": d for r, d in enumerate([r0, r1, r1])},
+         world=3)
+    case("model_rank_copy", {R0: r0, R1: r0})
+    case("model_ranks_swapped", {R0: r1, R1: r0})
+    case("model_sharded_overlap", {R0: files["sharded"][0], R1: files["sharded"][0]})
+    case("model_rank_out_of_range", {R0: r0, R1: r1, "model_world_size_2_rank_5.pt": r1})
+    case("model_mixed_world_sizes", {R0: r0, R1: r1, "model_world_size_4_rank_0.pt": r0}, fsdp_config=False)
+    # Rank 0's device mesh names rank 7 (the IntStorage holding [0, 1]).
+    mesh_rec = layout(r0)["entries"]["data/1"]
+    case("model_mesh_rank_out_of_range", {R0: put(r0, mesh_rec["data"] + 4, "<i", 7), R1: r1})
+    case("model_empty_state_dict", {"model_world_size_1_rank_0.pt": files["w1_empty"]}, world=1)
+    case("model_shape_overflow", {"model_world_size_1_rank_0.pt": files["w1_overflow"]}, world=1)
+
+    # ---- config files ----
+    case("cfg_fsdp_malformed", {R0: r0, R1: r1}, fsdp_config='{\n    "FSDP_version": 2,\n    "world_size": 2,\n')
+    case("cfg_fsdp_not_object", {R0: r0, R1: r1}, fsdp_config="[2]\n")
+    case("cfg_fsdp_world_size_zero", {R0: r0, R1: r1}, fsdp_config={"FSDP_version": 2, "world_size": 0})
+    case("cfg_fsdp_world_size_huge", {R0: r0, R1: r1}, fsdp_config={"FSDP_version": 2, "world_size": 10 ** 12})
+    case("cfg_fsdp_world_size_string", {R0: r0, R1: r1}, fsdp_config={"FSDP_version": 2, "world_size": "2"})
+    case("cfg_fsdp_world_size_fraction", {R0: r0, R1: r1}, fsdp_config={"FSDP_version": 2, "world_size": 2.5})
+    case("cfg_hf_config_malformed", {R0: r0, R1: r1}, config='{"model_type": "llama", "torch_dtype": }\n')
+    case("cfg_hf_config_not_object", {R0: r0, R1: r1}, config='"llama"\n')
+    case("cfg_hf_config_missing", {R0: r0, R1: r1}, config=False)
+
+    # ---- the folder ----
+    case("fs_zero_byte_rank", {R0: r0, R1: b""})
+    case("fs_rank_is_directory", {R0: r0, R1: lambda p: (os.mkdir(p), open(os.path.join(p, "keep"), "w").close())})
+    case("fs_symlink_loop", {R0: r0, R1: symlink(R1)})
+    case("fs_fsdp_config_is_directory", {R0: r0, R1: r1},
+         fsdp_config=False)
+    os.mkdir(os.path.join(OUT, "fs_fsdp_config_is_directory", "fsdp_config.json"))
+    open(os.path.join(OUT, "fs_fsdp_config_is_directory", "fsdp_config.json", "keep"), "w").close()
+    # Symlinks leading outside the checkpoint (into ../_outside/), refused
+    # unless follow_symlinks; the same files reached by links that stay
+    # inside are fine.
+    out = os.path.join(OUT, "_outside")
+    os.makedirs(os.path.join(out, "huggingface"))
+    with open(os.path.join(out, R1), "wb") as f:
+        f.write(r1)
+    with open(os.path.join(out, "fsdp_config.json"), "w") as f:
+        json.dump({"FSDP_version": 2, "world_size": 2}, f, indent=4)
+    with open(os.path.join(out, "huggingface", "config.json"), "w") as f:
+        json.dump(CONFIG, f, indent=2)
+    with open(os.path.join(out, "huggingface", "tokenizer.json"), "w") as f:
+        f.write('{"outside": true}\n')
+    case("fs_symlink_outside_rank", {R0: r0, R1: symlink("../_outside/" + R1)})
+    case("fs_symlink_outside_fsdp_config", {R0: r0, R1: r1}, fsdp_config=False)
+    os.symlink("../_outside/fsdp_config.json", os.path.join(OUT, "fs_symlink_outside_fsdp_config", "fsdp_config.json"))
+    p = case("fs_symlink_outside_huggingface", {R0: r0, R1: r1}, config=False)
+    os.rmdir(os.path.join(p, "huggingface"))
+    os.symlink("../_outside/huggingface", os.path.join(p, "huggingface"))
+    p = case("fs_symlink_outside_side_file", {R0: r0, R1: r1})
+    os.symlink("../../_outside/huggingface/tokenizer.json", os.path.join(p, "huggingface", "tokenizer.json"))
+    p = case("fs_symlink_absolute_side_file", {R0: r0, R1: r1})
+    os.symlink("/etc/passwd", os.path.join(p, "huggingface", "tokenizer.json"))
+    p = case("fs_dangling_side_file", {R0: r0, R1: r1})
+    os.symlink("missing.json", os.path.join(p, "huggingface", "tokenizer.json"))
+    p = case("ok_symlinks_inside", {R0: r0, R1: symlink("shards/" + R1)})
+    os.makedirs(os.path.join(p, "shards"))
+    with open(os.path.join(p, "shards", R1), "wb") as f:
+        f.write(r1)
+    with open(os.path.join(p, "tokenizer.json"), "w") as f:
+        f.write('{"inside": true}\n')
+    os.symlink("../tokenizer.json", os.path.join(p, "huggingface", "tokenizer.json"))
+
+    n = len([d for d in os.listdir(OUT) if not d.startswith("_")])
+    print(f"{n} cases in {os.path.relpath(OUT, ROOT)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
