@@ -75,12 +75,17 @@ struct ckfs_model_options {
 struct ckfs_model {
 	struct ckfs_arena arena;
 	const char *src_dir;
-	const char *layout;             /* "verl-fsdp", "dcp" or "hf" */
+	const char *layout;             /* "verl-fsdp", "dcp", "megatron" or "hf" */
 	int world_size;
 	int fsdp_version;               /* 1 or 2; 0 when not recorded */
 	int mesh_ndim;
 	int64_t mesh_shape[CKFS_MAX_DIMS];
 	const char *mesh_dim_names[CKFS_MAX_DIMS];
+	/* megatron only: tensor/pipeline/virtual-pipeline sizes, and the
+	 * decoder layers of each (vpp, pp) chunk in global order
+	 * (stage_layers[v * pp + p]). */
+	int tp_size, pp_size, vpp_size;
+	int *stage_layers;
 	size_t n_ranks_read;
 	int *ranks_read;
 	struct ckfs_source *sources;

@@ -95,6 +95,12 @@ struct ckfs_torch_file {
 	struct ckfs_pv *root;
 	struct ckfs_sd_entry *entries;
 	size_t n_entries;
+	/* ckfs_torch_open_list only: entries of list item p are
+	 * [part_end[p-1], part_end[p]) (0 for p = 0); n_parts items;
+	 * n_skipped entries left out by skip_suffix. */
+	size_t *part_end;
+	size_t n_parts;
+	size_t n_skipped;
 };
 
 /*
@@ -106,6 +112,17 @@ enum ckfs_code ckfs_torch_open(struct ckfs_torch_file *tf, int fd,
 			       const char *label,
 			       struct ckfs_error *err) CKFS_WARN_UNUSED;
 void ckfs_torch_close(struct ckfs_torch_file *tf);
+
+/*
+ * The same for a file whose data.pkl is a Python LIST of state dicts (the
+ * legacy Megatron model.pt: one state dict per virtual-pipeline chunk).
+ * Entries of all items are flattened in order, tf->part_end delimits them.
+ * Keys ending in skip_suffix (e.g. "_extra_state"; NULL for none) are not
+ * decoded and are counted in tf->n_skipped.
+ */
+enum ckfs_code ckfs_torch_open_list(struct ckfs_torch_file *tf, int fd,
+				    const char *label, const char *skip_suffix,
+				    struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /*
  * One torch.save zip embedded at [base, base + length) of fd (a DCP

@@ -37,6 +37,15 @@ static int print_json(const struct ckfs_model *m, const struct ckfs_folder *f)
 	cJSON_AddNumberToObject(root, "world_size", m->world_size);
 	if (m->fsdp_version)
 		cJSON_AddNumberToObject(root, "fsdp_version", m->fsdp_version);
+	if (m->tp_size) {
+		cJSON *mg = cJSON_AddObjectToObject(root, "megatron");
+		cJSON_AddNumberToObject(mg, "tp", m->tp_size);
+		cJSON_AddNumberToObject(mg, "pp", m->pp_size);
+		cJSON_AddNumberToObject(mg, "vpp", m->vpp_size);
+		arr = cJSON_AddArrayToObject(mg, "stage_layers");
+		for (int i = 0; i < m->pp_size * m->vpp_size; i++)
+			cJSON_AddItemToArray(arr, cJSON_CreateNumber(m->stage_layers[i]));
+	}
 	mesh = cJSON_AddObjectToObject(root, "mesh");
 	arr = cJSON_AddArrayToObject(mesh, "shape");
 	for (int i = 0; i < m->mesh_ndim; i++)
@@ -107,6 +116,13 @@ static void print_text(const struct ckfs_model *m, const struct ckfs_folder *f)
 			printf(", saved by %d rank%s", m->world_size,
 			       m->world_size == 1 ? "" : "s");
 		printf("\n");
+		if (m->tp_size) {
+			printf("parallelism  TP=%d PP=%d VPP=%d, layers per chunk (",
+			       m->tp_size, m->pp_size, m->vpp_size);
+			for (int i = 0; i < m->pp_size * m->vpp_size; i++)
+				printf("%s%d", i ? ", " : "", m->stage_layers[i]);
+			printf(")\n");
+		}
 	} else {
 		printf("layout       %s (FSDP%s%d), world size %d\n", m->layout,
 		       m->fsdp_version ? "" : " version unknown", m->fsdp_version,

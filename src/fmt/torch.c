@@ -704,6 +704,86 @@ fail:
 	return rc;
 }
 
+enum ckfs_code ckfs_torch_open_list(struct ckfs_torch_file *tf, int fd,
+				    const char *label, const char *skip_suffix,
+				    struct ckfs_error *err)
+{
+	enum ckfs_code rc;
+	struct stat st;
+	size_t total = 0;
+
+	if (fstat(fd, &st) != 0) {
+		memset(tf, 0, sizeof(*tf));
+		return ckfs_fail_errno(err, "'%s': cannot stat", label);
+	}
+	rc = open_pickle(tf, fd, 0, (uint64_t)st.st_size, label, err);
+	if (rc != CKFS_OK)
+		return rc;
+	const struct ckfs_pv *root = tf->root;
+	if (root->kind != CKFS_PV_LIST) {
+		rc = ckfs_fail(err, CKFS_E_FORMAT,
+			       "'%s': data.pkl holds a %s, not a list of state dicts",
+			       label, ckfs_pv_kind_name(root->kind));
+		goto fail;
+	}
+	if (root->u.seq.n == 0 || root->u.seq.n > CKFS_MAX_TENSORS) {
+		rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': list of %zu state dicts",
+			       label, root->u.seq.n);
+		goto fail;
+	}
+	for (size_t p = 0; p < root->u.seq.n; p++) {
+		const struct ckfs_pv *d = root->u.seq.items[p];
+		if (!d || d->kind != CKFS_PV_DICT) {
+			rc = ckfs_fail(err, CKFS_E_FORMAT,
+				       "'%s': list item %zu is a %s, not a state dict",
+				       label, p, d ? ckfs_pv_kind_name(d->kind) : "null");
+			goto fail;
+		}
+		total += d->u.dict.n;
+	}
+	if (total > CKFS_MAX_TENSORS) {
+		rc = ckfs_fail(err, CKFS_E_LIMIT, "'%s': too many entries", label);
+		goto fail;
+	}
+	tf->entries = ckfs_arena_calloc(&tf->arena, total + 1, sizeof(*tf->entries));
+	tf->part_end = ckfs_arena_calloc(&tf->arena, root->u.seq.n, sizeof(size_t));
+	if (!tf->entries || !tf->part_end) {
+		rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		goto fail;
+	}
+	size_t n = 0;
+	size_t sl = skip_suffix ? strlen(skip_suffix) : 0;
+	for (size_t p = 0; p < root->u.seq.n; p++) {
+		const struct ckfs_pv *d = root->u.seq.items[p];
+		for (size_t i = 0; i < d->u.dict.n; i++) {
+			const struct ckfs_pv *k = d->u.dict.keys[i];
+			if (!k || k->kind != CKFS_PV_STR) {
+				rc = ckfs_fail(err, CKFS_E_FORMAT,
+					       "'%s': key %zu of state dict %zu is not "
+					       "a string", label, i, p);
+				goto fail;
+			}
+			size_t kl = strlen(k->u.str.s);
+			if (sl && kl >= sl && strcmp(k->u.str.s + kl - sl, skip_suffix) == 0) {
+				tf->n_skipped++;
+				continue;
+			}
+			rc = ckfs_torch_decode_value(tf, d->u.dict.vals[i], k->u.str.s,
+						     &tf->entries[n], err);
+			if (rc != CKFS_OK)
+				goto fail;
+			n++;
+		}
+		tf->part_end[p] = n;
+	}
+	tf->n_entries = n;
+	tf->n_parts = root->u.seq.n;
+	return CKFS_OK;
+fail:
+	ckfs_torch_close(tf);
+	return rc;
+}
+
 void ckfs_torch_close(struct ckfs_torch_file *tf)
 {
 	ckfs_zip_release(&tf->zip);
@@ -711,6 +791,9 @@ void ckfs_torch_close(struct ckfs_torch_file *tf)
 	tf->root = NULL;
 	tf->entries = NULL;
 	tf->n_entries = 0;
+	tf->part_end = NULL;
+	tf->n_parts = 0;
+	tf->n_skipped = 0;
 }
 
 void ckfs_placement_format(const struct ckfs_placement *p, char *buf, size_t size)

@@ -5,8 +5,10 @@
  * this order, and the first match decides:
  *
  *   1. verl FSDP rank files: SRC/model_world_size_<W>_rank_<R>.pt (fsdp.c);
- *   2. torch.distributed.checkpoint: SRC/.metadata (dcp.c);
- *   3. Hugging Face weights: model.safetensors or
+ *   2. legacy Megatron per-rank files: SRC/model/mp_rank_TT[_PPP]/
+ *      (megatron.c);
+ *   3. torch.distributed.checkpoint: SRC/.metadata (dcp.c);
+ *   4. Hugging Face weights: model.safetensors or
  *      model.safetensors.index.json in SRC, SRC/huggingface or
  *      SRC/model/huggingface (hf.c).
  *
@@ -104,7 +106,8 @@ static enum ckfs_code explain_unknown(const struct ckfs_model *m, const char *sr
 	snprintf(path, sizeof(path), "%s/dist_ckpt", m->src_dir);
 	if (ckfs_path_exists(path))
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
-				 "'%s': Megatron checkpoints are not supported yet",
+				 "'%s': Megatron dist_ckpt checkpoints are not "
+				 "supported yet (only model/mp_rank_* per-rank files)",
 				 src);
 	snprintf(path, sizeof(path), "%s/actor", m->src_dir);
 	if (ckfs_path_is_dir(path))
@@ -130,6 +133,10 @@ static enum ckfs_code dispatch(struct ckfs_model *m, const char *src,
 	if (has_rank_files(m->src_dir)) {
 		m->layout = "verl-fsdp";
 		return ckfs_fsdp_build(m, opt, err);
+	}
+	if (ckfs_megatron_detect(m->src_dir)) {
+		m->layout = "megatron";
+		return ckfs_megatron_build(m, opt, err);
 	}
 	snprintf(path, sizeof(path), "%s/.metadata", m->src_dir);
 	if (ckfs_path_exists(path)) {

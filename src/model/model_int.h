@@ -62,6 +62,12 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m,
 enum ckfs_code ckfs_dcp_build(struct ckfs_model *m,
 			      const struct ckfs_model_options *opt,
 			      struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* Legacy Megatron per-rank torch.save files: SRC/model/mp_rank_TT[_PPP]/
+ * model.pt (megatron.c). detect: SRC/model holds an mp_rank_* folder. */
+int ckfs_megatron_detect(const char *src_dir);
+enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
+				   const struct ckfs_model_options *opt,
+				   struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Hugging Face safetensors weights in dir (SRC, SRC/huggingface or
  * SRC/model/huggingface), served as they are (hf.c). */
 enum ckfs_code ckfs_hf_build(struct ckfs_model *m,

@@ -27,11 +27,13 @@ place where the length allows, else by re-zipping the records with
 Python's zipfile). _outside/ holds files the fs_symlink_* cases point at:
 it is outside each case's checkpoint folder.
 
-    .venv/bin/python tests/gen/make_broken_checkpoints.py   # ~20 s
+    .venv/bin/python tests/gen/make_broken_checkpoints.py   # ~10 s
+    (CKFS_BROKEN_OUT=DIR writes the cases elsewhere, e.g. to compare)
 
-Outputs are committed, so the C tests never need Python. Storage contents
-are seeded; torch writes a random serialization id, so re-running changes
-those 40 bytes of every rank file and nothing else the tests assert.
+Outputs are committed, so the C tests never need Python. Re-running with
+torch 2.8 writes the same bytes, except in zip_legacy_torch's rank file,
+whose legacy storage keys are memory addresses (only its first bytes
+matter to the tests).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-OUT = os.path.join(ROOT, "tests", "corpus", "checkpoints")
+OUT = os.environ.get("CKFS_BROKEN_OUT") or os.path.join(ROOT, "tests", "corpus", "checkpoints")
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "float32",
           "tie_word_embeddings": False}
 R0 = "model_world_size_2_rank_0.pt"
