@@ -102,8 +102,9 @@ struct ckfs_model {
 	size_t n_warnings;
 };
 
-/* Open SRC: a verl actor/critic folder, a torch.distributed.checkpoint
- * folder or a folder of Hugging Face safetensors weights (detection order
+/* Open SRC: a verl actor/critic folder (FSDP rank files, or legacy Megatron
+ * model/mp_rank_*), a torch.distributed.checkpoint folder or a folder of
+ * Hugging Face safetensors weights (detection order
  * in src/model/layout.c). On success *out is a new model the caller frees
  * with ckfs_model_free. */
 enum ckfs_code ckfs_model_open(const char *src,

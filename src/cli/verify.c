@@ -92,8 +92,9 @@ static enum ckfs_code check_containers(const struct ckfs_model *m,
 {
 	size_t records = 0, checked = 0;
 
-	if (strcmp(m->layout, "verl-fsdp") != 0) {
-		/* .distcp items are zips at offsets inside their files and
+	if (strcmp(m->layout, "verl-fsdp") != 0 && strcmp(m->layout, "megatron") != 0) {
+		/* (megatron model.pt files are whole zips, like verl-fsdp's)
+		 * .distcp items are zips at offsets inside their files and
 		 * safetensors files are not zips: nothing to re-read here */
 		printf("containers: not checked for layout %s (%zu source files)\n",
 		       m->layout, m->n_sources);

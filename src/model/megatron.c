@@ -25,8 +25,13 @@
  * Keys ending in _extra_state (Transformer Engine) are skipped; any other
  * key this table does not know is an error listing them. output_layer is
  * dropped (with a warning) when config.json ties the embeddings.
+ * The layers found must add up to config.json's num_hidden_layers (a
+ * missing last PP stage is not silently served short), with no gaps in a
+ * chunk's local numbers.
  * Refused: expert-parallel folders (mp_rank_XX_YYY_ZZZ), fewer KV heads
- * than TP ranks (replicated KV heads), MoE/MLA keys (listed as unknown).
+ * than TP ranks (Megatron-Core itself requires num_query_groups % TP == 0),
+ * MoE/MLA keys (listed as unknown), vocab-parallel rows that do not add up
+ * to config.json's vocab_size (padded vocabularies, value heads).
  */
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -112,7 +117,7 @@ struct ctx {
 	int tp, pp, vpp;
 	int pp_names;                  /* folders named mp_rank_TT_PPP */
 	/* config */
-	int64_t hidden, nh, nkv, head_dim;
+	int64_t hidden, nh, nkv, head_dim, vocab, n_layers;
 	struct out *outs;
 	size_t n_outs, cap_outs;
 	char unknown[1024];
@@ -249,14 +254,34 @@ static enum ckfs_code concat(struct ctx *c, const char *name, int p, size_t i, i
 	return CKFS_OK;
 }
 
-/* linear_fc1.weight -> gate_proj / up_proj. */
+/* Vocab-parallel rows: their sum must be config.json's vocab_size (verl
+ * does not pad; a critic's [1, H] value head would not match). */
+static enum ckfs_code vocab_rows(struct ctx *c, const char *name, int p, size_t i,
+				 struct ckfs_error *err)
+{
+	int64_t rows = 0;
+
+	for (int t = 0; t < c->tp; t++)
+		rows += entry_at(c, t, p, i)->local.shape[0];
+	if (c->vocab > 0 && rows != c->vocab)
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' has %lld rows over "
+				 "%d TP rank%s, config.json says vocab_size %lld (a missing "
+				 "TP rank? padded vocabularies and value heads are not "
+				 "supported)",
+				 c->m->sources[src_of(c, 0, p)].path,
+				 entry_at(c, 0, p, i)->key, (long long)rows, c->tp,
+				 c->tp == 1 ? "" : "s", (long long)c->vocab);
+	return concat(c, name, p, i, 0, err);
+}
+
+/* linear_fc1.weight -> gate_proj / up_proj (new_out may move c->outs:
+ * the two outputs are addressed by index). */
 static enum ckfs_code split_fc1(struct ctx *c, const char *pre, const char *kind, int p,
 				size_t i, struct ckfs_error *err)
 {
 	const struct ckfs_sd_entry *e0 = entry_at(c, 0, p, i);
 	int64_t shape[CKFS_MAX_DIMS];
 	char name[CKFS_MAX_NAME];
-	struct out *o[2];
 	static const char *const part[2] = { "gate_proj", "up_proj" };
 
 	if (e0->local.ndim < 1 || e0->local.shape[0] % 2)
@@ -268,7 +293,7 @@ static enum ckfs_code split_fc1(struct ctx *c, const char *pre, const char *kind
 	shape[0] = half * c->tp;
 	for (int h = 0; h < 2; h++) {
 		snprintf(name, sizeof(name), "%smlp.%s.%s", pre, part[h], kind);
-		if (!(o[h] = new_out(c, name, "Shard(0) of fc1", e0->local.ndim, shape, err)))
+		if (!new_out(c, name, "Shard(0) of fc1", e0->local.ndim, shape, err))
 			return err->code;
 	}
 	for (int h = 0; h < 2; h++)
@@ -279,7 +304,6 @@ static enum ckfs_code split_fc1(struct ctx *c, const char *pre, const char *kind
 					   entry_at(c, t, p, i), src_of(c, t, p),
 					   rank_of(c, t, p), 0, h * half, half, goff, err));
 		}
-	(void)o;
 	return CKFS_OK;
 }
 
@@ -378,13 +402,13 @@ static enum ckfs_code map_key(struct ctx *c, int p, size_t i, long layer0,
 	char pre[64], name[CKFS_MAX_NAME];
 
 	if (strcmp(key, "embedding.word_embeddings.weight") == 0)
-		return concat(c, "model.embed_tokens.weight", p, i, 0, err);
+		return vocab_rows(c, "model.embed_tokens.weight", p, i, err);
 	if (strcmp(key, "output_layer.weight") == 0) {
 		if (c->m->tie_word_embeddings) {
 			*dropped_head = 1;
 			return CKFS_OK;
 		}
-		return concat(c, "lm_head.weight", p, i, 0, err);
+		return vocab_rows(c, "lm_head.weight", p, i, err);
 	}
 	if (strcmp(key, "decoder.final_layernorm.weight") == 0)
 		return replicated(c, "model.norm.weight", p, i, err);
@@ -435,6 +459,8 @@ static enum ckfs_code read_arch(struct ctx *c, struct ckfs_error *err)
 	c->nh = cfg_int(j, "num_attention_heads", 0);
 	c->nkv = cfg_int(j, "num_key_value_heads", c->nh);
 	c->head_dim = cfg_int(j, "head_dim", c->nh > 0 ? c->hidden / c->nh : 0);
+	c->vocab = cfg_int(j, "vocab_size", 0);
+	c->n_layers = cfg_int(j, "num_hidden_layers", 0);
 	cJSON_Delete(j);
 	if (c->hidden <= 0 || c->nh <= 0 || c->nkv <= 0 || c->head_dim <= 0 ||
 	    c->nh % c->nkv)
@@ -443,8 +469,9 @@ static enum ckfs_code read_arch(struct ctx *c, struct ckfs_error *err)
 				 "for a Megatron checkpoint", c->m->config_path);
 	if (c->nkv % c->tp)
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': num_key_value_heads "
-				 "%lld is not a multiple of TP %d (replicated KV heads "
-				 "are not supported yet)", c->m->src_dir,
+				 "%lld is not a multiple of TP %d (Megatron-Core needs "
+				 "num_query_groups %% TP == 0; replicated KV heads are "
+				 "not supported)", c->m->src_dir,
 				 (long long)c->nkv, c->tp);
 	return CKFS_OK;
 }
@@ -536,16 +563,17 @@ static enum ckfs_code scan_dirs(struct ctx *c, struct ckfs_error *err)
 		if (strncmp(de->d_name, "mp_rank_", 8) != 0)
 			continue;
 		if (!parse_rank_dir(de->d_name, &tp, &pp, &ep)) {
+			ckfs_fail(err, CKFS_E_FORMAT, "'%s/%s': not an mp_rank_TT or "
+				  "mp_rank_TT_PPP folder", path, de->d_name);
 			closedir(d);
-			return ckfs_fail(err, CKFS_E_FORMAT, "'%s/%s': not an "
-					 "mp_rank_TT or mp_rank_TT_PPP folder", path,
-					 de->d_name);
+			return err->code;
 		}
 		if (ep) {
+			ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s/%s': expert-parallel "
+				  "Megatron checkpoints are not supported yet", path,
+				  de->d_name);
 			closedir(d);
-			return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s/%s': expert-"
-					 "parallel Megatron checkpoints are not "
-					 "supported yet", path, de->d_name);
+			return err->code;
 		}
 		if (tp > max_tp)
 			max_tp = tp;
@@ -639,6 +667,22 @@ enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
 				if (layer_key(f->entries[i].key, &j, &rest) && j + 1 > nl)
 					nl = j + 1;
 			}
+			/* Every local layer 0 .. nl-1 present (no gaps). */
+			for (long j = 0; j < nl && rc == CKFS_OK; j++) {
+				int seen = 0;
+				for (size_t i = lo; i < hi && !seen; i++) {
+					long jj;
+					const char *rest;
+					seen = layer_key(f->entries[i].key, &jj, &rest) && jj == j;
+				}
+				if (!seen)
+					rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': chunk %d has "
+						       "decoder layers up to %ld but none "
+						       "numbered %ld", m->sources[p * c.tp].path,
+						       v, nl - 1, j);
+			}
+			if (rc != CKFS_OK)
+				break;
 			m->stage_layers[v * c.pp + p] = (int)nl;
 			for (size_t i = lo; i < hi && rc == CKFS_OK; i++)
 				rc = map_key(&c, p, i, layer0, &dropped_head, err);
@@ -646,6 +690,13 @@ enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
 		}
 	if (rc != CKFS_OK)
 		goto out;
+	if (c.n_layers > 0 && layer0 != c.n_layers) {
+		rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': %ld decoder layers over TP=%d "
+			       "PP=%d VPP=%d, config.json says num_hidden_layers %lld (a "
+			       "missing pipeline stage?)", m->src_dir, layer0, c.tp, c.pp,
+			       c.vpp, (long long)c.n_layers);
+		goto out;
+	}
 	if (c.n_unknown) {
 		rc = ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': %zu Megatron keys not "
 			       "understood (dense GPT models only): %s%s", m->src_dir,

@@ -3,7 +3,9 @@
 
     .venv/bin/pip install --no-deps megatron-core==0.12.2    # pinned in tests/python-requirements.txt
     .venv/bin/python tests/gen/make_megatron_fixtures.py      # ~90 s on 2 cores
-    .venv/bin/python tests/gen/make_megatron_fixtures.py --broken-only   # broken/ only
+    .venv/bin/python tests/gen/make_megatron_fixtures.py --broken-only   # broken/, llama_tp2_te/
+    .venv/bin/python tests/gen/make_megatron_fixtures.py --self-check    # Megatron forward
+        # of TP=2 Llama/Qwen2/Qwen3 filled like the fixtures vs transformers' logits
 
 Layout written per case (tests/fixtures/megatron/<case>/):
     model/mp_rank_{tp:02d}/model.pt            (PP = 1)
@@ -26,6 +28,7 @@ What is REAL and what is reproduced:
     row-parallel linear_proj/linear_fc2 on dim 1, vocab-parallel embedding/output on dim 0,
     norms replicated). The global layer of each local layer is Megatron's own
     layer.layer_number - 1. verl's hf->mcore loader did the same thing.
+  * llama_tp2_te/ renames llama_tp2's keys to Transformer Engine's (see make_te_variant).
   * Deviations from verl: the local layer spec names the norms input_layernorm /
     pre_mlp_layernorm instead of TE's fused linear_qkv.layer_norm_weight /
     linear_fc1.layer_norm_weight (ckfs reads both); _extra_state values are None here
@@ -76,11 +79,12 @@ CASES = [
 ]
 
 
-def hf_model(arch, tied, seed):
+def hf_model(arch, tied, seed, init=0.02):
     import transformers
     cls = getattr(transformers, arch)
     cfg_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
-    cfg = cfg_cls(**COMMON, tie_word_embeddings=tied, torch_dtype="bfloat16", architectures=[arch])
+    cfg = cfg_cls(**COMMON, tie_word_embeddings=tied, torch_dtype="bfloat16", architectures=[arch],
+                  initializer_range=init)
     torch.manual_seed(seed)
     model = cls(cfg).to(torch.bfloat16)
     # non-trivial norms so a swapped norm is caught
@@ -139,7 +143,7 @@ def local_value(key, global_layer, sd, arch, tp, tp_rank, shape):
     raise KeyError(key)
 
 
-def worker(rank, case, port, sd_path, outdir):
+def worker(rank, case, port, sd_path, outdir, self_check=False):
     name, arch, tp, pp, vpp, uneven, tied = case
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(tp * pp))
@@ -167,7 +171,7 @@ def worker(rank, case, port, sd_path, outdir):
         virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
         use_cpu_initialization=True, normalization="RMSNorm", gated_linear_unit=True,
         add_bias_linear=False, add_qkv_bias=arch.startswith("Qwen2"), qk_layernorm=qwen3,
-        params_dtype=torch.bfloat16, bf16=True, activation_func=torch.nn.functional.silu,
+        layernorm_epsilon=COMMON["rms_norm_eps"], params_dtype=torch.bfloat16, bf16=True, activation_func=torch.nn.functional.silu,
         pipeline_dtype=torch.bfloat16, **extra)
     spec = get_gpt_layer_local_spec(qk_layernorm=qwen3, normalization="RMSNorm")
     hf_sd = torch.load(sd_path)
@@ -198,6 +202,26 @@ def worker(rank, case, port, sd_path, outdir):
         # verl wraps every chunk in Float16Module (bf16 everywhere, norms included); its
         # state_dict() is the inner module's, so the keys do not change.
         chunks.append(Float16Module(cfg, m))
+    if self_check:
+        # CPU run: RotaryEmbedding moves inv_freq to torch.cuda.current_device().
+        torch.cuda.current_device = lambda: "cpu"
+        # ... and forks the CUDA RNG tracker for dropout (eval mode: no dropout).
+        import contextlib
+        from megatron.core import tensor_parallel
+        tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+        chunks[0].eval()
+        # Megatron's own forward on the filled TP shards must give the HF model's logits: this
+        # checks the value layout reproduced above (QKV groups, [gate; up], row/column split).
+        ids = torch.tensor([[1, 17, 42, 7, 97, 5, 23, 64, 2, 50, 11, 96]])
+        pos = torch.arange(ids.shape[1]).unsqueeze(0)
+        mask = torch.triu(torch.ones(1, 1, ids.shape[1], ids.shape[1], dtype=torch.bool), 1)
+        with torch.no_grad():
+            out = chunks[0].module(ids, pos, mask, runtime_gather_output=True)
+        if rank == 0:
+            torch.save(out.float(), os.path.join(outdir, "megatron_logits.pt"))
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     sub = f"mp_rank_{tp_rank:02d}" if pp == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
     path = os.path.join(outdir, "model", sub)
     os.makedirs(path, exist_ok=True)
@@ -235,11 +259,81 @@ def make_broken():
     torch.save(r0[0], os.path.join(bdir, "dict_rank0.pt"))
 
 
+def self_check():
+    """TP=2 PP=1 of each architecture: Megatron's forward vs transformers' (bf16, so close,
+    not equal; a wrong layout gives unrelated logits)."""
+    ids = torch.tensor([[1, 17, 42, 7, 97, 5, 23, 64, 2, 50, 11, 96]])
+    ok = True
+    for i, arch in enumerate(["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"]):
+        tmp = tempfile.mkdtemp()
+        model = hf_model(arch, False, 2000 + i, init=0.15)  # big weights: every layer matters
+        sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+        torch.save(sd, os.path.join(tmp, "sd.pt"))
+        case = ("check", arch, 2, 1, 1, None, False)
+        mp.spawn(worker, args=(case, 29700 + i, os.path.join(tmp, "sd.pt"), tmp, True), nprocs=2, join=True)
+        got = torch.load(os.path.join(tmp, "megatron_logits.pt"))
+        with torch.no_grad():
+            want = model(input_ids=ids).logits.float()
+        diff = (got - want).abs().max().item()
+        scale = want.abs().max().item()
+        good = diff < 0.1 * scale  # bf16 runs: ~3% apart; a wrong layout: ~100%
+        ok &= good
+        print(f"self-check {arch} TP=2: max |megatron - transformers| = {diff:.4f} "
+              f"(max |logit| {scale:.3f}) {'OK' if good else 'MISMATCH'}")
+        shutil.rmtree(tmp)
+    return 0 if ok else 1
+
+
+def make_te_variant():
+    """llama_tp2_te/: llama_tp2's rank files with Transformer Engine names (REPRODUCED: TE needs
+    CUDA, so these are renamed, not built by TE). The fused norms become
+    self_attention.linear_qkv.layer_norm_weight / mlp.linear_fc1.layer_norm_weight (placed before
+    the fused weight, as TE's LayerNormLinear registers them), and _extra_state entries hold what
+    TE's get_extra_state returns: io.BytesIO (TE < 1.x) on linear_proj / linear_fc2 /
+    core_attention, an empty uint8 tensor (newer TE) on linear_qkv / linear_fc1. Ground truth is
+    llama_tp2/original."""
+    import io
+    src, dst = os.path.join(OUT, "llama_tp2"), os.path.join(OUT, "llama_tp2_te")
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(os.path.join(src, "hf_config_and_tokenizer"), os.path.join(dst, "hf_config_and_tokenizer"))
+    for sub in sorted(os.listdir(os.path.join(src, "model"))):
+        chunks = torch.load(os.path.join(src, "model", sub, "model.pt"), weights_only=False)
+        out = []
+        for sd in chunks:
+            te = {}
+            pending = {}
+            for k, v in sd.items():
+                if k.endswith(".input_layernorm.weight"):
+                    pending[k.replace("input_layernorm.weight", "self_attention.linear_qkv.weight")] = (
+                        k.replace("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight"), v)
+                    continue
+                if k.endswith(".pre_mlp_layernorm.weight"):
+                    pending[k.replace("pre_mlp_layernorm.weight", "mlp.linear_fc1.weight")] = (
+                        k.replace("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight"), v)
+                    continue
+                if k in pending:
+                    nk, nv = pending.pop(k)
+                    te[nk] = nv
+                if k.endswith("._extra_state"):
+                    v = (torch.empty(0, dtype=torch.uint8) if ("linear_qkv" in k or "linear_fc1" in k)
+                         else io.BytesIO(b""))
+                te[k] = v
+                if k.endswith("self_attention.linear_proj._extra_state"):
+                    te[k.replace("linear_proj", "core_attention")] = io.BytesIO(b"")
+            assert not pending, pending
+            out.append(te)
+        os.makedirs(os.path.join(dst, "model", sub))
+        torch.save(out, os.path.join(dst, "model", sub, "model.pt"))
+
+
 def main():
     from safetensors.torch import save_file
     if sys.argv[1:] == ["--broken-only"]:
         make_broken()
+        make_te_variant()
         return 0
+    if sys.argv[1:] == ["--self-check"]:
+        return self_check()
     if os.path.isdir(OUT):
         shutil.rmtree(OUT)
     os.makedirs(OUT)
@@ -264,6 +358,10 @@ def main():
         print(f"{name}: {arch} tp={tp} pp={pp} vpp={vpp} tied={tied}")
     shutil.rmtree(tmp)
     make_broken()
+    make_te_variant()
+    manifest.append(dict(name="llama_tp2_te", architecture="LlamaForCausalLM", tp=2, pp=1, vpp=1,
+                         stage_layers=None, tied=False, original="llama_tp2",
+                         note="llama_tp2 renamed to Transformer Engine keys (make_te_variant)"))
     with open(os.path.join(OUT, "MANIFEST.json"), "w") as f:
         json.dump(dict(generator="tests/gen/make_megatron_fixtures.py",
                        versions={"torch": torch.__version__, "megatron-core": "0.12.2"},

@@ -2,7 +2,8 @@
 
 `ckfs export --dtype auto` of each fixture holds exactly the original Hugging Face weights
 (original/model.safetensors, bf16 stays bf16), loads in transformers, and gives logits identical
-to the original model in bf16. `ckfs inspect --json` reports the layout and TP/PP/VPP topology.
+to the original model in bf16; `ckfs verify --against original/` passes (rank-file CRCs
+included). `ckfs inspect --json` reports the layout and TP/PP/VPP topology.
 """
 
 import json
@@ -15,6 +16,7 @@ from conftest import FIXTURES, load_file, load_folder, run_ckfs, same_bits
 MG = FIXTURES / "megatron"
 CASES = {  # name: (tp, pp, vpp, layers per (vpp, pp) chunk)
     "llama_tp2": (2, 1, 1, [4]),
+    "llama_tp2_te": (2, 1, 1, [4]),  # Transformer Engine names; weights of llama_tp2
     "qwen2_tp2_pp2": (2, 2, 1, [2, 2]),
     "qwen3_pp3_uneven": (1, 3, 1, [1, 2, 1]),
     "llama_tied_pp2_vpp2": (1, 2, 2, [1, 1, 1, 1]),
@@ -36,7 +38,8 @@ def test_megatron_export(name, tmp_path):
     src = MG / name
     out = tmp_path / "out"
     run_ckfs("export", src, out, "--dtype", "auto")
-    original = load_file(src / "original" / "model.safetensors")
+    original_dir = MG / name.removesuffix("_te") / "original"
+    original = load_file(original_dir / "model.safetensors")
     got = load_folder(out)
     assert set(got) == set(original)
     for k, v in original.items():
@@ -56,6 +59,9 @@ def test_megatron_export(name, tmp_path):
     want, logits = logits_of(ref), logits_of(model)
     assert torch.isfinite(want).all()
     assert torch.equal(logits, want)
+
+    verify = run_ckfs("verify", src, "--against", original_dir).stdout
+    assert "values match exactly" in verify and "libzip agrees" in verify
 
     info = json.loads(run_ckfs("inspect", "--json", src).stdout)
     tp, pp, vpp, layers = CASES[name]

@@ -6,7 +6,8 @@
  *    bit, the original Hugging Face weights (original/model.safetensors),
  *    with the same names, shapes and dtype (bf16 stays bf16): Llama TP=2,
  *    Qwen2 TP=2 PP=2 (qkv bias), Qwen3 PP=3 with stages of 1, 2, 1 layers
- *    (q/k norm), tied Llama PP=2 VPP=2;
+ *    (q/k norm), tied Llama PP=2 VPP=2, and Llama TP=2 with Transformer
+ *    Engine names (fused layer_norm_weight, BytesIO/tensor _extra_state);
  *  - the layout is "megatron" with its TP/PP/VPP sizes and layers per chunk;
  *  - broken folders fail with one line: a missing TP rank, a rank file
  *    from a different TP size, an unknown key, a dict instead of a list.
@@ -51,15 +52,16 @@ static const char *tmp_dir(const char *name)
 }
 
 static const struct {
-	const char *name;
+	const char *name, *original; /* the case whose original/ holds its weights */
 	int tp, pp, vpp;
 	int stage_layers[4];
 	int tied;
 } cases[] = {
-	{ "llama_tp2", 2, 1, 1, { 4 }, 0 },
-	{ "qwen2_tp2_pp2", 2, 2, 1, { 2, 2 }, 0 },
-	{ "qwen3_pp3_uneven", 1, 3, 1, { 1, 2, 1 }, 0 },
-	{ "llama_tied_pp2_vpp2", 1, 2, 2, { 1, 1, 1, 1 }, 1 },
+	{ "llama_tp2", "llama_tp2", 2, 1, 1, { 4 }, 0 },
+	{ "llama_tp2_te", "llama_tp2", 2, 1, 1, { 4 }, 0 },
+	{ "qwen2_tp2_pp2", "qwen2_tp2_pp2", 2, 2, 1, { 2, 2 }, 0 },
+	{ "qwen3_pp3_uneven", "qwen3_pp3_uneven", 1, 3, 1, { 1, 2, 1 }, 0 },
+	{ "llama_tied_pp2_vpp2", "llama_tied_pp2_vpp2", 1, 2, 2, { 1, 1, 1, 1 }, 1 },
 };
 
 static void test_equals_original(void)
@@ -73,7 +75,7 @@ static void test_equals_original(void)
 		struct ckfs_error err;
 
 		snprintf(src, sizeof(src), MG "/%s", cases[i].name);
-		snprintf(orig, sizeof(orig), MG "/%s/original", cases[i].name);
+		snprintf(orig, sizeof(orig), MG "/%s/original", cases[i].original);
 		ckfs_error_clear(&err);
 		CHECK(ckfs_model_open(src, &opt, &m, &err) == CKFS_OK);
 		if (!m) {
@@ -118,6 +120,13 @@ static void test_equals_original(void)
 			free(a);
 			free(b);
 		}
+		if (strcmp(cases[i].name, "llama_tp2_te") == 0) {
+			int skipped = 0;
+			for (size_t k = 0; k < m->n_warnings; k++)
+				skipped |= strstr(m->warnings[k], "21 _extra_state entries "
+						  "skipped") != NULL;
+			CHECK(skipped);
+		}
 		if (cases[i].tied) {
 			for (size_t k = 0; k < m->n_tensors; k++)
 				CHECK(strcmp(m->tensors[k].name, "lm_head.weight") != 0);
@@ -138,8 +147,8 @@ static void test_equals_original(void)
 	}
 }
 
-/* dir = a copy of llama_tp2 after setup (a shell command with %s for dir). */
-static void expect_broken(const char *setup, enum ckfs_code code, const char *needle1,
+/* dir ($D) = a copy of case after setup (a shell command). */
+static void expect_broken_in(const char *cas, const char *setup, enum ckfs_code code, const char *needle1,
 			  const char *needle2)
 {
 	const char *dir = tmp_dir("broken");
@@ -147,7 +156,7 @@ static void expect_broken(const char *setup, enum ckfs_code code, const char *ne
 	struct ckfs_model *m = NULL;
 	struct ckfs_error err;
 
-	CHECK(sh("rm -rf '%s' && cp -r " MG "/llama_tp2 '%s'", dir, dir) == 0);
+	CHECK(sh("rm -rf '%s' && cp -r " MG "/%s '%s'", dir, cas, dir) == 0);
 	CHECK(sh("D='%s'; %s", dir, setup) == 0);
 	ckfs_error_clear(&err);
 	CHECK_EQ_INT(ckfs_model_open(dir, &opt, &m, &err), code);
@@ -159,13 +168,28 @@ static void expect_broken(const char *setup, enum ckfs_code code, const char *ne
 	CHECK(strchr(err.msg, '\n') == NULL);
 }
 
+static void expect_broken(const char *setup, enum ckfs_code code, const char *needle1,
+			  const char *needle2)
+{
+	expect_broken_in("llama_tp2", setup, code, needle1, needle2);
+}
+
 static void test_broken(void)
 {
+	/* The last pipeline stage gone: PP looks like 2. */
+	expect_broken_in("qwen3_pp3_uneven", "rm -r \"$D/model/mp_rank_00_002\"",
+			 CKFS_E_INVALID, "3 decoder layers over TP=1 PP=2 VPP=1, config.json "
+			 "says num_hidden_layers 4", "a missing pipeline stage?");
 	expect_broken("rm -r \"$D/model/mp_rank_00\"", CKFS_E_NOTFOUND,
 		      "/model/mp_rank_00/model.pt': not found",
 		      "TP rank 0 of PP stage 0 is needed: TP=2, PP=1");
 	/* The last TP rank gone: TP looks like 1, and the shards are too small. */
 	expect_broken("rm -r \"$D/model/mp_rank_01\"", CKFS_E_INVALID,
+		      "'embedding.word_embeddings.weight' has 49 rows over 1 TP rank, "
+		      "config.json says vocab_size 98", "a missing TP rank?");
+	/* ... and with vocab_size not checked, the fused QKV rows tell. */
+	expect_broken("rm -r \"$D/model/mp_rank_01\" && sed -i 's/\"vocab_size\"/\"vocab\"/' "
+		      "\"$D/hf_config_and_tokenizer/config.json\"", CKFS_E_INVALID,
 		      "'decoder.layers.0.self_attention.linear_qkv.weight' has 64 rows, "
 		      "expected 128", "a missing TP rank");
 	expect_broken("cp " MG "/broken/tp_mismatch_rank1.pt \"$D/model/mp_rank_01/model.pt\"",
