@@ -95,9 +95,9 @@ struct ckfs_torch_file {
 	struct ckfs_pv *root;
 	struct ckfs_sd_entry *entries;
 	size_t n_entries;
-	/* ckfs_torch_open_list only: entries of list item p are
-	 * [part_end[p-1], part_end[p]) (0 for p = 0); n_parts items;
-	 * n_skipped entries left out by skip_suffix. */
+	/* Entries of state dict p are [part_end[p-1], part_end[p]) (0 for
+	 * p = 0); n_parts dicts (1 for ckfs_torch_open); n_skipped entries
+	 * left out by ckfs_torch_open_list's skip_suffix. */
 	size_t *part_end;
 	size_t n_parts;
 	size_t n_skipped;

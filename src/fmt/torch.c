@@ -653,54 +653,80 @@ enum ckfs_code ckfs_torch_open_item(struct ckfs_torch_file *tf, int fd,
 	return rc;
 }
 
-enum ckfs_code ckfs_torch_open(struct ckfs_torch_file *tf, int fd,
-			       const char *label, struct ckfs_error *err)
+/* The zip directory and data.pkl of a whole torch.save file. */
+static enum ckfs_code open_file_pickle(struct ckfs_torch_file *tf, int fd,
+				       const char *label, struct ckfs_error *err)
 {
-	enum ckfs_code rc;
 	struct stat st;
 
 	if (fstat(fd, &st) != 0) {
 		memset(tf, 0, sizeof(*tf));
 		return ckfs_fail_errno(err, "'%s': cannot stat", label);
 	}
-	rc = open_pickle(tf, fd, 0, (uint64_t)st.st_size, label, err);
+	return open_pickle(tf, fd, 0, (uint64_t)st.st_size, label, err);
+}
+
+/*
+ * Decode the state dicts dicts[0..n) into tf->entries, in order, recording
+ * where each dict's entries end in tf->part_end. Keys ending in
+ * skip_suffix (when not NULL) are counted in tf->n_skipped, not decoded.
+ */
+static enum ckfs_code decode_dicts(struct ckfs_torch_file *tf,
+				   const struct ckfs_pv *const *dicts, size_t n_dicts,
+				   const char *label, const char *skip_suffix,
+				   struct ckfs_error *err)
+{
+	size_t total = 0, n = 0;
+	size_t sl = skip_suffix ? strlen(skip_suffix) : 0;
+
+	for (size_t p = 0; p < n_dicts; p++)
+		total += dicts[p]->u.dict.n;
+	if (total > CKFS_MAX_TENSORS)
+		return ckfs_fail(err, CKFS_E_LIMIT, "'%s': too many entries", label);
+	tf->entries = ckfs_arena_calloc(&tf->arena, total + 1, sizeof(*tf->entries));
+	tf->part_end = ckfs_arena_calloc(&tf->arena, n_dicts, sizeof(size_t));
+	if (!tf->entries || !tf->part_end)
+		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	for (size_t p = 0; p < n_dicts; p++) {
+		const struct ckfs_pv *d = dicts[p];
+		for (size_t i = 0; i < d->u.dict.n; i++) {
+			const struct ckfs_pv *k = d->u.dict.keys[i];
+			if (!k || k->kind != CKFS_PV_STR)
+				return ckfs_fail(err, CKFS_E_FORMAT,
+						 "'%s': key %zu of state dict %zu is "
+						 "not a string", label, i, p);
+			size_t kl = strlen(k->u.str.s);
+			if (sl && kl >= sl && strcmp(k->u.str.s + kl - sl, skip_suffix) == 0) {
+				tf->n_skipped++;
+				continue;
+			}
+			CKFS_TRY(ckfs_torch_decode_value(tf, d->u.dict.vals[i], k->u.str.s,
+							 &tf->entries[n], err));
+			n++;
+		}
+		tf->part_end[p] = n;
+	}
+	tf->n_entries = n;
+	tf->n_parts = n_dicts;
+	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_torch_open(struct ckfs_torch_file *tf, int fd,
+			       const char *label, struct ckfs_error *err)
+{
+	enum ckfs_code rc = open_file_pickle(tf, fd, label, err);
+
 	if (rc != CKFS_OK)
 		return rc;
-
 	const struct ckfs_pv *root = tf->root;
-	if (root->kind != CKFS_PV_DICT) {
+	if (root->kind != CKFS_PV_DICT)
 		rc = ckfs_fail(err, CKFS_E_FORMAT,
 			       "'%s': data.pkl holds a %s, not a state dict",
 			       label, ckfs_pv_kind_name(root->kind));
-		goto fail;
-	}
-	if (root->u.dict.n > CKFS_MAX_TENSORS) {
-		rc = ckfs_fail(err, CKFS_E_LIMIT, "'%s': too many entries", label);
-		goto fail;
-	}
-	tf->entries = ckfs_arena_calloc(&tf->arena, root->u.dict.n + 1,
-					sizeof(*tf->entries));
-	if (!tf->entries) {
-		rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
-		goto fail;
-	}
-	for (size_t i = 0; i < root->u.dict.n; i++) {
-		const struct ckfs_pv *k = root->u.dict.keys[i];
-		if (!k || k->kind != CKFS_PV_STR) {
-			rc = ckfs_fail(err, CKFS_E_FORMAT,
-				       "'%s': state dict key %zu is not a string",
-				       label, i);
-			goto fail;
-		}
-		rc = ckfs_torch_decode_value(tf, root->u.dict.vals[i], k->u.str.s,
-					     &tf->entries[i], err);
-		if (rc != CKFS_OK)
-			goto fail;
-	}
-	tf->n_entries = root->u.dict.n;
-	return CKFS_OK;
-fail:
-	ckfs_torch_close(tf);
+	else
+		rc = decode_dicts(tf, &root, 1, label, NULL, err);
+	if (rc != CKFS_OK)
+		ckfs_torch_close(tf);
 	return rc;
 }
 
@@ -708,15 +734,8 @@ enum ckfs_code ckfs_torch_open_list(struct ckfs_torch_file *tf, int fd,
 				    const char *label, const char *skip_suffix,
 				    struct ckfs_error *err)
 {
-	enum ckfs_code rc;
-	struct stat st;
-	size_t total = 0;
+	enum ckfs_code rc = open_file_pickle(tf, fd, label, err);
 
-	if (fstat(fd, &st) != 0) {
-		memset(tf, 0, sizeof(*tf));
-		return ckfs_fail_errno(err, "'%s': cannot stat", label);
-	}
-	rc = open_pickle(tf, fd, 0, (uint64_t)st.st_size, label, err);
 	if (rc != CKFS_OK)
 		return rc;
 	const struct ckfs_pv *root = tf->root;
@@ -739,46 +758,11 @@ enum ckfs_code ckfs_torch_open_list(struct ckfs_torch_file *tf, int fd,
 				       label, p, d ? ckfs_pv_kind_name(d->kind) : "null");
 			goto fail;
 		}
-		total += d->u.dict.n;
 	}
-	if (total > CKFS_MAX_TENSORS) {
-		rc = ckfs_fail(err, CKFS_E_LIMIT, "'%s': too many entries", label);
-		goto fail;
-	}
-	tf->entries = ckfs_arena_calloc(&tf->arena, total + 1, sizeof(*tf->entries));
-	tf->part_end = ckfs_arena_calloc(&tf->arena, root->u.seq.n, sizeof(size_t));
-	if (!tf->entries || !tf->part_end) {
-		rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
-		goto fail;
-	}
-	size_t n = 0;
-	size_t sl = skip_suffix ? strlen(skip_suffix) : 0;
-	for (size_t p = 0; p < root->u.seq.n; p++) {
-		const struct ckfs_pv *d = root->u.seq.items[p];
-		for (size_t i = 0; i < d->u.dict.n; i++) {
-			const struct ckfs_pv *k = d->u.dict.keys[i];
-			if (!k || k->kind != CKFS_PV_STR) {
-				rc = ckfs_fail(err, CKFS_E_FORMAT,
-					       "'%s': key %zu of state dict %zu is not "
-					       "a string", label, i, p);
-				goto fail;
-			}
-			size_t kl = strlen(k->u.str.s);
-			if (sl && kl >= sl && strcmp(k->u.str.s + kl - sl, skip_suffix) == 0) {
-				tf->n_skipped++;
-				continue;
-			}
-			rc = ckfs_torch_decode_value(tf, d->u.dict.vals[i], k->u.str.s,
-						     &tf->entries[n], err);
-			if (rc != CKFS_OK)
-				goto fail;
-			n++;
-		}
-		tf->part_end[p] = n;
-	}
-	tf->n_entries = n;
-	tf->n_parts = root->u.seq.n;
-	return CKFS_OK;
+	rc = decode_dicts(tf, (const struct ckfs_pv *const *)root->u.seq.items,
+			  root->u.seq.n, label, skip_suffix, err);
+	if (rc == CKFS_OK)
+		return CKFS_OK;
 fail:
 	ckfs_torch_close(tf);
 	return rc;
