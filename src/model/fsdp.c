@@ -56,13 +56,22 @@ static long parse_uint(const char *s, size_t len)
 	return v;
 }
 
-/* "model_world_size_<W>_rank_<R>.pt" -> W, R. */
-static int parse_rank_name(const char *name, long *ws, long *rank)
+static int all_digits(const char *s, size_t n)
+{
+	if (n == 0)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if (!isdigit((unsigned char)s[i]))
+			return 0;
+	return 1;
+}
+
+int ckfs_fsdp_rank_file_name(const char *name, long *ws, long *rank)
 {
 	static const char p1[] = "model_world_size_", p2[] = "_rank_", sfx[] = ".pt";
 	size_t n = strlen(name);
 
-	if (strncmp(name, p1, sizeof(p1) - 1) != 0 || n < sizeof(sfx) ||
+	if (strncmp(name, p1, sizeof(p1) - 1) != 0 || n < sizeof(p1) + sizeof(sfx) ||
 	    strcmp(name + n - (sizeof(sfx) - 1), sfx) != 0)
 		return 0;
 	const char *w = name + sizeof(p1) - 1;
@@ -70,9 +79,18 @@ static int parse_rank_name(const char *name, long *ws, long *rank)
 	if (!mid)
 		return 0;
 	const char *r = mid + sizeof(p2) - 1;
+	const char *end = name + n - (sizeof(sfx) - 1);
+	if (r > end || !all_digits(w, (size_t)(mid - w)) || !all_digits(r, (size_t)(end - r)))
+		return 0;
 	*ws = parse_uint(w, (size_t)(mid - w));
-	*rank = parse_uint(r, (size_t)(name + n - (sizeof(sfx) - 1) - r));
-	return *ws > 0 && *rank >= 0;
+	*rank = parse_uint(r, (size_t)(end - r));
+	return 1;
+}
+
+/* A rank file name with a usable world size and rank. */
+static int parse_rank_name(const char *name, long *ws, long *rank)
+{
+	return ckfs_fsdp_rank_file_name(name, ws, rank) && *ws > 0 && *rank >= 0;
 }
 
 /* ---- rank discovery ---- */

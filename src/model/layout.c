@@ -16,7 +16,6 @@
  * is still read from its rank files. A folder with none of these is an
  * error listing what was looked for.
  */
-#include <ctype.h>
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,45 +29,17 @@ static enum ckfs_code nomem(struct ckfs_error *err)
 	return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
 }
 
-static int all_digits(const char *s, size_t n)
-{
-	if (n == 0)
-		return 0;
-	for (size_t i = 0; i < n; i++)
-		if (!isdigit((unsigned char)s[i]))
-			return 0;
-	return 1;
-}
-
-/* "model_world_size_<digits>_rank_<digits>.pt", as fsdp.c reads them. */
-static int is_rank_file(const char *name)
-{
-	static const char p1[] = "model_world_size_", p2[] = "_rank_", sfx[] = ".pt";
-	size_t n = strlen(name);
-
-	if (strncmp(name, p1, sizeof(p1) - 1) != 0 || n < sizeof(p1) + sizeof(sfx) ||
-	    strcmp(name + n - (sizeof(sfx) - 1), sfx) != 0)
-		return 0;
-	const char *w = name + sizeof(p1) - 1;
-	const char *mid = strstr(w, p2);
-	if (!mid)
-		return 0;
-	const char *r = mid + sizeof(p2) - 1;
-	const char *end = name + n - (sizeof(sfx) - 1);
-	return r <= end && all_digits(w, (size_t)(mid - w)) &&
-	       all_digits(r, (size_t)(end - r));
-}
-
 static int has_rank_files(const char *dir)
 {
 	DIR *d = opendir(dir);
 	struct dirent *de;
 	int found = 0;
+	long ws, rank;
 
 	if (!d)
 		return 0;
 	while (!found && (de = readdir(d)))
-		found = is_rank_file(de->d_name);
+		found = ckfs_fsdp_rank_file_name(de->d_name, &ws, &rank);
 	closedir(d);
 	return found;
 }

@@ -58,6 +58,9 @@ enum ckfs_code ckfs_entry_chunks(const struct ckfs_sd_entry *e, const int64_t *c
 enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m,
 			       const struct ckfs_model_options *opt,
 			       struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* name has the shape "model_world_size_<digits>_rank_<digits>.pt"; *ws and
+ * *rank get the numbers (-1 past 9 digits). */
+int ckfs_fsdp_rank_file_name(const char *name, long *ws, long *rank);
 /* torch.distributed.checkpoint: SRC/.metadata and __R_I.distcp (dcp.c). */
 enum ckfs_code ckfs_dcp_build(struct ckfs_model *m,
 			      const struct ckfs_model_options *opt,
