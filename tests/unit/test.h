@@ -9,7 +9,9 @@
 #define CKFS_TEST_H
 
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int test_failures_total, test_cases, test_case_failed;
@@ -52,6 +54,43 @@ static int test_failures_total, test_cases, test_case_failed;
 		fprintf(stderr, "%s %s\n", test_case_failed ? "FAIL" : "ok  ", #fn); \
 		test_failures_total += test_case_failed;                     \
 	} while (0)
+
+/* A whole file in a new buffer (NUL-terminated, *len bytes), or NULL. */
+static inline unsigned char *test_slurp(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	unsigned char *buf = NULL;
+	long n;
+
+	*len = 0;
+	if (!f)
+		return NULL;
+	if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 &&
+	    fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1))) {
+		if (fread(buf, 1, (size_t)n, f) == (size_t)n) {
+			buf[n] = '\0';
+			*len = (size_t)n;
+		} else {
+			free(buf);
+			buf = NULL;
+		}
+	}
+	fclose(f);
+	return buf;
+}
+
+/* Run a shell command built with printf; returns system()'s status. */
+static inline int test_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static inline int test_sh(const char *fmt, ...)
+{
+	char cmd[4096];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(cmd, sizeof(cmd), fmt, ap);
+	va_end(ap);
+	return system(cmd);
+}
 
 static inline int test_summary(void)
 {

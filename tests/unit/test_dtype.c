@@ -14,25 +14,6 @@
 #include "ckfs/dtype.h"
 #include "test.h"
 
-static unsigned char *slurp(const char *path, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	unsigned char *buf;
-
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	*len = (size_t)ftell(f);
-	fseek(f, 0, SEEK_SET);
-	buf = malloc(*len + 16);
-	if (buf && fread(buf, 1, *len, f) != *len) {
-		free(buf);
-		buf = NULL;
-	}
-	fclose(f);
-	return buf;
-}
-
 static enum ckfs_dtype type_of(const char *name)
 {
 	static const struct { const char *n; enum ckfs_dtype t; } map[] = {
@@ -75,9 +56,9 @@ static void test_vectors(void)
 		enum ckfs_dtype from = type_of(from_s), to = type_of(to_s);
 		CHECK(from != CKFS_DTYPE_INVALID && to != CKFS_DTYPE_INVALID);
 		snprintf(path, sizeof(path), CKFS_FIXTURES "/dtype/%s_to_%s.src", from_s, to_s);
-		unsigned char *src = slurp(path, &slen);
+		unsigned char *src = test_slurp(path, &slen);
 		snprintf(path, sizeof(path), CKFS_FIXTURES "/dtype/%s_to_%s.dst", from_s, to_s);
-		unsigned char *want = slurp(path, &dlen);
+		unsigned char *want = test_slurp(path, &dlen);
 		CHECK(src && want);
 		if (!src || !want)
 			continue;

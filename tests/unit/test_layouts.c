@@ -19,7 +19,6 @@
  *  - a .distcp file changed under an open model fails reads.
  */
 #include <dirent.h>
-#include <stdarg.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -32,40 +31,6 @@
 
 #define DCP CKFS_FIXTURES "/dcp"
 #define HF CKFS_FIXTURES "/hf"
-
-static unsigned char *slurp(const char *path, size_t *len)
-{
-	int fd = open(path, O_RDONLY);
-	struct stat st;
-	unsigned char *buf = NULL;
-
-	*len = 0;
-	if (fd < 0 || fstat(fd, &st) != 0)
-		goto out;
-	buf = malloc((size_t)st.st_size + 1);
-	if (buf && pread(fd, buf, (size_t)st.st_size, 0) != st.st_size) {
-		free(buf);
-		buf = NULL;
-	}
-	*len = (size_t)st.st_size;
-out:
-	if (fd >= 0)
-		close(fd);
-	return buf;
-}
-
-static int sh(const char *fmt, ...) CKFS_PRINTF(1, 2);
-
-static int sh(const char *fmt, ...)
-{
-	char cmd[4096];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(cmd, sizeof(cmd), fmt, ap);
-	va_end(ap);
-	return system(cmd);
-}
 
 static char tmp_root[256];
 
@@ -221,7 +186,7 @@ static void test_dcp_matches_dcp_to_torch_save(void)
 			ckfs_error_clear(&err);
 			CHECK(ckfs_folder_build(m, &fopt, &f, &err) == CKFS_OK);
 			unsigned char *got = f ? read_node(f, "model.safetensors", &got_len) : NULL;
-			unsigned char *want = slurp(oracle, &want_len);
+			unsigned char *want = test_slurp(oracle, &want_len);
 			CHECK(got && want && got_len == want_len &&
 			      memcmp(got, want, want_len) == 0);
 			CHECK(f && find_node(f, "config.json") != NULL);
@@ -295,7 +260,7 @@ static void test_dcp_bf16_equals_converted_oracle(void)
 	struct ckfs_error err;
 
 	/* a copy: symlinks leading out of a checkpoint are refused */
-	CHECK(sh("rm -rf '%s' && mkdir -p '%s' && cp " DCP "/qwen2_fsdp2_w2_optim."
+	CHECK(test_sh("rm -rf '%s' && mkdir -p '%s' && cp " DCP "/qwen2_fsdp2_w2_optim."
 		 "dcp_to_torch_save.safetensors '%s/model.safetensors' && cp " DCP
 		 "/qwen2_fsdp2_w2_optim/huggingface/config.json '%s/'", dir, dir, dir,
 		 dir) == 0);
@@ -339,7 +304,7 @@ static void test_hf_single_identical(void)
 	ckfs_error_clear(&err);
 	CHECK(ckfs_folder_build(m, &fopt, &f, &err) == CKFS_OK);
 	unsigned char *got = f ? read_node(f, "model.safetensors", &got_len) : NULL;
-	unsigned char *want = slurp(HF "/qwen2_single/model.safetensors", &want_len);
+	unsigned char *want = test_slurp(HF "/qwen2_single/model.safetensors", &want_len);
 	CHECK(got && want && got_len == want_len && memcmp(got, want, want_len) == 0);
 	/* config.json (re-rendered) and generation_config.json; the weight
 	 * file is not passed through a second time */
@@ -370,7 +335,7 @@ static void test_hf_sharded(void)
 	CHECK(ckfs_folder_build(m, &one, &f, &err) == CKFS_OK);
 	/* the same weights as qwen2_single, so the same file */
 	unsigned char *got = f ? read_node(f, "model.safetensors", &got_len) : NULL;
-	unsigned char *want = slurp(HF "/qwen2_single/model.safetensors", &want_len);
+	unsigned char *want = test_slurp(HF "/qwen2_single/model.safetensors", &want_len);
 	CHECK(got && want && got_len == want_len && memcmp(got, want, want_len) == 0);
 	CHECK(f && find_node(f, "model.safetensors.index.json") == NULL);
 	CHECK(f && find_node(f, "model-00001-of-00004.safetensors") == NULL);
@@ -415,8 +380,8 @@ static void test_hf_subfolders(void)
 		const char *root = tmp_dir(i ? "sub_model_hf" : "sub_hf");
 		char dst[1024];
 		snprintf(dst, sizeof(dst), "%s/%s", root, subs[i]);
-		CHECK(sh("rm -rf '%s' && mkdir -p '%s'", root, dst) == 0);
-		CHECK(sh("cp " HF "/qwen2_single/* '%s'%s", dst, "") == 0);
+		CHECK(test_sh("rm -rf '%s' && mkdir -p '%s'", root, dst) == 0);
+		CHECK(test_sh("cp " HF "/qwen2_single/* '%s'%s", dst, "") == 0);
 		struct ckfs_model *m = open_model(root, CKFS_DTYPE_BF16);
 		CHECK(m != NULL);
 		if (m) {
@@ -438,8 +403,8 @@ static void test_detection(void)
 	const char *both = tmp_dir("both");
 
 	/* DCP before HF weights */
-	CHECK(sh("rm -rf '%s' && cp -r " DCP "/qwen2_plain_nodist '%s'", both, both) == 0);
-	CHECK(sh("cp " HF "/qwen2_single/model.safetensors '%s/huggingface/'", both) == 0);
+	CHECK(test_sh("rm -rf '%s' && cp -r " DCP "/qwen2_plain_nodist '%s'", both, both) == 0);
+	CHECK(test_sh("cp " HF "/qwen2_single/model.safetensors '%s/huggingface/'", both) == 0);
 	m = open_model(both, CKFS_DTYPE_BF16);
 	CHECK(m && strcmp(m->layout, "dcp") == 0);
 	ckfs_model_free(m);
@@ -453,7 +418,7 @@ static void test_detection(void)
 
 	/* nothing known: one line listing what was looked for */
 	const char *empty = tmp_dir("empty");
-	CHECK(sh("rm -rf '%s' && mkdir -p '%s/huggingface'", empty, empty) == 0);
+	CHECK(test_sh("rm -rf '%s' && mkdir -p '%s/huggingface'", empty, empty) == 0);
 	ckfs_error_clear(&err);
 	CHECK_EQ_INT(ckfs_model_open(empty, &opt, &m, &err), CKFS_E_NOTFOUND);
 	CHECK(strstr(err.msg, "not a verl FSDP checkpoint") != NULL);
@@ -473,11 +438,11 @@ static void expect_broken(const char *metadata, enum ckfs_code code, const char 
 	struct ckfs_model *m = NULL;
 	struct ckfs_error err;
 
-	CHECK(sh("rm -rf '%s' && cp -r " DCP "/qwen2_plain_nodist '%s'", dir, dir) == 0);
+	CHECK(test_sh("rm -rf '%s' && cp -r " DCP "/qwen2_plain_nodist '%s'", dir, dir) == 0);
 	if (metadata)
-		CHECK(sh("cp '%s' '%s/.metadata'", metadata, dir) == 0);
+		CHECK(test_sh("cp '%s' '%s/.metadata'", metadata, dir) == 0);
 	else /* truncated: the first 3000 of ~6500 bytes */
-		CHECK(sh("truncate -s 3000 '%s/.metadata'", dir) == 0);
+		CHECK(test_sh("truncate -s 3000 '%s/.metadata'", dir) == 0);
 	ckfs_error_clear(&err);
 	CHECK_EQ_INT(ckfs_model_open(dir, &opt, &m, &err), code);
 	CHECK(m == NULL);
@@ -513,13 +478,13 @@ static void test_dcp_source_changes(void)
 	struct ckfs_folder *f = NULL;
 	struct ckfs_error err;
 
-	CHECK(sh("rm -rf '%s' && cp -r " DCP "/qwen2_tied_fsdp2_w3 '%s'", dir, dir) == 0);
-	CHECK(sh("rm '%s/__2_0.distcp'", dir) == 0);
+	CHECK(test_sh("rm -rf '%s' && cp -r " DCP "/qwen2_tied_fsdp2_w3 '%s'", dir, dir) == 0);
+	CHECK(test_sh("rm '%s/__2_0.distcp'", dir) == 0);
 	ckfs_error_clear(&err);
 	CHECK_EQ_INT(ckfs_model_open(dir, &opt, &m, &err), CKFS_E_NOTFOUND);
 	CHECK(strstr(err.msg, "/changes/__2_0.distcp': not found") != NULL);
 
-	CHECK(sh("rm -rf '%s' && cp -r " DCP "/qwen2_tied_fsdp2_w3 '%s'", dir, dir) == 0);
+	CHECK(test_sh("rm -rf '%s' && cp -r " DCP "/qwen2_tied_fsdp2_w3 '%s'", dir, dir) == 0);
 	ckfs_error_clear(&err);
 	CHECK(ckfs_model_open(dir, &opt, &m, &err) == CKFS_OK);
 	CHECK(m && ckfs_folder_build(m, &fopt, &f, &err) == CKFS_OK);
@@ -528,7 +493,7 @@ static void test_dcp_source_changes(void)
 		unsigned char *x = read_node(f, "model.safetensors", &len);
 		CHECK(x != NULL);
 		free(x);
-		CHECK(sh("truncate -s 1000 '%s/__1_0.distcp'", dir) == 0);
+		CHECK(test_sh("truncate -s 1000 '%s/__1_0.distcp'", dir) == 0);
 		const struct ckfs_node *n = find_node(f, "model.safetensors");
 		struct ckfs_read_scratch s = { 0 };
 		size_t got;
@@ -555,6 +520,6 @@ int main(void)
 	RUN(test_detection);
 	RUN(test_dcp_broken);
 	RUN(test_dcp_source_changes);
-	sh("rm -rf '%s'", tmp_root);
+	test_sh("rm -rf '%s'", tmp_root);
 	return test_summary();
 }

@@ -12,7 +12,6 @@
  *  - broken folders fail with one line: a missing TP rank, a rank file
  *    from a different TP size, an unknown key, a dict instead of a list.
  */
-#include <stdarg.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -23,19 +22,6 @@
 #include "test.h"
 
 #define MG CKFS_FIXTURES "/megatron"
-
-static int sh(const char *fmt, ...) CKFS_PRINTF(1, 2);
-
-static int sh(const char *fmt, ...)
-{
-	char cmd[4096];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(cmd, sizeof(cmd), fmt, ap);
-	va_end(ap);
-	return system(cmd);
-}
 
 static char tmp_root[256];
 
@@ -156,8 +142,8 @@ static void expect_broken_in(const char *cas, const char *setup, enum ckfs_code 
 	struct ckfs_model *m = NULL;
 	struct ckfs_error err;
 
-	CHECK(sh("rm -rf '%s' && cp -r " MG "/%s '%s'", dir, cas, dir) == 0);
-	CHECK(sh("D='%s'; %s", dir, setup) == 0);
+	CHECK(test_sh("rm -rf '%s' && cp -r " MG "/%s '%s'", dir, cas, dir) == 0);
+	CHECK(test_sh("D='%s'; %s", dir, setup) == 0);
 	ckfs_error_clear(&err);
 	CHECK_EQ_INT(ckfs_model_open(dir, &opt, &m, &err), code);
 	CHECK(m == NULL);
@@ -211,6 +197,6 @@ int main(void)
 {
 	RUN(test_equals_original);
 	RUN(test_broken);
-	sh("rm -rf '%s'", tmp_root);
+	test_sh("rm -rf '%s'", tmp_root);
 	return test_summary();
 }

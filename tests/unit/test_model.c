@@ -20,26 +20,6 @@
 #include "ckfs/st.h"
 #include "test.h"
 
-static unsigned char *slurp(const char *path, size_t *len)
-{
-	int fd = open(path, O_RDONLY);
-	struct stat st;
-	unsigned char *buf = NULL;
-
-	if (fd < 0 || fstat(fd, &st) != 0)
-		goto out;
-	buf = malloc((size_t)st.st_size + 1);
-	if (buf && pread(fd, buf, (size_t)st.st_size, 0) != st.st_size) {
-		free(buf);
-		buf = NULL;
-	}
-	*len = (size_t)st.st_size;
-out:
-	if (fd >= 0)
-		close(fd);
-	return buf;
-}
-
 static const struct ckfs_node *find_node(const struct ckfs_folder *f, const char *name)
 {
 	for (size_t i = 0; i < f->n_nodes; i++)
@@ -146,7 +126,7 @@ static void test_fixtures_match_verl(void)
 		ckfs_error_clear(&err);
 		snprintf(exp, sizeof(exp), CKFS_FIXTURES "/expected/%s/model.safetensors",
 			 expected_name(de->d_name, twin, sizeof(twin)));
-		unsigned char *want = slurp(exp, &len);
+		unsigned char *want = test_slurp(exp, &len);
 		CHECK(want != NULL);
 		if (ckfs_model_open(src, &opt, &m, &err) != CKFS_OK ||
 		    ckfs_folder_build(m, &fopt, &f, &err) != CKFS_OK) {
@@ -308,7 +288,7 @@ static void test_edge_fixtures(void)
 		ckfs_error_clear(&err);
 		snprintf(src, sizeof(src), CKFS_FIXTURES "/edge/%s", names[i]);
 		snprintf(exp, sizeof(exp), CKFS_FIXTURES "/edge/%s.expected.safetensors", names[i]);
-		unsigned char *want = slurp(exp, &len);
+		unsigned char *want = test_slurp(exp, &len);
 		CHECK(want != NULL);
 		if (ckfs_model_open(src, &opt, &m, &err) != CKFS_OK ||
 		    ckfs_folder_build(m, &fopt, &f, &err) != CKFS_OK) {

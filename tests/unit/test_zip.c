@@ -26,29 +26,6 @@
 static const char hello[] = "hello, zip\n";
 
 /* Whole small file into memory (test inputs only), NUL-terminated. */
-static char *slurp(const char *path, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf = NULL;
-	long n;
-
-	*len = 0;
-	if (!f)
-		return NULL;
-	if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 &&
-	    fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1))) {
-		if (fread(buf, 1, (size_t)n, f) == (size_t)n) {
-			buf[n] = '\0';
-			*len = (size_t)n;
-		} else {
-			free(buf);
-			buf = NULL;
-		}
-	}
-	fclose(f);
-	return buf;
-}
-
 static uint64_t file_size(int fd)
 {
 	struct stat st;
@@ -115,7 +92,7 @@ static int data_equals(const struct ckfs_zip *z, const char *name,
 {
 	const struct ckfs_zip_entry *e = ckfs_zip_find(z, name);
 	size_t n;
-	char *want = slurp(expect_path, &n);
+	char *want = (char *)test_slurp(expect_path, &n);
 	char *got = NULL;
 	int ok = 0;
 
@@ -151,7 +128,7 @@ static void check_manifest(const struct ckfs_zip *z, const char *path,
 			   int skip)
 {
 	size_t len, i = 0;
-	char *text = slurp(path, &len), *line, *save = NULL;
+	char *text = (char *)test_slurp(path, &len), *line, *save = NULL;
 
 	CHECK(text != NULL);
 	if (!text)
@@ -404,9 +381,9 @@ static void test_torch_zip64(void)
 	struct ckfs_zip z;
 	int fd;
 
-	head = slurp(FIX("big_skipdata.head"), &hlen);
-	tail = slurp(FIX("big_skipdata.tail"), &tlen);
-	text = slurp(FIX("big_skipdata.records.txt"), &tx);
+	head = (char *)test_slurp(FIX("big_skipdata.head"), &hlen);
+	tail = (char *)test_slurp(FIX("big_skipdata.tail"), &tlen);
+	text = (char *)test_slurp(FIX("big_skipdata.records.txt"), &tx);
 	CHECK(head && tail && text);
 	if (!head || !tail || !text)
 		goto out;
@@ -457,7 +434,7 @@ out:
 static void test_dcp_items(void)
 {
 	size_t len, n = 0;
-	char *items = slurp(FIX("dcp.items.txt"), &len), *line, *save = NULL;
+	char *items = (char *)test_slurp(FIX("dcp.items.txt"), &len), *line, *save = NULL;
 
 	CHECK(items != NULL);
 	if (!items)
