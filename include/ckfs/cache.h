@@ -13,6 +13,14 @@
  *     recently used first, whenever the bytes held exceed the budget (the
  *     budget may be exceeded while everything is pinned; it is restored as
  *     soon as slices are unpinned).
+ *   - ckfs_cache_put_served() unpins and counts the bytes just served from
+ *     the slice. Once they add up to its length the slice is done (a
+ *     FUSE front end has handed every byte to the kernel, whose page cache
+ *     now holds them): it becomes the first to be evicted, and the next
+ *     fill reuses its buffer instead of allocating one, so a streaming
+ *     read cycles through a few warm buffers instead of faulting in fresh
+ *     memory up to the budget. A get of a done slice before it is
+ *     recycled makes it an ordinary slice again (its count restarts).
  *   - ckfs_cache_prefetch() queues slices for worker threads to fill in the
  *     background (read-ahead); already cached or queued slices are skipped,
  *     and the queue is bounded (extra requests are dropped, counted).
@@ -55,6 +63,7 @@ struct ckfs_cache_stats {
 	uint64_t prefetch_queued;
 	uint64_t prefetch_dropped;
 	uint64_t prefetch_hits;     /* gets that found a prefetched slice */
+	uint64_t recycled;          /* done slices whose buffer a fill reused */
 	uint64_t bytes_cached;      /* now */
 	uint64_t slices_cached;     /* now */
 	uint64_t budget_bytes;
@@ -77,6 +86,8 @@ enum ckfs_code ckfs_cache_get(struct ckfs_cache *c, uint64_t file_id,
 const void *ckfs_slice_data(const struct ckfs_slice *s);
 size_t ckfs_slice_len(const struct ckfs_slice *s);
 void ckfs_cache_put(struct ckfs_cache *c, struct ckfs_slice *s);
+void ckfs_cache_put_served(struct ckfs_cache *c, struct ckfs_slice *s,
+			   size_t served);
 
 /* Queue slice index of file_id (of byte length len) for read-ahead. */
 void ckfs_cache_prefetch(struct ckfs_cache *c, uint64_t file_id,

@@ -19,7 +19,8 @@
  * its slices, and its counters (so the counters cost no atomic traffic).
  *
  * LRU. One global list of the slices that are VALID and unpinned, most
- * recently released at the head, under lru_lock. It is global rather than
+ * recently released at the head (done slices, every byte of which has
+ * been served, at the tail), under lru_lock. It is global rather than
  * per shard so that eviction really is least recently used across the
  * whole cache (per-shard lists would evict by shard, not by age); its
  * critical sections are a few pointer writes, taken only when a pin count
@@ -53,8 +54,10 @@
  * before allocation) and is atomic because the budget check reads it
  * without locks. Eviction brings it back under the budget whenever enough
  * unpinned slices exist; otherwise the next unpin does. Buffers come from
- * posix_memalign (4 KiB alignment from 4 KiB up); the budget counts slice
- * bytes, not allocator or header overhead.
+ * posix_memalign (4 KiB alignment from 4 KiB up), or are recycled from a
+ * done slice at the LRU tail (same length), which spares the page faults
+ * and zeroing of fresh memory; the budget counts slice bytes, not
+ * allocator or header overhead.
  */
 #include "ckfs/cache.h"
 
@@ -97,6 +100,11 @@ struct ckfs_slice {
 	enum slice_state state;
 	unsigned refs;                  /* pins: filler + waiters, or holders */
 	bool prefetched;                /* read ahead and not asked for yet */
+	size_t served;                  /* bytes handed out by put_served */
+	/* Protected by shard->lock and c->lru_lock together (either one is
+	 * enough to read it): every byte has been served, so it sits at the
+	 * LRU tail and its buffer may be recycled. */
+	bool done;
 	enum ckfs_code fail_code;       /* FAILED: the filler's code */
 	struct ckfs_error *fail;        /* FAILED: its error for waiters, or
 					 * NULL if it could not be copied */
@@ -110,7 +118,7 @@ struct cache_shard {
 	/* Protected by lock. */
 	struct ckfs_slice **buckets;    /* nbuckets chains */
 	uint64_t hits, misses, waits, evictions, fills, fill_errors;
-	uint64_t bytes_filled, prefetch_hits, slices;
+	uint64_t bytes_filled, prefetch_hits, slices, recycled;
 };
 
 struct prefetch_req {
@@ -265,60 +273,122 @@ static void pin(struct ckfs_cache *c, struct ckfs_slice *s)
 	if (s->refs++ == 0) {
 		pthread_mutex_lock(&c->lru_lock);
 		lru_unlink(c, s);
+		if (s->done) { /* wanted again: count afresh */
+			s->done = false;
+			s->served = 0;
+		}
 		pthread_mutex_unlock(&c->lru_lock);
 	}
 }
 
 /* Under sh->lock: drop a pin on a VALID slice; true when it became
- * evictable (it is then the most recently used). */
-static bool unpin(struct ckfs_cache *c, struct ckfs_slice *s)
+ * evictable. It then goes to the head of the LRU list (most recently
+ * used), or to the tail when done: a reader finished with it, so it is the
+ * first to go and its buffer the next to be recycled. */
+static bool unpin(struct ckfs_cache *c, struct ckfs_slice *s, bool done)
 {
 	if (--s->refs != 0)
 		return false;
 	pthread_mutex_lock(&c->lru_lock);
-	s->lru_prev = NULL;
-	s->lru_next = c->lru_head;
-	if (c->lru_head)
-		c->lru_head->lru_prev = s;
-	else
+	s->done = done;
+	if (done) {
+		s->lru_next = NULL;
+		s->lru_prev = c->lru_tail;
+		if (c->lru_tail)
+			c->lru_tail->lru_next = s;
+		else
+			c->lru_head = s;
 		c->lru_tail = s;
-	c->lru_head = s;
+	} else {
+		s->lru_prev = NULL;
+		s->lru_next = c->lru_head;
+		if (c->lru_head)
+			c->lru_head->lru_prev = s;
+		else
+			c->lru_tail = s;
+		c->lru_head = s;
+	}
 	pthread_mutex_unlock(&c->lru_lock);
 	return true;
+}
+
+/*
+ * Take the LRU tail out of the cache if it is evictable and, when want_len
+ * is not 0, done and want_len bytes long. Called with no lock held. The
+ * tail's shard cannot be locked first (the lock order is shard, then
+ * lru_lock), so it is read under lru_lock, that shard is locked, and the
+ * tail is taken only if it still belongs to it. 1: *victim is out of the
+ * table, unpinned, the caller's to free; 0: nothing to take.
+ */
+static int take_tail(struct ckfs_cache *c, size_t want_len,
+		     struct ckfs_slice **victim)
+{
+	for (;;) {
+		struct ckfs_slice *v;
+		struct cache_shard *sh;
+		int again = 0;
+
+		pthread_mutex_lock(&c->lru_lock);
+		v = c->lru_tail;
+		sh = v && (!want_len || (v->done && v->len == want_len)) ?
+			     v->shard : NULL;
+		pthread_mutex_unlock(&c->lru_lock);
+		if (!sh)
+			return 0;
+
+		pthread_mutex_lock(&sh->lock);
+		pthread_mutex_lock(&c->lru_lock);
+		v = c->lru_tail;
+		if (v && v->shard == sh &&
+		    (!want_len || (v->done && v->len == want_len)) &&
+		    (want_len || atomic_load(&c->bytes) > c->budget)) {
+			lru_unlink(c, v);
+			remove_from_table(c, sh, v);
+			if (want_len)
+				sh->recycled++;
+			else
+				sh->evictions++;
+		} else {
+			/* The tail changed meanwhile: look again, unless a
+			 * concurrent evictor already restored the budget. */
+			again = want_len || atomic_load(&c->bytes) > c->budget;
+			v = NULL;
+		}
+		pthread_mutex_unlock(&c->lru_lock);
+		pthread_mutex_unlock(&sh->lock);
+		if (v) {
+			*victim = v;
+			return 1;
+		}
+		if (!again)
+			return 0;
+	}
 }
 
 /* Free least recently used unpinned slices until the bytes held fit the
  * budget or nothing more can go. Called with no lock held. */
 static void evict_to_budget(struct ckfs_cache *c)
 {
-	while (atomic_load(&c->bytes) > c->budget) {
-		struct ckfs_slice *victim;
-		struct cache_shard *sh;
+	struct ckfs_slice *victim;
 
-		pthread_mutex_lock(&c->lru_lock);
-		sh = c->lru_tail ? c->lru_tail->shard : NULL;
-		pthread_mutex_unlock(&c->lru_lock);
-		if (!sh)
-			return; /* all pinned or filling: put restores it */
+	while (atomic_load(&c->bytes) > c->budget && take_tail(c, 0, &victim))
+		slice_free(victim);
+}
 
-		pthread_mutex_lock(&sh->lock);
-		pthread_mutex_lock(&c->lru_lock);
-		victim = c->lru_tail;
-		/* Recheck the bytes too, so that concurrent evictors do not
-		 * each take one slice for the same excess. */
-		if (victim && victim->shard == sh &&
-		    atomic_load(&c->bytes) > c->budget) {
-			lru_unlink(c, victim);
-			remove_from_table(c, sh, victim);
-			sh->evictions++;
-		} else {
-			victim = NULL;
-		}
-		pthread_mutex_unlock(&c->lru_lock);
-		pthread_mutex_unlock(&sh->lock);
-		if (victim)
-			slice_free(victim);
-	}
+/* A done slice's buffer of len bytes, taken from the LRU tail, or NULL.
+ * Reusing it spares a fresh allocation's page faults and zeroing, which
+ * cost as much as the fill itself on a streaming read. */
+static unsigned char *recycle_buffer(struct ckfs_cache *c, size_t len)
+{
+	struct ckfs_slice *victim;
+	unsigned char *data;
+
+	if (!take_tail(c, len, &victim))
+		return NULL;
+	data = victim->data;
+	victim->data = NULL;
+	slice_free(victim);
+	return data;
 }
 
 static void *slice_alloc(size_t len)
@@ -347,8 +417,12 @@ static enum ckfs_code fill_slice(struct ckfs_cache *c, struct ckfs_slice *s,
 	bool last;
 
 	ckfs_error_clear(&local);
-	evict_to_budget(c); /* make room before allocating */
-	data = slice_alloc(s->len);
+	/* A done slice's buffer first (taking it also makes room), then
+	 * make room before allocating. */
+	data = recycle_buffer(c, s->len);
+	evict_to_budget(c);
+	if (!data)
+		data = slice_alloc(s->len);
 	if (!data) {
 		rc = ckfs_fail(&local, CKFS_E_NOMEM,
 			       "cannot allocate %zu bytes for slice %" PRIu64
@@ -508,7 +582,8 @@ size_t ckfs_slice_len(const struct ckfs_slice *s)
 	return s->len;
 }
 
-void ckfs_cache_put(struct ckfs_cache *c, struct ckfs_slice *s)
+void ckfs_cache_put_served(struct ckfs_cache *c, struct ckfs_slice *s,
+			   size_t served)
 {
 	struct cache_shard *sh = s->shard;
 	bool evictable;
@@ -516,10 +591,16 @@ void ckfs_cache_put(struct ckfs_cache *c, struct ckfs_slice *s)
 	pthread_mutex_lock(&sh->lock);
 	CACHE_BUG_ON(s->refs == 0, "put of a slice that is not pinned");
 	CACHE_BUG_ON(s->state != SLICE_VALID, "put of a slice never got");
-	evictable = unpin(c, s);
+	s->served += served < s->len ? served : s->len;
+	evictable = unpin(c, s, s->served >= s->len);
 	pthread_mutex_unlock(&sh->lock);
 	if (evictable)
 		evict_to_budget(c);
+}
+
+void ckfs_cache_put(struct ckfs_cache *c, struct ckfs_slice *s)
+{
+	ckfs_cache_put_served(c, s, 0);
 }
 
 /* On a worker: fill one queued slice unless it is there already. */
@@ -661,6 +742,7 @@ void ckfs_cache_get_stats(struct ckfs_cache *c, struct ckfs_cache_stats *out)
 		out->fill_errors += sh->fill_errors;
 		out->bytes_filled += sh->bytes_filled;
 		out->prefetch_hits += sh->prefetch_hits;
+		out->recycled += sh->recycled;
 		out->slices_cached += sh->slices;
 		pthread_mutex_unlock(&sh->lock);
 	}

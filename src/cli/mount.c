@@ -470,9 +470,9 @@ static void print_stats(const cJSON *o)
 	printf("hits/misses     %.0f / %.0f (%.1f%% hits), %.0f waits, %.0f evictions\n",
 	       hits, misses, hits + misses > 0 ? 100.0 * hits / (hits + misses) : 0.0,
 	       num(o, "waits"), num(o, "evictions"));
-	printf("filled          %s in %.0f fills, %.0f failed\n",
+	printf("filled          %s in %.0f fills, %.0f failed, %.0f into recycled buffers\n",
 	       bytes(o, "bytes_filled", a, sizeof(a)), num(o, "fills"),
-	       num(o, "fill_errors"));
+	       num(o, "fill_errors"), num(o, "recycled"));
 	printf("read-ahead      %.0f sequential reads, %.0f slices queued, %.0f dropped, "
 	       "%.0f used\n",
 	       num(o, "readahead_sequential"), num(o, "prefetch_queued"),

@@ -508,7 +508,8 @@ static void read_weights(fuse_req_t req, struct ckfs_fs *fs, struct ckfs_handle 
 	fuse_reply_iov(req, iov, (int)count);
 out:
 	for (uint64_t i = 0; i < got; i++)
-		ckfs_cache_put(fs->cache, sl[i]);
+		ckfs_cache_put_served(fs->cache, sl[i],
+				      err.code == CKFS_OK ? iov[i].iov_len : 0);
 	if (err.code != CKFS_OK)
 		reply_read_error(req, fs, h->node, off, len, &err);
 	if (sl != stack_sl)
@@ -712,7 +713,7 @@ static size_t stats_json(struct ckfs_fs *fs, char *out, size_t cap)
 		",\"bytes_filled\":%" PRIu64 ",\"bytes_cached\":%" PRIu64
 		",\"slices_cached\":%" PRIu64 ",\"budget\":%" PRIu64 ",\"slice_size\":%zu"
 		",\"prefetch_queued\":%" PRIu64 ",\"prefetch_dropped\":%" PRIu64
-		",\"prefetch_hits\":%" PRIu64 ",\"readahead_sequential\":%" PRIu64
+		",\"prefetch_hits\":%" PRIu64 ",\"recycled\":%" PRIu64 ",\"readahead_sequential\":%" PRIu64
 		",\"readahead_slices\":%" PRIu64 ",\"source_bytes_read\":%" PRIu64
 		",\"reads\":%" PRIu64 ",\"bytes_read\":%" PRIu64 ",\"opens\":%" PRIu64
 		",\"errors\":%" PRIu64 "}\n",
@@ -721,7 +722,7 @@ static size_t stats_json(struct ckfs_fs *fs, char *out, size_t cap)
 			(double)(now.tv_nsec - fs->ready_at.tv_nsec) / 1e9,
 		cs.hits, cs.misses, cs.waits, cs.evictions, cs.fills, cs.fill_errors,
 		cs.bytes_filled, cs.bytes_cached, cs.slices_cached, cs.budget_bytes,
-		fs->slice_size, cs.prefetch_queued, cs.prefetch_dropped, cs.prefetch_hits,
+		fs->slice_size, cs.prefetch_queued, cs.prefetch_dropped, cs.prefetch_hits, cs.recycled,
 		(uint64_t)atomic_load(&fs->stats.ra_sequential),
 		(uint64_t)atomic_load(&fs->stats.ra_slices),
 		rchar > fs->rchar_at_ready ? rchar - fs->rchar_at_ready : 0,

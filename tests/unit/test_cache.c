@@ -4,7 +4,8 @@
  * protocol in include/ckfs/cache.h: miss, fill, hit, tail slices, LRU
  * eviction under the budget, pinned slices surviving it, failed fills
  * reaching every waiter and retried, one fill for many concurrent gets,
- * read-ahead and its bounded queue, ckfs_cache_read, and the counters.
+ * read-ahead and its bounded queue, ckfs_cache_read, buffers of served
+ * slices recycled, and the counters.
  * The fill callback writes a pattern that depends on (file id, offset), so
  * every byte checked also checks that it came from the right place.
  * Threads in these tests wait on observable state (counters) with short
@@ -816,6 +817,62 @@ static void test_read(void)
 
 /* Counters after a mixed sequence agree with each other and with what the
  * test did. */
+/* get + check + put_served(served). */
+static void serve(struct ckfs_cache *c, uint64_t index, size_t len, size_t served)
+{
+	struct ckfs_error err;
+	struct ckfs_slice *s;
+
+	ckfs_error_clear(&err);
+	CHECK_EQ_INT(ckfs_cache_get(c, 1, index, len, &s, &err), CKFS_OK);
+	if (!s)
+		return;
+	CHECK(pattern_ok(1, index * SS, ckfs_slice_data(s), len));
+	ckfs_cache_put_served(c, s, served);
+}
+
+/* A slice whose every byte was served goes first, and the next fill of the
+ * same length reuses its buffer (well under the budget); half-served,
+ * re-read or shorter slices are not recycled. */
+static void test_recycle(void)
+{
+	struct fill_ctx f;
+	struct ckfs_cache *c = make_cache(&f, SS, 16 * SS, 0, 0);
+	struct ckfs_cache_stats st;
+	enum { A, B, C, D, E, F, T = 9 };
+
+	serve(c, A, SS, SS / 2);
+	serve(c, B, SS, SS);           /* done */
+	serve(c, C, SS, 0);            /* fill: B's buffer */
+	st = stats_of(c);
+	CHECK_EQ_INT(st.recycled, 1);
+	CHECK_EQ_INT(st.evictions, 0);
+	CHECK_EQ_INT(st.slices_cached, 2);
+	CHECK_EQ_INT(atomic_load(&f.calls), 3);
+	serve(c, B, SS, 0);            /* gone: filled again */
+	CHECK_EQ_INT(atomic_load(&f.calls), 4);
+	CHECK_EQ_INT(stats_of(c).recycled, 1); /* nothing was done */
+
+	serve(c, A, SS, SS / 2);       /* hit; A's count reaches SS: done */
+	serve(c, A, SS, 0);            /* hit before recycling: ordinary */
+	serve(c, D, SS, 0);
+	CHECK_EQ_INT(stats_of(c).recycled, 1);
+	CHECK_EQ_INT(atomic_load(&f.calls), 5);
+
+	serve(c, T, SS / 4, SS / 4);   /* a done tail slice of another size */
+	serve(c, E, SS, 0);
+	CHECK_EQ_INT(stats_of(c).recycled, 1);
+	serve(c, T, SS / 4, 0);        /* still cached */
+	CHECK_EQ_INT(atomic_load(&f.calls), 7);
+
+	serve(c, E, SS, 2 * SS);       /* over-counting is capped, still done */
+	serve(c, F, SS, 0);            /* reuses E's buffer, bytes all F's */
+	st = stats_of(c);
+	CHECK_EQ_INT(st.recycled, 2);
+	CHECK_EQ_INT(st.fills, st.evictions + st.recycled + st.slices_cached);
+	done(c, &f);
+}
+
 static void test_stats_consistency(void)
 {
 	struct fill_ctx f;
@@ -888,6 +945,7 @@ int main(void)
 	RUN(test_prefetch_error);
 	RUN(test_free_drops_queue);
 	RUN(test_read);
+	RUN(test_recycle);
 	RUN(test_stats_consistency);
 	RUN(test_put_unpinned_aborts);
 	return test_summary();

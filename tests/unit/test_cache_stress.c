@@ -170,6 +170,9 @@ static void op_get(struct worker *w, unsigned file, uint64_t index, bool hold)
 		note_bad(w, "get: wrong bytes", NULL);
 	if (hold && w->nheld < MAX_HELD)
 		w->held[w->nheld++] = s;
+	else if (next_rand(w) & 1) /* served whole or in part: may recycle */
+		ckfs_cache_put_served(w->cache, s, next_rand(w) & 1 ? len :
+					       (size_t)(next_rand(w) % (len + 1)));
 	else
 		ckfs_cache_put(w->cache, s);
 }
@@ -255,7 +258,7 @@ static bool at_rest_consistent(struct ckfs_cache *c,
 			       struct ckfs_cache_stats *st)
 {
 	ckfs_cache_get_stats(c, st);
-	return st->fills == st->evictions + st->slices_cached &&
+	return st->fills == st->evictions + st->recycled + st->slices_cached &&
 	       st->bytes_cached <= st->budget_bytes &&
 	       st->fills + st->fill_errors == atomic_load(&fill_calls) &&
 	       st->bytes_filled == atomic_load(&bytes_ok);
@@ -312,11 +315,11 @@ static void test_stress(void)
 	fprintf(stderr,
 		"stress: %.1f s, %" PRIu64 " ops, %" PRIu64 " gets: %" PRIu64
 		" hits, %" PRIu64 " misses (%" PRIu64 " waits), %" PRIu64
-		" fills, %" PRIu64 " errors, %" PRIu64 " evictions, "
-		"read-ahead %" PRIu64 " queued %" PRIu64 " dropped %" PRIu64
+		" fills, %" PRIu64 " errors, %" PRIu64 " evictions, %" PRIu64
+		" recycled, read-ahead %" PRIu64 " queued %" PRIu64 " dropped %" PRIu64
 		" hits, %" PRIu64 " bytes in %" PRIu64 " slices\n",
 		now() - start, ops, gets, st.hits, st.misses, st.waits,
-		st.fills, st.fill_errors, st.evictions, st.prefetch_queued,
+		st.fills, st.fill_errors, st.evictions, st.recycled, st.prefetch_queued,
 		st.prefetch_dropped, st.prefetch_hits, st.bytes_cached,
 		st.slices_cached);
 	CHECK(rest);
@@ -325,7 +328,7 @@ static void test_stress(void)
 	CHECK(st.waits <= st.misses);
 	CHECK(st.prefetch_hits <= st.prefetch_queued);
 	CHECK(st.prefetch_queued + st.prefetch_dropped <= prefetches);
-	CHECK_EQ_INT(st.fills, st.evictions + st.slices_cached);
+	CHECK_EQ_INT(st.fills, st.evictions + st.recycled + st.slices_cached);
 	CHECK(st.bytes_cached <= st.budget_bytes);
 	CHECK(st.bytes_cached <= st.slices_cached * SS);
 	CHECK_EQ_INT(st.fill_errors, atomic_load(&fills_failed));
