@@ -138,6 +138,11 @@ enum ckfs_code ckfs_model_check_path(const struct ckfs_model *m, const char *pat
 /* Record the identity of an open descriptor into s (fd, path kept). */
 enum ckfs_code ckfs_source_init(struct ckfs_source *s, int fd, const char *path,
 				const char *name, struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* Bytes of source files this process has read to serve data (pread or
+ * mapped windows; not the metadata read at open), for the mount's stats.
+ * Readers call ckfs_source_note_read as they go. */
+uint64_t ckfs_source_bytes_read(void);
+void ckfs_source_note_read(uint64_t n);
 
 /* Bytes of one output tensor. */
 uint64_t ckfs_tensor_out_bytes(const struct ckfs_tensor *t);

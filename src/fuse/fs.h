@@ -110,7 +110,7 @@ struct ckfs_fs {
 	bool scratch_key_made;
 	atomic_int_fast64_t *err_logged_at; /* per node: last error log, seconds */
 	struct ckfs_fs_stats stats;
-	uint64_t rchar_at_ready;    /* /proc/self/io rchar when serving began */
+	uint64_t source_bytes_at_ready; /* ckfs_source_bytes_read() then */
 	struct timespec ready_at;   /* CLOCK_MONOTONIC */
 };
 
@@ -138,7 +138,5 @@ int ckfs_abs_path(const char *path, char *out, size_t size);
  * "fuse.ckfs", copied to fstype), 0, or -1 when mountinfo is unreadable. */
 int ckfs_mountinfo_lookup(const char *path, char *fstype, size_t fstype_size);
 
-/* /proc/self/io rchar: bytes this process read with read(2)/pread(2). */
-uint64_t ckfs_fs_rchar(void);
 
 #endif

@@ -163,24 +163,9 @@ void ckfs_fs_release(struct ckfs_fs *fs)
 	fs->err_logged_at = NULL;
 }
 
-uint64_t ckfs_fs_rchar(void)
-{
-	char line[128];
-	uint64_t v = 0;
-	FILE *f = fopen("/proc/self/io", "re");
-
-	if (!f)
-		return 0;
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "rchar: %" SCNu64, &v) == 1)
-			break;
-	fclose(f);
-	return v;
-}
-
 void ckfs_fs_mark_ready(struct ckfs_fs *fs)
 {
-	fs->rchar_at_ready = ckfs_fs_rchar();
+	fs->source_bytes_at_ready = ckfs_source_bytes_read();
 	clock_gettime(CLOCK_MONOTONIC, &fs->ready_at);
 }
 
@@ -698,7 +683,6 @@ static size_t stats_json(struct ckfs_fs *fs, char *out, size_t cap)
 {
 	struct ckfs_cache_stats cs;
 	struct timespec now;
-	uint64_t rchar = ckfs_fs_rchar();
 	size_t pos;
 
 	ckfs_cache_get_stats(fs->cache, &cs);
@@ -725,7 +709,7 @@ static size_t stats_json(struct ckfs_fs *fs, char *out, size_t cap)
 		fs->slice_size, cs.prefetch_queued, cs.prefetch_dropped, cs.prefetch_hits, cs.recycled,
 		(uint64_t)atomic_load(&fs->stats.ra_sequential),
 		(uint64_t)atomic_load(&fs->stats.ra_slices),
-		rchar > fs->rchar_at_ready ? rchar - fs->rchar_at_ready : 0,
+		ckfs_source_bytes_read() - fs->source_bytes_at_ready,
 		(uint64_t)atomic_load(&fs->stats.reads),
 		(uint64_t)atomic_load(&fs->stats.bytes_read),
 		(uint64_t)atomic_load(&fs->stats.opens),

@@ -77,6 +77,7 @@ static enum ckfs_code read_exact(const struct ckfs_model *m, uint32_t src,
 					 (unsigned long long)(pos + len));
 		done += (size_t)r;
 	}
+	ckfs_source_note_read(len);
 	return CKFS_OK;
 }
 
@@ -125,6 +126,7 @@ static enum ckfs_code window_open(const struct ckfs_model *m, uint32_t src,
 			w->map = p;
 			w->map_len = map_len;
 			w->p = (const unsigned char *)p + (pos - start);
+			ckfs_source_note_read(len);
 			return CKFS_OK;
 		}
 	}

@@ -356,6 +356,7 @@ enum ckfs_code ckfs_folder_read(const struct ckfs_folder *f,
 						 n->src.path);
 			done += (size_t)r;
 		}
+		ckfs_source_note_read(len);
 		CKFS_TRY(ckfs_source_check(&n->src, err));
 		break;
 	}

@@ -5,15 +5,18 @@ ready) and unmounted at the end. Mounting needs FUSE: as root here, as in CI.
 """
 
 import filecmp
+import json
 import os
 import shutil
+import struct
 import subprocess
 import threading
 
 import pytest
 import torch
 
-from conftest import ckfs_bin, ckpt_dir, load_file, load_folder, original_path, same_bits, weight_files
+from conftest import (ckfs_bin, ckpt_dir, load_file, load_folder, original_path, run_ckfs, same_bits,
+                      weight_files)
 from test_readers import exported_logits, prompt_ids, reference_logits
 
 
@@ -84,3 +87,42 @@ def test_mount_cp_copy(config, mounted, tmp_path):
     torch.set_num_threads(1)
     ids = prompt_ids(config)
     assert torch.equal(exported_logits(config, copy, ids), reference_logits(config, ids))
+
+
+def test_mount_stream_recycles_and_counts_sources(tmp_path):
+    """A streaming read in page-sized requests (readahead off, so each slice is served in four
+    pieces): the bytes equal the export, the daemon read each fp32 source byte once
+    (source_bytes_read is twice the bf16 tensor bytes), slices whose bytes were all served gave
+    their buffers to later fills (recycled), and the cache held about the read-ahead window."""
+    config = {"name": "llama_tied_fsdp2_w4"}
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    page, slice_size, window = 4096, 16384, 4
+    subprocess.run([ckfs_bin(), "mount", str(ckpt_dir(config)), str(mnt), "--dtype", "bf16",
+                    "-o", f"slice_size={slice_size},readahead={window}"], check=True, timeout=120)
+    try:
+        fd = os.open(mnt / "model.safetensors", os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            parts = []
+            while part := os.pread(fd, page, page * len(parts)):
+                parts.append(part)
+        finally:
+            os.close(fd)
+        data = b"".join(parts)
+        stats = json.loads(subprocess.run([ckfs_bin(), "stats", "--json", str(mnt)], check=True,
+                                          capture_output=True, text=True).stdout)
+    finally:
+        subprocess.run([ckfs_bin(), "umount", str(mnt)], capture_output=True, timeout=60)
+    run_ckfs("export", ckpt_dir(config), tmp_path / "out", "--dtype", "bf16")
+    assert data == (tmp_path / "out" / "model.safetensors").read_bytes()
+    header_len = struct.unpack("<Q", data[:8])[0]
+    tensor_bytes = len(data) - 8 - header_len
+    want = load_file(original_path(config))
+    want.pop("lm_head.weight")  # tied: served once as embed_tokens
+    assert tensor_bytes == sum(v.numel() * 2 for v in want.values())
+    assert stats["source_bytes_read"] == 2 * tensor_bytes, stats
+    n_slices = -(-len(data) // slice_size)
+    assert stats["fills"] == n_slices, stats
+    assert stats["recycled"] >= n_slices - 2 * window - 2, stats
+    assert stats["slices_cached"] <= window + 2, stats
