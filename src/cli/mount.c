@@ -32,6 +32,7 @@
 #define DEFAULT_SLICE_SIZE ((size_t)4 << 20) /* 4 MiB */
 #define DEFAULT_THREADS 16
 #define DEFAULT_READAHEAD 16                 /* slices: 64 MiB ahead */
+#define DEFAULT_KERNEL_READAHEAD_KB 1024     /* = max_read: whole requests */
 
 static void mount_usage(FILE *to)
 {
@@ -56,6 +57,8 @@ static void mount_usage(FILE *to)
 	      "                                                          -o follow_symlinks\n"
 	      "      --log-level L         err|warning|notice|info|debug      -o log_level=\n"
 	      "  -o prefetch_threads=N, slice_size=N (power of two, default 4MiB),\n"
+	      "     kernel_readahead=N (the mount's read_ahead_kb when run as root,\n"
+	      "     default 1MiB; 0 keeps the kernel's 128KiB),\n"
 	      "     uid=N, gid=N (owner shown for all files; default: the mounting user)\n"
 	      "\n"
 	      "Returns once the mount is ready (status 0) or has failed (status 1).\n"
@@ -147,6 +150,13 @@ static int apply_key(struct mount_parse *p, const char *key, const char *val,
 			return ckfs_cli_usage_error("mount", "bad thread count '%s'", val);
 		mo->prefetch_threads = (int)n;
 		p->has_prefetch = true;
+	} else if (strcmp(key, "kernel_readahead") == 0) {
+		NEED_VALUE();
+		uint64_t v = strcmp(val, "0") == 0 ? 0 : ckfs_parse_size(val);
+		if ((v == 0 && strcmp(val, "0") != 0) || v % 1024 || v > (1u << 30))
+			return ckfs_cli_usage_error("mount", "kernel readahead '%s' must be "
+						    "whole KiB up to 1GiB, or 0", val);
+		mo->kernel_readahead_kb = (unsigned)(v / 1024);
 	} else if (strcmp(key, "readahead") == 0) {
 		NEED_VALUE();
 		if (parse_count(val, 0, 4096, &n) != 0)
@@ -245,6 +255,7 @@ int ckfs_cmd_mount(int argc, char **argv)
 		.slice_size = DEFAULT_SLICE_SIZE,
 		.threads = DEFAULT_THREADS,
 		.readahead = DEFAULT_READAHEAD,
+		.kernel_readahead_kb = DEFAULT_KERNEL_READAHEAD_KB,
 		.log_level = CKFS_LOG_NOTICE,
 	};
 	struct mount_parse p = { .mo = &mo };
@@ -415,7 +426,7 @@ int ckfs_cmd_umount(int argc, char **argv)
 		fprintf(stderr, "ckfs: '%s': %s\n", arg, strerror(errno));
 		return 1;
 	}
-	switch (ckfs_mountinfo_lookup(mnt, type, sizeof(type))) {
+	switch (ckfs_mountinfo_lookup(mnt, type, sizeof(type), NULL, 0)) {
 	case 0:
 		fprintf(stderr, "ckfs: '%s': not mounted\n", arg);
 		return 1;

@@ -52,6 +52,8 @@ struct ckfs_mount_options {
 	int threads;                /* FUSE worker threads */
 	int prefetch_threads;       /* read-ahead workers; 0 disables */
 	int readahead;              /* largest read-ahead window, in slices */
+	unsigned kernel_readahead_kb; /* the mount's read_ahead_kb; 0 leaves
+				       * the kernel's (root only) */
 	bool foreground;
 	bool debug;                 /* libfuse request tracing (implies -f) */
 	bool has_uid, has_gid;
@@ -112,6 +114,11 @@ struct ckfs_fs {
 	struct ckfs_fs_stats stats;
 	uint64_t source_bytes_at_ready; /* ckfs_source_bytes_read() then */
 	struct timespec ready_at;   /* CLOCK_MONOTONIC */
+	/* /sys/class/bdi/<dev>/read_ahead_kb to set to opt->kernel_readahead_kb
+	 * once the kernel has taken the INIT reply (which would lower it
+	 * again); ra_pending says it is still to do. */
+	char bdi_ra_path[96];
+	atomic_bool ra_pending;
 };
 
 /* Set up fs for a built folder: the scratch key, per-node state and the
@@ -124,8 +131,9 @@ enum ckfs_code ckfs_fs_init(struct ckfs_fs *fs,
 /* Stop the workers and free what ckfs_fs_init made; no request may be in
  * flight. */
 void ckfs_fs_release(struct ckfs_fs *fs);
-/* Mark the moment serving begins (baseline for source_bytes_read). */
-void ckfs_fs_mark_ready(struct ckfs_fs *fs);
+/* Mark the moment serving begins (baseline for source_bytes_read), and
+ * plan the kernel readahead of the mount at mnt (see ckfs_mount_options). */
+void ckfs_fs_mark_ready(struct ckfs_fs *fs, const char *mnt);
 
 /* The low-level operations table (ll.c). */
 struct fuse_lowlevel_ops;
@@ -135,8 +143,10 @@ extern const struct fuse_lowlevel_ops ckfs_ll_ops;
  * (which may be a dead FUSE mount). 0, or -1 with errno. */
 int ckfs_abs_path(const char *path, char *out, size_t size);
 /* Whether the absolute, canonical path is a mount point: 1 (its type, e.g.
- * "fuse.ckfs", copied to fstype), 0, or -1 when mountinfo is unreadable. */
-int ckfs_mountinfo_lookup(const char *path, char *fstype, size_t fstype_size);
+ * "fuse.ckfs", copied to fstype, and its device "major:minor" to dev when
+ * dev is not NULL), 0, or -1 when mountinfo is unreadable. */
+int ckfs_mountinfo_lookup(const char *path, char *fstype, size_t fstype_size,
+			  char *dev, size_t dev_size);
 
 
 #endif

@@ -163,17 +163,60 @@ void ckfs_fs_release(struct ckfs_fs *fs)
 	fs->err_logged_at = NULL;
 }
 
-void ckfs_fs_mark_ready(struct ckfs_fs *fs)
+/*
+ * Kernel readahead. A FUSE mount's readahead (the bdi's read_ahead_kb)
+ * starts at 128 KiB, and the INIT reply can only lower it; mmap readers
+ * (safetensors, transformers) fault pages in that many at a time. Root can
+ * raise it through sysfs, but only after the kernel has processed the INIT
+ * reply, which happens once the loop runs. Every request the kernel sends
+ * after INIT comes after that, so the first one to reach req_fs() applies
+ * it. Its device comes from mountinfo, read now, before any request.
+ */
+void ckfs_fs_mark_ready(struct ckfs_fs *fs, const char *mnt)
 {
+	char dev[32] = "";
+
 	fs->source_bytes_at_ready = ckfs_source_bytes_read();
 	clock_gettime(CLOCK_MONOTONIC, &fs->ready_at);
+	if (fs->opt->kernel_readahead_kb == 0 || geteuid() != 0)
+		return;
+	if (ckfs_mountinfo_lookup(mnt, NULL, 0, dev, sizeof(dev)) != 1 || !dev[0]) {
+		ckfs_log(CKFS_LOG_INFO, "'%s': not in mountinfo; kernel readahead left as is",
+			 mnt);
+		return;
+	}
+	snprintf(fs->bdi_ra_path, sizeof(fs->bdi_ra_path),
+		 "/sys/class/bdi/%s/read_ahead_kb", dev);
+	atomic_store(&fs->ra_pending, true);
+}
+
+static void apply_kernel_readahead(struct ckfs_fs *fs)
+{
+	char text[16];
+	int fd, n, ok;
+
+	if (!atomic_exchange(&fs->ra_pending, false))
+		return;
+	n = snprintf(text, sizeof(text), "%u\n", fs->opt->kernel_readahead_kb);
+	fd = open(fs->bdi_ra_path, O_WRONLY | O_CLOEXEC);
+	ok = fd >= 0 && write(fd, text, (size_t)n) == n;
+	if (!ok)
+		ckfs_log(CKFS_LOG_WARNING, "cannot set '%s' to %u: %s; kernel readahead "
+			 "left as is", fs->bdi_ra_path, fs->opt->kernel_readahead_kb,
+			 strerror(errno));
+	if (fd >= 0)
+		close(fd);
 }
 
 /* ---- inodes and attributes ---- */
 
 static struct ckfs_fs *req_fs(fuse_req_t req)
 {
-	return fuse_req_userdata(req);
+	struct ckfs_fs *fs = fuse_req_userdata(req);
+
+	if (atomic_load_explicit(&fs->ra_pending, memory_order_relaxed))
+		apply_kernel_readahead(fs);
+	return fs;
 }
 
 static const struct ckfs_node *ino_node(const struct ckfs_fs *fs, fuse_ino_t ino)

@@ -77,7 +77,8 @@ static void unescape(char *s)
 	*w = '\0';
 }
 
-int ckfs_mountinfo_lookup(const char *path, char *fstype, size_t fstype_size)
+int ckfs_mountinfo_lookup(const char *path, char *fstype, size_t fstype_size,
+			  char *dev, size_t dev_size)
 {
 	FILE *f = fopen("/proc/self/mountinfo", "re");
 	char *line = NULL;
@@ -89,8 +90,10 @@ int ckfs_mountinfo_lookup(const char *path, char *fstype, size_t fstype_size)
 	while (getline(&line, &cap, f) > 0) {
 		/* id parent major:minor root mountpoint options [tags] - type src */
 		char *save = NULL, *tok = strtok_r(line, " ", &save);
-		char *mnt = NULL, *type = NULL;
+		char *mnt = NULL, *type = NULL, *devno = NULL;
 		for (int field = 0; tok; field++, tok = strtok_r(NULL, " \n", &save)) {
+			if (field == 2)
+				devno = tok;
 			if (field == 4)
 				mnt = tok;
 			if (strcmp(tok, "-") == 0 && field >= 6) {
@@ -107,6 +110,8 @@ int ckfs_mountinfo_lookup(const char *path, char *fstype, size_t fstype_size)
 		found = 1;
 		if (fstype && fstype_size)
 			snprintf(fstype, fstype_size, "%s", type);
+		if (dev && dev_size)
+			snprintf(dev, dev_size, "%s", devno ? devno : "");
 	}
 	free(line);
 	fclose(f);

@@ -168,7 +168,7 @@ static enum ckfs_code check_mountpoint(const char *mnt, struct ckfs_error *err)
 	if (!S_ISDIR(st.st_mode))
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': mount point is not a directory",
 				 mnt);
-	if (ckfs_mountinfo_lookup(mnt, type, sizeof(type)) == 1) {
+	if (ckfs_mountinfo_lookup(mnt, type, sizeof(type), NULL, 0) == 1) {
 		/* stat may have been answered from cached attributes; statfs
 		 * always asks the daemon. */
 		struct statvfs sv;
@@ -308,7 +308,7 @@ static int serve(const struct ckfs_mount_options *opt, int ready_fd)
 	capture_end();
 
 	/* Mounted: requests queue in the kernel until the loop runs. */
-	ckfs_fs_mark_ready(&fs);
+	ckfs_fs_mark_ready(&fs, opt->mountpoint);
 	if (chdir("/") != 0)
 		ckfs_log(CKFS_LOG_WARNING, "cannot chdir to '/': %s", strerror(errno));
 	if (ready_fd >= 0) {

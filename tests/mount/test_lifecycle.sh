@@ -21,6 +21,26 @@ pid=$(daemon_pid "$MNT") || die "no stats"
 awk -v m="$MNT" '$2 == m && $3 == "fuse.ckfs" && $4 ~ /^ro,/ { f = 1 } END { exit !f }' /proc/mounts ||
 	fail "daemon: /proc/mounts does not show a read-only fuse.ckfs mount"
 
+# ---- kernel readahead: as root, the first request after INIT raises the
+# mount's read_ahead_kb to kernel_readahead (1 MiB by default); 0 keeps the
+# kernel's 128 KiB ----
+ra_kb() { cat "/sys/class/bdi/$(mountpoint -d "$1")/read_ahead_kb"; }
+if [ "$(id -u)" = 0 ]; then
+	[ "$(ra_kb "$MNT")" = 1024 ] || fail "kernel readahead: $(ra_kb "$MNT") KiB, expected 1024"
+	M3=$WORK/mnt-ra
+	mkdir -p "$M3"
+	for opt in 0:128 4MiB:4096; do
+		do_mount -o "kernel_readahead=${opt%%:*}" "$FIX" "$M3" || die "mount -o kernel_readahead failed"
+		[ "$(ra_kb "$M3")" = "${opt#*:}" ] ||
+			fail "kernel_readahead=${opt%%:*}: $(ra_kb "$M3") KiB, expected ${opt#*:}"
+		"$CKFS" umount "$M3" || fail "umount $M3"
+	done
+	"$CKFS" mount -o kernel_readahead=12 "$FIX" "$M3" 2>/dev/null
+	[ $? = 2 ] || fail "kernel_readahead=12: status not 2"
+else
+	log "not root: kernel readahead checks need root (skipped)"
+fi
+
 # ---- SIGTERM (and INT, HUP) on a daemon: clean unmount ----
 kill -TERM "$pid"
 wait_gone "$pid" || fail "SIGTERM: daemon still running"
