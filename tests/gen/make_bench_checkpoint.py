@@ -2,24 +2,43 @@
 # SPDX-License-Identifier: MIT
 """Write a large verl-FSDP2-style checkpoint for benchmarks (not a test fixture).
 
-Real torch.save files of DTensor state dicts: four gloo CPU processes build a
-1-D device mesh ("fsdp"), shard every weight of a Qwen2-shaped model with
-torch.distributed.tensor.distribute_tensor(..., [Shard(0)]) and save their
-local state dicts as model_world_size_4_rank_R.pt, next to fsdp_config.json
-and huggingface/config.json, the way verl's FSDP2 checkpoint manager lays a
-checkpoint out. Weights are seeded random fp32 (every rank computes the same
-full tensor, so no data moves between processes).
+Real torch.save files of DTensor state dicts: W gloo CPU processes build a
+1-D device mesh ("fsdp"), wrap each rank's Shard(0) piece of every weight of a
+real model's shape in a DTensor (torch.distributed.tensor.DTensor.from_local
+with the global shape and stride) and save their local state dicts as
+model_world_size_W_rank_R.pt, next to fsdp_config.json and
+huggingface/config.json (written by transformers' own config class, dtype
+float32 as verl's fp32 actor saves it), the way verl's FSDP2 checkpoint
+manager lays a checkpoint out. With tied embeddings lm_head.weight is the same
+DTensor object as model.embed_tokens.weight, as FSDP2's state dict has it.
 
-    .venv/bin/python tests/gen/make_bench_checkpoint.py OUT [--layers 48]
+Shapes (--shape; all fp32, world size 8 unless --world says otherwise):
+  qwen2.5-0.5b  Qwen2ForCausalLM, 494 M parameters, 1.98 GB of rank files
+  qwen2.5-1.5b  Qwen2ForCausalLM, 1.54 G parameters, 6.17 GB
+  qwen2.5-7b    Qwen2ForCausalLM, 7.62 G parameters, 30.5 GB, holes only
+  llama3-70b    LlamaForCausalLM, 70.6 G parameters, 282 GB, holes only
+  bench-600m    the earlier benchmark shape (hidden 1024, 48 layers, vocab
+                32000, untied; world size 4 by default); --layers etc. apply
 
-The default shape (hidden 1024, 48 layers, vocab 32000) is about 603 M
-parameters: 2.4 GB of fp32 shards, a 1.2 GB bf16 model.safetensors.
+Weights are seeded random values (each rank draws its own piece: no rank
+ever holds a full tensor, so generation needs about the checkpoint's size in
+memory). For the 7B and 70B shapes (or --holes) the files are written under
+torch.serialization.skip_data: the pickles, zip records and storage sizes are
+exactly torch's, but the tensor bytes are left as holes (sparse files: `du`
+shows kilobytes), for metadata-only figures (mount to ready, inspect). Their
+tensors are torch.empty and never touched, so no memory is committed.
+
+    .venv/bin/python tests/gen/make_bench_checkpoint.py OUT [--shape qwen2.5-0.5b]
 """
 import argparse
+import io
 import json
 import os
+import pickle
 import sys
 import tempfile
+import time
+import zipfile
 
 os.environ.setdefault("USE_LIBUV", "0")  # Debian's torch build: no libuv TCP store
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -28,21 +47,42 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor  # noqa: E402
+from torch.distributed.tensor import DTensor, Shard  # noqa: E402
 
-WORLD = 4
+# Published configs of the models whose shapes are used (config.json on the
+# Hub); only shapes matter here, the values are random.
+QWEN25 = dict(arch="Qwen2ForCausalLM", bias=True, rope_theta=1000000.0, eps=1e-6,
+              max_pos=32768, bos=151643, eos=151643)
+SHAPES = {
+    "qwen2.5-0.5b": dict(QWEN25, hidden=896, layers=24, heads=14, kv_heads=2,
+                         intermediate=4864, vocab=151936, tied=True, holes=False),
+    "qwen2.5-1.5b": dict(QWEN25, hidden=1536, layers=28, heads=12, kv_heads=2,
+                         intermediate=8960, vocab=151936, tied=True, holes=False),
+    "qwen2.5-7b": dict(QWEN25, hidden=3584, layers=28, heads=28, kv_heads=4,
+                       intermediate=18944, vocab=152064, tied=False, holes=True),
+    "llama3-70b": dict(arch="LlamaForCausalLM", bias=False, rope_theta=500000.0,
+                       eps=1e-5, max_pos=8192, bos=128000, eos=128001, hidden=8192,
+                       layers=80, heads=64, kv_heads=8, intermediate=28672,
+                       vocab=128256, tied=False, holes=True),
+    "bench-600m": dict(arch="Qwen2ForCausalLM", bias=True, rope_theta=10000.0, eps=1e-6,
+                       max_pos=4096, bos=1, eos=2, hidden=1024, layers=48, heads=16,
+                       kv_heads=4, intermediate=2816, vocab=32000, tied=False,
+                       holes=False, world=4),
+}
 
 
-def shapes(a):
-    h, i, v, L = a.hidden, a.intermediate, a.vocab, a.layers
-    kv = a.kv_heads * (h // a.heads)
+def shapes(s):
+    """(name, shape) of every state-dict key, in the model's module order."""
+    h, i, v, L = s["hidden"], s["intermediate"], s["vocab"], s["layers"]
+    kv = s["kv_heads"] * (h // s["heads"])
     out = [("model.embed_tokens.weight", (v, h))]
     for n in range(L):
         p = "model.layers.%d." % n
+        for proj, rows in (("q_proj", h), ("k_proj", kv), ("v_proj", kv)):
+            out.append((p + "self_attn.%s.weight" % proj, (rows, h)))
+            if s["bias"]:
+                out.append((p + "self_attn.%s.bias" % proj, (rows,)))
         out += [
-            (p + "self_attn.q_proj.weight", (h, h)), (p + "self_attn.q_proj.bias", (h,)),
-            (p + "self_attn.k_proj.weight", (kv, h)), (p + "self_attn.k_proj.bias", (kv,)),
-            (p + "self_attn.v_proj.weight", (kv, h)), (p + "self_attn.v_proj.bias", (kv,)),
             (p + "self_attn.o_proj.weight", (h, h)),
             (p + "mlp.gate_proj.weight", (i, h)), (p + "mlp.up_proj.weight", (i, h)),
             (p + "mlp.down_proj.weight", (h, i)),
@@ -52,53 +92,135 @@ def shapes(a):
     return out
 
 
-def worker(rank, a, store):
-    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=WORLD)
-    mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("fsdp",))
+def local_rows(n0, world, rank):
+    """Rows of dim 0 that rank holds under Shard(0): torch.chunk semantics."""
+    c = -(-n0 // world)
+    return max(0, min(n0, (rank + 1) * c) - min(n0, rank * c))
+
+
+class _Opaque:
+    """Stands for any object in data.pkl: only the storage records matter."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __setstate__(self, state):
+        pass
+
+
+class _StorageScan(pickle.Unpickler):
+    """Lists the storages a torch.save pickle refers to: (key, type name, numel)."""
+
+    def __init__(self, f):
+        super().__init__(f)
+        self.storages = []
+
+    def find_class(self, module, name):
+        if module in ("builtins", "collections", "copyreg"):
+            return super().find_class(module, name)
+        return type(name, (_Opaque,), {})
+
+    def persistent_load(self, pid):
+        _, storage_type, key, _, numel = pid
+        self.storages.append((key, storage_type.__name__, numel))
+        return _Opaque()
+
+
+def fill_mesh_storage(path, mesh_tensor):
+    """skip_data leaves every storage's bytes as a hole, including the device
+    mesh's small integer tensor that each DTensor's spec pickles (it says
+    which rank sits where). Write that one back, as skip_data's documentation
+    foresees ("populated in a separate pass"); the weights stay holes."""
+    archive = os.path.splitext(os.path.basename(path))[0]
+    with zipfile.ZipFile(path) as z:
+        scan = _StorageScan(io.BytesIO(z.read(archive + "/data.pkl")))
+    scan.load()
+    small = [s for s in scan.storages if s[1] != "FloatStorage"]
+    want = mesh_tensor.contiguous()
+    if len(small) != 1 or small[0][2] != want.numel():
+        raise SystemExit("%s: expected one mesh storage of %d elements, found %r"
+                         % (path, want.numel(), small))
+    offset = torch._C.PyTorchFileReader(path).get_record_offset("data/" + small[0][0])
+    with open(path, "r+b") as f:
+        os.pwrite(f.fileno(), want.numpy().tobytes(), offset)
+
+
+def worker(rank, s, out, world, holes, store):
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
     sd = {}
-    for k, (name, shape) in enumerate(shapes(a)):
-        g = torch.Generator().manual_seed(1234 + k)  # same full tensor on every rank
-        full = torch.randn(shape, generator=g, dtype=torch.float32) * 0.02
-        dt = distribute_tensor(full, mesh, [Shard(0)], src_data_rank=None)
-        # Own the local shard (a chunk of dim 0 is a view of the full storage,
-        # which torch.save would write whole).
-        sd[name] = DTensor.from_local(dt.to_local().clone(), mesh, [Shard(0)],
-                                      run_check=False, shape=dt.shape, stride=dt.stride())
-        del full, dt
-    torch.save(sd, os.path.join(a.out, "model_world_size_%d_rank_%d.pt" % (WORLD, rank)))
+    for k, (name, shape) in enumerate(shapes(s)):
+        if name == "lm_head.weight" and s["tied"]:
+            sd[name] = sd["model.embed_tokens.weight"]  # one object, as FSDP2 has it
+            continue
+        local_shape = (local_rows(shape[0], world, rank),) + tuple(shape[1:])
+        if holes:
+            local = torch.empty(local_shape, dtype=torch.float32)  # never touched
+        else:
+            g = torch.Generator().manual_seed(1234 + 1000003 * k + rank)
+            local = torch.randn(local_shape, generator=g, dtype=torch.float32).mul_(0.02)
+        meta = torch.empty(shape, dtype=torch.float32, device="meta")  # global stride
+        sd[name] = DTensor.from_local(local, mesh, [Shard(0)], run_check=False,
+                                      shape=meta.shape, stride=meta.stride())
+    path = os.path.join(out, "model_world_size_%d_rank_%d.pt" % (world, rank))
+    if holes:
+        with torch.serialization.skip_data():
+            torch.save(sd, path)
+        fill_mesh_storage(path, mesh.mesh)
+    else:
+        torch.save(sd, path)
+    del sd
     dist.barrier()
     dist.destroy_process_group()
+
+
+def write_config(s, out):
+    import transformers
+    cls = transformers.LlamaConfig if s["arch"].startswith("Llama") else transformers.Qwen2Config
+    kw = dict(
+        architectures=[s["arch"]], hidden_size=s["hidden"],
+        intermediate_size=s["intermediate"], num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
+        vocab_size=s["vocab"], max_position_embeddings=s["max_pos"],
+        rms_norm_eps=s["eps"], rope_theta=s["rope_theta"], hidden_act="silu",
+        tie_word_embeddings=s["tied"], bos_token_id=s["bos"], eos_token_id=s["eos"],
+        dtype=torch.float32,  # verl's actor is loaded as fp32 (verl-checkpoints.md)
+    )
+    if cls is transformers.LlamaConfig:
+        kw.update(attention_bias=False, mlp_bias=False)
+    cls(**kw).save_pretrained(os.path.join(out, "huggingface"))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out")
-    ap.add_argument("--layers", type=int, default=48)
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--intermediate", type=int, default=2816)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--kv-heads", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
+    ap.add_argument("--world", type=int, help="ranks (default 8; bench-600m: 4)")
+    ap.add_argument("--holes", action="store_true",
+                    help="leave tensor bytes as holes (default for 7B and 70B)")
+    for key in ("layers", "hidden", "intermediate", "heads", "kv-heads", "vocab"):
+        ap.add_argument("--" + key, type=int, help="override the shape's " + key)
     a = ap.parse_args()
-    os.makedirs(os.path.join(a.out, "huggingface"), exist_ok=True)
+    s = dict(SHAPES[a.shape])
+    for key in ("layers", "hidden", "intermediate", "heads", "kv_heads", "vocab"):
+        if getattr(a, key) is not None:
+            s[key] = getattr(a, key)
+    world = a.world or s.get("world", 8)
+    holes = a.holes or s["holes"]
+    os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "fsdp_config.json"), "w") as f:
-        json.dump({"FSDP_version": 2, "world_size": WORLD}, f, indent=4)
-    cfg = {
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
-        "hidden_size": a.hidden, "intermediate_size": a.intermediate,
-        "num_hidden_layers": a.layers, "num_attention_heads": a.heads,
-        "num_key_value_heads": a.kv_heads, "vocab_size": a.vocab,
-        "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-        "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "float32",
-        "bos_token_id": 1, "eos_token_id": 2,
-    }
-    with open(os.path.join(a.out, "huggingface", "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-    n = sum(int(torch.Size(s).numel()) for _, s in shapes(a))
-    print("writing %d parameters (%.2f GB fp32) to %s" % (n, n * 4 / 1e9, a.out), file=sys.stderr)
+        json.dump({"FSDP_version": 2, "world_size": world}, f, indent=4)
+    write_config(s, a.out)
+    n = sum(int(torch.Size(shape).numel()) for name, shape in shapes(s)
+            if not (name == "lm_head.weight" and s["tied"]))
+    print("%s: writing %d parameters (%.2f GB fp32%s) as %d rank files to %s"
+          % (a.shape, n, n * 4 / 1e9, ", holes" if holes else "", world, a.out),
+          file=sys.stderr)
+    t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(worker, args=(a, os.path.join(tmp, "store")), nprocs=WORLD,
-                           start_method="fork")
+        mp.start_processes(worker, args=(s, a.out, world, holes, os.path.join(tmp, "store")),
+                           nprocs=world, start_method="fork")
+    print("done in %.1f s" % (time.monotonic() - t0), file=sys.stderr)
 
 
 if __name__ == "__main__":
