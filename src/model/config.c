@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckfs/json.h"
 #include "model/model_int.h"
 
 enum ckfs_code ckfs_model_warn(struct ckfs_model *m, struct ckfs_error *err,
@@ -86,9 +87,12 @@ enum ckfs_code ckfs_json_parse_object(const char *path, const char *text, size_t
 				      cJSON **out, struct ckfs_error *err)
 {
 	const char *end = NULL;
-	cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+	bool oom;
+	cJSON *j = ckfs_json_parse(text, len, &end, &oom);
 
 	*out = NULL;
+	if (oom)
+		return ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory", path);
 	if (!j) {
 		size_t at = end && end >= text && end <= text + len ? (size_t)(end - text) : 0;
 		unsigned line = 1, col = 1;

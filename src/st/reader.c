@@ -8,6 +8,8 @@
  */
 #include "ckfs/st.h"
 
+#include "ckfs/json.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -52,7 +54,10 @@ static enum ckfs_code read_file(struct ckfs_st_set *set, const char *path,
 	set->fds[set->n_fds++] = fd;
 	if (fstat(fd, &st) != 0)
 		return ckfs_fail_errno(err, "'%s': stat failed", path);
-	if (st.st_size < 8 || pread(fd, &hlen, 8, 0) != 8)
+	ssize_t got = st.st_size < 8 ? 0 : pread(fd, &hlen, 8, 0);
+	if (got < 0)
+		return ckfs_fail_errno(err, "'%s': cannot read", path);
+	if (got != 8)
 		return ckfs_fail(err, CKFS_E_TRUNCATED, "'%s': shorter than a "
 				 "safetensors header", path);
 	if (hlen > CKFS_MAX_ST_HEADER || hlen + 8 > (uint64_t)st.st_size)
@@ -61,12 +66,19 @@ static enum ckfs_code read_file(struct ckfs_st_set *set, const char *path,
 	json = malloc(hlen + 1);
 	if (!json)
 		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
-	if (pread(fd, json, hlen, 8) != (ssize_t)hlen) {
-		rc = ckfs_fail(err, CKFS_E_TRUNCATED, "'%s': header truncated", path);
+	got = pread(fd, json, hlen, 8);
+	if (got != (ssize_t)hlen) {
+		rc = got < 0 ? ckfs_fail_errno(err, "'%s': cannot read", path)
+			     : ckfs_fail(err, CKFS_E_TRUNCATED, "'%s': header truncated", path);
 		goto out;
 	}
 	json[hlen] = '\0';
-	root = cJSON_ParseWithLength(json, hlen);
+	bool oom;
+	root = ckfs_json_parse(json, hlen, NULL, &oom);
+	if (oom) {
+		rc = ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory", path);
+		goto out;
+	}
 	if (!root || !cJSON_IsObject(root)) {
 		rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': header is not a JSON object",
 			       path);
@@ -188,16 +200,26 @@ enum ckfs_code ckfs_st_set_open(const char *dir, struct ckfs_st_set *set,
 			return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': no model.safetensors "
 					 "or model.safetensors.index.json", dir);
 		char *text = NULL;
-		if (fstat(fd, &st) == 0 && st.st_size < CKFS_MAX_JSON_BYTES)
-			text = malloc((size_t)st.st_size + 1);
+		if (fstat(fd, &st) == 0 && st.st_size < CKFS_MAX_JSON_BYTES &&
+		    !(text = malloc((size_t)st.st_size + 1))) {
+			close(fd);
+			return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		}
 		ssize_t r = text ? pread(fd, text, (size_t)st.st_size, 0) : -1;
+		int read_errno = errno;
 		close(fd);
 		if (r != st.st_size) {
+			int read_failed = text && r < 0;
 			free(text);
-			return ckfs_fail(err, CKFS_E_IO, "'%s': cannot read", path);
+			errno = read_errno;
+			return read_failed ? ckfs_fail_errno(err, "'%s': cannot read", path)
+					   : ckfs_fail(err, CKFS_E_IO, "'%s': cannot read", path);
 		}
-		cJSON *idx = cJSON_ParseWithLength(text, (size_t)r);
+		bool oom;
+		cJSON *idx = ckfs_json_parse(text, (size_t)r, NULL, &oom);
 		free(text);
+		if (oom)
+			return ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory", path);
 		cJSON *wm = cJSON_GetObjectItemCaseSensitive(idx, "weight_map");
 		if (!cJSON_IsObject(wm)) {
 			cJSON_Delete(idx);

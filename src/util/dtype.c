@@ -281,7 +281,9 @@ static void negate_in_place(enum ckfs_dtype t, unsigned char *p)
  * picked at load time (2.3x the SSE2 loop's speed on AVX-512 hardware).
  */
 #if defined(__GNUC__) && !defined(__clang__)
-#if defined(__x86_64__)
+/* Not under TSan: the load-time resolver runs instrumented before the
+ * TSan runtime is up and crashes every program at start. */
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 __attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic")))

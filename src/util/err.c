@@ -43,14 +43,19 @@ enum ckfs_code ckfs_fail_errno(struct ckfs_error *err, const char *fmt, ...)
 	int saved = errno;
 	va_list ap;
 
+	/* ENOMEM from a system call (realpath, opendir) is running out of
+	 * memory, not an I/O error. */
+	enum ckfs_code code = saved == ENOMEM ? CKFS_E_NOMEM : CKFS_E_IO;
+
 	if (!err || err->code != CKFS_OK)
-		return CKFS_E_IO;
+		return code;
 	va_start(ap, fmt);
-	record(err, CKFS_E_IO, saved, fmt, ap);
+	record(err, code, saved, fmt, ap);
 	va_end(ap);
 	size_t n = strlen(err->msg);
-	snprintf(err->msg + n, sizeof(err->msg) - n, ": %s", strerror(saved));
-	return CKFS_E_IO;
+	snprintf(err->msg + n, sizeof(err->msg) - n, ": %s",
+		 saved == ENOMEM ? "out of memory" : strerror(saved));
+	return code;
 }
 
 void ckfs_error_prefix(struct ckfs_error *err, const char *fmt, ...)
