@@ -70,12 +70,17 @@ struct ckfs_model_options {
 	/* --follow-symlinks: serve files whose symlinks lead outside the
 	 * checkpoint folder (refused by default: ckfs_model_check_path). */
 	bool follow_symlinks;
+	/* --raw-names: serve Megatron keys without a Hugging Face name under
+	 * their own names, one tensor per rank (megatron.c raw_key); refused
+	 * otherwise. */
+	bool raw_names;
 };
 
 struct ckfs_model {
 	struct ckfs_arena arena;
 	const char *src_dir;
-	const char *layout;             /* "verl-fsdp", "dcp", "megatron" or "hf" */
+	const char *layout;             /* "verl-fsdp", "dcp", "megatron",
+					 * "megatron-dist" or "hf" */
 	int world_size;
 	int fsdp_version;               /* 1 or 2; 0 when not recorded */
 	int mesh_ndim;
@@ -85,6 +90,7 @@ struct ckfs_model {
 	 * decoder layers of each (vpp, pp) chunk in global order
 	 * (stage_layers[v * pp + p]). */
 	int tp_size, pp_size, vpp_size;
+	int ep_size;                    /* expert parallel; 1 without experts */
 	int *stage_layers;
 	size_t n_ranks_read;
 	int *ranks_read;
@@ -102,8 +108,8 @@ struct ckfs_model {
 	size_t n_warnings;
 };
 
-/* Open SRC: a verl actor/critic folder (FSDP rank files, or legacy Megatron
- * model/mp_rank_*), a torch.distributed.checkpoint folder or a folder of
+/* Open SRC: a verl actor/critic folder (FSDP rank files, legacy Megatron
+ * model/mp_rank_*, or a Megatron dist_ckpt), a torch.distributed.checkpoint folder or a folder of
  * Hugging Face safetensors weights (detection order
  * in src/model/layout.c). On success *out is a new model the caller frees
  * with ckfs_model_free. */

@@ -100,6 +100,10 @@ static void *worker(void *arg)
 			job_fail(j, &err);
 			break;
 		}
+		/* Start writing the block back now, so the disk works while the
+		 * next blocks are assembled and the final fsync has little left
+		 * (a hint: fsync reports any error). */
+		sync_file_range(j->fd, (off_t)off, (off_t)got, SYNC_FILE_RANGE_WRITE);
 		atomic_fetch_add(&j->bytes_done, got);
 	}
 	free(buf);
@@ -173,7 +177,7 @@ static enum ckfs_code write_node(const struct ckfs_folder *f, const struct ckfs_
 			atomic_fetch_sub(&j.workers_left, nt - i);
 			struct ckfs_error e;
 			ckfs_error_clear(&e);
-			ckfs_fail(&e, CKFS_E_NOMEM, "cannot start a thread");
+			ckfs_fail(&e, CKFS_E_NOMEM, "out of memory (cannot start a thread)");
 			job_fail(&j, &e);
 			break;
 		}
@@ -252,10 +256,11 @@ static void usage(FILE *to)
 {
 	fputs("usage: ckfs export SRC DIR [--dtype bf16|fp16|fp32|auto]\n"
 	      "                   [--max-shard-size SIZE] [--config PATH] [--force]\n"
-	      "                   [--threads N] [--quiet] [--follow-symlinks]\n"
+	      "                   [--threads N] [--quiet] [--follow-symlinks] [--raw-names]\n"
 	      "Writes the merged Hugging Face folder of checkpoint SRC to DIR.\n"
 	      "Files whose symlinks lead outside SRC are refused unless\n"
-	      "--follow-symlinks.\n", to);
+	      "--follow-symlinks. --raw-names serves Megatron keys without a\n"
+	      "Hugging Face name under their own names, one tensor per rank.\n", to);
 }
 
 int ckfs_cmd_export(int argc, char **argv)
@@ -269,6 +274,7 @@ int ckfs_cmd_export(int argc, char **argv)
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "log-level", required_argument, NULL, 'l' },
 		{ "follow-symlinks", no_argument, NULL, 'F' },
+		{ "raw-names", no_argument, NULL, 'N' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -291,6 +297,7 @@ int ckfs_cmd_export(int argc, char **argv)
 			break;
 		case 'c': mopt.config_path = optarg; break;
 		case 'F': mopt.follow_symlinks = true; break;
+		case 'N': mopt.raw_names = true; break;
 		case 'f': force = 1; break;
 		case 'q': quiet = 1; break;
 		case 't':

@@ -42,6 +42,7 @@ static int print_json(const struct ckfs_model *m, const struct ckfs_folder *f)
 		cJSON_AddNumberToObject(mg, "tp", m->tp_size);
 		cJSON_AddNumberToObject(mg, "pp", m->pp_size);
 		cJSON_AddNumberToObject(mg, "vpp", m->vpp_size);
+		cJSON_AddNumberToObject(mg, "ep", m->ep_size);
 		arr = cJSON_AddArrayToObject(mg, "stage_layers");
 		for (int i = 0; i < m->pp_size * m->vpp_size; i++)
 			cJSON_AddItemToArray(arr, cJSON_CreateNumber(m->stage_layers[i]));
@@ -112,13 +113,14 @@ static void print_text(const struct ckfs_model *m, const struct ckfs_folder *f)
 		/* dcp, hf: no mesh or ranks, only the files read */
 		printf("layout       %s, %zu source file%s", m->layout, m->n_sources,
 		       m->n_sources == 1 ? "" : "s");
-		if (strcmp(m->layout, "dcp") == 0 && m->world_size > 0)
+		if ((strcmp(m->layout, "dcp") == 0 ||
+		     strcmp(m->layout, "megatron-dist") == 0) && m->world_size > 0)
 			printf(", saved by %d rank%s", m->world_size,
 			       m->world_size == 1 ? "" : "s");
 		printf("\n");
 		if (m->tp_size) {
-			printf("parallelism  TP=%d PP=%d VPP=%d, layers per chunk (",
-			       m->tp_size, m->pp_size, m->vpp_size);
+			printf("parallelism  TP=%d PP=%d VPP=%d EP=%d, layers per chunk (",
+			       m->tp_size, m->pp_size, m->vpp_size, m->ep_size);
 			for (int i = 0; i < m->pp_size * m->vpp_size; i++)
 				printf("%s%d", i ? ", " : "", m->stage_layers[i]);
 			printf(")\n");
@@ -185,6 +187,7 @@ int ckfs_cmd_inspect(int argc, char **argv)
 		{ "max-shard-size", required_argument, NULL, 's' },
 		{ "config", required_argument, NULL, 'c' },
 		{ "follow-symlinks", no_argument, NULL, 'F' },
+		{ "raw-names", no_argument, NULL, 'N' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -208,9 +211,10 @@ int ckfs_cmd_inspect(int argc, char **argv)
 			break;
 		case 'c': mopt.config_path = optarg; break;
 		case 'F': mopt.follow_symlinks = true; break;
+		case 'N': mopt.raw_names = true; break;
 		case 'h':
 			puts("usage: ckfs inspect SRC [--json] [--dtype D] [--max-shard-size S] [--config PATH]\n"
-			     "                    [--follow-symlinks]");
+			     "                    [--follow-symlinks] [--raw-names]");
 			return 0;
 		default: return 2;
 		}

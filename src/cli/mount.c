@@ -55,6 +55,8 @@ static void mount_usage(FILE *to)
 	      "      --config PATH         config.json (or a folder holding one) -o config=\n"
 	      "      --follow-symlinks     serve files whose symlinks lead outside SRC\n"
 	      "                                                          -o follow_symlinks\n"
+	      "      --raw-names           serve Megatron keys without a Hugging Face\n"
+	      "                            name as they are, per rank      -o raw_names\n"
 	      "      --log-level L         err|warning|notice|info|debug      -o log_level=\n"
 	      "  -o prefetch_threads=N, slice_size=N (power of two, default 4MiB),\n"
 	      "     kernel_readahead=N (the mount's read_ahead_kb when run as root,\n"
@@ -184,6 +186,8 @@ static int apply_key(struct mount_parse *p, const char *key, const char *val,
 		}
 	} else if (strcmp(key, "follow_symlinks") == 0 && !val) {
 		mo->model.follow_symlinks = true;
+	} else if (strcmp(key, "raw_names") == 0 && !val) {
+		mo->model.raw_names = true;
 	} else if (strcmp(key, "debug") == 0 && !val) {
 		mo->debug = true;
 		mo->foreground = true;
@@ -246,6 +250,7 @@ int ckfs_cmd_mount(int argc, char **argv)
 		{ "config", required_argument, NULL, 'c' },
 		{ "log-level", required_argument, NULL, 'L' },
 		{ "follow-symlinks", no_argument, NULL, 'F' },
+		{ "raw-names", no_argument, NULL, 'N' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -278,6 +283,9 @@ int ckfs_cmd_mount(int argc, char **argv)
 			break;
 		case 'F':
 			mo.model.follow_symlinks = true;
+			break;
+		case 'N':
+			mo.model.raw_names = true;
 			break;
 		case 'o':
 			if ((rc = apply_option_list(&p, optarg)) != 0)

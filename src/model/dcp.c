@@ -167,6 +167,13 @@ struct dcp {
 	size_t n_files;
 	const struct ckfs_pv *planner;  /* planner_data dict or NULL */
 	size_t *planner_order;          /* planner keys' indices sorted by key */
+	/* ckfs_dcp_read_raw (mcore_dist.c): the folder holding the files
+	 * (m->src_dir otherwise), its name relative to SRC, the entries to
+	 * read, and what was left out. */
+	const char *dir, *rel_dir;
+	int (*keep)(const char *fqn);
+	bool raw;
+	size_t n_left_out, n_bytes;
 };
 
 /* A relative_path must name a file directly inside SRC: a file name
@@ -353,8 +360,10 @@ static enum ckfs_code open_file(struct dcp *d, size_t fi, struct ckfs_error *err
 
 	if (f->source >= 0)
 		return CKFS_OK;
-	const char *path = ckfs_arena_printf(&m->arena, "%s/%s", m->src_dir, f->rel);
-	const char *rel = ckfs_arena_strdup(&m->arena, f->rel);
+	const char *path = ckfs_arena_printf(&m->arena, "%s/%s", d->dir ? d->dir : m->src_dir,
+					     f->rel);
+	const char *rel = d->rel_dir ? ckfs_arena_printf(&m->arena, "%s/%s", d->rel_dir, f->rel)
+				     : ckfs_arena_strdup(&m->arena, f->rel);
 	if (!path || !rel)
 		return nomem(err);
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -567,21 +576,14 @@ static enum ckfs_code warn_list(struct ckfs_model *m, struct ckfs_error *err,
 			       n_names > 3 ? ", ..." : "");
 }
 
-static enum ckfs_code build(struct dcp *d, const struct ckfs_model_options *opt,
-			    struct ckfs_error *err)
+static enum ckfs_code build(struct dcp *d, const char *bytes, size_t len,
+			    const struct ckfs_model_options *opt, struct ckfs_error *err)
 {
 	struct ckfs_model *m = d->m;
-	char *bytes = NULL;
-	size_t len = 0;
 	const struct ckfs_pv *root;
 
-	CKFS_TRY(ckfs_read_small_file(d->md_path, CKFS_MAX_METADATA_BYTES, &bytes,
-				      &len, err));
-	enum ckfs_code rc = ckfs_pickle_load(bytes, len, d->md_path, &d->tmp,
-					     (struct ckfs_pv **)&root, err);
-	free(bytes);
-	if (rc != CKFS_OK)
-		return rc;
+	CKFS_TRY(ckfs_pickle_load(bytes, len, d->md_path, &d->tmp,
+				  (struct ckfs_pv **)&root, err));
 	if (!is_dcp_class(root, "Metadata"))
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': not a torch.distributed."
 				 "checkpoint Metadata (the pickle holds a %s)",
@@ -599,7 +601,7 @@ static enum ckfs_code build(struct dcp *d, const struct ckfs_model_options *opt,
 
 	/* Saved as {"model": ..., ...}: keep what is under "model". */
 	int model_prefix = 0;
-	for (size_t i = 0; d->planner && i < d->planner->u.dict.n; i++)
+	for (size_t i = 0; !d->raw && d->planner && i < d->planner->u.dict.n; i++)
 		model_prefix |= path_in_model(d->planner->u.dict.vals[i]);
 
 	size_t n = sdm->u.dict.n, n_bytes = 0, n_other = 0, n_other_names = 0,
@@ -617,6 +619,10 @@ static enum ckfs_code build(struct dcp *d, const struct ckfs_model_options *opt,
 		const char *fqn = k->u.str.s;
 		const struct ckfs_pv *path = planner_path(d, fqn);
 		const char *name;
+		if (d->keep && !d->keep(fqn)) {
+			d->n_left_out++;
+			continue;
+		}
 		if (model_prefix && !path_in_model(path)) {
 			const struct ckfs_pv *top = path && path->u.seq.n ? path->u.seq.items[0] : NULL;
 			const char *tname = top && top->kind == CKFS_PV_STR ? top->u.str.s : fqn;
@@ -665,6 +671,10 @@ static enum ckfs_code build(struct dcp *d, const struct ckfs_model_options *opt,
 			return ckfs_fail(err, CKFS_E_FORMAT, "'%s': two entries are named "
 					 "'%s'", d->md_path, by[i]->name);
 
+	if (d->raw) {
+		d->n_bytes = n_bytes;
+		return CKFS_OK;
+	}
 	CKFS_TRY(ckfs_model_load_config(m, opt->config_path, err));
 	if (n_other)
 		CKFS_TRY(warn_list(m, err, "entries outside 'model'", n_other, other,
@@ -675,14 +685,54 @@ static enum ckfs_code build(struct dcp *d, const struct ckfs_model_options *opt,
 	return ckfs_model_drop_tied(m, err);
 }
 
-enum ckfs_code ckfs_dcp_build(struct ckfs_model *m, const struct ckfs_model_options *opt,
-			      struct ckfs_error *err)
+enum ckfs_code ckfs_dcp_build_from(struct ckfs_model *m,
+				   const struct ckfs_model_options *opt,
+				   const char *bytes, size_t len,
+				   struct ckfs_error *err)
 {
 	struct dcp d = { .m = m };
 
 	ckfs_arena_init(&d.tmp);
 	d.md_path = ckfs_arena_printf(&m->arena, "%s/.metadata", m->src_dir);
-	enum ckfs_code rc = d.md_path ? build(&d, opt, err) : nomem(err);
+	enum ckfs_code rc = d.md_path ? build(&d, bytes, len, opt, err) : nomem(err);
 	ckfs_arena_release(&d.tmp);
+	return rc;
+}
+
+enum ckfs_code ckfs_dcp_build(struct ckfs_model *m, const struct ckfs_model_options *opt,
+			      struct ckfs_error *err)
+{
+	char *bytes = NULL, *path;
+	size_t len = 0;
+
+	path = ckfs_arena_printf(&m->arena, "%s/.metadata", m->src_dir);
+	if (!path)
+		return nomem(err);
+	CKFS_TRY(ckfs_read_small_file(path, CKFS_MAX_METADATA_BYTES, &bytes, &len, err));
+	enum ckfs_code rc = ckfs_dcp_build_from(m, opt, bytes, len, err);
+	free(bytes);
+	return rc;
+}
+
+enum ckfs_code ckfs_dcp_read_raw(struct ckfs_model *m, const char *dir, const char *rel_dir,
+				 const struct ckfs_model_options *opt,
+				 int (*keep)(const char *fqn), size_t *n_left_out,
+				 size_t *n_bytes, struct ckfs_error *err)
+{
+	struct dcp d = { .m = m, .dir = dir, .rel_dir = rel_dir, .keep = keep, .raw = true };
+	char *bytes = NULL;
+	size_t len = 0;
+
+	ckfs_arena_init(&d.tmp);
+	d.md_path = ckfs_arena_printf(&m->arena, "%s/.metadata", dir);
+	enum ckfs_code rc = d.md_path ? ckfs_read_small_file(d.md_path, CKFS_MAX_METADATA_BYTES,
+							     &bytes, &len, err)
+				      : nomem(err);
+	if (rc == CKFS_OK)
+		rc = build(&d, bytes, len, opt, err);
+	free(bytes);
+	ckfs_arena_release(&d.tmp);
+	*n_left_out = d.n_left_out;
+	*n_bytes = d.n_bytes;
 	return rc;
 }

@@ -7,14 +7,19 @@
  *   1. verl FSDP rank files: SRC/model_world_size_<W>_rank_<R>.pt (fsdp.c);
  *   2. legacy Megatron per-rank files: SRC/model/mp_rank_TT[_PPP]/
  *      (megatron.c);
- *   3. torch.distributed.checkpoint: SRC/.metadata (dcp.c);
- *   4. Hugging Face weights: model.safetensors or
+ *   3. Megatron dist_checkpointing (torch_dist): SRC/ckpt_contents.json
+ *      naming a megatron_dist_checkpoint model, SRC/model/dist_ckpt/,
+ *      SRC/dist_ckpt/, or SRC/metadata.json beside SRC/.metadata
+ *      (mcore_dist.c);
+ *   4. torch.distributed.checkpoint: SRC/.metadata (dcp.c);
+ *   5. Hugging Face weights: model.safetensors or
  *      model.safetensors.index.json in SRC, SRC/huggingface or
  *      SRC/model/huggingface (hf.c).
  *
  * So a verl folder that also saved HF weights (save_contents "hf_model")
- * is still read from its rank files. A folder with none of these is an
- * error listing what was looked for.
+ * is still read from its rank files or dist_ckpt; a ckpt_contents.json
+ * whose contents.model is HF weights (mbridge) goes to hf.c. A folder
+ * with none of these is an error listing what was looked for.
  */
 #include <dirent.h>
 #include <stdio.h>
@@ -29,6 +34,8 @@ static enum ckfs_code nomem(struct ckfs_error *err)
 	return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
 }
 
+/* 1 when dir holds an FSDP rank file, 0 when not, -1 (errno set) when it
+ * cannot be listed. */
 static int has_rank_files(const char *dir)
 {
 	DIR *d = opendir(dir);
@@ -37,7 +44,7 @@ static int has_rank_files(const char *dir)
 	long ws, rank;
 
 	if (!d)
-		return 0;
+		return -1;
 	while (!found && (de = readdir(d)))
 		found = ckfs_fsdp_rank_file_name(de->d_name, &ws, &rank);
 	closedir(d);
@@ -74,12 +81,6 @@ static enum ckfs_code explain_unknown(const struct ckfs_model *m, const char *sr
 {
 	char path[4096];
 
-	snprintf(path, sizeof(path), "%s/dist_ckpt", m->src_dir);
-	if (ckfs_path_exists(path))
-		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
-				 "'%s': Megatron dist_ckpt checkpoints are not "
-				 "supported yet (only model/mp_rank_* per-rank files)",
-				 src);
 	snprintf(path, sizeof(path), "%s/actor", m->src_dir);
 	if (ckfs_path_is_dir(path))
 		return ckfs_fail(err, CKFS_E_NOTFOUND,
@@ -101,13 +102,20 @@ static enum ckfs_code dispatch(struct ckfs_model *m, const char *src,
 	char path[4096];
 	int oom;
 
-	if (has_rank_files(m->src_dir)) {
+	int rank_files = has_rank_files(m->src_dir);
+	if (rank_files < 0)
+		return ckfs_fail_errno(err, "'%s': cannot list", src);
+	if (rank_files) {
 		m->layout = "verl-fsdp";
 		return ckfs_fsdp_build(m, opt, err);
 	}
 	if (ckfs_megatron_detect(m->src_dir)) {
 		m->layout = "megatron";
 		return ckfs_megatron_build(m, opt, err);
+	}
+	if (ckfs_mcore_dist_detect(m->src_dir)) {
+		m->layout = "megatron-dist";
+		return ckfs_mcore_dist_build(m, opt, err);
 	}
 	snprintf(path, sizeof(path), "%s/.metadata", m->src_dir);
 	if (ckfs_path_exists(path)) {

@@ -3,13 +3,20 @@
  * Legacy Megatron-Core per-rank checkpoints as verl wrote them from 2025-04
  * to 2025-06 (verl-checkpoints.md 3.1(b), formats.md "Megatron per-rank"):
  *
- *   SRC/model/mp_rank_{tp:02d}/model.pt            (PP = 1)
- *   SRC/model/mp_rank_{tp:02d}_{pp:03d}/model.pt   (PP > 1)
+ *   SRC/model/mp_rank_{tp:02d}/model.pt                 (PP = 1, EP = 1)
+ *   SRC/model/mp_rank_{tp:02d}_{pp:03d}/model.pt        (PP > 1, EP = 1)
+ *   SRC/model/mp_rank_{tp:02d}_{ep:03d}/model.pt        (PP = 1, EP > 1)
+ *   SRC/model/mp_rank_{tp:02d}_{pp:03d}_{ep:03d}/model.pt
  *   SRC/hf_config_and_tokenizer/ or SRC/huggingface/   config.json
+ *
+ * Megatron appends "_{ep:03d}" when EP > 1, so a two-number name is TP_PP
+ * or TP_EP. It is TP_EP when config.json has experts and mp_rank_00_001
+ * holds the word embedding (only PP stage 0 does; every EP rank does).
  *
  * Each model.pt is a torch.save of a Python LIST with one GPTModel state
  * dict per virtual-pipeline chunk, TP-local shards, local layer numbers.
- * Dense GPT models only (Llama, Qwen2 with qkv bias, Qwen3 with q/k norm).
+ * Dense GPT models (Llama, Qwen2 with qkv bias, Qwen3 with q/k norm), MoE
+ * (Qwen2-MoE with shared expert, Qwen3-MoE, Mixtral), value heads.
  *
  * Layer numbering: chunks are visited (vpp outer, pp inner); each chunk's
  * layers get the next global indices, counted from the layers it actually
@@ -19,19 +26,30 @@
  *   linear_qkv.{weight,bias}   per rank nkv/TP query groups [q r·d; k d; v d]
  *                              -> q_proj / k_proj / v_proj row chunks
  *   linear_fc1.weight          per rank [gate; up] -> gate_proj / up_proj
+ *                              (dense, shared expert and every expert)
  *   linear_proj, linear_fc2    row-parallel: column chunks (dim 1)
  *   embedding, output_layer    vocab-parallel: row chunks (dim 0)
- *   norms, other biases        replicated: TP rank 0's copy
+ *   norms, router, biases,     replicated: TP rank 0's copy
+ *   shared-expert gate
+ * Experts: SequentialMLP "mlp.experts.local_experts.{i}.linear_fc{1,2}.weight"
+ * or TEGroupedMLP "mlp.experts.linear_fc{1,2}.weight{i}"; local expert i of
+ * EP rank e is global expert e·(E/EP) + i, sharded over TP like a dense MLP
+ * (megatron-core's expert TP defaults to TP). Everything else comes from EP
+ * rank 0 (the dense part is replicated over EP).
+ * Value heads: an output_layer.weight of one row while vocab_size > 1 is a
+ * critic's head (replicated, not vocab-parallel): served as score.weight,
+ * config.json's architectures rewritten to *ForTokenClassification with one
+ * label.
  * Keys ending in _extra_state (Transformer Engine) are skipped; any other
- * key this table does not know is an error listing them. output_layer is
+ * key this table does not know is an error listing them, or, with
+ * --raw-names, served per rank under its own name (raw_key). output_layer is
  * dropped (with a warning) when config.json ties the embeddings.
  * The layers found must add up to config.json's num_hidden_layers (a
  * missing last PP stage is not silently served short), with no gaps in a
- * chunk's local numbers.
- * Refused: expert-parallel folders (mp_rank_XX_YYY_ZZZ), fewer KV heads
- * than TP ranks (Megatron-Core itself requires num_query_groups % TP == 0),
- * MoE/MLA keys (listed as unknown), vocab-parallel rows that do not add up
- * to config.json's vocab_size (padded vocabularies, value heads).
+ * chunk's local numbers; every MoE layer must yield all E experts.
+ * Refused: fewer KV heads than TP ranks (Megatron-Core itself requires
+ * num_query_groups % TP == 0), MLA keys (listed as unknown), vocab-parallel
+ * rows that do not add up to config.json's vocab_size (padded vocabularies).
  */
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -44,6 +62,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckfs/json.h"
+#include "ckfs/limits.h"
 #include "model/model_int.h"
 
 #define MAX_PAR 1024
@@ -55,28 +75,27 @@ static enum ckfs_code nomem(struct ckfs_error *err)
 
 /* ---- folder names ---- */
 
-/* "mp_rank_DD" (pp -1) or "mp_rank_DD_DDD"; *ep set for a third field. */
-static int parse_rank_dir(const char *name, long *tp, long *pp, int *ep)
+/* "mp_rank_DD[_DDD[_DDD]]": the number of fields (1 to 3) into v[], 0 when
+ * the name is not one. */
+static int parse_rank_dir(const char *name, long v[3])
 {
 	static const char pfx[] = "mp_rank_";
 	const char *s = name + sizeof(pfx) - 1;
 	char *end;
+	int n = 0;
 
-	*pp = -1;
-	*ep = 0;
-	if (strncmp(name, pfx, sizeof(pfx) - 1) != 0 || !isdigit((unsigned char)*s))
+	if (strncmp(name, pfx, sizeof(pfx) - 1) != 0)
 		return 0;
-	*tp = strtol(s, &end, 10);
-	if (*end == 0)
-		return 1;
-	if (*end != '_' || !isdigit((unsigned char)end[1]))
-		return 0;
-	*pp = strtol(end + 1, &end, 10);
-	if (*end == 0)
-		return 1;
-	if (*end == '_' && isdigit((unsigned char)end[1])) {
-		*ep = 1;
-		return 1;
+	while (n < 3 && isdigit((unsigned char)*s)) {
+		errno = 0;
+		v[n++] = strtol(s, &end, 10);
+		if (errno || v[n - 1] < 0)
+			return 0;
+		if (*end == 0)
+			return n;
+		if (*end != '_')
+			return 0;
+		s = end + 1;
 	}
 	return 0;
 }
@@ -87,15 +106,16 @@ int ckfs_megatron_detect(const char *src_dir)
 	DIR *d;
 	struct dirent *de;
 	int found = 0;
-	long tp, pp;
-	int ep;
+	long v[3];
 
 	if ((size_t)snprintf(path, sizeof(path), "%s/model", src_dir) >= sizeof(path))
 		return 0;
+	/* Out of memory listing it: claim the layout, so that the build
+	 * reports the failure instead of "not a checkpoint". */
 	if (!(d = opendir(path)))
-		return 0;
+		return errno == ENOMEM;
 	while (!found && (de = readdir(d)))
-		found = parse_rank_dir(de->d_name, &tp, &pp, &ep);
+		found = parse_rank_dir(de->d_name, v) > 0;
 	closedir(d);
 	return found;
 }
@@ -113,11 +133,17 @@ struct out {
 
 struct ctx {
 	struct ckfs_model *m;
-	struct ckfs_torch_file *files; /* [pp][tp] */
-	int tp, pp, vpp;
-	int pp_names;                  /* folders named mp_rank_TT_PPP */
+	const struct ckfs_model_options *opt;
+	struct ckfs_torch_file *files; /* [ep][pp][tp] */
+	int tp, pp, vpp, ep;
+	int fields;                    /* numbers in the folder names: 1 to 3 */
 	/* config */
 	int64_t hidden, nh, nkv, head_dim, vocab, n_layers;
+	int64_t n_experts, expert_ffn; /* 0 when config.json has none */
+	int mixtral, qwen2_moe;
+	int value_head;                /* output_layer is [1, H] */
+	int *experts_seen;             /* per global layer: expert fc1 served */
+	size_t n_raw;
 	struct out *outs;
 	size_t n_outs, cap_outs;
 	char unknown[1024];
@@ -194,68 +220,94 @@ static void note_unknown(struct ctx *c, const char *key)
 			 l ? ", " : "", key);
 }
 
+/* Rank files are numbered (e·PP + p)·TP + t; the dense part is read from
+ * EP rank 0 (e = 0), so p·TP + t for it. */
+static int rank_of_e(const struct ctx *c, int e, int t, int p)
+{
+	return (e * c->pp + p) * c->tp + t;
+}
+
+static const struct ckfs_sd_entry *entry_at_e(struct ctx *c, int e, int t, int p, size_t i)
+{
+	return &c->files[rank_of_e(c, e, t, p)].entries[i];
+}
+
 static const struct ckfs_sd_entry *entry_at(struct ctx *c, int t, int p, size_t i)
 {
-	return &c->files[p * c->tp + t].entries[i];
+	return entry_at_e(c, 0, t, p, i);
 }
 
 static uint32_t src_of(struct ctx *c, int t, int p)
 {
-	return (uint32_t)(p * c->tp + t);
+	return (uint32_t)rank_of_e(c, 0, t, p);
 }
 
 static int rank_of(struct ctx *c, int t, int p)
 {
-	return p * c->tp + t;
+	return rank_of_e(c, 0, t, p);
+}
+
+/* Rank (e, t)'s copy of entry i, whole (replicated tensors: t = e = 0). */
+static enum ckfs_code replicated_e(struct ctx *c, const char *name, int e, int t, int p,
+				   size_t i, const char *placement, struct ckfs_error *err)
+{
+	const struct ckfs_sd_entry *x = entry_at_e(c, e, t, p, i);
+	int r = rank_of_e(c, e, t, p);
+	int64_t goff[CKFS_MAX_DIMS] = { 0 };
+	struct out *o = new_out(c, name, placement, x->local.ndim, x->local.shape, err);
+
+	if (!o)
+		return err->code;
+	if (x->local.ndim < 1)
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': '%s' is a scalar",
+				 c->m->sources[r].path, x->key);
+	return add_slice(c, o, x, (uint32_t)r, r, 0, 0, x->local.shape[0], goff, err);
 }
 
 static enum ckfs_code replicated(struct ctx *c, const char *name, int p, size_t i,
 				 struct ckfs_error *err)
 {
-	const struct ckfs_sd_entry *e = entry_at(c, 0, p, i);
-	int64_t goff[CKFS_MAX_DIMS] = { 0 };
-	struct out *o = new_out(c, name, "Replicate()", e->local.ndim, e->local.shape, err);
-
-	if (!o)
-		return err->code;
-	if (e->local.ndim < 1)
-		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': '%s' is a scalar",
-				 c->m->sources[src_of(c, 0, p)].path, e->key);
-	return add_slice(c, o, e, src_of(c, 0, p), rank_of(c, 0, p), 0, 0,
-			 e->local.shape[0], goff, err);
+	return replicated_e(c, name, 0, 0, p, i, "Replicate()", err);
 }
 
-/* Concatenation over TP ranks along dim. */
-static enum ckfs_code concat(struct ctx *c, const char *name, int p, size_t i, int dim,
-			     struct ckfs_error *err)
+/* Concatenation over TP ranks along dim (EP rank e). */
+static enum ckfs_code concat_e(struct ctx *c, const char *name, int e, int p, size_t i,
+			       int dim, struct ckfs_error *err)
 {
-	const struct ckfs_sd_entry *e0 = entry_at(c, 0, p, i);
+	const struct ckfs_sd_entry *e0 = entry_at_e(c, e, 0, p, i);
 	int64_t shape[CKFS_MAX_DIMS];
 	int64_t goff[CKFS_MAX_DIMS] = { 0 };
 
 	if (e0->local.ndim <= dim)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': '%s' has %d dims",
-				 c->m->sources[src_of(c, 0, p)].path, e0->key,
+				 c->m->sources[rank_of_e(c, e, 0, p)].path, e0->key,
 				 e0->local.ndim);
 	memcpy(shape, e0->local.shape, sizeof(shape));
 	shape[dim] = 0;
 	for (int t = 0; t < c->tp; t++)
-		shape[dim] += entry_at(c, t, p, i)->local.shape[dim];
+		shape[dim] += entry_at_e(c, e, t, p, i)->local.shape[dim];
 	struct out *o = new_out(c, name, dim == 0 ? "Shard(0)" : "Shard(1)",
 				e0->local.ndim, shape, err);
 	if (!o)
 		return err->code;
 	for (int t = 0; t < c->tp; t++) {
-		const struct ckfs_sd_entry *e = entry_at(c, t, p, i);
-		CKFS_TRY(add_slice(c, o, e, src_of(c, t, p), rank_of(c, t, p), dim, 0,
-				   e->local.shape[dim], goff, err));
-		goff[dim] += e->local.shape[dim];
+		const struct ckfs_sd_entry *x = entry_at_e(c, e, t, p, i);
+		int r = rank_of_e(c, e, t, p);
+		CKFS_TRY(add_slice(c, o, x, (uint32_t)r, r, dim, 0, x->local.shape[dim], goff,
+				   err));
+		goff[dim] += x->local.shape[dim];
 	}
 	return CKFS_OK;
 }
 
+static enum ckfs_code concat(struct ctx *c, const char *name, int p, size_t i, int dim,
+			     struct ckfs_error *err)
+{
+	return concat_e(c, name, 0, p, i, dim, err);
+}
+
 /* Vocab-parallel rows: their sum must be config.json's vocab_size (verl
- * does not pad; a critic's [1, H] value head would not match). */
+ * does not pad). */
 static enum ckfs_code vocab_rows(struct ctx *c, const char *name, int p, size_t i,
 				 struct ckfs_error *err)
 {
@@ -266,43 +318,40 @@ static enum ckfs_code vocab_rows(struct ctx *c, const char *name, int p, size_t 
 	if (c->vocab > 0 && rows != c->vocab)
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' has %lld rows over "
 				 "%d TP rank%s, config.json says vocab_size %lld (a missing "
-				 "TP rank? padded vocabularies and value heads are not "
-				 "supported)",
+				 "TP rank? padded vocabularies are not supported)",
 				 c->m->sources[src_of(c, 0, p)].path,
 				 entry_at(c, 0, p, i)->key, (long long)rows, c->tp,
 				 c->tp == 1 ? "" : "s", (long long)c->vocab);
 	return concat(c, name, p, i, 0, err);
 }
 
-/* linear_fc1.weight -> gate_proj / up_proj (new_out may move c->outs:
- * the two outputs are addressed by index). */
-static enum ckfs_code split_fc1(struct ctx *c, const char *pre, const char *kind, int p,
-				size_t i, struct ckfs_error *err)
+/* A fused fc1 weight (EP rank e) -> gate / up: per TP rank [gate; up]
+ * (new_out may move c->outs: the two outputs are addressed by index). */
+static enum ckfs_code split_fc1(struct ctx *c, const char *gate_name, const char *up_name,
+				int e, int p, size_t i, struct ckfs_error *err)
 {
-	const struct ckfs_sd_entry *e0 = entry_at(c, 0, p, i);
+	const struct ckfs_sd_entry *e0 = entry_at_e(c, e, 0, p, i);
 	int64_t shape[CKFS_MAX_DIMS];
-	char name[CKFS_MAX_NAME];
-	static const char *const part[2] = { "gate_proj", "up_proj" };
+	const char *names[2] = { gate_name, up_name };
 
 	if (e0->local.ndim < 1 || e0->local.shape[0] % 2)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': '%s' has an odd number of "
 				 "rows (not [gate; up])",
-				 c->m->sources[src_of(c, 0, p)].path, e0->key);
+				 c->m->sources[rank_of_e(c, e, 0, p)].path, e0->key);
 	int64_t half = e0->local.shape[0] / 2;
 	memcpy(shape, e0->local.shape, sizeof(shape));
 	shape[0] = half * c->tp;
-	for (int h = 0; h < 2; h++) {
-		snprintf(name, sizeof(name), "%smlp.%s.%s", pre, part[h], kind);
-		if (!new_out(c, name, "Shard(0) of fc1", e0->local.ndim, shape, err))
+	for (int h = 0; h < 2; h++)
+		if (!new_out(c, names[h], "Shard(0) of fc1", e0->local.ndim, shape, err))
 			return err->code;
-	}
 	for (int h = 0; h < 2; h++)
 		for (int t = 0; t < c->tp; t++) {
 			int64_t goff[CKFS_MAX_DIMS] = { 0 };
+			int r = rank_of_e(c, e, t, p);
 			goff[0] = t * half;
 			CKFS_TRY(add_slice(c, &c->outs[c->n_outs - 2 + h],
-					   entry_at(c, t, p, i), src_of(c, t, p),
-					   rank_of(c, t, p), 0, h * half, half, goff, err));
+					   entry_at_e(c, e, t, p, i), (uint32_t)r, r, 0,
+					   h * half, half, goff, err));
 		}
 	return CKFS_OK;
 }
@@ -352,8 +401,9 @@ static enum ckfs_code split_qkv(struct ctx *c, const char *pre, const char *kind
 	return CKFS_OK;
 }
 
-/* Layer-local suffixes. */
-enum kind { K_REPL, K_ROW, K_QKV, K_FC1, K_UNKNOWN };
+/* Layer-local suffixes; a "%s" in hf is the MoE block's HF name
+ * ("mlp" or Mixtral's "block_sparse_moe"), "%S" the shared expert's. */
+enum kind { K_REPL, K_ROW, K_QKV, K_FC1 };
 static const struct {
 	const char *mg, *hf;
 	enum kind kind;
@@ -372,9 +422,14 @@ static const struct {
 	{ "pre_mlp_layernorm.bias", "post_attention_layernorm.bias", K_REPL },
 	{ "mlp.linear_fc1.layer_norm_weight", "post_attention_layernorm.weight", K_REPL },
 	{ "mlp.linear_fc1.layer_norm_bias", "post_attention_layernorm.bias", K_REPL },
-	{ "mlp.linear_fc1.weight", "weight", K_FC1 },
+	{ "mlp.linear_fc1.weight", "mlp.%s.weight", K_FC1 },
 	{ "mlp.linear_fc2.weight", "mlp.down_proj.weight", K_ROW },
 	{ "mlp.linear_fc2.bias", "mlp.down_proj.bias", K_REPL },
+	{ "mlp.router.weight", "%s.gate.weight", K_REPL },
+	{ "mlp.router.expert_bias", "%s.gate.e_score_correction_bias", K_REPL },
+	{ "mlp.shared_experts.gate_weight", "mlp.shared_expert_gate.weight", K_REPL },
+	{ "mlp.shared_experts.linear_fc1.weight", "%S.%s.weight", K_FC1 },
+	{ "mlp.shared_experts.linear_fc2.weight", "%S.down_proj.weight", K_ROW },
 };
 
 /* "decoder.layers.<N>.<rest>": N and rest; 0 when key is not one. */
@@ -393,17 +448,167 @@ static int layer_key(const char *key, long *n, const char **rest)
 	return 1;
 }
 
+/* pre + hf with %s -> arg and %S -> the shared expert's module name
+ * (all short: the result fits CKFS_MAX_NAME, truncated otherwise). */
+static void hf_name(const struct ctx *c, char *out, size_t cap, const char *pre,
+		    const char *hf, const char *arg)
+{
+	size_t n = 0;
+
+	out[0] = 0;
+	for (const char *s = pre; *s && n + 1 < cap; s++)
+		out[n++] = *s;
+	for (const char *s = hf; *s && n + 1 < cap; s++) {
+		const char *ins = NULL;
+		if (s[0] == '%' && s[1] == 's')
+			ins = arg;
+		else if (s[0] == '%' && s[1] == 'S')
+			ins = c->qwen2_moe ? "mlp.shared_expert" : "mlp.shared_experts";
+		if (!ins) {
+			out[n++] = *s;
+			continue;
+		}
+		for (; *ins && n + 1 < cap; ins++)
+			out[n++] = *ins;
+		s++;
+	}
+	out[n] = 0;
+}
+
+/* Expert weights: SequentialMLP "mlp.experts.local_experts.<i>.linear_fcF.weight"
+ * or TEGroupedMLP "mlp.experts.linear_fcF.weight<i>": *fc (1 or 2) and *i. */
+static int expert_key(const char *rest, int *fc, long *i)
+{
+	static const char seq[] = "mlp.experts.local_experts.", grp[] = "mlp.experts.linear_fc";
+	char *end;
+
+	if (strncmp(rest, seq, sizeof(seq) - 1) == 0 &&
+	    isdigit((unsigned char)rest[sizeof(seq) - 1])) {
+		*i = strtol(rest + sizeof(seq) - 1, &end, 10);
+		if (strcmp(end, ".linear_fc1.weight") == 0)
+			*fc = 1;
+		else if (strcmp(end, ".linear_fc2.weight") == 0)
+			*fc = 2;
+		else
+			return 0;
+		return *i >= 0 && *i < 1000000;
+	}
+	if (strncmp(rest, grp, sizeof(grp) - 1) != 0)
+		return 0;
+	rest += sizeof(grp) - 1;
+	if ((rest[0] != '1' && rest[0] != '2') || strncmp(rest + 1, ".weight", 7) != 0 ||
+	    !isdigit((unsigned char)rest[8]))
+		return 0;
+	*fc = rest[0] - '0';
+	*i = strtol(rest + 8, &end, 10);
+	return *end == 0 && *i >= 0 && *i < 1000000;
+}
+
+/* Local expert i of every EP rank: global expert e·(E/EP) + i. */
+static enum ckfs_code map_expert(struct ctx *c, const char *key, long gl, int fc, long i,
+				 int p, size_t idx, struct ckfs_error *err)
+{
+	const char *path = c->m->sources[src_of(c, 0, p)].path;
+	char pre[96], gate[CKFS_MAX_NAME], up[CKFS_MAX_NAME];
+
+	if (c->n_experts <= 0)
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' is an expert weight but "
+				 "config.json names no experts (num_experts / "
+				 "num_local_experts)", path, key);
+	int64_t local = c->n_experts / c->ep;
+	if (i >= local)
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' is local expert %ld, but "
+				 "%lld experts over EP=%d leave %lld per rank (a missing "
+				 "EP rank?)", path, key, i, (long long)c->n_experts, c->ep,
+				 (long long)local);
+	const struct ckfs_sd_entry *e0 = entry_at(c, 0, p, idx);
+	if (fc == 1 && c->expert_ffn > 0 &&
+	    (e0->local.ndim != 2 || e0->local.shape[0] * c->tp != 2 * c->expert_ffn))
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s' has %lld rows on TP "
+				 "rank 0, expected 2 x %lld / TP %d (expert tensor "
+				 "parallelism other than TP is not supported)", path, key,
+				 (long long)e0->local.shape[0], (long long)c->expert_ffn,
+				 c->tp);
+	for (int e = 0; e < c->ep; e++) {
+		int64_t g = e * local + i;
+		if (c->mixtral)
+			snprintf(pre, sizeof(pre), "model.layers.%ld.block_sparse_moe.experts."
+				 "%lld.", gl, (long long)g);
+		else
+			snprintf(pre, sizeof(pre), "model.layers.%ld.mlp.experts.%lld.", gl,
+				 (long long)g);
+		if (fc == 2) {
+			snprintf(gate, sizeof(gate), "%s%s", pre,
+				 c->mixtral ? "w2.weight" : "down_proj.weight");
+			CKFS_TRY(concat_e(c, gate, e, p, idx, 1, err));
+			continue;
+		}
+		snprintf(gate, sizeof(gate), "%s%s", pre,
+			 c->mixtral ? "w1.weight" : "gate_proj.weight");
+		snprintf(up, sizeof(up), "%s%s", pre, c->mixtral ? "w3.weight" : "up_proj.weight");
+		CKFS_TRY(split_fc1(c, gate, up, e, p, idx, err));
+	}
+	if (fc == 1 && gl < c->n_layers)
+		c->experts_seen[gl] += c->ep;
+	return CKFS_OK;
+}
+
+/* --raw-names: an unknown key served under its Megatron name with the
+ * global layer number, one tensor per rank that holds it, each that rank's
+ * own bytes: ".tp_rank_TT" is appended when TP > 1 and ".ep_rank_EEE" when
+ * EP > 1 (nothing is merged, so nothing is guessed). */
+static enum ckfs_code raw_key(struct ctx *c, const char *key, long gl, int p, size_t i,
+			      struct ckfs_error *err)
+{
+	char base[CKFS_MAX_NAME], name[CKFS_MAX_NAME];
+	const char *rest;
+	long j;
+
+	if (gl >= 0 && layer_key(key, &j, &rest))
+		snprintf(base, sizeof(base), "decoder.layers.%ld.%s", gl, rest);
+	else
+		snprintf(base, sizeof(base), "%s", key);
+	for (int e = 0; e < c->ep; e++)
+		for (int t = 0; t < c->tp; t++) {
+			int n = snprintf(name, sizeof(name), "%s", base);
+			if (c->tp > 1)
+				n += snprintf(name + n, sizeof(name) - (size_t)n, ".tp_rank_%02d", t);
+			if (c->ep > 1)
+				snprintf(name + n, sizeof(name) - (size_t)n, ".ep_rank_%03d", e);
+			CKFS_TRY(replicated_e(c, name, e, t, p, i, "raw (one rank)", err));
+		}
+	c->n_raw++;
+	return CKFS_OK;
+}
+
+static enum ckfs_code unknown_key(struct ctx *c, const char *key, long gl, int p, size_t i,
+				  struct ckfs_error *err)
+{
+	if (c->opt->raw_names)
+		return raw_key(c, key, gl, p, i, err);
+	note_unknown(c, key);
+	return CKFS_OK;
+}
+
 static enum ckfs_code map_key(struct ctx *c, int p, size_t i, long layer0,
 			      int *dropped_head, struct ckfs_error *err)
 {
 	const char *key = entry_at(c, 0, p, i)->key;
 	const char *rest;
-	long j;
+	long j, ei;
+	int fc;
 	char pre[64], name[CKFS_MAX_NAME];
 
 	if (strcmp(key, "embedding.word_embeddings.weight") == 0)
 		return vocab_rows(c, "model.embed_tokens.weight", p, i, err);
 	if (strcmp(key, "output_layer.weight") == 0) {
+		const struct ckfs_sd_entry *e0 = entry_at(c, 0, p, i);
+		if (e0->local.ndim == 2 && e0->local.shape[0] == 1 && c->vocab > 1) {
+			/* A critic's value head: replicated over TP (check_tp_alike
+			 * made every rank's shape [1, H]). */
+			c->value_head = 1;
+			return replicated(c, "score.weight", p, i, err);
+		}
 		if (c->m->tie_word_embeddings) {
 			*dropped_head = 1;
 			return CKFS_OK;
@@ -414,31 +619,33 @@ static enum ckfs_code map_key(struct ctx *c, int p, size_t i, long layer0,
 		return replicated(c, "model.norm.weight", p, i, err);
 	if (strcmp(key, "decoder.final_layernorm.bias") == 0)
 		return replicated(c, "model.norm.bias", p, i, err);
-	if (!layer_key(key, &j, &rest)) {
-		note_unknown(c, key);
-		return CKFS_OK;
-	}
+	if (!layer_key(key, &j, &rest))
+		return unknown_key(c, key, -1, p, i, err);
+	if (expert_key(rest, &fc, &ei))
+		return map_expert(c, key, layer0 + j, fc, ei, p, i, err);
 	snprintf(pre, sizeof(pre), "model.layers.%ld.", layer0 + j);
 	for (size_t k = 0; k < sizeof(layer_map) / sizeof(layer_map[0]); k++) {
+		const char *moe = c->mixtral ? "block_sparse_moe" : "mlp";
 		if (strcmp(rest, layer_map[k].mg) != 0)
 			continue;
 		switch (layer_map[k].kind) {
 		case K_REPL:
-			snprintf(name, sizeof(name), "%s%s", pre, layer_map[k].hf);
+			hf_name(c, name, sizeof(name), pre, layer_map[k].hf, moe);
 			return replicated(c, name, p, i, err);
 		case K_ROW:
-			snprintf(name, sizeof(name), "%s%s", pre, layer_map[k].hf);
+			hf_name(c, name, sizeof(name), pre, layer_map[k].hf, moe);
 			return concat(c, name, p, i, 1, err);
 		case K_QKV:
 			return split_qkv(c, pre, layer_map[k].hf, p, i, err);
-		case K_FC1:
-			return split_fc1(c, pre, layer_map[k].hf, p, i, err);
-		case K_UNKNOWN:
-			break;
+		case K_FC1: {
+			char up[CKFS_MAX_NAME];
+			hf_name(c, name, sizeof(name), pre, layer_map[k].hf, "gate_proj");
+			hf_name(c, up, sizeof(up), pre, layer_map[k].hf, "up_proj");
+			return split_fc1(c, name, up, 0, p, i, err);
+		}
 		}
 	}
-	note_unknown(c, key);
-	return CKFS_OK;
+	return unknown_key(c, key, layer0 + j, p, i, err);
 }
 
 /* ---- config ---- */
@@ -451,8 +658,11 @@ static int64_t cfg_int(cJSON *j, const char *name, int64_t dflt)
 
 static enum ckfs_code read_arch(struct ctx *c, struct ckfs_error *err)
 {
-	cJSON *j = cJSON_ParseWithLength(c->m->config_json, c->m->config_len);
+	bool oom;
+	cJSON *j = ckfs_json_parse(c->m->config_json, c->m->config_len, NULL, &oom);
 
+	if (oom)
+		return ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory", c->m->config_path);
 	if (!j)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': not JSON", c->m->config_path);
 	c->hidden = cfg_int(j, "hidden_size", 0);
@@ -461,38 +671,138 @@ static enum ckfs_code read_arch(struct ctx *c, struct ckfs_error *err)
 	c->head_dim = cfg_int(j, "head_dim", c->nh > 0 ? c->hidden / c->nh : 0);
 	c->vocab = cfg_int(j, "vocab_size", 0);
 	c->n_layers = cfg_int(j, "num_hidden_layers", 0);
+	c->n_experts = cfg_int(j, "num_experts", cfg_int(j, "num_local_experts", 0));
+	cJSON *arch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "architectures"), 0);
+	const char *a = cJSON_IsString(arch) ? arch->valuestring : "";
+	c->mixtral = strncmp(a, "Mixtral", 7) == 0;
+	c->qwen2_moe = strncmp(a, "Qwen2Moe", 8) == 0;
+	/* Mixtral's experts are intermediate_size wide, Qwen-MoE's
+	 * moe_intermediate_size. */
+	c->expert_ffn = cfg_int(j, c->mixtral ? "intermediate_size" : "moe_intermediate_size", 0);
 	cJSON_Delete(j);
 	if (c->hidden <= 0 || c->nh <= 0 || c->nkv <= 0 || c->head_dim <= 0 ||
 	    c->nh % c->nkv)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': needs hidden_size, "
 				 "num_attention_heads (a multiple of num_key_value_heads) "
 				 "for a Megatron checkpoint", c->m->config_path);
+	if (c->n_layers < 0 || c->n_layers > 100000 || c->n_experts < 0 ||
+	    c->n_experts > 1000000)
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': num_hidden_layers or the "
+				 "number of experts out of range", c->m->config_path);
+	return CKFS_OK;
+}
+
+static enum ckfs_code check_tp_divides(struct ctx *c, struct ckfs_error *err)
+{
 	if (c->nkv % c->tp)
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': num_key_value_heads "
 				 "%lld is not a multiple of TP %d (Megatron-Core needs "
 				 "num_query_groups %% TP == 0; replicated KV heads are "
 				 "not supported)", c->m->src_dir,
 				 (long long)c->nkv, c->tp);
+	if (c->ep > 1 && (c->n_experts <= 0 || c->n_experts % c->ep))
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': %lld experts in config.json "
+				 "cannot be split over EP=%d rank folders", c->m->src_dir,
+				 (long long)c->n_experts, c->ep);
 	return CKFS_OK;
+}
+
+/* A critic's config names the causal LM: serve the token-classification
+ * class with one label (transformers' AutoModelForTokenClassification,
+ * as verl's FSDP critics save). */
+static enum ckfs_code value_config(struct ctx *c, struct ckfs_error *err)
+{
+	struct ckfs_model *m = c->m;
+	bool oom;
+	cJSON *j = ckfs_json_parse(m->config_json, m->config_len, NULL, &oom);
+	cJSON *archs, *a;
+	char cls[256];
+	enum ckfs_code rc = CKFS_OK;
+
+	if (oom)
+		return ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory", m->config_path);
+	if (!j)
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': not JSON", m->config_path);
+	archs = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+	a = cJSON_GetArrayItem(archs, 0);
+	const char *name = cJSON_IsString(a) ? a->valuestring : "";
+	size_t n = strlen(name), sfx = strlen("ForCausalLM");
+	if (n > sfx && n - sfx < 200 && strcmp(name + n - sfx, "ForCausalLM") == 0) {
+		snprintf(cls, sizeof(cls), "%.*sForTokenClassification", (int)(n - sfx), name);
+		/* Every cJSON call can fail for memory: a partial config is never
+		 * served. */
+		cJSON *arr = cJSON_CreateArray(), *id2 = cJSON_CreateObject(),
+		      *l2i = cJSON_CreateObject();
+		int ok = arr && id2 && l2i &&
+			 cJSON_AddItemToArray(arr, cJSON_CreateString(cls)) &&
+			 cJSON_GetArraySize(arr) == 1 &&
+			 cJSON_AddStringToObject(id2, "0", "LABEL_0") &&
+			 cJSON_AddNumberToObject(l2i, "LABEL_0", 0);
+		cJSON_DeleteItemFromObjectCaseSensitive(j, "architectures");
+		cJSON_DeleteItemFromObjectCaseSensitive(j, "id2label");
+		cJSON_DeleteItemFromObjectCaseSensitive(j, "label2id");
+		ok = ok && cJSON_AddItemToObject(j, "architectures", arr);
+		if (!ok)
+			cJSON_Delete(arr);
+		ok = ok && cJSON_AddItemToObject(j, "id2label", id2);
+		if (!ok)
+			cJSON_Delete(id2);
+		ok = ok && cJSON_AddItemToObject(j, "label2id", l2i);
+		if (!ok)
+			cJSON_Delete(l2i);
+		char *text = ok ? cJSON_Print(j) : NULL;
+		if (!text) {
+			cJSON_Delete(j);
+			return nomem(err);
+		}
+		m->config_json = ckfs_arena_strdup(&m->arena, text);
+		m->config_len = strlen(text);
+		free(text);
+		if (!m->config_json)
+			rc = nomem(err);
+		else
+			rc = ckfs_model_warn(m, err, "output_layer.weight is a value head [1, "
+					     "%lld]: served as score.weight, config.json "
+					     "architectures %s", (long long)c->hidden, cls);
+	} else if (strstr(name, "ForTokenClassification") == NULL) {
+		rc = ckfs_model_warn(m, err, "output_layer.weight is a value head [1, %lld]: "
+				     "served as score.weight; config.json names '%s', not a "
+				     "*ForCausalLM class, and is served unchanged",
+				     (long long)c->hidden, name);
+	}
+	cJSON_Delete(j);
+	return rc;
 }
 
 /* ---- sources ---- */
 
-static enum ckfs_code open_rank(struct ctx *c, int t, int p, struct ckfs_error *err)
+static enum ckfs_code open_rank(struct ctx *c, int e, int t, int p, struct ckfs_error *err)
 {
 	struct ckfs_model *m = c->m;
 	char rel[128];
 	struct stat st;
+	int r = rank_of_e(c, e, t, p);
 
-	if (!c->pp_names)
+	if (c->fields == 1)
 		snprintf(rel, sizeof(rel), "model/mp_rank_%02d/model.pt", t);
+	else if (c->fields == 2)  /* TP_PP or TP_EP: one of p, e is 0 */
+		snprintf(rel, sizeof(rel), "model/mp_rank_%02d_%03d/model.pt", t, p + e);
 	else
-		snprintf(rel, sizeof(rel), "model/mp_rank_%02d_%03d/model.pt", t, p);
+		snprintf(rel, sizeof(rel), "model/mp_rank_%02d_%03d_%03d/model.pt", t, p, e);
 	const char *path = ckfs_arena_printf(&m->arena, "%s/%s", m->src_dir, rel);
 	const char *name = ckfs_arena_strdup(&m->arena, rel);
 	if (!path || !name)
 		return nomem(err);
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+	if (fd < 0 && errno == ENOENT && c->fields == 2)
+		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found (TP rank %d of "
+				 "PP stage or EP rank %d is needed: the folders present "
+				 "name %d TP ranks and %d PP stages or EP ranks)", path,
+				 t, p + e, c->tp, c->pp * c->ep);
+	if (fd < 0 && errno == ENOENT && c->ep > 1)
+		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found (TP rank %d of PP "
+				 "stage %d, EP rank %d is needed: TP=%d, PP=%d, EP=%d)",
+				 path, t, p, e, c->tp, c->pp, c->ep);
 	if (fd < 0)
 		return errno == ENOENT
 			       ? ckfs_fail(err, CKFS_E_NOTFOUND,
@@ -503,29 +813,32 @@ static enum ckfs_code open_rank(struct ctx *c, int t, int p, struct ckfs_error *
 	if (rc == CKFS_OK && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)))
 		rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': not a regular file", path);
 	if (rc == CKFS_OK)
-		rc = ckfs_source_init(&m->sources[m->n_sources], fd, path, name, err);
+		rc = ckfs_source_init(&m->sources[r], fd, path, name, err);
 	if (rc != CKFS_OK) {
 		close(fd);
 		return rc;
 	}
 	m->n_sources++;
-	return ckfs_torch_open_list(&c->files[p * c->tp + t], fd, path, "_extra_state",
-				    err);
+	return ckfs_torch_open_list(&c->files[r], fd, path, "_extra_state", err);
 }
 
-/* Same keys (in order) and same local shapes on every TP rank of stage p. */
+/* Same keys (in order) and same local shapes on every TP and EP rank of
+ * stage p, chunk v (experts are numbered locally, so EP ranks agree). */
 static enum ckfs_code check_tp_alike(struct ctx *c, int p, size_t lo, size_t hi,
 				     int v, struct ckfs_error *err)
 {
-	const struct ckfs_torch_file *f0 = &c->files[p * c->tp];
+	const struct ckfs_torch_file *f0 = &c->files[rank_of(c, 0, p)];
 
-	for (int t = 1; t < c->tp; t++) {
-		const struct ckfs_torch_file *f = &c->files[p * c->tp + t];
+	for (int r = 0; r < c->tp * c->ep; r++) {
+		int e = r / c->tp, t = r % c->tp, fi = rank_of_e(c, e, t, p);
+		const struct ckfs_torch_file *f = &c->files[fi];
 		size_t flo = v ? f->part_end[v - 1] : 0;
+		if (r == 0)
+			continue;
 		if (f->part_end[v] - flo != hi - lo)
 			return ckfs_fail(err, CKFS_E_INVALID, "'%s': chunk %d has %zu "
 					 "tensors, TP rank 0 has %zu (mismatched "
-					 "checkpoints?)", c->m->sources[p * c->tp + t].path,
+					 "checkpoints?)", c->m->sources[fi].path,
 					 v, f->part_end[v] - flo, hi - lo);
 		for (size_t i = 0; i < hi - lo; i++) {
 			const struct ckfs_sd_entry *a = &f0->entries[lo + i],
@@ -539,8 +852,7 @@ static enum ckfs_code check_tp_alike(struct ctx *c, int p, size_t lo, size_t hi,
 						 "'%s': '%s' does not match TP rank 0's "
 						 "'%s' (key or local shape differs: "
 						 "mismatched TP sizes?)",
-						 c->m->sources[p * c->tp + t].path,
-						 b->key, a->key);
+						 c->m->sources[fi].path, b->key, a->key);
 		}
 	}
 	return CKFS_OK;
@@ -551,50 +863,69 @@ static enum ckfs_code scan_dirs(struct ctx *c, struct ckfs_error *err)
 	char path[4096];
 	DIR *d;
 	struct dirent *de;
-	long max_tp = -1, max_pp = -1;
-	int with_pp = 0, without_pp = 0;
+	long max[3] = { -1, -1, -1 };
+	int fields = 0;
 
 	snprintf(path, sizeof(path), "%s/model", c->m->src_dir);
 	if (!(d = opendir(path)))
 		return ckfs_fail_errno(err, "'%s': cannot open", path);
 	while ((de = readdir(d))) {
-		long tp, pp;
-		int ep;
+		long v[3];
+		int n;
 		if (strncmp(de->d_name, "mp_rank_", 8) != 0)
 			continue;
-		if (!parse_rank_dir(de->d_name, &tp, &pp, &ep)) {
-			ckfs_fail(err, CKFS_E_FORMAT, "'%s/%s': not an mp_rank_TT or "
-				  "mp_rank_TT_PPP folder", path, de->d_name);
-			closedir(d);
-			return err->code;
-		}
-		if (ep) {
-			ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s/%s': expert-parallel "
-				  "Megatron checkpoints are not supported yet", path,
+		if (!(n = parse_rank_dir(de->d_name, v))) {
+			ckfs_fail(err, CKFS_E_FORMAT, "'%s/%s': not an mp_rank_TT, "
+				  "mp_rank_TT_PPP or mp_rank_TT_PPP_EEE folder", path,
 				  de->d_name);
 			closedir(d);
 			return err->code;
 		}
-		if (tp > max_tp)
-			max_tp = tp;
-		if (pp > max_pp)
-			max_pp = pp;
-		if (pp < 0)
-			without_pp = 1;
-		else
-			with_pp = 1;
+		if (fields && n != fields) {
+			ckfs_fail(err, CKFS_E_INVALID, "'%s': rank folders with %d and %d "
+				  "numbers (mixed checkpoints, e.g. mp_rank_TT and "
+				  "mp_rank_TT_PPP)", path, fields, n);
+			closedir(d);
+			return err->code;
+		}
+		fields = n;
+		for (int k = 0; k < n; k++)
+			if (v[k] > max[k])
+				max[k] = v[k];
 	}
 	closedir(d);
-	if (with_pp && without_pp)
-		return ckfs_fail(err, CKFS_E_INVALID, "'%s': both mp_rank_TT and "
-				 "mp_rank_TT_PPP folders (mixed checkpoints)", path);
-	if (max_tp + 1 > MAX_PAR || max_pp + 1 > MAX_PAR)
-		return ckfs_fail(err, CKFS_E_LIMIT, "'%s': more than %d TP or PP ranks",
-				 path, MAX_PAR);
-	c->tp = (int)max_tp + 1;
-	c->pp = with_pp ? (int)max_pp + 1 : 1;
-	c->pp_names = with_pp;
+	if (!fields)
+		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': no mp_rank_* folders", path);
+	for (int k = 0; k < 3; k++)
+		if (max[k] + 1 > MAX_PAR)
+			return ckfs_fail(err, CKFS_E_LIMIT, "'%s': more than %d TP, PP or "
+					 "EP ranks", path, MAX_PAR);
+	c->fields = fields;
+	c->tp = (int)max[0] + 1;
+	c->pp = fields >= 2 ? (int)max[1] + 1 : 1;
+	c->ep = fields == 3 ? (int)max[2] + 1 : 1;
+	if ((uint64_t)c->tp * (uint64_t)c->pp * (uint64_t)c->ep > CKFS_MAX_RANKS)
+		return ckfs_fail(err, CKFS_E_LIMIT, "'%s': TP %d x PP %d x EP %d rank "
+				 "files is more than %u", path, c->tp, c->pp, c->ep,
+				 CKFS_MAX_RANKS);
 	return CKFS_OK;
+}
+
+/* A two-number name is TP_EP when config.json has experts and the second
+ * "stage" holds the word embedding, which only PP stage 0 holds. Decided
+ * from the open files of the TP_PP reading; files are numbered
+ * (e·PP + p)·TP + t, so the reinterpretation moves nothing. */
+static void decide_ep(struct ctx *c)
+{
+	if (c->fields != 2 || c->pp < 2 || c->n_experts <= 0)
+		return;
+	const struct ckfs_torch_file *f = &c->files[rank_of_e(c, 0, 0, 1)];
+	for (size_t i = 0; i < f->n_entries; i++)
+		if (strcmp(f->entries[i].key, "embedding.word_embeddings.weight") == 0) {
+			c->ep = c->pp;
+			c->pp = 1;
+			return;
+		}
 }
 
 enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
@@ -607,6 +938,7 @@ enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
 
 	memset(&c, 0, sizeof(c));
 	c.m = m;
+	c.opt = opt;
 	CKFS_TRY(scan_dirs(&c, err));
 	snprintf(path, sizeof(path), "%s/hf_config_and_tokenizer", m->src_dir);
 	const char *hf = ckfs_path_is_dir(path)
@@ -614,27 +946,35 @@ enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
 				 : ckfs_arena_printf(&m->arena, "%s/huggingface", m->src_dir);
 	CKFS_TRY(ckfs_model_load_config_from(m, hf, opt->config_path, err));
 	CKFS_TRY(read_arch(&c, err));
+	if (c.fields != 2)
+		CKFS_TRY(check_tp_divides(&c, err));
 
-	int n = c.tp * c.pp;
-	m->world_size = n;
-	m->tp_size = c.tp;
-	m->pp_size = c.pp;
+	int n = c.tp * c.pp * c.ep;
 	m->sources = ckfs_arena_calloc(&m->arena, (size_t)n, sizeof(*m->sources));
 	m->ranks_read = ckfs_arena_calloc(&m->arena, (size_t)n, sizeof(int));
 	c.files = calloc((size_t)n, sizeof(*c.files));
-	if (!m->sources || !m->ranks_read || !c.files) {
+	c.experts_seen = calloc((size_t)c.n_layers + 1, sizeof(int));
+	if (!m->sources || !m->ranks_read || !c.files || !c.experts_seen) {
 		free(c.files);
+		free(c.experts_seen);
 		return nomem(err);
 	}
 	int opened = 0;
-	for (int p = 0; p < c.pp; p++)
-		for (int t = 0; t < c.tp; t++) {
-			rc = open_rank(&c, t, p, err);
-			if (rc != CKFS_OK)
-				goto out;
-			opened++;
-			m->ranks_read[m->n_ranks_read++] = p * c.tp + t;
-		}
+	for (int r = 0; r < n; r++) {
+		int t = r % c.tp, p = (r / c.tp) % c.pp, e = r / (c.tp * c.pp);
+		rc = open_rank(&c, e, t, p, err);
+		if (rc != CKFS_OK)
+			goto out;
+		opened++;
+		m->ranks_read[m->n_ranks_read++] = r;
+	}
+	decide_ep(&c);
+	if (c.fields == 2 && (rc = check_tp_divides(&c, err)) != CKFS_OK)
+		goto out;
+	m->world_size = n;
+	m->tp_size = c.tp;
+	m->pp_size = c.pp;
+	m->ep_size = c.ep;
 	c.vpp = (int)c.files[0].n_parts;
 	for (int r = 1; r < n; r++)
 		if ((int)c.files[r].n_parts != c.vpp) {
@@ -656,7 +996,7 @@ enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
 	rc = CKFS_OK;
 	for (int v = 0; v < c.vpp && rc == CKFS_OK; v++)
 		for (int p = 0; p < c.pp && rc == CKFS_OK; p++) {
-			const struct ckfs_torch_file *f = &c.files[p * c.tp];
+			const struct ckfs_torch_file *f = &c.files[rank_of(&c, 0, p)];
 			size_t lo = v ? f->part_end[v - 1] : 0, hi = f->part_end[v];
 			long nl = 0;
 			if ((rc = check_tp_alike(&c, p, lo, hi, v, err)) != CKFS_OK)
@@ -678,7 +1018,8 @@ enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
 				if (!seen)
 					rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': chunk %d has "
 						       "decoder layers up to %ld but none "
-						       "numbered %ld", m->sources[p * c.tp].path,
+						       "numbered %ld",
+						       m->sources[rank_of(&c, 0, p)].path,
 						       v, nl - 1, j);
 			}
 			if (rc != CKFS_OK)
@@ -699,10 +1040,19 @@ enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
 	}
 	if (c.n_unknown) {
 		rc = ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': %zu Megatron keys not "
-			       "understood (dense GPT models only): %s%s", m->src_dir,
+			       "understood (--raw-names serves them under their own "
+			       "names): %s%s", m->src_dir,
 			       c.n_unknown, c.unknown, c.n_unknown > 8 ? ", ..." : "");
 		goto out;
 	}
+	for (long l = 0; l < c.n_layers; l++)
+		if (c.experts_seen[l] && c.experts_seen[l] != c.n_experts) {
+			rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': layer %ld has %d experts "
+				       "over EP=%d, config.json says %lld (a missing EP "
+				       "rank?)", m->src_dir, l, c.experts_seen[l], c.ep,
+				       (long long)c.n_experts);
+			goto out;
+		}
 
 	m->tensors = ckfs_arena_calloc(&m->arena, c.n_outs + 1, sizeof(*m->tensors));
 	if (!m->tensors) {
@@ -743,9 +1093,14 @@ enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
 		}
 		m->n_tensors++;
 	}
-	if (dropped_head)
+	if (c.value_head)
+		rc = value_config(&c, err);
+	if (rc == CKFS_OK && dropped_head)
 		rc = ckfs_model_warn(m, err, "output_layer.weight dropped: tied to "
 				     "model.embed_tokens.weight (tie_word_embeddings)");
+	if (rc == CKFS_OK && c.n_raw)
+		rc = ckfs_model_warn(m, err, "%zu Megatron keys without a Hugging Face "
+				     "name served raw, per rank (--raw-names)", c.n_raw);
 	if (rc == CKFS_OK && c.files[0].n_skipped)
 		rc = ckfs_model_warn(m, err, "%zu _extra_state entries skipped per "
 				     "rank (Transformer Engine metadata)",
@@ -757,5 +1112,6 @@ out:
 	for (int r = 0; r < opened; r++)
 		ckfs_torch_close(&c.files[r]);
 	free(c.files);
+	free(c.experts_seen);
 	return rc;
 }

@@ -65,12 +65,32 @@ int ckfs_fsdp_rank_file_name(const char *name, long *ws, long *rank);
 enum ckfs_code ckfs_dcp_build(struct ckfs_model *m,
 			      const struct ckfs_model_options *opt,
 			      struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The same from .metadata bytes already in memory (the fuzz target). */
+enum ckfs_code ckfs_dcp_build_from(struct ckfs_model *m,
+				   const struct ckfs_model_options *opt,
+				   const char *bytes, size_t len,
+				   struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The tensors of the DCP folder dir (SRC/rel_dir) under their FQNs, with
+ * global shapes and chunks, into m->tensors: no renaming, config or tie
+ * rule. FQNs keep() refuses are not read (*n_left_out counts them), bytes
+ * entries are skipped (*n_bytes). For mcore_dist.c. */
+enum ckfs_code ckfs_dcp_read_raw(struct ckfs_model *m, const char *dir, const char *rel_dir,
+				 const struct ckfs_model_options *opt,
+				 int (*keep)(const char *fqn), size_t *n_left_out,
+				 size_t *n_bytes, struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Legacy Megatron per-rank torch.save files: SRC/model/mp_rank_TT[_PPP]/
  * model.pt (megatron.c). detect: SRC/model holds an mp_rank_* folder. */
 int ckfs_megatron_detect(const char *src_dir);
 enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
 				   const struct ckfs_model_options *opt,
 				   struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* Megatron-Core dist_checkpointing (torch_dist) folders as verl writes
+ * them: SRC/dist_ckpt, SRC/model/dist_ckpt (ckpt_contents.json) or SRC
+ * itself (mcore_dist.c). detect: one of them is there. */
+int ckfs_mcore_dist_detect(const char *src_dir);
+enum ckfs_code ckfs_mcore_dist_build(struct ckfs_model *m,
+				     const struct ckfs_model_options *opt,
+				     struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Hugging Face safetensors weights in dir (SRC, SRC/huggingface or
  * SRC/model/huggingface), served as they are (hf.c). */
 enum ckfs_code ckfs_hf_build(struct ckfs_model *m,

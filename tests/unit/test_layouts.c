@@ -28,25 +28,10 @@
 #include "ckfs/model.h"
 #include "ckfs/st.h"
 #include "test.h"
+#include "model_check.h"
 
 #define DCP CKFS_FIXTURES "/dcp"
 #define HF CKFS_FIXTURES "/hf"
-
-static char tmp_root[256];
-
-static const char *tmp_dir(const char *name)
-{
-	static char buf[4][512];
-	static int k;
-	char *p = buf[k++ % 4];
-
-	if (!tmp_root[0]) {
-		snprintf(tmp_root, sizeof(tmp_root), "/tmp/ckfs-test-layouts-%d", (int)getpid());
-		mkdir(tmp_root, 0755);
-	}
-	snprintf(p, 512, "%s/%s", tmp_root, name);
-	return p;
-}
 
 static const struct ckfs_node *find_node(const struct ckfs_folder *f, const char *name)
 {
@@ -99,7 +84,7 @@ static struct ckfs_model *open_model(const char *src, enum ckfs_dtype dt)
 static int open_st_file(const char *file, const char *dirname, struct ckfs_st_set *set)
 {
 	char abs[2048], link[1100];
-	const char *dir = tmp_dir(dirname);
+	const char *dir = test_tmp_dir("layouts", dirname);
 	struct ckfs_error err;
 
 	mkdir(dir, 0755);
@@ -135,7 +120,6 @@ static void test_dcp_matches_dcp_to_torch_save(void)
 	for (size_t i = 0; i < N_DCP; i++) {
 		char src[1024], oracle[1024];
 		struct ckfs_st_set ref;
-		struct ckfs_read_scratch s = { 0 };
 		struct ckfs_error err;
 		int tied = strstr(dcp_names[i], "tied") != NULL;
 
@@ -149,30 +133,7 @@ static void test_dcp_matches_dcp_to_torch_save(void)
 		CHECK_EQ_STR(m->layout, "dcp");
 		CHECK(open_st_file(oracle, "oracle", &ref) == 0);
 		CHECK_EQ_INT(m->n_tensors + (size_t)tied, ref.n_entries);
-		for (size_t k = 0; k < m->n_tensors; k++) {
-			const struct ckfs_tensor *t = &m->tensors[k];
-			const struct ckfs_st_entry *e = ckfs_st_set_find(&ref, t->name);
-			CHECK(e != NULL);
-			if (!e)
-				continue;
-			CHECK_EQ_INT(t->stored_dtype, e->dtype);
-			CHECK_EQ_INT(t->out_dtype, e->dtype);
-			CHECK_EQ_INT(t->ndim, e->ndim);
-			CHECK(memcmp(t->shape, e->shape, sizeof(int64_t) * (size_t)t->ndim) == 0);
-			size_t bytes = (size_t)ckfs_tensor_out_bytes(t);
-			CHECK_EQ_INT(bytes, e->end - e->begin);
-			unsigned char *a = malloc(bytes + 1), *b = malloc(bytes + 1);
-			ckfs_error_clear(&err);
-			CHECK(ckfs_tensor_read(m, t, 0, t->numel, a, &s, &err) == CKFS_OK);
-			CHECK(pread(e->fd, b, bytes, (off_t)e->begin) == (ssize_t)bytes);
-			if (memcmp(a, b, bytes) != 0) {
-				fprintf(stderr, "%s: %s differs from dcp_to_torch_save\n",
-					dcp_names[i], t->name);
-				CHECK(0);
-			}
-			free(a);
-			free(b);
-		}
+		test_model_equals(m, &ref, CKFS_DTYPE_INVALID, dcp_names[i]);
 		if (tied) {
 			CHECK(ckfs_st_set_find(&ref, "lm_head.weight") != NULL);
 			for (size_t k = 0; k < m->n_tensors; k++)
@@ -195,7 +156,6 @@ static void test_dcp_matches_dcp_to_torch_save(void)
 			ckfs_folder_free(f);
 		}
 		ckfs_st_set_release(&ref);
-		ckfs_read_scratch_release(&s);
 		ckfs_model_free(m);
 	}
 }
@@ -254,7 +214,7 @@ static void test_dcp_names(void)
  * (the conversion is shared, the plans differ). */
 static void test_dcp_bf16_equals_converted_oracle(void)
 {
-	const char *dir = tmp_dir("oracle_hf");
+	const char *dir = test_tmp_dir("layouts", "oracle_hf");
 	struct ckfs_folder_options fopt = { 0 };
 	struct ckfs_folder *fa = NULL, *fb = NULL;
 	struct ckfs_error err;
@@ -377,7 +337,7 @@ static void test_hf_subfolders(void)
 	const char *subs[] = { "huggingface", "model/huggingface" };
 
 	for (size_t i = 0; i < 2; i++) {
-		const char *root = tmp_dir(i ? "sub_model_hf" : "sub_hf");
+		const char *root = test_tmp_dir("layouts", i ? "sub_model_hf" : "sub_hf");
 		char dst[1024];
 		snprintf(dst, sizeof(dst), "%s/%s", root, subs[i]);
 		CHECK(test_sh("rm -rf '%s' && mkdir -p '%s'", root, dst) == 0);
@@ -400,7 +360,7 @@ static void test_detection(void)
 	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_BF16 };
 	struct ckfs_model *m = NULL;
 	struct ckfs_error err;
-	const char *both = tmp_dir("both");
+	const char *both = test_tmp_dir("layouts", "both");
 
 	/* DCP before HF weights */
 	CHECK(test_sh("rm -rf '%s' && cp -r " DCP "/qwen2_plain_nodist '%s'", both, both) == 0);
@@ -417,7 +377,7 @@ static void test_detection(void)
 	m = NULL;
 
 	/* nothing known: one line listing what was looked for */
-	const char *empty = tmp_dir("empty");
+	const char *empty = test_tmp_dir("layouts", "empty");
 	CHECK(test_sh("rm -rf '%s' && mkdir -p '%s/huggingface'", empty, empty) == 0);
 	ckfs_error_clear(&err);
 	CHECK_EQ_INT(ckfs_model_open(empty, &opt, &m, &err), CKFS_E_NOTFOUND);
@@ -433,7 +393,7 @@ static void test_detection(void)
 static void expect_broken(const char *metadata, enum ckfs_code code, const char *needle1,
 			  const char *needle2)
 {
-	const char *dir = tmp_dir("broken");
+	const char *dir = test_tmp_dir("layouts", "broken");
 	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_BF16 };
 	struct ckfs_model *m = NULL;
 	struct ckfs_error err;
@@ -471,7 +431,7 @@ static void test_dcp_broken(void)
 /* A .distcp file missing or changed under an open model. */
 static void test_dcp_source_changes(void)
 {
-	const char *dir = tmp_dir("changes");
+	const char *dir = test_tmp_dir("layouts", "changes");
 	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_BF16 };
 	struct ckfs_folder_options fopt = { 0 };
 	struct ckfs_model *m = NULL;
@@ -520,6 +480,6 @@ int main(void)
 	RUN(test_detection);
 	RUN(test_dcp_broken);
 	RUN(test_dcp_source_changes);
-	test_sh("rm -rf '%s'", tmp_root);
+	test_tmp_cleanup();
 	return test_summary();
 }

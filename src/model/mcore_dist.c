@@ -1,0 +1,927 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Megatron-Core dist_checkpointing folders in the torch_dist format, as verl
+ * writes them (verl-checkpoints.md 3.1(c), 3.1(d), 3.2):
+ *
+ *   v1:    SRC/dist_ckpt/ + SRC/huggingface/config.json
+ *   HEAD:  SRC/ckpt_contents.json naming contents.model = model/dist_ckpt
+ *          (format megatron_dist_checkpoint) + SRC/model/huggingface/
+ *   bare:  SRC is the dist_ckpt folder (config through --config)
+ *
+ * A dist_ckpt folder holds metadata.json ("sharded_backend": "torch_dist"),
+ * common.pt and a plain DCP checkpoint (.metadata, __R_I.distcp): dcp.c
+ * reads it into tensors named by Megatron *sharded keys* with their global
+ * shapes and chunks (ckfs_dcp_read_raw). This file turns those into Hugging
+ * Face tensors by geometry only: every output chunk is a box of a raw chunk
+ * (a file offset moved by the box start times the strides), nothing is
+ * copied or materialized.
+ *
+ * Sharded keys are TP- and PP-free: for homogeneous decoders a layer tensor
+ * is one key "decoder.layers.<suffix>" with a prepended layer axis of size
+ * num_hidden_layers (the chunk offset on it is the global layer); per-layer
+ * keys "decoder.layers.<N>.<suffix>" are read too. Global layouts are those
+ * of TP = 1: linear_qkv is num_key_value_heads groups [q r·d; k d; v d]
+ * (split into q_proj / k_proj / v_proj, weight and bias); the SwiGLU
+ * linear_fc1 is [gate; up] (apply_swiglu_sharded_factory), split in halves;
+ * everything else is taken as is. Norms come from the local spec
+ * (input_layernorm, pre_mlp_layernorm) or TE's fused layer_norm_weight keys
+ * (Megatron maps the former to the latter when saving).
+ *
+ * Entries under "optimizer." are not read (verl's v1 dist_ckpt holds the
+ * optimizer too); bytes entries (ShardedObjects: _extra_state, rng_state)
+ * are skipped with a warning; any other key this table does not know is an
+ * error listing them (MLA, MTP and value heads are not supported).
+ *
+ * MoE (Qwen2-MoE, Qwen3-MoE, Mixtral): the router becomes mlp.gate (Mixtral:
+ * block_sparse_moe.gate); grouped experts carry an expert axis after the
+ * layer axis ("mlp.experts.experts.linear_fc1.weight" [L, E, 2F, H]), split
+ * per expert into gate/up/down (Mixtral: experts.{e}.w1/w3/w2); Qwen2-MoE's
+ * shared expert and its gate map to mlp.shared_expert.* and
+ * mlp.shared_expert_gate.weight. Expert parallelism leaves no trace in the
+ * sharded keys: it only moves chunk offsets on the expert axis.
+ * output_layer is dropped (with a warning) when config.json ties the
+ * embeddings; untied configs need it. Checked against config.json: layer
+ * axis = num_hidden_layers, head counts divide, qkv/fc1/embedding shapes.
+ *
+ * Which folder: a ckpt_contents.json with a contents.model entry is
+ * followed (a megatron_dist_checkpoint at its path; any other format means
+ * this layout does not apply and hf.c serves model/huggingface); otherwise
+ * SRC/model/dist_ckpt, then SRC/dist_ckpt, then SRC itself (metadata.json
+ * next to .metadata). A dist_ckpt is preferred to HF weights saved beside
+ * it, as rank files are.
+ */
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckfs/json.h"
+#include "model/model_int.h"
+
+#define PATHMAX 4096
+
+static enum ckfs_code nomem(struct ckfs_error *err)
+{
+	return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+}
+
+/* ---- where the checkpoint is ---- */
+
+struct where {
+	char dist[PATHMAX];   /* the dist_ckpt folder */
+	char rel[PATHMAX];    /* the same relative to SRC ("" for SRC) */
+	char hf[PATHMAX];     /* config.json and side files */
+	char bad[PATHMAX + 1024]; /* a manifest naming an unusable path */
+};
+
+/* A manifest path: relative, inside SRC, no "..", printable. */
+static int safe_rel_path(const char *p)
+{
+	if (!p || !*p || *p == '/' || strlen(p) > 512)
+		return 0;
+	for (const char *s = p; *s; s++)
+		if ((unsigned char)*s < 0x20)
+			return 0;
+	for (const char *s = p; (s = strstr(s, "..")); s += 2)
+		if ((s == p || s[-1] == '/') && (s[2] == '/' || s[2] == 0))
+			return 0;
+	return 1;
+}
+
+static const char *json_str(cJSON *o, const char *a, const char *b)
+{
+	cJSON *v = cJSON_GetObjectItemCaseSensitive(o, a);
+	if (b)
+		v = cJSON_GetObjectItemCaseSensitive(v, b);
+	return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+/* 1: w filled (w->bad set when the manifest names a bad path); 0: not
+ * this layout. */
+static int locate(const char *src, struct where *w)
+{
+	char path[PATHMAX], *text = NULL;
+	size_t len;
+	struct ckfs_error err;
+
+	memset(w, 0, sizeof(*w));
+	snprintf(path, sizeof(path), "%s/ckpt_contents.json", src);
+	if (ckfs_read_small_file(path, CKFS_MAX_JSON_BYTES, &text, &len, &err) == CKFS_OK) {
+		cJSON *j = cJSON_ParseWithLength(text, len);
+		free(text);
+		cJSON *model = cJSON_GetObjectItemCaseSensitive(
+			cJSON_GetObjectItemCaseSensitive(j, "contents"), "model");
+		const char *fmt = json_str(model, "format", NULL);
+		if (!fmt) {
+			cJSON_Delete(j); /* unreadable or no model entry: by names */
+			goto by_names;
+		}
+		if (strcmp(fmt, "megatron_dist_checkpoint") != 0) {
+			cJSON_Delete(j);
+			return 0; /* HF weights (mbridge): hf.c */
+		}
+		const char *rel = json_str(model, "path", NULL);
+		const char *hf = json_str(cJSON_GetObjectItemCaseSensitive(j, "contents"),
+					  "hf_config", "path");
+		if (!safe_rel_path(rel))
+			snprintf(w->bad, sizeof(w->bad), "'%s': contents.model.path %s%s%s "
+				 "is not a relative path inside the checkpoint", path,
+				 rel ? "'" : "(missing)", rel ? rel : "", rel ? "'" : "");
+		else {
+			snprintf(w->rel, sizeof(w->rel), "%s", rel);
+			snprintf(w->dist, sizeof(w->dist), "%s/%s", src, rel);
+			if (hf && safe_rel_path(hf))
+				snprintf(w->hf, sizeof(w->hf), "%s/%s", src, hf);
+			else {
+				/* model/dist_ckpt -> model/huggingface */
+				const char *slash = strrchr(rel, '/');
+				snprintf(w->hf, sizeof(w->hf), "%s/%.*s%shuggingface", src,
+					 slash ? (int)(slash - rel) : 0, rel, slash ? "/" : "");
+			}
+		}
+		cJSON_Delete(j);
+		return 1;
+	}
+by_names:;
+	static const char *const subs[] = { "model/dist_ckpt", "dist_ckpt" };
+	static const char *const hfs[] = { "model/huggingface", "huggingface" };
+	for (size_t i = 0; i < 2; i++) {
+		snprintf(path, sizeof(path), "%s/%s", src, subs[i]);
+		if (ckfs_path_is_dir(path)) {
+			snprintf(w->dist, sizeof(w->dist), "%s", path);
+			snprintf(w->rel, sizeof(w->rel), "%s", subs[i]);
+			snprintf(w->hf, sizeof(w->hf), "%s/%s", src, hfs[i]);
+			return 1;
+		}
+	}
+	snprintf(path, sizeof(path), "%s/metadata.json", src);
+	if (ckfs_path_exists(path)) {
+		snprintf(path, sizeof(path), "%s/.metadata", src);
+		if (ckfs_path_exists(path)) {
+			snprintf(w->dist, sizeof(w->dist), "%s", src);
+			snprintf(w->hf, sizeof(w->hf), "%s/huggingface", src);
+			return 1;
+		}
+	}
+	return 0;
+}
+
+int ckfs_mcore_dist_detect(const char *src_dir)
+{
+	struct where w;
+	return locate(src_dir, &w);
+}
+
+/* metadata.json must say torch_dist (zarr and other backends differ). */
+static enum ckfs_code check_backend(const struct where *w, struct ckfs_error *err)
+{
+	char path[PATHMAX + 32], *text;
+	size_t len;
+	cJSON *j;
+
+	snprintf(path, sizeof(path), "%s/metadata.json", w->dist);
+	enum ckfs_code rc = ckfs_read_small_file(path, CKFS_MAX_JSON_BYTES, &text, &len, err);
+	if (rc == CKFS_E_NOTFOUND) {
+		ckfs_error_clear(err);
+		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found (not a Megatron "
+				 "dist_checkpointing folder, or an unfinished save)", path);
+	}
+	CKFS_TRY(rc);
+	rc = ckfs_json_parse_object(path, text, len, &j, err);
+	free(text);
+	CKFS_TRY(rc);
+	const char *be = json_str(j, "sharded_backend", NULL);
+	if (!be || strcmp(be, "torch_dist") != 0)
+		rc = ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': sharded_backend %s%s%s is "
+			       "not supported (only torch_dist)", path, be ? "'" : "(missing)",
+			       be ? be : "", be ? "'" : "");
+	cJSON_Delete(j);
+	return rc;
+}
+
+/* ---- config ---- */
+
+struct arch {
+	int64_t hidden, nh, nkv, head_dim, ffn, vocab, n_layers;
+	/* MoE: experts, their and the shared expert's intermediate size */
+	int64_t n_experts, moe_ffn, shared_ffn;
+	int mixtral;    /* HF names block_sparse_moe.gate / experts.{e}.w1 w3 w2 */
+	int qwen2_moe;  /* shared expert: mlp.shared_expert.*, shared_expert_gate */
+};
+
+static int64_t cfg_int(cJSON *j, const char *name, int64_t dflt)
+{
+	cJSON *v = cJSON_GetObjectItemCaseSensitive(j, name);
+	/* sizes past 2^31 are not real configs; keeps products in int64 */
+	return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 2147483648.0
+		       ? (int64_t)v->valuedouble : dflt;
+}
+
+static enum ckfs_code read_arch(const struct ckfs_model *m, struct arch *a,
+				struct ckfs_error *err)
+{
+	bool oom;
+	cJSON *j = ckfs_json_parse(m->config_json, m->config_len, NULL, &oom);
+
+	if (oom)
+		return nomem(err);
+	if (!j)
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': not JSON", m->config_path);
+	a->hidden = cfg_int(j, "hidden_size", 0);
+	a->nh = cfg_int(j, "num_attention_heads", 0);
+	a->nkv = cfg_int(j, "num_key_value_heads", a->nh);
+	a->head_dim = cfg_int(j, "head_dim", a->nh > 0 ? a->hidden / a->nh : 0);
+	a->ffn = cfg_int(j, "intermediate_size", 0);
+	a->vocab = cfg_int(j, "vocab_size", 0);
+	a->n_layers = cfg_int(j, "num_hidden_layers", 0);
+	a->n_experts = cfg_int(j, "num_experts", cfg_int(j, "num_local_experts", 0));
+	a->moe_ffn = cfg_int(j, "moe_intermediate_size", a->ffn);
+	a->shared_ffn = cfg_int(j, "shared_expert_intermediate_size", 0);
+	cJSON *archs = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+	cJSON *arch0 = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
+	const char *arch = cJSON_IsString(arch0) ? arch0->valuestring : NULL;
+	a->mixtral = arch && strncmp(arch, "Mixtral", 7) == 0;
+	a->qwen2_moe = arch && strncmp(arch, "Qwen2Moe", 8) == 0;
+	cJSON_Delete(j);
+	if (a->hidden <= 0 || a->nh <= 0 || a->nkv <= 0 || a->head_dim <= 0 ||
+	    a->n_layers <= 0)
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': needs hidden_size, "
+				 "num_attention_heads, num_key_value_heads and "
+				 "num_hidden_layers for a Megatron checkpoint", m->config_path);
+	if (a->nh % a->nkv)
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': num_attention_heads %lld is "
+				 "not a multiple of num_key_value_heads %lld", m->config_path,
+				 (long long)a->nh, (long long)a->nkv);
+	return CKFS_OK;
+}
+
+/* ---- output tensors ---- */
+
+enum { G_EMBED, G_LAYER, G_NORM, G_HEAD };
+
+struct out {
+	const char *name;
+	const char *placement;
+	int group;
+	long layer;
+	int order;
+	enum ckfs_dtype dtype;
+	int ndim;
+	int64_t shape[CKFS_MAX_DIMS];
+	struct ckfs_chunk_list chunks;
+};
+
+struct ctx {
+	struct ckfs_model *m;
+	const char *md;              /* .metadata path, for messages */
+	struct arch a;
+	struct out *outs;
+	size_t n_outs, cap;
+	char unknown[1024];
+	size_t n_unknown;
+	int dropped_head;
+};
+
+static struct out *new_out(struct ctx *c, const char *name, const char *placement,
+			   int group, long layer, int order, int ndim, const int64_t *shape,
+			   enum ckfs_dtype dtype, struct ckfs_error *err)
+{
+	if (c->n_outs == c->cap) {
+		size_t cap = c->cap ? 2 * c->cap : 64;
+		struct out *v = realloc(c->outs, cap * sizeof(*v));
+		if (!v) {
+			nomem(err);
+			return NULL;
+		}
+		c->outs = v;
+		c->cap = cap;
+	}
+	struct out *o = &c->outs[c->n_outs];
+	memset(o, 0, sizeof(*o));
+	if (!(o->name = ckfs_arena_strdup(&c->m->arena, name))) {
+		nomem(err);
+		return NULL;
+	}
+	o->placement = placement;
+	o->group = group;
+	o->layer = layer;
+	o->order = order;
+	o->dtype = dtype;
+	o->ndim = ndim;
+	memcpy(o->shape, shape, sizeof(int64_t) * (size_t)ndim);
+	c->n_outs++;
+	return o;
+}
+
+/*
+ * The elements of raw tensor r inside the box [lo, lo + n) (raw dims) go
+ * to o with the box start at dst (output dims). The first ndrop raw dims
+ * (layer and expert axes, n[k] == 1) are removed. Each raw chunk meeting the box
+ * gives one chunk: its file position moves by the skipped elements.
+ */
+static enum ckfs_code add_box(struct out *o, const struct ckfs_tensor *r,
+			      const int64_t *lo, const int64_t *n, const int64_t *dst,
+			      int ndrop, struct ckfs_error *err)
+{
+	size_t esz = ckfs_dtype_size(r->stored_dtype);
+
+	for (uint32_t i = 0; i < r->n_chunks; i++) {
+		const struct ckfs_chunk *c = &r->chunks[i];
+		struct ckfs_chunk x = *c;
+		int64_t a[CKFS_MAX_DIMS], b[CKFS_MAX_DIMS];
+		int empty = 0;
+		uint64_t skip = 0;
+
+		for (int k = 0; k < r->ndim; k++) {
+			a[k] = c->offset[k] > lo[k] ? c->offset[k] : lo[k];
+			b[k] = c->offset[k] + c->shape[k] < lo[k] + n[k]
+				       ? c->offset[k] + c->shape[k] : lo[k] + n[k];
+			empty |= a[k] >= b[k];
+		}
+		if (empty)
+			continue;
+		for (int k = 0; k < r->ndim; k++)
+			skip += (uint64_t)(a[k] - c->offset[k]) * (uint64_t)c->stride[k];
+		x.pos = c->pos + skip * esz; /* inside the validated raw chunk */
+		int s = ndrop;
+		for (int k = s; k < r->ndim; k++) {
+			x.shape[k - s] = b[k] - a[k];
+			x.stride[k - s] = c->stride[k];
+			x.offset[k - s] = a[k] - lo[k] + dst[k - s];
+		}
+		/* Size-1 dims get row-major strides, as placement.c gives them
+		 * (the reader merges rows on that). */
+		int nd = r->ndim - s;
+		for (int k = nd - 1; k >= 0; k--)
+			if (x.shape[k] == 1)
+				x.stride[k] = k == nd - 1 ? 1 : x.stride[k + 1] * x.shape[k + 1];
+		if (o->chunks.n == o->chunks.cap) {
+			size_t cap = o->chunks.cap ? 2 * o->chunks.cap : 8;
+			struct ckfs_chunk *v = realloc(o->chunks.v, cap * sizeof(*v));
+			if (!v)
+				return nomem(err);
+			o->chunks.v = v;
+			o->chunks.cap = cap;
+		}
+		o->chunks.v[o->chunks.n++] = x;
+	}
+	return CKFS_OK;
+}
+
+/* Rows [row0, row0 + rows) of r with its first nfix dims fixed at fix[]
+ * and dropped (the layer axis when stacked, then an expert axis) -> o at
+ * output row dst_row. */
+static enum ckfs_code add_rows(struct out *o, const struct ckfs_tensor *r, int nfix,
+			       const int64_t *fix, int64_t row0, int64_t rows, int64_t dst_row,
+			       struct ckfs_error *err)
+{
+	int64_t lo[CKFS_MAX_DIMS] = { 0 }, n[CKFS_MAX_DIMS], dst[CKFS_MAX_DIMS] = { 0 };
+
+	memcpy(n, r->shape, sizeof(n));
+	for (int k = 0; k < nfix; k++) {
+		lo[k] = fix[k];
+		n[k] = 1;
+	}
+	lo[nfix] = row0;
+	n[nfix] = rows;
+	dst[0] = dst_row;
+	return add_box(o, r, lo, n, dst, nfix, err);
+}
+
+/* Rows of layer `layer` (s = 1: r has a layer axis). */
+static enum ckfs_code layer_rows(struct out *o, const struct ckfs_tensor *r, int s, long layer,
+				 int64_t row0, int64_t rows, int64_t dst_row,
+				 struct ckfs_error *err)
+{
+	int64_t fix[1] = { layer };
+	return add_rows(o, r, s, fix, row0, rows, dst_row, err);
+}
+
+static void note_unknown(struct ctx *c, const char *key)
+{
+	size_t l = strlen(c->unknown);
+	if (c->n_unknown++ < 8)
+		snprintf(c->unknown + l, sizeof(c->unknown) - l, "%s'%s'", l ? ", " : "", key);
+}
+
+/* ---- the mapping ---- */
+
+enum kind { K_WHOLE, K_QKV, K_FC1, K_ROUTER, K_EXPERT_FC1, K_EXPERT_FC2, K_SHARED };
+
+/* Output order slots inside a layer past those of layer_map: the router,
+ * the shared expert (Qwen2-MoE), then 3 per expert. */
+enum { O_ROUTER = 18, O_SHARED = 19, O_EXPERTS = 32 };
+
+/* Layer suffixes; order = the output order inside a layer (HF's module
+ * order), qkv and fc1 taking consecutive slots. */
+static const struct {
+	const char *mg, *hf;
+	enum kind kind;
+	int order;
+} layer_map[] = {
+	{ "self_attention.linear_qkv.weight", "weight", K_QKV, 0 },
+	{ "self_attention.linear_qkv.bias", "bias", K_QKV, 1 },
+	{ "self_attention.linear_proj.weight", "self_attn.o_proj.weight", K_WHOLE, 6 },
+	{ "self_attention.linear_proj.bias", "self_attn.o_proj.bias", K_WHOLE, 7 },
+	{ "self_attention.q_layernorm.weight", "self_attn.q_norm.weight", K_WHOLE, 8 },
+	{ "self_attention.k_layernorm.weight", "self_attn.k_norm.weight", K_WHOLE, 9 },
+	{ "mlp.linear_fc1.weight", "weight", K_FC1, 10 },
+	{ "mlp.linear_fc2.weight", "mlp.down_proj.weight", K_WHOLE, 12 },
+	{ "mlp.linear_fc2.bias", "mlp.down_proj.bias", K_WHOLE, 13 },
+	{ "input_layernorm.weight", "input_layernorm.weight", K_WHOLE, 14 },
+	{ "self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight", K_WHOLE, 14 },
+	{ "input_layernorm.bias", "input_layernorm.bias", K_WHOLE, 15 },
+	{ "self_attention.linear_qkv.layer_norm_bias", "input_layernorm.bias", K_WHOLE, 15 },
+	{ "pre_mlp_layernorm.weight", "post_attention_layernorm.weight", K_WHOLE, 16 },
+	{ "mlp.linear_fc1.layer_norm_weight", "post_attention_layernorm.weight", K_WHOLE, 16 },
+	{ "pre_mlp_layernorm.bias", "post_attention_layernorm.bias", K_WHOLE, 17 },
+	{ "mlp.linear_fc1.layer_norm_bias", "post_attention_layernorm.bias", K_WHOLE, 17 },
+	{ "mlp.router.weight", NULL, K_ROUTER, O_ROUTER },
+	{ "mlp.experts.experts.linear_fc1.weight", NULL, K_EXPERT_FC1, O_EXPERTS },
+	{ "mlp.experts.experts.linear_fc2.weight", NULL, K_EXPERT_FC2, O_EXPERTS },
+	{ "mlp.shared_experts.linear_fc1.weight", NULL, K_SHARED, O_SHARED },
+	{ "mlp.shared_experts.linear_fc2.weight", "mlp.shared_expert.down_proj.weight", K_SHARED,
+	  O_SHARED + 2 },
+	{ "mlp.shared_experts.gate_weight", "mlp.shared_expert_gate.weight", K_SHARED,
+	  O_SHARED + 3 },
+};
+
+/* Slots every layer must fill: q k v (weights), o, the two norms, and
+ * either the dense MLP (gate, up, down) or a router (and every expert). */
+static const struct {
+	int order;
+	const char *what;
+} required[] = {
+	{ 0, "self_attn.q_proj.weight" }, { 2, "self_attn.k_proj.weight" },
+	{ 4, "self_attn.v_proj.weight" }, { 6, "self_attn.o_proj.weight" },
+	{ 14, "input_layernorm.weight" }, { 16, "post_attention_layernorm.weight" },
+	{ 10, "mlp.gate_proj.weight" },   { 11, "mlp.up_proj.weight" },
+	{ 12, "mlp.down_proj.weight" },
+};
+#define N_REQUIRED_ALWAYS 6
+
+static char *dims_text(const int64_t *d, int n, char *buf, size_t size)
+{
+	size_t k = (size_t)snprintf(buf, size, "[");
+	for (int i = 0; i < n && k < size; i++)
+		k += (size_t)snprintf(buf + k, size - k, "%s%lld", i ? ", " : "", (long long)d[i]);
+	if (k < size)
+		snprintf(buf + k, size - k, "]");
+	return buf;
+}
+
+static enum ckfs_code bad_shape(struct ctx *c, const struct ckfs_tensor *r,
+				const char *want, struct ckfs_error *err)
+{
+	char got[256];
+	return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' has shape %s, expected %s "
+			 "from '%s'", c->md, r->name, dims_text(r->shape, r->ndim, got,
+								 sizeof(got)),
+			 want, c->m->config_path);
+}
+
+/* One layer's slice of r (s = 1 when stacked) as the whole output. */
+static enum ckfs_code map_whole(struct ctx *c, const struct ckfs_tensor *r, int s,
+				long layer, const char *name, int order,
+				struct ckfs_error *err)
+{
+	struct out *o = new_out(c, name, s ? "layer of stack" : "whole", G_LAYER, layer,
+				order, r->ndim - s, r->shape + s, r->stored_dtype, err);
+	if (!o)
+		return err->code;
+	if (r->ndim - s < 1)
+		return bad_shape(c, r, "a tensor per layer", err);
+	return layer_rows(o, r, s, layer, 0, r->shape[s], 0, err);
+}
+
+static enum ckfs_code map_qkv(struct ctx *c, const struct ckfs_tensor *r, int s,
+			      long layer, const char *kind, int order,
+			      struct ckfs_error *err)
+{
+	const struct arch *a = &c->a;
+	int64_t q = a->nh / a->nkv, d = a->head_dim, g_rows, rows;
+	static const char *const part[3] = { "q_proj", "k_proj", "v_proj" };
+	char name[CKFS_MAX_NAME], want[128];
+	int is_w = strcmp(kind, "weight") == 0;
+
+	if (__builtin_mul_overflow(q + 2, d, &g_rows) ||
+	    __builtin_mul_overflow(a->nkv, g_rows, &rows))
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': head counts and head_dim "
+				 "overflow", c->m->config_path);
+	if (r->ndim != s + 1 + is_w || r->shape[s] != rows ||
+	    (is_w && r->shape[s + 1] != a->hidden)) {
+		snprintf(want, sizeof(want), "%s[%lld%s] (%lld query groups of %lld q heads "
+			 "+ k + v, head_dim %lld)", s ? "[layers, ...] with " : "",
+			 (long long)rows, is_w ? ", hidden_size" : "",
+			 (long long)a->nkv, (long long)q, (long long)d);
+		return bad_shape(c, r, want, err);
+	}
+	size_t first = c->n_outs;
+	for (int h = 0; h < 3; h++) {
+		int64_t shape[2] = { (h == 0 ? a->nh : a->nkv) * d, a->hidden };
+		snprintf(name, sizeof(name), "model.layers.%ld.self_attn.%s.%s", layer, part[h],
+			 kind);
+		if (!new_out(c, name, "rows of qkv", G_LAYER, layer, order + 2 * h, 1 + is_w,
+			     shape, r->stored_dtype, err))
+			return err->code;
+	}
+	for (int64_t g = 0; g < a->nkv; g++) {
+		int64_t base = g * g_rows;
+		CKFS_TRY(layer_rows(&c->outs[first], r, s, layer, base, q * d, g * q * d, err));
+		CKFS_TRY(layer_rows(&c->outs[first + 1], r, s, layer, base + q * d, d, g * d, err));
+		CKFS_TRY(layer_rows(&c->outs[first + 2], r, s, layer, base + (q + 1) * d, d, g * d,
+				  err));
+	}
+	return CKFS_OK;
+}
+
+/* SwiGLU fc1 [gate; up] of the dense MLP (mlp) or the shared expert
+ * (mlp.shared_expert) -> <module>.gate_proj / up_proj. */
+static enum ckfs_code map_fc1(struct ctx *c, const struct ckfs_tensor *r, int s,
+			      long layer, int order, const char *module, int64_t ffn,
+			      const char *ffn_key, struct ckfs_error *err)
+{
+	static const char *const part[2] = { "gate_proj", "up_proj" };
+	char name[CKFS_MAX_NAME], want[160];
+
+	if (r->ndim != s + 2 || r->shape[s + 1] != c->a.hidden || r->shape[s] % 2 ||
+	    (ffn > 0 && r->shape[s] != 2 * ffn)) {
+		snprintf(want, sizeof(want), "%s[2 x %s %lld, hidden_size %lld] ([gate; up])",
+			 s ? "[layers, ...] with " : "", ffn_key, (long long)ffn,
+			 (long long)c->a.hidden);
+		return bad_shape(c, r, want, err);
+	}
+	int64_t half = r->shape[s] / 2, shape[2] = { half, c->a.hidden };
+	for (int h = 0; h < 2; h++) {
+		snprintf(name, sizeof(name), "model.layers.%ld.%s.%s.weight", layer, module,
+			 part[h]);
+		struct out *o = new_out(c, name, "half of fc1", G_LAYER, layer, order + h, 2,
+					shape, r->stored_dtype, err);
+		if (!o)
+			return err->code;
+		CKFS_TRY(layer_rows(o, r, s, layer, h * half, half, 0, err));
+	}
+	return CKFS_OK;
+}
+
+/* Grouped experts, an expert axis after the layer axis: fc1 [E, 2F, H]
+ * -> experts.{e}.gate/up, fc2 [E, H, F] -> experts.{e}.down. */
+static enum ckfs_code map_experts(struct ctx *c, const struct ckfs_tensor *r, int s,
+				  long layer, int fc1, struct ckfs_error *err)
+{
+	const struct arch *a = &c->a;
+	static const char *const qwen[3] = { "gate_proj", "up_proj", "down_proj" };
+	static const char *const mixtral[3] = { "w1", "w3", "w2" };
+	int64_t rows = fc1 ? 2 * a->moe_ffn : a->hidden, cols = fc1 ? a->hidden : a->moe_ffn;
+	char name[CKFS_MAX_NAME], want[200];
+
+	if (a->n_experts <= 0 || a->moe_ffn <= 0 || r->ndim != s + 3 ||
+	    r->shape[s] != a->n_experts || r->shape[s + 1] != rows || r->shape[s + 2] != cols) {
+		snprintf(want, sizeof(want), "%s[num_experts %lld, %lld, %lld] (%s, expert "
+			 "intermediate size %lld)", s ? "[layers, ...] with " : "",
+			 (long long)a->n_experts, (long long)rows, (long long)cols,
+			 fc1 ? "[gate; up] x hidden_size" : "hidden_size x intermediate",
+			 (long long)a->moe_ffn);
+		return bad_shape(c, r, want, err);
+	}
+	for (int64_t e = 0; e < a->n_experts; e++) {
+		int64_t fix[2] = { layer, e };
+		for (int h = fc1 ? 0 : 2; h < (fc1 ? 2 : 3); h++) {
+			int64_t shape[2] = { h == 2 ? a->hidden : a->moe_ffn,
+					     h == 2 ? a->moe_ffn : a->hidden };
+			if (a->mixtral)
+				snprintf(name, sizeof(name), "model.layers.%ld.block_sparse_moe."
+					 "experts.%lld.%s.weight", layer, (long long)e, mixtral[h]);
+			else
+				snprintf(name, sizeof(name), "model.layers.%ld.mlp.experts.%lld."
+					 "%s.weight", layer, (long long)e, qwen[h]);
+			struct out *o = new_out(c, name, h == 2 ? "expert of stack"
+							       : "half of expert fc1",
+						G_LAYER, layer, O_EXPERTS + (int)e * 3 + h, 2,
+						shape, r->stored_dtype, err);
+			if (!o)
+				return err->code;
+			CKFS_TRY(add_rows(o, r, s + 1, s ? fix : fix + 1, h == 1 ? a->moe_ffn : 0,
+					  shape[0], 0, err));
+		}
+	}
+	return CKFS_OK;
+}
+
+/* Embedding / output layer: [vocab_size, hidden_size]. */
+static enum ckfs_code map_vocab(struct ctx *c, const struct ckfs_tensor *r, const char *name,
+				int group, struct ckfs_error *err)
+{
+	char want[128];
+
+	if (r->ndim != 2 || r->shape[1] != c->a.hidden ||
+	    (c->a.vocab > 0 && r->shape[0] != c->a.vocab)) {
+		snprintf(want, sizeof(want), "[vocab_size %lld, hidden_size %lld] (padded "
+			 "vocabularies and value heads are not supported)",
+			 (long long)c->a.vocab, (long long)c->a.hidden);
+		return bad_shape(c, r, want, err);
+	}
+	struct out *o = new_out(c, name, r->n_chunks > 1 ? "chunks(dim 0)" : "whole", group,
+				0, 0, 2, r->shape, r->stored_dtype, err);
+	return o ? add_rows(o, r, 0, NULL, 0, r->shape[0], 0, err) : err->code;
+}
+
+static enum ckfs_code map_layer(struct ctx *c, const struct ckfs_tensor *r, long layer,
+				int stacked, const char *rest, struct ckfs_error *err)
+{
+	char name[CKFS_MAX_NAME];
+	int s = stacked ? 1 : 0;
+
+	for (size_t k = 0; k < sizeof(layer_map) / sizeof(layer_map[0]); k++) {
+		if (strcmp(rest, layer_map[k].mg) != 0)
+			continue;
+		switch (layer_map[k].kind) {
+		case K_WHOLE:
+			snprintf(name, sizeof(name), "model.layers.%ld.%s", layer, layer_map[k].hf);
+			return map_whole(c, r, s, layer, name, layer_map[k].order, err);
+		case K_QKV:
+			return map_qkv(c, r, s, layer, layer_map[k].hf, layer_map[k].order, err);
+		case K_FC1:
+			return map_fc1(c, r, s, layer, layer_map[k].order, "mlp", c->a.ffn,
+				       "intermediate_size", err);
+		case K_ROUTER:
+			if (c->a.n_experts <= 0 || r->ndim != s + 2 ||
+			    r->shape[s] != c->a.n_experts || r->shape[s + 1] != c->a.hidden) {
+				snprintf(name, sizeof(name), "%s[num_experts %lld, hidden_size "
+					 "%lld] (num_experts or num_local_experts)",
+					 s ? "[layers, ...] with " : "",
+					 (long long)c->a.n_experts, (long long)c->a.hidden);
+				return bad_shape(c, r, name, err);
+			}
+			snprintf(name, sizeof(name), "model.layers.%ld.%s", layer,
+				 c->a.mixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
+			return map_whole(c, r, s, layer, name, layer_map[k].order, err);
+		case K_EXPERT_FC1:
+		case K_EXPERT_FC2:
+			return map_experts(c, r, s, layer, layer_map[k].kind == K_EXPERT_FC1, err);
+		case K_SHARED:
+			if (!c->a.qwen2_moe)
+				break; /* DeepSeek's shared_experts names: not yet */
+			if (!layer_map[k].hf)
+				return map_fc1(c, r, s, layer, layer_map[k].order,
+					       "mlp.shared_expert", c->a.shared_ffn,
+					       "shared_expert_intermediate_size", err);
+			snprintf(name, sizeof(name), "model.layers.%ld.%s", layer, layer_map[k].hf);
+			return map_whole(c, r, s, layer, name, layer_map[k].order, err);
+		}
+		break;
+	}
+	note_unknown(c, r->name);
+	return CKFS_OK;
+}
+
+/* "decoder.layers.<N>.<rest>" (per-layer key) or "decoder.layers.<rest>"
+ * (stacked): 1 with *n = N or -1; 0 for other keys. */
+static int layer_key(const char *key, long *n, const char **rest)
+{
+	static const char pfx[] = "decoder.layers.";
+	const char *p = key + sizeof(pfx) - 1;
+	char *end;
+
+	if (strncmp(key, pfx, sizeof(pfx) - 1) != 0)
+		return 0;
+	if (!isdigit((unsigned char)*p)) {
+		*n = -1;
+		*rest = p;
+		return 1;
+	}
+	*n = strtol(p, &end, 10);
+	if (*end != '.' || *n < 0 || *n > 1000000)
+		return 0;
+	*rest = end + 1;
+	return 1;
+}
+
+static enum ckfs_code map_raw(struct ctx *c, const struct ckfs_tensor *r,
+			      struct ckfs_error *err)
+{
+	const char *rest;
+	long n;
+
+	if (strcmp(r->name, "embedding.word_embeddings.weight") == 0)
+		return map_vocab(c, r, "model.embed_tokens.weight", G_EMBED, err);
+	if (strcmp(r->name, "output_layer.weight") == 0) {
+		if (c->m->tie_word_embeddings) {
+			c->dropped_head = 1;
+			return CKFS_OK;
+		}
+		return map_vocab(c, r, "lm_head.weight", G_HEAD, err);
+	}
+	int norm_w = strcmp(r->name, "decoder.final_layernorm.weight") == 0;
+	if (norm_w || strcmp(r->name, "decoder.final_layernorm.bias") == 0) {
+		struct out *o = new_out(c, norm_w ? "model.norm.weight" : "model.norm.bias",
+					"whole", G_NORM, 0, norm_w ? 0 : 1, r->ndim, r->shape,
+					r->stored_dtype, err);
+		if (!o)
+			return err->code;
+		if (r->ndim != 1 || r->shape[0] != c->a.hidden)
+			return bad_shape(c, r, "[hidden_size]", err);
+		return add_rows(o, r, 0, NULL, 0, r->shape[0], 0, err);
+	}
+	if (!layer_key(r->name, &n, &rest)) {
+		note_unknown(c, r->name);
+		return CKFS_OK;
+	}
+	if (n >= 0) {
+		if (n >= c->a.n_layers)
+			return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' is past the last "
+					 "layer (config.json '%s' says num_hidden_layers %lld)",
+					 c->md, r->name, c->m->config_path,
+					 (long long)c->a.n_layers);
+		return map_layer(c, r, n, 0, rest, err);
+	}
+	if (r->ndim < 1 || r->shape[0] != c->a.n_layers) {
+		char got[256];
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' has shape %s: a layer axis "
+				 "of %lld, config.json '%s' says num_hidden_layers %lld", c->md,
+				 r->name, dims_text(r->shape, r->ndim, got, sizeof(got)),
+				 r->ndim ? (long long)r->shape[0] : 0LL, c->m->config_path,
+				 (long long)c->a.n_layers);
+	}
+	for (long l = 0; l < c->a.n_layers; l++) {
+		size_t before = c->n_unknown;
+		CKFS_TRY(map_layer(c, r, l, 1, rest, err));
+		if (c->n_unknown != before)
+			break; /* listed once, not per layer */
+	}
+	return CKFS_OK;
+}
+
+static int cmp_out(const void *x, const void *y)
+{
+	const struct out *a = x, *b = y;
+
+	if (a->group != b->group)
+		return a->group < b->group ? -1 : 1;
+	if (a->layer != b->layer)
+		return a->layer < b->layer ? -1 : 1;
+	if (a->order != b->order)
+		return a->order < b->order ? -1 : 1;
+	return strcmp(a->name, b->name);
+}
+
+/* Not read at all: the optimizer states of verl's v1 dist_ckpt. */
+static int keep_model(const char *fqn)
+{
+	return strncmp(fqn, "optimizer.", 10) != 0;
+}
+
+static enum ckfs_code finish(struct ctx *c, const struct ckfs_model_options *opt,
+			     struct ckfs_error *err)
+{
+	struct ckfs_model *m = c->m;
+
+	qsort(c->outs, c->n_outs, sizeof(*c->outs), cmp_out);
+	for (size_t i = 1; i < c->n_outs; i++)
+		if (strcmp(c->outs[i].name, c->outs[i - 1].name) == 0)
+			return ckfs_fail(err, CKFS_E_INVALID, "'%s': tensor '%s' comes from "
+					 "two Megatron keys", c->md, c->outs[i].name);
+	/* Every layer complete; embedding, final norm and (untied) head. */
+	size_t i = 0;
+	int have[3] = { 0 };
+	while (i < c->n_outs && c->outs[i].group < G_LAYER)
+		i++;
+	for (long l = 0; l < c->a.n_layers; l++) {
+		unsigned seen = 0;
+		int64_t n_expert_outs = 0;
+		for (; i < c->n_outs && c->outs[i].group == G_LAYER && c->outs[i].layer == l; i++) {
+			if (c->outs[i].order < O_EXPERTS)
+				seen |= 1u << c->outs[i].order;
+			else
+				n_expert_outs++;
+		}
+		int moe = (seen >> O_ROUTER) & 1;
+		size_t n_req = moe ? N_REQUIRED_ALWAYS : sizeof(required) / sizeof(required[0]);
+		for (size_t k = 0; k < n_req; k++)
+			if (!(seen & (1u << required[k].order)))
+				return ckfs_fail(err, CKFS_E_INVALID, "'%s': no %s for layer %ld "
+						 "(an incomplete or non-GPT checkpoint?)",
+						 c->md, required[k].what, l);
+		if (moe && n_expert_outs != 3 * c->a.n_experts)
+			return ckfs_fail(err, CKFS_E_INVALID, "'%s': layer %ld has a router but "
+					 "%lld of the %lld expert tensors (experts linear_fc1 and "
+					 "linear_fc2)", c->md, l, (long long)n_expert_outs,
+					 (long long)(3 * c->a.n_experts));
+	}
+	for (size_t k = 0; k < c->n_outs; k++) {
+		have[0] |= c->outs[k].group == G_EMBED;
+		have[1] |= c->outs[k].group == G_NORM;
+		have[2] |= c->outs[k].group == G_HEAD;
+	}
+	if (!have[0] || !have[1])
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': no %s", c->md,
+				 have[0] ? "decoder.final_layernorm.weight"
+					 : "embedding.word_embeddings.weight");
+	if (!have[2] && !c->m->tie_word_embeddings)
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': no output_layer.weight, but "
+				 "'%s' does not tie the embeddings (tie_word_embeddings)",
+				 c->md, m->config_path);
+
+	m->tensors = ckfs_arena_calloc(&m->arena, c->n_outs + 1, sizeof(*m->tensors));
+	if (!m->tensors)
+		return nomem(err);
+	m->n_tensors = 0;
+	for (size_t k = 0; k < c->n_outs; k++) {
+		struct out *o = &c->outs[k];
+		struct ckfs_tensor *t = &m->tensors[m->n_tensors];
+		t->name = o->name;
+		t->placement = o->placement;
+		t->stored_dtype = o->dtype;
+		t->out_dtype = opt->out_dtype == CKFS_DTYPE_INVALID ? o->dtype : opt->out_dtype;
+		t->ndim = o->ndim;
+		memcpy(t->shape, o->shape, sizeof(t->shape));
+		t->numel = 1;
+		for (int d = 0; d < t->ndim; d++)
+			t->numel *= (uint64_t)t->shape[d]; /* a box of a checked raw tensor */
+		t->n_chunks = (uint32_t)o->chunks.n;
+		t->chunks = ckfs_arena_calloc(&m->arena, o->chunks.n + 1, sizeof(*t->chunks));
+		if (!t->chunks)
+			return nomem(err);
+		if (o->chunks.n)
+			memcpy(t->chunks, o->chunks.v, o->chunks.n * sizeof(*t->chunks));
+		if (ckfs_plan_validate_tensor(m, t, err) != CKFS_OK) {
+			ckfs_error_prefix(err, "'%s'", c->md);
+			return err->code;
+		}
+		m->n_tensors++;
+	}
+	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_mcore_dist_build(struct ckfs_model *m,
+				     const struct ckfs_model_options *opt,
+				     struct ckfs_error *err)
+{
+	struct where *w = calloc(1, sizeof(*w));
+	struct ctx c;
+	enum ckfs_code rc;
+	size_t left_out = 0, n_bytes = 0;
+
+	memset(&c, 0, sizeof(c));
+	c.m = m;
+	if (!w)
+		return nomem(err);
+	if (!locate(m->src_dir, w)) {
+		free(w);
+		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': no Megatron dist_ckpt folder",
+				 m->src_dir);
+	}
+	if (w->bad[0]) {
+		rc = ckfs_fail(err, CKFS_E_INVALID, "%s", w->bad);
+		goto out;
+	}
+	if (!ckfs_path_is_dir(w->dist)) {
+		rc = ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found (named by "
+			       "ckpt_contents.json)", w->dist);
+		goto out;
+	}
+	if ((rc = ckfs_model_check_path(m, w->dist, -1, err)) != CKFS_OK ||
+	    (rc = check_backend(w, err)) != CKFS_OK)
+		goto out;
+	const char *hf = ckfs_arena_strdup(&m->arena, w->hf);
+	c.md = ckfs_arena_printf(&m->arena, "%s/.metadata", w->dist);
+	const char *dist = ckfs_arena_strdup(&m->arena, w->dist);
+	if (!hf || !c.md || !dist) {
+		rc = nomem(err);
+		goto out;
+	}
+	if ((rc = ckfs_model_load_config_from(m, hf, opt->config_path, err)) != CKFS_OK ||
+	    (rc = read_arch(m, &c.a, err)) != CKFS_OK)
+		goto out;
+	rc = ckfs_dcp_read_raw(m, dist, w->rel[0] ? w->rel : NULL, opt, keep_model,
+			       &left_out, &n_bytes, err);
+	if (rc != CKFS_OK)
+		goto out;
+	for (size_t i = 0; i < m->n_tensors && rc == CKFS_OK; i++)
+		rc = map_raw(&c, &m->tensors[i], err);
+	if (rc != CKFS_OK)
+		goto out;
+	if (c.n_unknown) {
+		rc = ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': %zu Megatron keys not "
+			       "understood: %s%s", c.md, c.n_unknown,
+			       c.unknown, c.n_unknown > 8 ? ", ..." : "");
+		goto out;
+	}
+	if ((rc = finish(&c, opt, err)) != CKFS_OK)
+		goto out;
+	if (c.dropped_head)
+		rc = ckfs_model_warn(m, err, "output_layer.weight dropped: tied to "
+				     "model.embed_tokens.weight (tie_word_embeddings)");
+	if (rc == CKFS_OK && n_bytes)
+		rc = ckfs_model_warn(m, err, "skipped %zu non-tensor entries (ShardedObjects: "
+				     "_extra_state, rng_state)", n_bytes);
+	if (rc == CKFS_OK && left_out)
+		rc = ckfs_model_warn(m, err, "skipped %zu optimizer entries", left_out);
+out:
+	for (size_t i = 0; i < c.n_outs; i++)
+		free(c.outs[i].chunks.v);
+	free(c.outs);
+	free(w);
+	return rc;
+}
