@@ -18,7 +18,16 @@ named <category>_<what>:
     fs_*     the folder itself: zero-byte and directory rank files, symlink
              loops, symlinks leading outside the checkpoint
     ok_*     valid controls (the unbroken base, symlinks that stay inside)
+    dcp_*    torch.distributed.checkpoint folders: .metadata truncated,
+             items past the end of the .distcp file, overlapping, missing
+             chunks and storage entries
+    hf_*     Hugging Face safetensors whose header lies: offsets past the
+             end, overlapping tensors, a bad dtype, a huge header length
+    megatron_* legacy Megatron rank folders: a TP rank missing, TP sizes
+             that disagree
 
+The FSDP cases are verl FSDP actor folders; the dcp_*, hf_* and megatron_*
+cases start from the committed fixtures of those layouts (layout_cases).
 Everything starts from real bytes: the base checkpoint and every
 "wrong but real" variant are written by torch.save of DTensors on a gloo
 process group (2 ranks, 1-D mesh "fsdp", Shard(0)), exactly the objects
@@ -28,6 +37,7 @@ Python's zipfile). _outside/ holds files the fs_symlink_* cases point at:
 it is outside each case's checkpoint folder.
 
     .venv/bin/python tests/gen/make_broken_checkpoints.py   # ~10 s
+    .venv/bin/python tests/gen/make_broken_checkpoints.py layouts  # only those
     (CKFS_BROKEN_OUT=DIR writes the cases elsewhere, e.g. to compare)
 
 Outputs are committed, so the C tests never need Python. Re-running with
@@ -416,9 +426,167 @@ def main() -> None:
         f.write('{"inside": true}\n')
     os.symlink("../tokenizer.json", os.path.join(p, "huggingface", "tokenizer.json"))
 
+    layout_cases()
     n = len([d for d in os.listdir(OUT) if not d.startswith("_")])
     print(f"{n} cases in {os.path.relpath(OUT, ROOT)}", file=sys.stderr)
 
 
+# ---------------------------------------------------------------------------
+# Other layouts: DCP, Hugging Face safetensors, Megatron. Each starts from a
+# committed fixture written by real torch / safetensors / megatron-core code
+# (tests/gen/make_dcp_fixtures.py, make_megatron_fixtures.py).
+
+FIX = os.path.join(ROOT, "tests", "fixtures")
+
+
+def _fresh(name: str) -> str:
+    path = os.path.join(OUT, name)
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
+
+
+def dcp_case(name: str, md_bytes: bytes, distcp: bytes | None) -> None:
+    """A DCP folder: .metadata, __0_0.distcp (None: absent) and the
+    fixture's huggingface/ side files."""
+    src = os.path.join(FIX, "dcp", "qwen2_plain_nodist")
+    path = _fresh(name)
+    shutil.copytree(os.path.join(src, "huggingface"), os.path.join(path, "huggingface"))
+    with open(os.path.join(path, ".metadata"), "wb") as f:
+        f.write(md_bytes)
+    if distcp is not None:
+        with open(os.path.join(path, "__0_0.distcp"), "wb") as f:
+            f.write(distcp)
+
+
+def dcp_cases() -> None:
+    """From qwen2_plain_nodist (saved by torch.distributed.checkpoint.save):
+    the real .metadata, or torch's own Metadata object changed in one place
+    and pickled again (protocol 4, as torch writes it). The .distcp file is
+    cut after the first item (model.embed_tokens.weight, 40105 bytes) to
+    keep the corpus small; cases about that tensor fail before the rest
+    is needed."""
+    import copy
+    import pickle
+
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    src = os.path.join(FIX, "dcp", "qwen2_plain_nodist")
+    raw = open(os.path.join(src, ".metadata"), "rb").read()
+    distcp = open(os.path.join(src, "__0_0.distcp"), "rb").read()
+    md = pickle.loads(raw)
+    first = list(md.state_dict_metadata)[0]  # model.embed_tokens.weight
+    (idx0, info0), = [(k, v) for k, v in md.storage_data.items() if k.fqn == first]
+    cut = distcp[:info0.offset + info0.length]
+
+    def dump(m) -> bytes:
+        return pickle.dumps(m, protocol=4)
+
+    # .metadata cut in half: the pickle ends inside state_dict_metadata.
+    dcp_case("dcp_metadata_truncated", raw[:len(raw) // 2], cut)
+    # The file ends after the first item: the second tensor's item (named
+    # by storage_data) lies past the end of the .distcp file.
+    dcp_case("dcp_distcp_truncated", raw, cut)
+    # storage_data sends the first item past the end of the file.
+    m = copy.deepcopy(md)
+    m.storage_data[idx0] = _StorageInfo(info0.relative_path, len(cut) + 4096, info0.length,
+                                        info0.transform_descriptors)
+    dcp_case("dcp_item_past_end", dump(m), cut)
+    # Two chunks of the first tensor at the same place: overlapping.
+    m = copy.deepcopy(md)
+    tsm = m.state_dict_metadata[first]
+    tsm.chunks.append(ChunkStorageMetadata(offsets=tsm.chunks[0].offsets, sizes=tsm.chunks[0].sizes))
+    dcp_case("dcp_chunks_overlap", dump(m), cut)
+    # The global shape has twice the rows of its one chunk: the chunk of
+    # the other half is missing (as if a rank's chunk were dropped).
+    m = copy.deepcopy(md)
+    tsm = m.state_dict_metadata[first]
+    tsm.size = torch.Size([tsm.size[0] * 2] + list(tsm.size[1:]))
+    dcp_case("dcp_chunk_missing", dump(m), cut)
+    # A chunk with no storage_data entry.
+    m = copy.deepcopy(md)
+    del m.storage_data[idx0]
+    dcp_case("dcp_storage_entry_missing", dump(m), cut)
+
+
+def hf_cases() -> None:
+    """A small model.safetensors written by safetensors.torch.save_file from
+    two tensors of the qwen2_single fixture, then its header changed in
+    place (same length, so the data stays where it was)."""
+    from safetensors.torch import load_file, save_file
+
+    src = os.path.join(FIX, "hf", "qwen2_single")
+    full = load_file(os.path.join(src, "model.safetensors"))
+    small = {k: full[k] for k in ("model.norm.weight", "model.layers.0.input_layernorm.weight")}
+    tmp = tempfile.mkdtemp()
+    save_file(small, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    base = open(os.path.join(tmp, "model.safetensors"), "rb").read()
+    shutil.rmtree(tmp)
+    hlen = struct.unpack("<Q", base[:8])[0]
+    header = json.loads(base[8:8 + hlen])
+
+    def with_header(h: dict) -> bytes:
+        text = json.dumps(h, separators=(",", ":")).encode()
+        assert len(text) <= hlen, "the changed header must fit in place"
+        return base[:8] + text + b" " * (hlen - len(text)) + base[8 + hlen:]
+
+    def hf_case(name: str, data: bytes) -> None:
+        path = _fresh(name)
+        shutil.copy(os.path.join(src, "config.json"), os.path.join(path, "config.json"))
+        with open(os.path.join(path, "model.safetensors"), "wb") as f:
+            f.write(data)
+
+    names = sorted(k for k in header if k != "__metadata__")
+    last = max(names, key=lambda k: header[k]["data_offsets"][1])
+    h = copy_json(header)
+    h[last]["data_offsets"][1] += 256
+    hf_case("hf_offsets_past_end", with_header(h))
+    h = copy_json(header)
+    other = [k for k in names if k != last][0]
+    h[last]["data_offsets"] = list(h[other]["data_offsets"])
+    hf_case("hf_tensors_overlap", with_header(h))
+    h = copy_json(header)
+    h[names[0]]["dtype"] = "X9"
+    hf_case("hf_bad_dtype", with_header(h))
+    hf_case("hf_header_len_huge", struct.pack("<Q", 1 << 40) + base[8:])
+
+
+def copy_json(h: dict) -> dict:
+    return json.loads(json.dumps(h))
+
+
+def megatron_cases() -> None:
+    """From llama_tp2 (megatron-core 0.12.2 GPTModel, TP 2): one TP rank's
+    folder missing, and rank 1 replaced by the fixture generator's
+    tp_mismatch_rank1.pt (a real rank file of a TP 4 model)."""
+    src = os.path.join(FIX, "megatron", "llama_tp2")
+
+    def mg_case(name: str, ranks: dict) -> None:
+        path = _fresh(name)
+        shutil.copytree(os.path.join(src, "hf_config_and_tokenizer"),
+                        os.path.join(path, "hf_config_and_tokenizer"))
+        for rank, data_path in ranks.items():
+            os.makedirs(os.path.join(path, "model", rank))
+            shutil.copy(data_path, os.path.join(path, "model", rank, "model.pt"))
+
+    r0 = os.path.join(src, "model", "mp_rank_00", "model.pt")
+    r1 = os.path.join(src, "model", "mp_rank_01", "model.pt")
+    mg_case("megatron_missing_tp_rank", {"mp_rank_01": r1})
+    mg_case("megatron_tp_size_mismatch",
+            {"mp_rank_00": r0, "mp_rank_01": os.path.join(FIX, "megatron", "broken", "tp_mismatch_rank1.pt")})
+
+
+def layout_cases() -> None:
+    dcp_cases()
+    hf_cases()
+    megatron_cases()
+
+
 if __name__ == "__main__":
-    main()
+    # "layouts": write only the DCP / HF / Megatron cases, leaving the
+    # others (and their bytes) as they are.
+    if sys.argv[1:] == ["layouts"]:
+        layout_cases()
+    else:
+        main()

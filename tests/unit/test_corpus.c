@@ -172,6 +172,31 @@ static const struct corpus_case cases[] = {
 	  "'{dir}': tensor 'model.embed_tokens.weight': shards of ranks 0 and 1 overlap" },
 	{ "model_world_size_disagree", NOFOLLOW, OPEN, CKFS_E_INVALID,
 	  "'{dir}/fsdp_config.json': world_size 4 disagrees with the rank files (model_world_size_2_rank_*.pt)" },
+	/* ---- other layouts: DCP, Hugging Face safetensors, Megatron ---- */
+	{ "dcp_chunk_missing", NOFOLLOW, OPEN, CKFS_E_INVALID,
+	  "'{dir}/.metadata': tensor 'model.embed_tokens.weight': shards hold 19264 of 38528 elements (missing or extra ranks?)" },
+	{ "dcp_chunks_overlap", NOFOLLOW, OPEN, CKFS_E_INVALID,
+	  "'{dir}/.metadata': tensor 'model.embed_tokens.weight': shards of ranks 0 and 0 overlap" },
+	{ "dcp_distcp_truncated", NOFOLLOW, OPEN, CKFS_E_FORMAT,
+	  "'{dir}/__0_0.distcp': the item of 'model.layers.0.self_attn.q_proj.weight' at [0, 0] (bytes 40105+9769) lies outside the file (40105 bytes)" },
+	{ "dcp_item_past_end", NOFOLLOW, OPEN, CKFS_E_FORMAT,
+	  "'{dir}/__0_0.distcp': the item of 'model.embed_tokens.weight' at [0, 0] (bytes 44201+40105) lies outside the file (40105 bytes)" },
+	{ "dcp_metadata_truncated", NOFOLLOW, OPEN, CKFS_E_TRUNCATED,
+	  "'{dir}/.metadata': unexpected end of pickle at offset 2" },
+	{ "dcp_storage_entry_missing", NOFOLLOW, OPEN, CKFS_E_FORMAT,
+	  "'{dir}/.metadata': no storage_data entry for the chunk of 'model.embed_tokens.weight' at [0, 0]" },
+	{ "hf_bad_dtype", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
+	  "'{dir}/model.safetensors': 'model.layers.0.input_layernorm.weight' has dtype X9" },
+	{ "hf_header_len_huge", NOFOLLOW, OPEN, CKFS_E_FORMAT,
+	  "'{dir}/model.safetensors': bad header length 1099511627776" },
+	{ "hf_offsets_past_end", NOFOLLOW, OPEN, CKFS_E_FORMAT,
+	  "'{dir}/model.safetensors': data offsets of 'model.norm.weight' do not match its shape" },
+	{ "hf_tensors_overlap", NOFOLLOW, OPEN, CKFS_E_FORMAT,
+	  "'{dir}/model.safetensors': tensor data not contiguous at 'model.norm.weight'" },
+	{ "megatron_missing_tp_rank", NOFOLLOW, OPEN, CKFS_E_NOTFOUND,
+	  "'{dir}/model/mp_rank_00/model.pt': not found (TP rank 0 of PP stage 0 is needed: TP=2, PP=1)" },
+	{ "megatron_tp_size_mismatch", NOFOLLOW, OPEN, CKFS_E_INVALID,
+	  "'{dir}/model/mp_rank_01/model.pt': 'embedding.word_embeddings.weight' does not match TP rank 0's 'embedding.word_embeddings.weight' (key or local shape differs: mismatched TP sizes?)" },
 	/* ---- fsdp_config.json and config.json ---- */
 	{ "cfg_fsdp_malformed", NOFOLLOW, OPEN, CKFS_E_FORMAT,
 	  "'{dir}/fsdp_config.json': invalid JSON at line 3, column 21" },
@@ -404,8 +429,10 @@ static void test_corpus_cases(void)
  * category (docs/reliability.md quotes them). */
 static void test_corpus_complete(void)
 {
-	static const char *const cats[] = { "zip", "pkl", "model", "cfg", "fs", "ok" };
-	size_t per_cat[6] = { 0 }, n_dirs = 0;
+	static const char *const cats[] = { "zip", "pkl", "model", "cfg", "fs", "ok",
+					     "dcp", "hf", "megatron" };
+	enum { N_CATS = sizeof(cats) / sizeof(cats[0]) };
+	size_t per_cat[N_CATS] = { 0 }, n_dirs = 0;
 	DIR *d = opendir(CORPUS_DIR);
 	struct dirent *de;
 
@@ -427,7 +454,7 @@ static void test_corpus_complete(void)
 			fprintf(stderr, "corpus case '%s' has no row in test_corpus.c\n",
 				de->d_name);
 		CHECK(found);
-		for (size_t k = 0; k < 6; k++) {
+		for (size_t k = 0; k < N_CATS; k++) {
 			size_t l = strlen(cats[k]);
 			if (strncmp(de->d_name, cats[k], l) == 0 &&
 			    (de->d_name[l] == '_' || (k == 0 && strncmp(de->d_name + l, "64_", 3) == 0)))
@@ -445,8 +472,9 @@ static void test_corpus_complete(void)
 		CHECK(stat(path, &st) == 0);
 	}
 	printf("corpus: %zu cases (zip %zu, pickle %zu, model %zu, config %zu, "
-	       "folder %zu, valid controls %zu)\n", n_dirs, per_cat[0], per_cat[1],
-	       per_cat[2], per_cat[3], per_cat[4], per_cat[5]);
+	       "folder %zu, valid controls %zu, dcp %zu, hf %zu, megatron %zu)\n",
+	       n_dirs, per_cat[0], per_cat[1], per_cat[2], per_cat[3], per_cat[4],
+	       per_cat[5], per_cat[6], per_cat[7], per_cat[8]);
 	CHECK(n_dirs >= 40);
 }
 

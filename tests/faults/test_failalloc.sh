@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Allocation failures: `ckfs inspect` and `ckfs export` of the four layouts
+# (verl FSDP2, DCP, Megatron TP / critic / TP x EP MoE with TE names,
+# sharded HF safetensors) run once per N with
+# the Nth allocation failing (tests/faults/failalloc.c, LD_PRELOAD), for
+# every N from 1 to the number of allocations the command makes
+# (CKFS_FAILALLOC_RUNS=R thins it to about R values of N per command, as
+# the ASan tier does; CKFS_FAILALLOC_STEP=S takes every S-th). Every run
+# must either succeed with
+# the same output as a run without faults (inspect's text, export's files
+# byte for byte), or exit 1 with exactly one stderr line that says "out of
+# memory", print nothing on stdout and leave no export folder or temporary
+# folder behind. A signal, another exit status or another message fails.
+# A second pass fails every allocation from the Nth on ("after" mode).
+# Usage: test_failalloc.sh CKFS_BINARY FAILALLOC_SO
+set -uo pipefail
+CKFS=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+SHIM=$(cd "$(dirname "$2")" && pwd)/$(basename "$2")
+FIX=$(cd "$(dirname "$0")/../fixtures" && pwd -P)
+RUNS=${CKFS_FAILALLOC_RUNS:-0}
+WORK=$(mktemp -d /tmp/ckfs-failalloc.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+pass=0 fail=0 runs=0 oom=0
+bad() {
+	fail=$((fail + 1))
+	echo "FAIL $*"
+}
+
+# sweep NAME SRC CMD MODE
+sweep() {
+	local name=$1 src=$2 cmd=$3 mode=$4 total n rc out err
+	local dest=$WORK/exp/out
+	mkdir -p "$WORK/exp"
+	# Reference: no fault (armed past the end, which also counts).
+	rm -f "$WORK/rep"
+	if [ "$cmd" = export ]; then
+		CKFS_FAIL_ALLOC=999999999 CKFS_FAIL_REPORT=$WORK/rep LD_PRELOAD=$SHIM \
+			"$CKFS" export -q "$src" "$WORK/ref" >/dev/null 2>&1 ||
+			{ bad "$name: export without faults failed"; return; }
+	else
+		CKFS_FAIL_ALLOC=999999999 CKFS_FAIL_REPORT=$WORK/rep LD_PRELOAD=$SHIM \
+			"$CKFS" inspect "$src" >"$WORK/ref.txt" 2>/dev/null ||
+			{ bad "$name: inspect without faults failed"; return; }
+	fi
+	total=$(awk '$1 == "count" { print $2 }' "$WORK/rep")
+	[ -n "$total" ] && [ "$total" -gt 0 ] || { bad "$name: the shim counted nothing"; return; }
+	local ok_runs=0 clean_runs=0 STEP=${CKFS_FAILALLOC_STEP:-1}
+	[ "$RUNS" -gt 0 ] && [ -z "${CKFS_FAILALLOC_STEP:-}" ] && STEP=$(((total + RUNS - 1) / RUNS))
+	for ((n = 1; n <= total; n += STEP)); do
+		rm -rf "$dest" "$WORK/rep"
+		if [ "$cmd" = export ]; then
+			CKFS_FAIL_ALLOC=$n CKFS_FAIL_ALLOC_MODE=$mode CKFS_FAIL_REPORT=$WORK/rep \
+				LD_PRELOAD=$SHIM "$CKFS" export -q "$src" "$dest" \
+				>"$WORK/out.txt" 2>"$WORK/err.txt"
+		else
+			CKFS_FAIL_ALLOC=$n CKFS_FAIL_ALLOC_MODE=$mode CKFS_FAIL_REPORT=$WORK/rep \
+				LD_PRELOAD=$SHIM "$CKFS" inspect "$src" \
+				>"$WORK/out.txt" 2>"$WORK/err.txt"
+		fi
+		rc=$?
+		runs=$((runs + 1))
+		err=$(cat "$WORK/err.txt")
+		if [ "$rc" = 0 ]; then
+			ok_runs=$((ok_runs + 1))
+			if [ "$cmd" = export ]; then
+				diff -r "$WORK/ref" "$dest" >/dev/null ||
+					bad "$name N=$n: export succeeded with different files"
+			else
+				cmp -s "$WORK/ref.txt" "$WORK/out.txt" ||
+					bad "$name N=$n: inspect succeeded with different output"
+			fi
+		elif [ "$rc" = 1 ]; then
+			if [ "$(printf '%s\n' "$err" | wc -l)" != 1 ] ||
+				[ "${err#ckfs: }" = "$err" ] || [ "${err%out of memory*}" = "$err" ]; then
+				bad "$name N=$n: stderr is not one 'out of memory' line: $err"
+			elif [ -s "$WORK/out.txt" ]; then
+				bad "$name N=$n: printed on stdout while failing"
+			elif [ -e "$dest" ] || [ -n "$(find "$WORK/exp" -mindepth 1 -print -quit)" ]; then
+				bad "$name N=$n: export left $(find "$WORK/exp" -mindepth 1 | head -3)"
+			else
+				oom=$((oom + 1))
+				clean_runs=$((clean_runs + 1))
+			fi
+		else
+			bad "$name N=$n: exit status $rc: $err"
+		fi
+	done
+	pass=$((pass + 1))
+	echo "$name ($mode): $total allocations, $(((total + STEP - 1) / STEP)) runs," \
+		"$clean_runs failed cleanly, $ok_runs succeeded with the right output"
+	rm -rf "$WORK/ref" "$WORK/ref.txt"
+}
+
+for spec in fsdp/qwen2_fsdp2_w2 dcp/qwen2_tied_fsdp2_w3 megatron/llama_tp2 megatron/qwen2_critic_tp2 \
+	megatron/qwen2_moe_tp2_ep2_te hf/qwen2_sharded; do
+	for cmd in inspect export; do
+		sweep "$cmd ${spec}" "$FIX/$spec" "$cmd" once
+	done
+done
+# Every allocation failing from N on: error paths that allocate are hit too.
+for spec in fsdp/qwen2_fsdp2_w2 dcp/qwen2_tied_fsdp2_w3; do
+	sweep "export ${spec}" "$FIX/$spec" export after
+done
+echo "$runs runs, $oom clean out-of-memory failures, $fail failures"
+[ "$fail" = 0 ] && [ "$pass" -gt 0 ]
