@@ -129,12 +129,18 @@ ceil_umount() { umount "$CMNT" 2>/dev/null || fusermount3 -u "$CMNT"; wait_gone 
 # read_ahead_kb of the bdi of MOUNTPOINT (root only; it goes with the mount).
 set_ra() { echo "$2" >"/sys/class/bdi/$(stat -c '%Hd:%Ld' "$1")/read_ahead_kb"; }
 
-timed_cat() { # KEY FILE...
-	local t key=$1
+# CPU time used on the whole machine so far, in seconds (/proc/stat: all
+# but idle and iowait), to show whether a read was bound by the CPUs.
+busy_s() { awk '/^cpu / { printf "%.2f\n", ($2 + $3 + $4 + $7 + $8 + $9) / 100 }' /proc/stat; }
+
+timed_cat() { # KEY FILE...: also KEY's busy CPU-seconds as KEY_cpu
+	local t b key=$1
 	shift
+	b=$(busy_s)
 	t=$(t_now)
 	cat "$@" >/dev/null
 	rec "$key" "$(t_since "$t")"
+	rec "${key%_s}_cpu" "$(awk -v a="$b" -v b="$(busy_s)" 'BEGIN { printf "%.2f", b - a }')"
 }
 
 reader() { # KEY MODE DIR: one fresh python process; checks tensor count and bytes
@@ -196,6 +202,13 @@ bench_export() {
 		{ cat "$D/log.verl" >&2; die "verl's merger failed"; }
 	rec export_verl_s "$(cut -d' ' -f1 "$D/time.verl")"
 	rec export_verl_rss "$(($(cut -d' ' -f2 "$D/time.verl") * 1024))"
+	# ckfs export syncs its output before renaming it into place; verl's
+	# merger leaves it in the page cache. Its time until durable, too:
+	local t
+	t=$(t_now)
+	sync
+	rec export_verl_sync_s "$(awk -v v="$(cut -d' ' -f1 "$D/time.verl")" -v s="$(t_since "$t")" \
+		'BEGIN { printf "%.2f", v + s }')"
 	cmp -s "$out.ckfs/model.safetensors" "$out.verl/model.safetensors" ||
 		die "$SIZE: ckfs export and verl's merger wrote different model.safetensors"
 	rm -rf "$out.verl"

@@ -54,10 +54,12 @@ class Table:
 
     def add(self, size, figure, key, kind, ref=None, ratio=None, target=None):
         """kind: 's' (seconds), 'rate' (seconds of reading out_bytes, shown
-        as GB/s), 'srate' (same for the source bytes), 'mem' (bytes).
+        as GB/s), 'srate' (same for the source bytes), 'mem' (bytes), 'cpu'
+        (CPU-seconds used by the whole machine during the read).
         ref: (label, key) of the figure compared with. ratio: 'faster'
         (ref/fig time), 'frac' (fig/ref memory), 'x' (fig/ref time),
-        'xrate' (ref/fig time: a rate ratio). target: (text, test(value))."""
+        'xrate' (ref/fig time: a rate ratio), 'xcpu' (fig/ref CPU time).
+        target: (text, test(value))."""
         vals = self.runs[size].get(key)
         if not vals:
             return
@@ -66,6 +68,8 @@ class Table:
         def show(v):
             if kind in ("rate", "srate"):
                 return "%.2f GB/s" % (nbytes / v / 1e9)
+            if kind == "cpu":
+                return "%.2f CPU-s" % v
             return fmt_mib(v) if kind == "mem" else fmt_s(v)
 
         m = statistics.median(vals)
@@ -89,6 +93,9 @@ class Table:
                 elif ratio == "xrate":
                     value = r / m
                     row[5] = "%.2fx the rate" % value
+                elif ratio == "xcpu":
+                    value = m / r
+                    row[5] = "%.2fx the CPU time" % value
         if target:
             text, test = target
             row[6] = text
@@ -139,6 +146,8 @@ def build(runs, meta):
         t.add(size, "1. ckfs export: wall time", "export_ckfs_s", "s",
               ("verl merger", "export_verl_s"), "faster", (">= 5x faster", ge(5)))
         t.add(size, "1. verl merger: wall time", "export_verl_s", "s")
+        t.add(size, "1. ckfs export vs verl merger + sync (both durable)", "export_ckfs_s", "s",
+              ("verl merger + sync", "export_verl_sync_s"), "faster")
         t.add(size, "1. ckfs export: peak RSS", "export_ckfs_rss", "mem",
               ("verl merger", "export_verl_rss"), "frac", ("<= 1/10", le(0.1)))
         t.add(size, "1. verl merger: peak RSS", "export_verl_rss", "mem")
@@ -149,6 +158,9 @@ def build(runs, meta):
         t.add(size, "3. FUSE ceiling: first read", "ceil_cat1_s", "rate")
         t.add(size, "3. ckfs: first read (fresh mount)", "ckfs_cat1_s", "rate",
               ("FUSE ceiling, first read", "ceil_cat1_s"), "xrate", (">= 0.8x", ge(0.8)))
+        t.add(size, "3. FUSE ceiling: first read, CPU time", "ceil_cat1_cpu", "cpu")
+        t.add(size, "3. ckfs: first read, CPU time", "ckfs_cat1_cpu", "cpu",
+              ("FUSE ceiling, first read", "ceil_cat1_cpu"), "xcpu")
         t.add(size, "3. FUSE ceiling: second read", "ceil_cat2_s", "rate")
         t.add(size, "3. ckfs: second read (page cache)", "ckfs_cat2_s", "rate",
               ("FUSE ceiling, second read", "ceil_cat2_s"), "xrate")
