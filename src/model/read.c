@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ckfs/guard.h"
@@ -96,9 +97,10 @@ static int chunk_contains(const struct ckfs_chunk *c, int ndim,
  * from the page cache, which saves pread's copy into a scratch buffer: a
  * third of the fill time of an fp32 -> bf16 stream. It is unmapped right
  * after, so page cache pages never linger in the RSS. A source truncated
- * meanwhile raises SIGBUS on the lost pages; the conversion runs under
- * ckfs_guarded (include/ckfs/guard.h) and reports the file changed. When
- * mapping fails, the window is read into the scratch buffer instead.
+ * meanwhile, or a disk error on a page, raises SIGBUS; the conversion runs
+ * under ckfs_guarded (include/ckfs/guard.h) and the read fails, as changed
+ * when the file is now shorter, as an I/O error otherwise. When mapping
+ * fails, the window is read into the scratch buffer instead.
  */
 struct window {
 	const unsigned char *p; /* the window's first byte */
@@ -173,10 +175,16 @@ static enum ckfs_code window_convert(const struct ckfs_model *m, uint32_t src,
 		convert_rows(j);
 		return CKFS_OK;
 	}
-	if (ckfs_guarded(convert_rows, j) != 0)
+	if (ckfs_guarded(convert_rows, j) == 0)
+		return CKFS_OK;
+	/* SIGBUS: the page is gone (the file shrank) or could not be read. */
+	const struct ckfs_source *s = &m->sources[src];
+	struct stat st;
+	if (fstat(s->fd, &st) == 0 && (uint64_t)st.st_size < s->size)
 		return ckfs_fail(err, CKFS_E_CHANGED, "'%s': file shrank while "
-				 "being read (was it truncated?)", m->sources[src].path);
-	return CKFS_OK;
+				 "being read (was it truncated?)", s->path);
+	return ckfs_fail(err, CKFS_E_IO, "'%s': read failed (I/O error on a mapped "
+			 "page)", s->path);
 }
 
 /* Read `count` contiguous source elements at pos and convert into dst. */
