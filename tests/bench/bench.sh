@@ -52,13 +52,16 @@ die() { echo "bench: $*" >&2; exit 1; }
 
 CKFS=$BUILD_DIR/ckfs
 CEIL=$BUILD_DIR/ckfs_bench_ceiling
+CONV=$BUILD_DIR/ckfs_bench_convert
 if [ "${BENCH_BUILD:-1}" != 0 ]; then
 	say "building ckfs and ckfs_bench_ceiling in $BUILD_DIR"
 	cmake -S "$ROOT" -B "$BUILD_DIR" >/dev/null
-	cmake --build "$BUILD_DIR" -j2 --target ckfs ckfs_bench_ceiling >/dev/null ||
+	cmake --build "$BUILD_DIR" -j2 --target ckfs ckfs_bench_ceiling ckfs_bench_convert >/dev/null ||
 		die "the build failed (BENCH_BUILD=0 runs the binaries already built)"
 fi
-if [ ! -x "$CKFS" ] || [ ! -x "$CEIL" ]; then die "no $CKFS or $CEIL (build them, or unset BENCH_BUILD)"; fi
+for b in "$CKFS" "$CEIL" "$CONV"; do
+	[ -x "$b" ] || die "no $b (build it, or unset BENCH_BUILD)"
+done
 if [ -z "${TORCH_PYTHON:-}" ]; then
 	TORCH_PYTHON=$("$ROOT/tests/setup-venv.sh" --print-path)/bin/python
 fi
@@ -248,6 +251,10 @@ bench_read() {
 	timed_cat ceil_cat1_s "$CMNT/model.safetensors"
 	timed_cat ceil_cat2_s "$CMNT/model.safetensors"
 	ceil_umount
+
+	# The conversion floor: CPU time to turn the rank files into bf16 with
+	# ckfs's own loop and nothing else (tests/bench/convert_floor.c).
+	rec convert_floor_cpu "$("$CONV" "$CK"/model_world_size_*_rank_*.pt | cut -d' ' -f1)"
 
 	[ "$IS_ROOT" = 1 ] || return 0
 	warm "$CK"/model_world_size_*_rank_*.pt

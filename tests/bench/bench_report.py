@@ -107,6 +107,16 @@ class Table:
                 self.met += ok
         self.rows.append(row)
 
+    def add_bound(self, size):
+        """The best first-read rate ratio a converting server can reach when
+        the reads are CPU-bound: the ceiling's CPU time over the ceiling's
+        plus the conversion floor's."""
+        ceil, floor = self.med(size, "ceil_cat1_cpu"), self.med(size, "convert_floor_cpu")
+        if ceil is None or floor is None:
+            return
+        self.rows.append([size, "3. bound when CPU-bound: ceiling CPU / (ceiling + floor)",
+                          "%.2fx the rate" % (ceil / (ceil + floor)), "", "", "", "", ""])
+
     def add_hwm(self, size):
         vals = self.runs[size].get("daemon_hwm")
         budget = float(self.meta["all"].get("budget") or self.meta[size].get("budget") or 0)
@@ -161,6 +171,9 @@ def build(runs, meta):
         t.add(size, "3. FUSE ceiling: first read, CPU time", "ceil_cat1_cpu", "cpu")
         t.add(size, "3. ckfs: first read, CPU time", "ckfs_cat1_cpu", "cpu",
               ("FUSE ceiling, first read", "ceil_cat1_cpu"), "xcpu")
+        t.add(size, "3. conversion floor: fp32 -> bf16 of the rank files alone", "convert_floor_cpu",
+              "cpu")
+        t.add_bound(size)
         t.add(size, "3. FUSE ceiling: second read", "ceil_cat2_s", "rate")
         t.add(size, "3. ckfs: second read (page cache)", "ckfs_cat2_s", "rate",
               ("FUSE ceiling, second read", "ceil_cat2_s"), "xrate")
