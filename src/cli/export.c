@@ -260,7 +260,8 @@ static void usage(FILE *to)
 	      "Writes the merged Hugging Face folder of checkpoint SRC to DIR.\n"
 	      "Files whose symlinks lead outside SRC are refused unless\n"
 	      "--follow-symlinks. --raw-names serves Megatron keys without a\n"
-	      "Hugging Face name under their own names, one tensor per rank.\n", to);
+	      "Hugging Face name under their own names (per rank from mp_rank_*\n"
+	      "folders, whole from a dist_ckpt).\n", to);
 }
 
 int ckfs_cmd_export(int argc, char **argv)

@@ -56,7 +56,7 @@ static void mount_usage(FILE *to)
 	      "      --follow-symlinks     serve files whose symlinks lead outside SRC\n"
 	      "                                                          -o follow_symlinks\n"
 	      "      --raw-names           serve Megatron keys without a Hugging Face\n"
-	      "                            name as they are, per rank      -o raw_names\n"
+	      "                            name under their own names      -o raw_names\n"
 	      "      --log-level L         err|warning|notice|info|debug      -o log_level=\n"
 	      "  -o prefetch_threads=N, slice_size=N (power of two, default 4MiB),\n"
 	      "     kernel_readahead=N (the mount's read_ahead_kb when run as root,\n"

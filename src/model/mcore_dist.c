@@ -30,7 +30,8 @@
  * Entries under "optimizer." are not read (verl's v1 dist_ckpt holds the
  * optimizer too); bytes entries (ShardedObjects: _extra_state, rng_state)
  * are skipped with a warning; any other key this table does not know is an
- * error listing them (MLA, MTP and value heads are not supported).
+ * error listing them (MLA, MTP and value heads are not supported), or, with
+ * --raw-names, served as stored under its sharded key (unknown_key).
  *
  * MoE (Qwen2-MoE, Qwen3-MoE, Mixtral): the router becomes mlp.gate (Mixtral:
  * block_sparse_moe.gate); grouped experts carry an expert axis after the
@@ -258,7 +259,7 @@ static enum ckfs_code read_arch(const struct ckfs_model *m, struct arch *a,
 
 /* ---- output tensors ---- */
 
-enum { G_EMBED, G_LAYER, G_NORM, G_HEAD };
+enum { G_EMBED, G_LAYER, G_NORM, G_HEAD, G_RAW };
 
 struct out {
 	const char *name;
@@ -281,6 +282,9 @@ struct ctx {
 	char unknown[1024];
 	size_t n_unknown;
 	int dropped_head;
+	bool raw_names;              /* --raw-names: serve unknown keys as stored */
+	const struct ckfs_tensor *last_raw; /* served raw already */
+	size_t n_raw;
 };
 
 static struct out *new_out(struct ctx *c, const char *name, const char *placement,
@@ -403,6 +407,31 @@ static void note_unknown(struct ctx *c, const char *key)
 	size_t l = strlen(c->unknown);
 	if (c->n_unknown++ < 8)
 		snprintf(c->unknown + l, sizeof(c->unknown) - l, "%s'%s'", l ? ", " : "", key);
+}
+
+/*
+ * A key the table does not map: listed in the error, or with --raw-names
+ * served as it is stored, its global tensor under its sharded key (a
+ * stacked layer axis kept), once however many layers reach it.
+ */
+static enum ckfs_code unknown_key(struct ctx *c, const struct ckfs_tensor *r,
+				  struct ckfs_error *err)
+{
+	int64_t lo[CKFS_MAX_DIMS] = { 0 }, dst[CKFS_MAX_DIMS] = { 0 };
+
+	if (!c->raw_names) {
+		note_unknown(c, r->name);
+		return CKFS_OK;
+	}
+	if (c->last_raw == r)
+		return CKFS_OK;
+	c->last_raw = r;
+	c->n_raw++;
+	struct out *o = new_out(c, r->name, "raw", G_RAW, 0, 0, r->ndim, r->shape,
+				r->stored_dtype, err);
+	if (!o)
+		return err->code;
+	return add_box(o, r, lo, r->shape, dst, 0, err);
 }
 
 /* ---- the mapping ---- */
@@ -672,8 +701,7 @@ static enum ckfs_code map_layer(struct ctx *c, const struct ckfs_tensor *r, long
 		}
 		break;
 	}
-	note_unknown(c, r->name);
-	return CKFS_OK;
+	return unknown_key(c, r, err);
 }
 
 /* "decoder.layers.<N>.<rest>" (per-layer key) or "decoder.layers.<rest>"
@@ -724,10 +752,8 @@ static enum ckfs_code map_raw(struct ctx *c, const struct ckfs_tensor *r,
 			return bad_shape(c, r, "[hidden_size]", err);
 		return add_rows(o, r, 0, NULL, 0, r->shape[0], 0, err);
 	}
-	if (!layer_key(r->name, &n, &rest)) {
-		note_unknown(c, r->name);
-		return CKFS_OK;
-	}
+	if (!layer_key(r->name, &n, &rest))
+		return unknown_key(c, r, err);
 	if (n >= 0) {
 		if (n >= c->a.n_layers)
 			return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' is past the last "
@@ -745,10 +771,10 @@ static enum ckfs_code map_raw(struct ctx *c, const struct ckfs_tensor *r,
 				 (long long)c->a.n_layers);
 	}
 	for (long l = 0; l < c->a.n_layers; l++) {
-		size_t before = c->n_unknown;
+		size_t before = c->n_unknown, raw_before = c->n_raw;
 		CKFS_TRY(map_layer(c, r, l, 1, rest, err));
-		if (c->n_unknown != before)
-			break; /* listed once, not per layer */
+		if (c->n_unknown != before || c->n_raw != raw_before)
+			break; /* listed, or served whole, once: not per layer */
 	}
 	return CKFS_OK;
 }
@@ -865,6 +891,7 @@ enum ckfs_code ckfs_mcore_dist_build(struct ckfs_model *m,
 
 	memset(&c, 0, sizeof(c));
 	c.m = m;
+	c.raw_names = opt->raw_names;
 	if (!w)
 		return nomem(err);
 	if (!locate(m->src_dir, w)) {
@@ -904,8 +931,8 @@ enum ckfs_code ckfs_mcore_dist_build(struct ckfs_model *m,
 		goto out;
 	if (c.n_unknown) {
 		rc = ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': %zu Megatron keys not "
-			       "understood: %s%s", c.md, c.n_unknown,
-			       c.unknown, c.n_unknown > 8 ? ", ..." : "");
+			       "understood: %s%s (--raw-names serves them as stored)", c.md,
+			       c.n_unknown, c.unknown, c.n_unknown > 8 ? ", ..." : "");
 		goto out;
 	}
 	if ((rc = finish(&c, opt, err)) != CKFS_OK)
@@ -918,6 +945,9 @@ enum ckfs_code ckfs_mcore_dist_build(struct ckfs_model *m,
 				     "_extra_state, rng_state)", n_bytes);
 	if (rc == CKFS_OK && left_out)
 		rc = ckfs_model_warn(m, err, "skipped %zu optimizer entries", left_out);
+	if (rc == CKFS_OK && c.n_raw)
+		rc = ckfs_model_warn(m, err, "%zu Megatron keys without a Hugging Face name "
+				     "served as stored (--raw-names)", c.n_raw);
 out:
 	for (size_t i = 0; i < c.n_outs; i++)
 		free(c.outs[i].chunks.v);

@@ -226,11 +226,93 @@ static void test_which_folder(void)
 		      "megatron-dist", 51);
 }
 
+/* --raw-names: keys the table does not map are served as stored. Here the
+ * Qwen2-MoE fixture is declared Qwen3-MoE, which has no shared expert: its
+ * three shared-expert keys come out whole, a layer axis first, and each
+ * layer's rows equal the original model's shared-expert weights. */
+static void test_raw_names(void)
+{
+	static const struct {
+		const char *key, *hf[2]; /* rows [0, n) then [n, 2n), or one tensor */
+	} want[] = {
+		{ "decoder.layers.mlp.shared_experts.linear_fc1.weight",
+		  { "mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight" } },
+		{ "decoder.layers.mlp.shared_experts.linear_fc2.weight",
+		  { "mlp.shared_expert.down_proj.weight", NULL } },
+		{ "decoder.layers.mlp.shared_experts.gate_weight",
+		  { "mlp.shared_expert_gate.weight", NULL } },
+	};
+	const char *dir = test_tmp_dir("mcore-dist", "raw");
+	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_INVALID, .raw_names = true };
+	struct ckfs_model *m = NULL;
+	struct ckfs_st_set ref;
+	struct ckfs_read_scratch s = { 0 };
+	struct ckfs_error err;
+
+	CHECK(test_sh("rm -rf '%s' && cp -r " MD "/qwen2_moe_tp2_ep2 '%s' && sed -i "
+		      "'s/Qwen2MoeForCausalLM/Qwen3MoeForCausalLM/' '%s/huggingface/config.json'",
+		      dir, dir, dir) == 0);
+	ckfs_error_clear(&err);
+	CHECK(ckfs_model_open(dir, &opt, &m, &err) == CKFS_OK);
+	if (!m) {
+		fprintf(stderr, "%s: %s\n", dir, err.msg);
+		return;
+	}
+	int warned = 0;
+	for (size_t k = 0; k < m->n_warnings; k++)
+		warned |= strstr(m->warnings[k], "3 Megatron keys without a Hugging Face name "
+				 "served as stored (--raw-names)") != NULL;
+	CHECK(warned);
+	ckfs_error_clear(&err);
+	CHECK(ckfs_st_set_open(MD "/qwen2_moe_tp2_ep2/original", &ref, &err) == CKFS_OK);
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		const struct ckfs_tensor *t = NULL;
+		for (size_t k = 0; k < m->n_tensors; k++)
+			if (strcmp(m->tensors[k].name, want[i].key) == 0)
+				t = &m->tensors[k];
+		CHECK(t != NULL);
+		if (!t)
+			continue;
+		CHECK_EQ_INT(t->ndim, 3);
+		CHECK_EQ_INT(t->shape[0], 4); /* num_hidden_layers */
+		size_t bytes = (size_t)ckfs_tensor_out_bytes(t), layer = bytes / 4;
+		unsigned char *a = malloc(bytes), *b = malloc(layer);
+		CHECK(ckfs_tensor_read(m, t, 0, t->numel, a, &s, &err) == CKFS_OK);
+		for (int l = 0; l < 4; l++) {
+			size_t at = 0;
+			for (int h = 0; h < 2 && want[i].hf[h]; h++) {
+				char name[128];
+				snprintf(name, sizeof(name), "model.layers.%d.%s", l, want[i].hf[h]);
+				const struct ckfs_st_entry *e = ckfs_st_set_find(&ref, name);
+				CHECK(e != NULL);
+				if (!e)
+					continue;
+				size_t n = (size_t)(e->end - e->begin);
+				CHECK(at + n <= layer);
+				CHECK(pread(e->fd, b, n, (off_t)e->begin) == (ssize_t)n);
+				if (memcmp(a + (size_t)l * layer + at, b, n) != 0) {
+					fprintf(stderr, "%s: layer %d differs from %s\n", want[i].key, l,
+						name);
+					CHECK(0);
+				}
+				at += n;
+			}
+			CHECK_EQ_INT(at, layer);
+		}
+		free(a);
+		free(b);
+	}
+	ckfs_st_set_release(&ref);
+	ckfs_read_scratch_release(&s);
+	ckfs_model_free(m);
+}
+
 int main(void)
 {
 	RUN(test_equals_original);
 	RUN(test_which_folder);
 	RUN(test_broken);
+	RUN(test_raw_names);
 	test_tmp_cleanup();
 	return test_summary();
 }
