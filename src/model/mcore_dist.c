@@ -360,15 +360,7 @@ static enum ckfs_code add_box(struct out *o, const struct ckfs_tensor *r,
 		for (int k = nd - 1; k >= 0; k--)
 			if (x.shape[k] == 1)
 				x.stride[k] = k == nd - 1 ? 1 : x.stride[k + 1] * x.shape[k + 1];
-		if (o->chunks.n == o->chunks.cap) {
-			size_t cap = o->chunks.cap ? 2 * o->chunks.cap : 8;
-			struct ckfs_chunk *v = realloc(o->chunks.v, cap * sizeof(*v));
-			if (!v)
-				return nomem(err);
-			o->chunks.v = v;
-			o->chunks.cap = cap;
-		}
-		o->chunks.v[o->chunks.n++] = x;
+		CKFS_TRY(ckfs_chunk_list_push(&o->chunks, &x, err));
 	}
 	return CKFS_OK;
 }

@@ -41,6 +41,10 @@ struct ckfs_chunk_list {
 	size_t n, cap;
 };
 
+/* Append a copy of c (out->v grows as needed; the caller frees it). */
+enum ckfs_code ckfs_chunk_list_push(struct ckfs_chunk_list *out, const struct ckfs_chunk *c,
+				    struct ckfs_error *err) CKFS_WARN_UNUSED;
+
 /*
  * The chunks one rank contributes for a state-dict entry: a plain tensor
  * is the whole tensor at offset 0; a ShardedTensor its local shard at its
@@ -58,8 +62,9 @@ enum ckfs_code ckfs_entry_chunks(const struct ckfs_sd_entry *e, const int64_t *c
 enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m,
 			       const struct ckfs_model_options *opt,
 			       struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* name has the shape "model_world_size_<digits>_rank_<digits>.pt"; *ws and
- * *rank get the numbers (-1 past 9 digits). */
+/* name has the shape "model_world_size_<digits>_rank_<digits>.pt" with a
+ * world size from 1 and numbers of at most 9 digits; *ws and *rank get
+ * them. Detection (layout.c) and the rank scan use this one test. */
 int ckfs_fsdp_rank_file_name(const char *name, long *ws, long *rank);
 /* torch.distributed.checkpoint: SRC/.metadata and __R_I.distcp (dcp.c). */
 enum ckfs_code ckfs_dcp_build(struct ckfs_model *m,

@@ -19,8 +19,8 @@
 #define MAX_CHUNKS_PER_ENTRY 4096 /* _StridedShard products stay tiny */
 #define MAX_PIECES 64             /* intervals per dim */
 
-static enum ckfs_code list_push(struct ckfs_chunk_list *a, const struct ckfs_chunk *c,
-				struct ckfs_error *err)
+enum ckfs_code ckfs_chunk_list_push(struct ckfs_chunk_list *a, const struct ckfs_chunk *c,
+				    struct ckfs_error *err)
 {
 	if (a->n == a->cap) {
 		size_t cap = a->cap ? a->cap * 2 : 4;
@@ -162,7 +162,7 @@ static enum ckfs_code chunks_from_view(const struct ckfs_sd_entry *e,
 			c.stride[0] = 1;
 		}
 		if (!empty) /* zero-size blocks hold no element */
-			CKFS_TRY(list_push(a, &c, err));
+			CKFS_TRY(ckfs_chunk_list_push(a, &c, err));
 		for (int k = ndim - 1; k >= 0; k--) {
 			if (++idx[k] < lists[k].n)
 				break;

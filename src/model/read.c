@@ -114,10 +114,8 @@ static enum ckfs_code window_open(const struct ckfs_model *m, uint32_t src,
 				  struct window *w, struct ckfs_error *err)
 {
 	const struct ckfs_source *s = &m->sources[src];
-	static long page;
+	long page = sysconf(_SC_PAGESIZE);
 
-	if (!page)
-		page = sysconf(_SC_PAGESIZE);
 	w->map = NULL;
 	if (page > 0 && pos + len <= s->size && ckfs_guard_init() == 0) {
 		uint64_t start = pos - pos % (uint64_t)page;
@@ -187,6 +185,20 @@ static enum ckfs_code window_convert(const struct ckfs_model *m, uint32_t src,
 			 "page)", s->path);
 }
 
+/* Run j (its source bytes set here) over source bytes [pos, pos + len),
+ * mapped when possible. */
+static enum ckfs_code convert_from(const struct ckfs_model *m, uint32_t src, uint64_t pos,
+				   size_t len, struct ckfs_read_scratch *scratch,
+				   struct convert_job *j, struct ckfs_error *err)
+{
+	struct window w;
+
+	CKFS_TRY(window_open(m, src, pos, len, scratch, &w, err));
+	enum ckfs_code rc = window_convert(m, src, &w, j, err);
+	window_close(&w);
+	return rc;
+}
+
 /* Read `count` contiguous source elements at pos and convert into dst. */
 static enum ckfs_code read_contiguous(const struct ckfs_model *m,
 				      const struct ckfs_tensor *t,
@@ -205,11 +217,7 @@ static enum ckfs_code read_contiguous(const struct ckfs_model *m,
 		struct convert_job j = { .to = t->out_dtype, .from = c->dtype,
 					 .neg = c->neg, .dst = dst, .rows = 1,
 					 .width = n };
-		struct window w;
-		CKFS_TRY(window_open(m, c->source, pos, n * in, scratch, &w, err));
-		enum ckfs_code rc = window_convert(m, c->source, &w, &j, err);
-		window_close(&w);
-		CKFS_TRY(rc);
+		CKFS_TRY(convert_from(m, c->source, pos, n * in, scratch, &j, err));
 		pos += n * in;
 		dst += n * out;
 		count -= n;
@@ -423,11 +431,7 @@ static enum ckfs_code read_row_blocks(const struct ckfs_model *m,
 						 .width = (size_t)width,
 						 .src_step = (size_t)(rstride * in),
 						 .dst_step = (size_t)(cols * out) };
-			struct window w;
-			CKFS_TRY(window_open(m, c->source, pos, span, scratch, &w, err));
-			enum ckfs_code rc = window_convert(m, c->source, &w, &j, err);
-			window_close(&w);
-			CKFS_TRY(rc);
+			CKFS_TRY(convert_from(m, c->source, pos, span, scratch, &j, err));
 		}
 		if (now)
 			CKFS_TRY(ckfs_source_check(&m->sources[c->source], err));
