@@ -84,13 +84,7 @@ int ckfs_fsdp_rank_file_name(const char *name, long *ws, long *rank)
 		return 0;
 	*ws = parse_uint(w, (size_t)(mid - w));
 	*rank = parse_uint(r, (size_t)(end - r));
-	return 1;
-}
-
-/* A rank file name with a usable world size and rank. */
-static int parse_rank_name(const char *name, long *ws, long *rank)
-{
-	return ckfs_fsdp_rank_file_name(name, ws, rank) && *ws > 0 && *rank >= 0;
+	return *ws > 0 && *rank >= 0;
 }
 
 /* ---- rank discovery ---- */
@@ -101,30 +95,6 @@ struct rank_scan {
 	size_t n_sizes;
 	unsigned char *present; /* present[r] for the chosen W */
 };
-
-static enum ckfs_code explain_not_fsdp(const char *src, struct ckfs_error *err)
-{
-	char path[4096];
-
-	snprintf(path, sizeof(path), "%s/.metadata", src);
-	if (ckfs_path_exists(path))
-		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
-				 "'%s': torch.distributed.checkpoint folders are "
-				 "not supported yet", src);
-	snprintf(path, sizeof(path), "%s/dist_ckpt", src);
-	if (ckfs_path_exists(path))
-		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
-				 "'%s': Megatron checkpoints are not supported yet",
-				 src);
-	snprintf(path, sizeof(path), "%s/actor", src);
-	if (ckfs_path_is_dir(path))
-		return ckfs_fail(err, CKFS_E_NOTFOUND,
-				 "'%s': no model_world_size_*_rank_*.pt files; "
-				 "did you mean '%s/actor'?", src, src);
-	return ckfs_fail(err, CKFS_E_NOTFOUND,
-			 "'%s': not a verl FSDP checkpoint (no "
-			 "model_world_size_*_rank_*.pt files)", src);
-}
 
 static enum ckfs_code read_fsdp_config(struct ckfs_model *m, long *ws,
 				       struct ckfs_error *err)
@@ -194,7 +164,7 @@ static enum ckfs_code scan_ranks(struct ckfs_model *m, struct rank_scan *rs,
 	/* First pass: which world sizes appear. */
 	while ((de = readdir(d))) {
 		long ws, rank;
-		if (!parse_rank_name(de->d_name, &ws, &rank))
+		if (!ckfs_fsdp_rank_file_name(de->d_name, &ws, &rank))
 			continue;
 		size_t i;
 		for (i = 0; i < rs->n_sizes && rs->sizes_seen[i] != ws; i++)
@@ -202,9 +172,10 @@ static enum ckfs_code scan_ranks(struct ckfs_model *m, struct rank_scan *rs,
 		if (i == rs->n_sizes && rs->n_sizes < 64)
 			rs->sizes_seen[rs->n_sizes++] = ws;
 	}
-	if (rs->n_sizes == 0) {
+	if (rs->n_sizes == 0) { /* detection saw one: removed since */
 		closedir(d);
-		return explain_not_fsdp(m->src_dir, err);
+		return ckfs_fail(err, CKFS_E_CHANGED, "'%s': its model_world_size_*_rank_*.pt "
+				 "files are gone", m->src_dir);
 	}
 	if (cfg_ws) {
 		size_t i;
@@ -242,7 +213,7 @@ static enum ckfs_code scan_ranks(struct ckfs_model *m, struct rank_scan *rs,
 	rewinddir(d);
 	while ((de = readdir(d))) {
 		long ws, rank;
-		if (parse_rank_name(de->d_name, &ws, &rank) && ws == rs->world_size) {
+		if (ckfs_fsdp_rank_file_name(de->d_name, &ws, &rank) && ws == rs->world_size) {
 			if (rank >= ws) {
 				/* The message names de->d_name: format it
 				 * before closedir frees the entry. */

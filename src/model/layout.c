@@ -88,7 +88,8 @@ static enum ckfs_code explain_unknown(const struct ckfs_model *m, const char *sr
 				 "did you mean '%s/actor'?", src, src);
 	return ckfs_fail(err, CKFS_E_NOTFOUND,
 			 "'%s': not a verl FSDP checkpoint (no "
-			 "model_world_size_*_rank_*.pt files), nor a "
+			 "model_world_size_*_rank_*.pt files), nor a Megatron "
+			 "checkpoint (no model/mp_rank_* or dist_ckpt/), nor a "
 			 "torch.distributed.checkpoint folder (no .metadata), nor "
 			 "Hugging Face weights (no model.safetensors or "
 			 "model.safetensors.index.json in it, huggingface/ or "
