@@ -63,7 +63,7 @@ enum ckfs_code ckfs_folder_read(const struct ckfs_folder *f,
 
 /*
  * config.json for the output: the source text with the value of every
- * top-level "torch_dtype" / "dtype" string set to dtype_name, everything
+ * top-level "torch_dtype" / "dtype" key set to the string dtype_name, everything
  * else byte for byte; when neither key exists "torch_dtype" is added first.
  * Returns a malloc'd NUL-terminated string.
  */

@@ -1,18 +1,33 @@
 /* SPDX-License-Identifier: MIT */
-/* JSON parsing that tells a failed allocation from bad text: cJSON reports
- * both as a parse error, which would name the wrong cause. */
+/*
+ * JSON inputs (config.json, fsdp_config.json, safetensors headers and
+ * indexes, ckpt_contents.json, metadata.json) parsed the one way every
+ * reader of the same file would agree with. cJSON underneath; on top:
+ *   - a failed allocation is reported as such, not as a syntax error
+ *     (cJSON reports both as a parse failure);
+ *   - duplicate keys in any object are refused: cJSON keeps the first,
+ *     Python's json (verl, transformers) the last, so a file holding
+ *     {"world_size": 1, "world_size": 2} means two things;
+ *   - messages name the file and, for syntax errors, line and column.
+ */
 #ifndef CKFS_JSON_H
 #define CKFS_JSON_H
 
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "ckfs/err.h"
+
 struct cJSON;
 
-/* cJSON_ParseWithLengthOpts(text, len, end, false); on NULL, *oom says
- * whether an allocation failed (report CKFS_E_NOMEM "out of memory").
- * end may be NULL. */
-struct cJSON *ckfs_json_parse(const char *text, size_t len, const char **end,
-			      bool *oom);
+/* Parse len bytes of text (what names it in messages) into *out, which the
+ * caller frees with cJSON_Delete. CKFS_E_FORMAT for bad JSON or a
+ * duplicate key, CKFS_E_NOMEM. */
+enum ckfs_code ckfs_json_parse(const char *what, const char *text, size_t len,
+			       struct cJSON **out, struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The same, and the value must be an object. */
+enum ckfs_code ckfs_json_parse_object(const char *what, const char *text, size_t len,
+				      struct cJSON **out,
+				      struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 #endif

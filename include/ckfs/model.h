@@ -24,6 +24,7 @@
 #include "ckfs/arena.h"
 #include "ckfs/dtype.h"
 #include "ckfs/err.h"
+#include "ckfs/file.h"
 #include "ckfs/limits.h"
 
 /* A source file, opened read-only when the model is opened. */
@@ -103,7 +104,9 @@ struct ckfs_model {
 	char *config_json;              /* the source config, NUL-terminated */
 	size_t config_len;
 	bool tie_word_embeddings;
-	bool follow_symlinks;           /* from the options */
+	/* Where its files may come from: root = src_dir (alt_root a --config
+	 * folder), follow_symlinks from the options (include/ckfs/file.h). */
+	struct ckfs_file_policy policy;
 	const char **warnings;
 	size_t n_warnings;
 };
@@ -128,19 +131,12 @@ void ckfs_model_free(struct ckfs_model *m);
  */
 enum ckfs_code ckfs_source_check(const struct ckfs_source *s,
 				 struct ckfs_error *err) CKFS_WARN_UNUSED;
-/*
- * The symlink policy for files read from SRC: path (opened as fd, or -1
- * when not opened yet) must resolve inside the real path of the checkpoint
- * folder (m->src_dir), or inside the side-file folder m->hf_dir when that
- * came from --config. A symlink leading elsewhere is refused with
- * CKFS_E_INVALID, "'<path>': symlink leads outside the checkpoint; use
- * --follow-symlinks", unless m->follow_symlinks. With fd, the opened file
- * must also be the one the resolved path names (CKFS_E_CHANGED if a link
- * was swapped in between). A path that does not exist passes: opening it
- * reports that.
- */
-enum ckfs_code ckfs_model_check_path(const struct ckfs_model *m, const char *path,
-				     int fd, struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* Open the file at path as the source s (the one way sources are opened:
+ * ckfs_file_open under pol, then ckfs_source_init). path and name must
+ * outlive s; name is relative to the checkpoint folder. */
+enum ckfs_code ckfs_source_open(struct ckfs_source *s, const struct ckfs_file_policy *pol,
+				const char *path, const char *name,
+				struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Record the identity of an open descriptor into s (fd, path kept). */
 enum ckfs_code ckfs_source_init(struct ckfs_source *s, int fd, const char *path,
 				const char *name, struct ckfs_error *err) CKFS_WARN_UNUSED;
@@ -171,9 +167,12 @@ enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
 				struct ckfs_read_scratch *scratch,
 				struct ckfs_error *err) CKFS_WARN_UNUSED;
 
-/* Internal to src/model: validation of a finished tensor plan. */
+/* Internal to src/model: validation of a finished tensor plan, and of the
+ * finished model's names (each served once). */
 enum ckfs_code ckfs_plan_validate_tensor(const struct ckfs_model *m,
 					 const struct ckfs_tensor *t,
 					 struct ckfs_error *err) CKFS_WARN_UNUSED;
+enum ckfs_code ckfs_plan_validate_names(const struct ckfs_model *m,
+					struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 #endif

@@ -23,6 +23,7 @@
 
 #include "ckfs/arena.h"
 #include "ckfs/err.h"
+#include "ckfs/file.h"
 #include "ckfs/model.h"
 
 struct ckfs_st_file {
@@ -81,9 +82,11 @@ struct ckfs_st_set {
 	size_t n_fds;
 };
 
-/* Open a folder's model.safetensors, or its index and every shard, and
- * validate the headers with the reference loader's rules. */
-enum ckfs_code ckfs_st_set_open(const char *dir, struct ckfs_st_set *set,
+/* Open a folder's model.safetensors, or its index and every shard, under
+ * the file policy pol (NULL: none), and validate them with the reference
+ * loader's rules (src/st/reader.c). */
+enum ckfs_code ckfs_st_set_open(const char *dir, const struct ckfs_file_policy *pol,
+				struct ckfs_st_set *set,
 				struct ckfs_error *err) CKFS_WARN_UNUSED;
 void ckfs_st_set_release(struct ckfs_st_set *set);
 const struct ckfs_st_entry *ckfs_st_set_find(const struct ckfs_st_set *set,

@@ -22,6 +22,12 @@ int ckfs_cli_report(const struct ckfs_error *err);
 int ckfs_cli_usage_error(const char *cmd, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
+/* Print "ckfs: <message>" to stderr, the message escaped as every message
+ * is (include/ckfs/text.h). */
+void ckfs_cli_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* s escaped for printing (one of four rotating static buffers). */
+const char *ckfs_cli_shown(const char *s);
+
 /* Human-readable size ("1.5 GiB"). */
 void ckfs_cli_format_bytes(double bytes, char *buf, size_t size);
 

@@ -9,7 +9,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <getopt.h>
 #include <limits.h>
 #include <pthread.h>
@@ -26,6 +25,7 @@
 #include "ckfs/log.h"
 #include "ckfs/st.h"
 #include "cli/cli.h"
+#include "cli/export_dest.h"
 
 #define EXPORT_BLOCK (8u << 20)
 
@@ -218,14 +218,6 @@ static void remove_tree(const char *dir, const struct ckfs_folder *f)
 	rmdir(dir);
 }
 
-static int remove_entry(const char *path, const struct stat *sb, int flag,
-			struct FTW *ftw)
-{
-	(void)sb;
-	(void)ftw;
-	return flag == FTW_DP ? rmdir(path) : unlink(path);
-}
-
 static int sync_dir(const char *path)
 {
 	int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -319,16 +311,28 @@ int ckfs_cmd_export(int argc, char **argv)
 	}
 	if (argc - optind != 2)
 		return ckfs_cli_usage_error("export", "expected SRC and DIR");
-	const char *src = argv[optind], *dst = argv[optind + 1];
+	const char *src = argv[optind];
+	char dst[PATH_MAX];
+	if (snprintf(dst, sizeof(dst), "%s", argv[optind + 1]) >= (int)sizeof(dst))
+		return ckfs_cli_usage_error("export", "DIR is too long");
+	/* "out/" is "out": the temporary folder goes beside it, not in it. */
+	for (size_t n = strlen(dst); n > 1 && dst[n - 1] == '/'; n--)
+		dst[n - 1] = '\0';
 	if (!threads) {
 		long n = sysconf(_SC_NPROCESSORS_ONLN);
 		threads = n < 1 ? 1 : n > 16 ? 16 : (int)n;
 	}
 
 	struct stat st;
-	if (lstat(dst, &st) == 0 && !force) {
+	int exists = lstat(dst, &st) == 0;
+	if (exists && !force) {
 		ckfs_fail(&err, CKFS_E_EXISTS, "'%s': already exists; use --force to "
 			  "replace it", dst);
+		return ckfs_cli_report(&err);
+	}
+	if (exists && !S_ISDIR(st.st_mode) && !S_ISLNK(st.st_mode)) {
+		ckfs_fail(&err, CKFS_E_INVALID, "'%s': not a folder; --force replaces only "
+			  "a folder", dst);
 		return ckfs_cli_report(&err);
 	}
 	struct ckfs_model *m = NULL;
@@ -336,11 +340,14 @@ int ckfs_cmd_export(int argc, char **argv)
 	if (ckfs_model_open(src, &mopt, &m, &err) != CKFS_OK)
 		return ckfs_cli_report(&err);
 	for (size_t i = 0; i < m->n_warnings && !quiet; i++)
-		fprintf(stderr, "ckfs: warning: %s\n", m->warnings[i]);
-	if (ckfs_folder_build(m, &fopt, &f, &err) != CKFS_OK) {
+		ckfs_cli_say("warning: %s", m->warnings[i]);
+	if (ckfs_folder_build(m, &fopt, &f, &err) != CKFS_OK ||
+	    ckfs_export_dest_check(dst, exists, m, f, &err) != CKFS_OK) {
+		ckfs_folder_free(f);
 		ckfs_model_free(m);
 		return ckfs_cli_report(&err);
 	}
+	ckfs_export_dest_clean(dst);
 
 	char parent[PATH_MAX], tmp[PATH_MAX], old[PATH_MAX];
 	parent_of(dst, parent, sizeof(parent));
@@ -352,12 +359,18 @@ int ckfs_cmd_export(int argc, char **argv)
 	sigaction(SIGHUP, &sa, NULL);
 
 	enum ckfs_code rc = CKFS_OK;
-	int made_tmp = 0;
+	int made_tmp = 0, tmp_lock = -1, old_lock = -1;
 	if (mkdir(tmp, 0755) != 0) {
 		rc = ckfs_fail_errno(&err, "'%s': cannot create", tmp);
 		goto out;
 	}
 	made_tmp = 1;
+	/* Held until the end: a later export tells a live export's folder
+	 * from one a killed export left (export_dest.c). */
+	if ((tmp_lock = ckfs_export_dest_lock(tmp)) < 0) {
+		rc = ckfs_fail_errno(&err, "'%s': cannot lock", tmp);
+		goto out;
+	}
 	struct progress prog = { .enabled = !quiet && isatty(STDERR_FILENO) };
 	clock_gettime(CLOCK_MONOTONIC, &prog.start);
 	for (size_t i = 0; i < f->n_nodes; i++)
@@ -372,6 +385,7 @@ int ckfs_cmd_export(int argc, char **argv)
 		goto out;
 	int replaced = 0;
 	if (force && lstat(dst, &st) == 0) {
+		old_lock = S_ISDIR(st.st_mode) ? ckfs_export_dest_lock(dst) : -1;
 		if (rename(dst, old) != 0) {
 			rc = ckfs_fail_errno(&err, "'%s': cannot move aside", dst);
 			goto out;
@@ -388,18 +402,22 @@ int ckfs_cmd_export(int argc, char **argv)
 	sync_dir(parent);
 	if (replaced) {
 		/* The old folder may hold files ckfs did not write. */
-		if (nftw(old, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
-			fprintf(stderr, "ckfs: warning: could not remove '%s'\n", old);
+		if (ckfs_export_dest_remove(old) != 0)
+			ckfs_cli_say("warning: could not remove '%s'", old);
 	}
 	if (!quiet) {
 		char a[32];
 		ckfs_cli_format_bytes((double)prog.total, a, sizeof(a));
-		fprintf(stderr, "ckfs: wrote %zu files (%s) to '%s' in %.2f s\n",
+		ckfs_cli_say("wrote %zu files (%s) to '%s' in %.2f s",
 			f->n_nodes, a, dst, since(&prog.start));
 	}
 out:
 	if (made_tmp)
 		remove_tree(tmp, f);
+	if (tmp_lock >= 0)
+		close(tmp_lock);
+	if (old_lock >= 0)
+		close(old_lock);
 	ckfs_folder_free(f);
 	ckfs_model_free(m);
 	if (rc != CKFS_OK)

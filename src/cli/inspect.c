@@ -108,7 +108,7 @@ static void print_text(const struct ckfs_model *m, const struct ckfs_folder *f)
 	char a[32], b[32], shape[128];
 	size_t w = 4;
 
-	printf("source       %s\n", m->src_dir);
+	printf("source       %s\n", ckfs_cli_shown(m->src_dir));
 	if (strcmp(m->layout, "verl-fsdp") != 0) {
 		/* dcp, hf: no mesh or ranks, only the files read */
 		printf("layout       %s, %zu source file%s", m->layout, m->n_sources,
@@ -136,7 +136,8 @@ static void print_text(const struct ckfs_model *m, const struct ckfs_folder *f)
 			printf(") dims (");
 			for (int i = 0; i < m->mesh_ndim; i++)
 				printf("%s%s", i ? ", " : "",
-				       m->mesh_dim_names[i] ? m->mesh_dim_names[i] : "?");
+				       m->mesh_dim_names[i] ? ckfs_cli_shown(m->mesh_dim_names[i])
+							    : "?");
 			printf(")\n");
 		} else {
 			printf("mesh         none (plain tensors or ShardedTensor)\n");
@@ -148,11 +149,11 @@ static void print_text(const struct ckfs_model *m, const struct ckfs_folder *f)
 			printf("%s%d", i ? " " : "", m->ranks_read[i]);
 		printf("\n");
 	}
-	printf("config       %s%s\n\n", m->config_path,
+	printf("config       %s%s\n\n", ckfs_cli_shown(m->config_path),
 	       m->tie_word_embeddings ? " (tie_word_embeddings)" : "");
 	for (size_t i = 0; i < m->n_tensors; i++)
-		if (strlen(m->tensors[i].name) > w)
-			w = strlen(m->tensors[i].name);
+		if (strlen(ckfs_cli_shown(m->tensors[i].name)) > w)
+			w = strlen(ckfs_cli_shown(m->tensors[i].name));
 	printf("%-*s  %-20s %-13s %-22s %s\n", (int)w, "name", "shape", "dtype",
 	       "placement", "pieces");
 	for (size_t i = 0; i < m->n_tensors; i++) {
@@ -161,7 +162,7 @@ static void print_text(const struct ckfs_model *m, const struct ckfs_folder *f)
 		shape_text(t, shape, sizeof(shape));
 		snprintf(dt, sizeof(dt), "%s>%s", ckfs_dtype_st_name(t->stored_dtype),
 			 ckfs_dtype_st_name(t->out_dtype));
-		printf("%-*s  %-20s %-13s %-22s %u\n", (int)w, t->name, shape, dt,
+		printf("%-*s  %-20s %-13s %-22s %u\n", (int)w, ckfs_cli_shown(t->name), shape, dt,
 		       t->placement, t->n_chunks);
 		params += t->numel;
 		in_bytes += stored_bytes(t);
@@ -173,7 +174,7 @@ static void print_text(const struct ckfs_model *m, const struct ckfs_folder *f)
 	       (unsigned long long)params, a, b);
 	printf("files:");
 	for (size_t i = 0; i < f->n_nodes; i++)
-		printf(" %s", f->nodes[i].name);
+		printf(" %s", ckfs_cli_shown(f->nodes[i].name));
 	printf("\n");
 	for (size_t i = 0; i < m->n_warnings; i++)
 		printf("warning: %s\n", m->warnings[i]);

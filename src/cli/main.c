@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "ckfs/log.h"
+#include "ckfs/text.h"
 #include "cli/cli.h"
 
 static const char usage_text[] =
@@ -53,14 +54,37 @@ int ckfs_cli_report(const struct ckfs_error *err)
 
 int ckfs_cli_usage_error(const char *cmd, const char *fmt, ...)
 {
+	char raw[2048], line[2048];
 	va_list ap;
 
-	fprintf(stderr, "ckfs %s: ", cmd);
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	vsnprintf(raw, sizeof(raw), fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "\nTry 'ckfs %s --help'.\n", cmd);
+	ckfs_text_escape(line, sizeof(line), raw);
+	fprintf(stderr, "ckfs %s: %s\nTry 'ckfs %s --help'.\n", cmd, line, cmd);
 	return 2;
+}
+
+void ckfs_cli_say(const char *fmt, ...)
+{
+	char raw[2048], line[2048];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(raw, sizeof(raw), fmt, ap);
+	va_end(ap);
+	ckfs_text_escape(line, sizeof(line), raw);
+	fprintf(stderr, "ckfs: %s\n", line);
+}
+
+const char *ckfs_cli_shown(const char *s)
+{
+	static char bufs[4][4096];
+	static unsigned next;
+	char *b = bufs[next++ % 4];
+
+	ckfs_text_escape(b, sizeof(bufs[0]), s);
+	return b;
 }
 
 void ckfs_cli_format_bytes(double bytes, char *buf, size_t size)
@@ -102,6 +126,7 @@ int main(int argc, char **argv)
 		return ckfs_cmd_stats(argc - 1, argv + 1);
 	if (cmd[0] != '-' && argc >= 3)
 		return ckfs_cmd_mount(argc, argv); /* mount.fuse3: ckfs SRC MNT -o ... */
-	fprintf(stderr, "ckfs: unknown command '%s'\n\n%s", cmd, usage_text);
+	ckfs_cli_say("unknown command '%s'", cmd);
+	fprintf(stderr, "\n%s", usage_text);
 	return 2;
 }

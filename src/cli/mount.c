@@ -334,7 +334,7 @@ int ckfs_cmd_mount(int argc, char **argv)
 	} else if (ckfs_abs_path(mnt_arg, mnt, sizeof(mnt)) == 0) {
 		mo.mountpoint = mnt;
 	} else {
-		fprintf(stderr, "ckfs: '%s': mount point does not exist\n", mnt_arg);
+		ckfs_cli_say("'%s': mount point does not exist", mnt_arg);
 		rc = 1;
 		goto out;
 	}
@@ -353,7 +353,7 @@ int ckfs_cmd_mount(int argc, char **argv)
 	    (!p.has_fsname && fuse_opt_add_opt_escaped(&fo, fsname) != 0) ||
 	    (p.fuse_opts && fuse_opt_add_opt(&fo, p.fuse_opts) != 0)) {
 		free(fo);
-		fprintf(stderr, "ckfs: out of memory\n");
+		ckfs_cli_say("out of memory");
 		rc = 1;
 		goto out;
 	}
@@ -389,12 +389,12 @@ static int run_fusermount(const char *mnt, int lazy)
 	argv[argc] = NULL;
 	pid = fork();
 	if (pid < 0) {
-		fprintf(stderr, "ckfs: cannot fork: %s\n", strerror(errno));
+		ckfs_cli_say("cannot fork: %s", strerror(errno));
 		return 1;
 	}
 	if (pid == 0) {
 		execvp(argv[0], argv);
-		fprintf(stderr, "ckfs: cannot run fusermount3: %s\n", strerror(errno));
+		ckfs_cli_say("cannot run fusermount3: %s", strerror(errno));
 		_exit(127);
 	}
 	while (waitpid(pid, &st, 0) < 0)
@@ -431,16 +431,16 @@ int ckfs_cmd_umount(int argc, char **argv)
 		return ckfs_cli_usage_error("umount", "expected MNT");
 	const char *arg = argv[optind];
 	if (ckfs_abs_path(arg, mnt, sizeof(mnt)) != 0) {
-		fprintf(stderr, "ckfs: '%s': %s\n", arg, strerror(errno));
+		ckfs_cli_say("'%s': %s", arg, strerror(errno));
 		return 1;
 	}
 	switch (ckfs_mountinfo_lookup(mnt, type, sizeof(type), NULL, 0)) {
 	case 0:
-		fprintf(stderr, "ckfs: '%s': not mounted\n", arg);
+		ckfs_cli_say("'%s': not mounted", arg);
 		return 1;
 	case 1:
 		if (!is_fuse_type(type)) {
-			fprintf(stderr, "ckfs: '%s': not a ckfs mount (%s)\n", arg, type);
+			ckfs_cli_say("'%s': not a ckfs mount (%s)", arg, type);
 			return 1;
 		}
 		break;
@@ -452,10 +452,10 @@ int ckfs_cmd_umount(int argc, char **argv)
 	if (umount2(mnt, lazy ? MNT_DETACH : 0) == 0)
 		return 0;
 	if (errno == EBUSY)
-		fprintf(stderr, "ckfs: '%s': busy (files are open); 'ckfs umount -z %s' "
-			"detaches it now\n", arg, arg);
+		ckfs_cli_say("'%s': busy (files are open); 'ckfs umount -z %s' detaches it now",
+			     arg, arg);
 	else
-		fprintf(stderr, "ckfs: '%s': cannot unmount: %s\n", arg, strerror(errno));
+		ckfs_cli_say("'%s': cannot unmount: %s", arg, strerror(errno));
 	return 1;
 }
 
@@ -530,12 +530,12 @@ int ckfs_cmd_stats(int argc, char **argv)
 	ssize_t n = getxattr(mnt, CKFS_STATS_XATTR, buf, sizeof(buf) - 1);
 	if (n < 0) {
 		if (errno == ENODATA || errno == ENOTSUP)
-			fprintf(stderr, "ckfs: '%s': not a ckfs mount\n", mnt);
+			ckfs_cli_say("'%s': not a ckfs mount", mnt);
 		else if (errno == ENOTCONN)
-			fprintf(stderr, "ckfs: '%s': the daemon is gone (transport endpoint "
-				"is not connected); run 'ckfs umount %s'\n", mnt, mnt);
+			ckfs_cli_say("'%s': the daemon is gone (transport endpoint is not "
+				     "connected); run 'ckfs umount %s'", mnt, mnt);
 		else
-			fprintf(stderr, "ckfs: '%s': %s\n", mnt, strerror(errno));
+			ckfs_cli_say("'%s': %s", mnt, strerror(errno));
 		return 1;
 	}
 	buf[n] = '\0';
@@ -545,7 +545,7 @@ int ckfs_cmd_stats(int argc, char **argv)
 	}
 	cJSON *o = cJSON_Parse(buf);
 	if (!o) {
-		fprintf(stderr, "ckfs: '%s': unreadable statistics\n", mnt);
+		ckfs_cli_say("'%s': unreadable statistics", mnt);
 		return 1;
 	}
 	print_stats(o);

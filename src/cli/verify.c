@@ -178,7 +178,7 @@ int ckfs_cmd_verify(int argc, char **argv)
 	struct ckfs_st_set ref;
 	if (ckfs_model_open(argv[optind], &mopt, &m, &err) != CKFS_OK)
 		return ckfs_cli_report(&err);
-	if (ckfs_st_set_open(against, &ref, &err) != CKFS_OK) {
+	if (ckfs_st_set_open(against, NULL, &ref, &err) != CKFS_OK) {
 		ckfs_model_free(m);
 		return ckfs_cli_report(&err);
 	}

@@ -356,7 +356,6 @@ static enum ckfs_code open_file(struct dcp *d, size_t fi, struct ckfs_error *err
 {
 	struct ckfs_model *m = d->m;
 	struct file *f = &d->files[fi];
-	struct stat st;
 
 	if (f->source >= 0)
 		return CKFS_OK;
@@ -366,21 +365,14 @@ static enum ckfs_code open_file(struct dcp *d, size_t fi, struct ckfs_error *err
 				     : ckfs_arena_strdup(&m->arena, f->rel);
 	if (!path || !rel)
 		return nomem(err);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return errno == ENOENT
-			       ? ckfs_fail(err, CKFS_E_NOTFOUND,
-					   "'%s': not found (named by .metadata)", path)
-			       : ckfs_fail_errno(err, "'%s': cannot open", path);
-	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-		close(fd);
-		return ckfs_fail(err, CKFS_E_INVALID, "'%s': not a regular file", path);
+	enum ckfs_code rc = ckfs_source_open(&m->sources[m->n_sources], &m->policy, path, rel,
+					     err);
+	if (rc == CKFS_E_NOTFOUND) {
+		ckfs_error_clear(err);
+		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found (named by .metadata)",
+				 path);
 	}
-	if (ckfs_model_check_path(m, path, fd, err) != CKFS_OK ||
-	    ckfs_source_init(&m->sources[m->n_sources], fd, path, rel, err) != CKFS_OK) {
-		close(fd);
-		return err->code;
-	}
+	CKFS_TRY(rc);
 	f->source = (int64_t)m->n_sources++;
 	return CKFS_OK;
 }
@@ -708,7 +700,8 @@ enum ckfs_code ckfs_dcp_build(struct ckfs_model *m, const struct ckfs_model_opti
 	path = ckfs_arena_printf(&m->arena, "%s/.metadata", m->src_dir);
 	if (!path)
 		return nomem(err);
-	CKFS_TRY(ckfs_read_small_file(path, CKFS_MAX_METADATA_BYTES, &bytes, &len, err));
+	CKFS_TRY(ckfs_file_read_small(&m->policy, path, CKFS_MAX_METADATA_BYTES, &bytes, &len,
+				      err));
 	enum ckfs_code rc = ckfs_dcp_build_from(m, opt, bytes, len, err);
 	free(bytes);
 	return rc;
@@ -725,8 +718,8 @@ enum ckfs_code ckfs_dcp_read_raw(struct ckfs_model *m, const char *dir, const ch
 
 	ckfs_arena_init(&d.tmp);
 	d.md_path = ckfs_arena_printf(&m->arena, "%s/.metadata", dir);
-	enum ckfs_code rc = d.md_path ? ckfs_read_small_file(d.md_path, CKFS_MAX_METADATA_BYTES,
-							     &bytes, &len, err)
+	enum ckfs_code rc = d.md_path ? ckfs_file_read_small(&m->policy, d.md_path,
+							     CKFS_MAX_METADATA_BYTES, &bytes, &len, err)
 				      : nomem(err);
 	if (rc == CKFS_OK)
 		rc = build(&d, bytes, len, opt, err);

@@ -104,8 +104,7 @@ static enum ckfs_code read_fsdp_config(struct ckfs_model *m, long *ws,
 	enum ckfs_code rc;
 
 	snprintf(path, sizeof(path), "%s/fsdp_config.json", m->src_dir);
-	CKFS_TRY(ckfs_model_check_path(m, path, -1, err));
-	rc = ckfs_read_small_file(path, CKFS_MAX_JSON_BYTES, &text, &len, err);
+	rc = ckfs_file_read_small(&m->policy, path, CKFS_MAX_JSON_BYTES, &text, &len, err);
 	if (rc == CKFS_E_NOTFOUND) {
 		ckfs_error_clear(err);
 		*ws = 0;
@@ -245,7 +244,6 @@ static enum ckfs_code open_source(struct ckfs_model *m, long rank,
 				  uint32_t *index, struct ckfs_error *err)
 {
 	char name[128];
-	struct stat st;
 
 	snprintf(name, sizeof(name), "model_world_size_%d_rank_%ld.pt",
 		 m->world_size, rank);
@@ -253,29 +251,16 @@ static enum ckfs_code open_source(struct ckfs_model *m, long rank,
 	const char *rel = ckfs_arena_strdup(&m->arena, name);
 	if (!path || !rel)
 		return nomem(err);
-	/* O_NONBLOCK: a FIFO named like a rank file must not block the open. */
-	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-	if (fd < 0)
-		return errno == ENOENT
-			       ? ckfs_fail(err, CKFS_E_NOTFOUND,
-					   "'%s': not found (rank %ld is needed)",
-					   path, rank)
-			       : ckfs_fail_errno(err, "'%s': cannot open", path);
-	enum ckfs_code rc = ckfs_model_check_path(m, path, fd, err);
-	if (rc != CKFS_OK) {
-		close(fd);
-		return rc;
+	enum ckfs_code rc = ckfs_source_open(&m->sources[m->n_sources], &m->policy, path,
+					     rel, err);
+	if (rc == CKFS_E_NOTFOUND) {
+		ckfs_error_clear(err);
+		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found (rank %ld is needed)",
+				 path, rank);
 	}
-	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-		close(fd);
-		return ckfs_fail(err, CKFS_E_INVALID, "'%s': not a regular file", path);
-	}
-	if (ckfs_source_init(&m->sources[m->n_sources], fd, path, rel, err) != CKFS_OK) {
-		close(fd);
-		return err->code;
-	}
-	*index = (uint32_t)m->n_sources++;
-	return CKFS_OK;
+	if (rc == CKFS_OK)
+		*index = (uint32_t)m->n_sources++;
+	return rc;
 }
 
 /* ---- per-tensor accumulation ---- */

@@ -8,7 +8,8 @@
  * --dtype conversions and --max-shard-size re-sharding work as usual.
  *
  * Headers are read and validated by the safetensors reader of src/st
- * (ckfs_st_set_open: the reference loader's rules). Each weight file
+ * (ckfs_st_set_open: the reference loader's rules), which opens the files
+ * under the model's file policy before reading them. Each weight file
  * becomes a source (the reader's descriptor, duplicated, so the identity
  * recorded is that of the file whose header was validated).
  *
@@ -62,8 +63,8 @@ static enum ckfs_code source_of(struct ckfs_model *m, const struct ckfs_st_entry
 	int fd = fcntl(e->fd, F_DUPFD_CLOEXEC, 0);
 	if (fd < 0)
 		return ckfs_fail_errno(err, "'%s': cannot keep open", path);
-	if (ckfs_model_check_path(m, path, fd, err) != CKFS_OK ||
-	    ckfs_source_init(&m->sources[m->n_sources], fd, path, name, err) != CKFS_OK) {
+	/* The reader opened it under m's file policy. */
+	if (ckfs_source_init(&m->sources[m->n_sources], fd, path, name, err) != CKFS_OK) {
 		close(fd);
 		return err->code;
 	}
@@ -132,7 +133,7 @@ enum ckfs_code ckfs_hf_build(struct ckfs_model *m, const struct ckfs_model_optio
 	const struct ckfs_st_entry **order = NULL;
 	enum ckfs_code rc;
 
-	CKFS_TRY(ckfs_st_set_open(dir, &set, err));
+	CKFS_TRY(ckfs_st_set_open(dir, &m->policy, &set, err));
 	if (set.n_entries == 0) {
 		rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': the safetensors weights hold "
 			       "no tensors", dir);

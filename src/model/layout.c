@@ -114,7 +114,7 @@ static enum ckfs_code dispatch(struct ckfs_model *m, const char *src,
 		m->layout = "megatron";
 		return ckfs_megatron_build(m, opt, err);
 	}
-	if (ckfs_mcore_dist_detect(m->src_dir)) {
+	if (ckfs_mcore_dist_detect(m)) {
 		m->layout = "megatron-dist";
 		return ckfs_mcore_dist_build(m, opt, err);
 	}
@@ -143,7 +143,7 @@ enum ckfs_code ckfs_model_open(const char *src, const struct ckfs_model_options 
 		return nomem(err);
 	ckfs_arena_init(&m->arena);
 	m->layout = "unknown";
-	m->follow_symlinks = opt->follow_symlinks;
+	m->policy.follow_symlinks = opt->follow_symlinks;
 	if (!ckfs_path_is_dir(src)) {
 		rc = ckfs_path_exists(src) ? ckfs_fail(err, CKFS_E_INVALID, "'%s': not a folder", src)
 				 : ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found", src);
@@ -152,13 +152,14 @@ enum ckfs_code ckfs_model_open(const char *src, const struct ckfs_model_options 
 	/* Absolute paths: a daemon changes its working directory, and source
 	 * checks stat the paths again later. */
 	char *abs = realpath(src, NULL);
-	m->src_dir = abs ? ckfs_arena_strdup(&m->arena, abs) : NULL;
+	m->src_dir = m->policy.root = abs ? ckfs_arena_strdup(&m->arena, abs) : NULL;
 	free(abs);
 	if (!m->src_dir) {
 		rc = abs ? nomem(err) : ckfs_fail_errno(err, "'%s': cannot resolve", src);
 		goto fail;
 	}
-	if ((rc = dispatch(m, src, opt, err)) != CKFS_OK)
+	if ((rc = dispatch(m, src, opt, err)) != CKFS_OK ||
+	    (rc = ckfs_plan_validate_names(m, err)) != CKFS_OK)
 		goto fail;
 	*out = m;
 	return CKFS_OK;

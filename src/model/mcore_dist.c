@@ -74,6 +74,7 @@ struct where {
 	char rel[PATHMAX];    /* the same relative to SRC ("" for SRC) */
 	char hf[PATHMAX];     /* config.json and side files */
 	char bad[PATHMAX + 1024]; /* a manifest naming an unusable path */
+	enum ckfs_code bad_code;  /* and its code (CKFS_E_INVALID when 0) */
 };
 
 /* A manifest path: relative, inside SRC, no "..", printable. */
@@ -100,17 +101,33 @@ static const char *json_str(cJSON *o, const char *a, const char *b)
 
 /* 1: w filled (w->bad set when the manifest names a bad path); 0: not
  * this layout. */
-static int locate(const char *src, struct where *w)
+static int locate(const struct ckfs_model *m, struct where *w)
 {
+	const char *src = m->src_dir;
 	char path[PATHMAX], *text = NULL;
 	size_t len;
 	struct ckfs_error err;
 
 	memset(w, 0, sizeof(*w));
+	ckfs_error_clear(&err);
 	snprintf(path, sizeof(path), "%s/ckpt_contents.json", src);
-	if (ckfs_read_small_file(path, CKFS_MAX_JSON_BYTES, &text, &len, &err) == CKFS_OK) {
-		cJSON *j = cJSON_ParseWithLength(text, len);
+	enum ckfs_code rc = ckfs_file_read_small(&m->policy, path, CKFS_MAX_JSON_BYTES,
+						 &text, &len, &err);
+	if (rc != CKFS_OK && rc != CKFS_E_NOTFOUND) {
+		snprintf(w->bad, sizeof(w->bad), "%s", err.msg);
+		w->bad_code = rc;
+		return 1; /* there, but not to be read */
+	}
+	if (rc == CKFS_OK) {
+		cJSON *j;
+		rc = ckfs_json_parse(path, text, len, &j, &err);
 		free(text);
+		if (rc != CKFS_OK) {
+			/* verl's manifest, broken: refuse rather than guess. */
+			snprintf(w->bad, sizeof(w->bad), "%s", err.msg);
+			w->bad_code = rc;
+			return 1;
+		}
 		cJSON *model = cJSON_GetObjectItemCaseSensitive(
 			cJSON_GetObjectItemCaseSensitive(j, "contents"), "model");
 		const char *fmt = json_str(model, "format", NULL);
@@ -168,21 +185,23 @@ by_names:;
 	return 0;
 }
 
-int ckfs_mcore_dist_detect(const char *src_dir)
+int ckfs_mcore_dist_detect(const struct ckfs_model *m)
 {
 	struct where w;
-	return locate(src_dir, &w);
+	return locate(m, &w);
 }
 
 /* metadata.json must say torch_dist (zarr and other backends differ). */
-static enum ckfs_code check_backend(const struct where *w, struct ckfs_error *err)
+static enum ckfs_code check_backend(const struct ckfs_model *m, const struct where *w,
+				    struct ckfs_error *err)
 {
 	char path[PATHMAX + 32], *text;
 	size_t len;
 	cJSON *j;
 
 	snprintf(path, sizeof(path), "%s/metadata.json", w->dist);
-	enum ckfs_code rc = ckfs_read_small_file(path, CKFS_MAX_JSON_BYTES, &text, &len, err);
+	enum ckfs_code rc = ckfs_file_read_small(&m->policy, path, CKFS_MAX_JSON_BYTES, &text,
+						 &len, err);
 	if (rc == CKFS_E_NOTFOUND) {
 		ckfs_error_clear(err);
 		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found (not a Megatron "
@@ -222,13 +241,9 @@ static int64_t cfg_int(cJSON *j, const char *name, int64_t dflt)
 static enum ckfs_code read_arch(const struct ckfs_model *m, struct arch *a,
 				struct ckfs_error *err)
 {
-	bool oom;
-	cJSON *j = ckfs_json_parse(m->config_json, m->config_len, NULL, &oom);
+	cJSON *j;
 
-	if (oom)
-		return nomem(err);
-	if (!j)
-		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': not JSON", m->config_path);
+	CKFS_TRY(ckfs_json_parse(m->config_path, m->config_json, m->config_len, &j, err));
 	a->hidden = cfg_int(j, "hidden_size", 0);
 	a->nh = cfg_int(j, "num_attention_heads", 0);
 	a->nkv = cfg_int(j, "num_key_value_heads", a->nh);
@@ -886,13 +901,13 @@ enum ckfs_code ckfs_mcore_dist_build(struct ckfs_model *m,
 	c.raw_names = opt->raw_names;
 	if (!w)
 		return nomem(err);
-	if (!locate(m->src_dir, w)) {
+	if (!locate(m, w)) {
 		free(w);
 		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': no Megatron dist_ckpt folder",
 				 m->src_dir);
 	}
 	if (w->bad[0]) {
-		rc = ckfs_fail(err, CKFS_E_INVALID, "%s", w->bad);
+		rc = ckfs_fail(err, w->bad_code ? w->bad_code : CKFS_E_INVALID, "%s", w->bad);
 		goto out;
 	}
 	if (!ckfs_path_is_dir(w->dist)) {
@@ -900,8 +915,8 @@ enum ckfs_code ckfs_mcore_dist_build(struct ckfs_model *m,
 			       "ckpt_contents.json)", w->dist);
 		goto out;
 	}
-	if ((rc = ckfs_model_check_path(m, w->dist, -1, err)) != CKFS_OK ||
-	    (rc = check_backend(w, err)) != CKFS_OK)
+	if ((rc = ckfs_file_check_policy(&m->policy, w->dist, err)) != CKFS_OK ||
+	    (rc = check_backend(m, w, err)) != CKFS_OK)
 		goto out;
 	const char *hf = ckfs_arena_strdup(&m->arena, w->hf);
 	c.md = ckfs_arena_printf(&m->arena, "%s/.metadata", w->dist);

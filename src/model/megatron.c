@@ -658,13 +658,10 @@ static int64_t cfg_int(cJSON *j, const char *name, int64_t dflt)
 
 static enum ckfs_code read_arch(struct ctx *c, struct ckfs_error *err)
 {
-	bool oom;
-	cJSON *j = ckfs_json_parse(c->m->config_json, c->m->config_len, NULL, &oom);
+	cJSON *j;
 
-	if (oom)
-		return ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory", c->m->config_path);
-	if (!j)
-		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': not JSON", c->m->config_path);
+	CKFS_TRY(ckfs_json_parse(c->m->config_path, c->m->config_json, c->m->config_len,
+				 &j, err));
 	c->hidden = cfg_int(j, "hidden_size", 0);
 	c->nh = cfg_int(j, "num_attention_heads", 0);
 	c->nkv = cfg_int(j, "num_key_value_heads", c->nh);
@@ -713,16 +710,11 @@ static enum ckfs_code check_tp_divides(struct ctx *c, struct ckfs_error *err)
 static enum ckfs_code value_config(struct ctx *c, struct ckfs_error *err)
 {
 	struct ckfs_model *m = c->m;
-	bool oom;
-	cJSON *j = ckfs_json_parse(m->config_json, m->config_len, NULL, &oom);
-	cJSON *archs, *a;
+	cJSON *j, *archs, *a;
 	char cls[256];
 	enum ckfs_code rc = CKFS_OK;
 
-	if (oom)
-		return ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory", m->config_path);
-	if (!j)
-		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': not JSON", m->config_path);
+	CKFS_TRY(ckfs_json_parse(m->config_path, m->config_json, m->config_len, &j, err));
 	archs = cJSON_GetObjectItemCaseSensitive(j, "architectures");
 	a = cJSON_GetArrayItem(archs, 0);
 	const char *name = cJSON_IsString(a) ? a->valuestring : "";
@@ -780,7 +772,6 @@ static enum ckfs_code open_rank(struct ctx *c, int e, int t, int p, struct ckfs_
 {
 	struct ckfs_model *m = c->m;
 	char rel[128];
-	struct stat st;
 	int r = rank_of_e(c, e, t, p);
 
 	if (c->fields == 1)
@@ -793,33 +784,25 @@ static enum ckfs_code open_rank(struct ctx *c, int e, int t, int p, struct ckfs_
 	const char *name = ckfs_arena_strdup(&m->arena, rel);
 	if (!path || !name)
 		return nomem(err);
-	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-	if (fd < 0 && errno == ENOENT && c->fields == 2)
+	enum ckfs_code rc = ckfs_source_open(&m->sources[r], &m->policy, path, name, err);
+	if (rc == CKFS_E_NOTFOUND)
+		ckfs_error_clear(err);
+	if (rc == CKFS_E_NOTFOUND && c->fields == 2)
 		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found (TP rank %d of "
 				 "PP stage or EP rank %d is needed: the folders present "
 				 "name %d TP ranks and %d PP stages or EP ranks)", path,
 				 t, p + e, c->tp, c->pp * c->ep);
-	if (fd < 0 && errno == ENOENT && c->ep > 1)
+	if (rc == CKFS_E_NOTFOUND && c->ep > 1)
 		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found (TP rank %d of PP "
 				 "stage %d, EP rank %d is needed: TP=%d, PP=%d, EP=%d)",
 				 path, t, p, e, c->tp, c->pp, c->ep);
-	if (fd < 0)
-		return errno == ENOENT
-			       ? ckfs_fail(err, CKFS_E_NOTFOUND,
-					   "'%s': not found (TP rank %d of PP stage %d is "
-					   "needed: TP=%d, PP=%d)", path, t, p, c->tp, c->pp)
-			       : ckfs_fail_errno(err, "'%s': cannot open", path);
-	enum ckfs_code rc = ckfs_model_check_path(m, path, fd, err);
-	if (rc == CKFS_OK && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)))
-		rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': not a regular file", path);
-	if (rc == CKFS_OK)
-		rc = ckfs_source_init(&m->sources[r], fd, path, name, err);
-	if (rc != CKFS_OK) {
-		close(fd);
-		return rc;
-	}
+	if (rc == CKFS_E_NOTFOUND)
+		return ckfs_fail(err, CKFS_E_NOTFOUND,
+				 "'%s': not found (TP rank %d of PP stage %d is "
+				 "needed: TP=%d, PP=%d)", path, t, p, c->tp, c->pp);
+	CKFS_TRY(rc);
 	m->n_sources++;
-	return ckfs_torch_open_list(&c->files[r], fd, path, "_extra_state", err);
+	return ckfs_torch_open_list(&c->files[r], m->sources[r].fd, path, "_extra_state", err);
 }
 
 /* Same keys (in order) and same local shapes on every TP and EP rank of

@@ -3,24 +3,12 @@
 #ifndef CKFS_MODEL_INT_H
 #define CKFS_MODEL_INT_H
 
+#include "ckfs/json.h"
 #include "ckfs/model.h"
 #include "ckfs/torch.h"
 
 /* ---- config.c ---- */
 
-int ckfs_path_is_dir(const char *path);
-int ckfs_path_exists(const char *path);
-/* A regular file of at most max bytes, read whole and NUL-terminated into a
- * malloc'd buffer; CKFS_E_NOTFOUND when missing. */
-enum ckfs_code ckfs_read_small_file(const char *path, size_t max, char **out,
-				    size_t *len, struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* text (read from path) parsed as a JSON object; *out is freed with
- * cJSON_Delete. CKFS_E_FORMAT naming the line and column of a syntax
- * error, or saying the value is not an object. */
-struct cJSON;
-enum ckfs_code ckfs_json_parse_object(const char *path, const char *text, size_t len,
-				      struct cJSON **out,
-				      struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Record a warning shown by inspect and export. */
 enum ckfs_code ckfs_model_warn(struct ckfs_model *m, struct ckfs_error *err,
 			       const char *fmt, ...) CKFS_PRINTF(3, 4);
@@ -92,7 +80,7 @@ enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
 /* Megatron-Core dist_checkpointing (torch_dist) folders as verl writes
  * them: SRC/dist_ckpt, SRC/model/dist_ckpt (ckpt_contents.json) or SRC
  * itself (mcore_dist.c). detect: one of them is there. */
-int ckfs_mcore_dist_detect(const char *src_dir);
+int ckfs_mcore_dist_detect(const struct ckfs_model *m);
 enum ckfs_code ckfs_mcore_dist_build(struct ckfs_model *m,
 				     const struct ckfs_model_options *opt,
 				     struct ckfs_error *err) CKFS_WARN_UNUSED;

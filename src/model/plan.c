@@ -4,58 +4,35 @@
  * tensor, chunks never overlap, and together they hold exactly numel
  * elements, so every element has exactly one source. Checked on metadata
  * only, before a model is served. Also what the safetensors header needs
- * of a tensor: a name that is valid UTF-8 (JSON text) and a byte size
- * within CKFS_MAX_SERVED_BYTES.
+ * of a tensor: a name that is valid UTF-8 (JSON text), not empty, not the
+ * header's reserved key "__metadata__" and unique in the model, and a byte
+ * size within CKFS_MAX_SERVED_BYTES.
  */
 #include "ckfs/model.h"
 
-#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
-/* Length of the valid UTF-8 sequence at s (RFC 3629: no overlong forms,
- * no surrogates, nothing above U+10FFFF), 0 when invalid. */
-static size_t utf8_seq(const unsigned char *s)
-{
-	if (s[0] < 0x80)
-		return 1;
-	if (s[0] >= 0xC2 && s[0] <= 0xDF)
-		return (s[1] & 0xC0) == 0x80 ? 2 : 0;
-	if (s[0] >= 0xE0 && s[0] <= 0xEF) {
-		unsigned lo = s[0] == 0xE0 ? 0xA0 : 0x80, hi = s[0] == 0xED ? 0x9F : 0xBF;
-		return s[1] >= lo && s[1] <= hi && (s[2] & 0xC0) == 0x80 ? 3 : 0;
-	}
-	if (s[0] >= 0xF0 && s[0] <= 0xF4) {
-		unsigned lo = s[0] == 0xF0 ? 0x90 : 0x80, hi = s[0] == 0xF4 ? 0x8F : 0xBF;
-		return s[1] >= lo && s[1] <= hi && (s[2] & 0xC0) == 0x80 &&
-		       (s[3] & 0xC0) == 0x80 ? 4 : 0;
-	}
-	return 0;
-}
-
-/* A name for a message: printable ASCII as is, other bytes as \xNN. */
-static void quote_name(const char *name, char *out, size_t size)
-{
-	size_t n = 0;
-
-	for (const unsigned char *p = (const unsigned char *)name; *p && n + 5 < size; p++)
-		n += (size_t)snprintf(out + n, size - n, *p >= 0x20 && *p < 0x7F ? "%c" : "\\x%02x",
-				      *p);
-	out[n] = '\0';
-}
+#include "ckfs/text.h"
 
 static enum ckfs_code check_name_and_size(const struct ckfs_tensor *t,
 					  struct ckfs_error *err)
 {
 	const unsigned char *p = (const unsigned char *)t->name;
-	char shown[256];
 	uint64_t stored, out;
 
 	for (size_t k; *p; p += k)
-		if (!(k = utf8_seq(p))) {
-			quote_name(t->name, shown, sizeof(shown));
+		if (!(k = ckfs_utf8_seq(p)))
 			return ckfs_fail(err, CKFS_E_FORMAT, "tensor '%s': name is not "
-					 "valid UTF-8 (byte %zu)", shown,
+					 "valid UTF-8 (byte %zu)", t->name,
 					 (size_t)(p - (const unsigned char *)t->name));
-		}
+	/* safetensors keeps its metadata under this key; a tensor of that
+	 * name makes a header every reader refuses. */
+	if (strcmp(t->name, "__metadata__") == 0)
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "tensor '__metadata__': the "
+				 "name is reserved by the safetensors format");
+	if (!t->name[0])
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "a tensor has an empty name");
 	if (__builtin_mul_overflow(t->numel, (uint64_t)ckfs_dtype_size(t->stored_dtype),
 				   &stored) ||
 	    __builtin_mul_overflow(t->numel, (uint64_t)ckfs_dtype_size(t->out_dtype), &out) ||
@@ -116,4 +93,29 @@ enum ckfs_code ckfs_plan_validate_tensor(const struct ckfs_model *m,
 				 (unsigned long long)covered,
 				 (unsigned long long)t->numel);
 	return CKFS_OK;
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+	return strcmp((*(const struct ckfs_tensor *const *)a)->name,
+		      (*(const struct ckfs_tensor *const *)b)->name);
+}
+
+enum ckfs_code ckfs_plan_validate_names(const struct ckfs_model *m,
+					struct ckfs_error *err)
+{
+	const struct ckfs_tensor **by = calloc(m->n_tensors + 1, sizeof(*by));
+	enum ckfs_code rc = CKFS_OK;
+
+	if (!by)
+		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	for (size_t i = 0; i < m->n_tensors; i++)
+		by[i] = &m->tensors[i];
+	qsort(by, m->n_tensors, sizeof(*by), cmp_name);
+	for (size_t i = 1; i < m->n_tensors && rc == CKFS_OK; i++)
+		if (strcmp(by[i]->name, by[i - 1]->name) == 0)
+			rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': two tensors would be "
+				       "served as '%s'", m->src_dir, by[i]->name);
+	free(by);
+	return rc;
 }

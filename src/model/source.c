@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <stdatomic.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* Process-wide: a daemon serves one model, and a relaxed add per read of
  * up to a megabyte costs nothing measurable. */
@@ -70,5 +71,18 @@ enum ckfs_code ckfs_source_check(const struct ckfs_source *s,
 	    st.st_mtim.tv_nsec != s->mtime.tv_nsec)
 		return ckfs_fail(err, CKFS_E_CHANGED, "'%s': source was modified",
 				 s->path);
+	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_source_open(struct ckfs_source *s, const struct ckfs_file_policy *pol,
+				const char *path, const char *name, struct ckfs_error *err)
+{
+	int fd;
+
+	CKFS_TRY(ckfs_file_open(pol, path, &fd, NULL, err));
+	if (ckfs_source_init(s, fd, path, name, err) != CKFS_OK) {
+		close(fd);
+		return err->code;
+	}
 	return CKFS_OK;
 }

@@ -93,7 +93,10 @@ enum ckfs_code ckfs_render_config(const char *s, size_t n, const char *dtype_nam
 		size_t vend = value_end(s, i, n);
 		if (vend >= n)
 			return ckfs_fail(err, CKFS_E_FORMAT, "config.json: truncated");
-		if (s[i] == '"' && n_spans < 8 &&
+		/* The value is replaced whatever it holds (a string, null, a
+		 * number): a second key beside it would make two JSON readers
+		 * read two different files. */
+		if (n_spans < 8 &&
 		    ((klen == 11 && memcmp(key, "torch_dtype", 11) == 0) ||
 		     (klen == 5 && memcmp(key, "dtype", 5) == 0))) {
 			spans[n_spans][0] = i;
@@ -189,7 +192,6 @@ static enum ckfs_code add_side_files(struct ckfs_folder *f, size_t *cap,
 		return ckfs_fail_errno(err, "'%s': cannot open folder", m->hf_dir);
 	while ((de = readdir(d))) {
 		const char *name = de->d_name;
-		struct stat st;
 		if (name[0] == '.' || strcmp(name, "config.json") == 0 ||
 		    is_weight_like(name))
 			continue;
@@ -198,25 +200,13 @@ static enum ckfs_code add_side_files(struct ckfs_folder *f, size_t *cap,
 			closedir(d);
 			return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
 		}
-		/* Symlinks are followed under the model's symlink policy
-		 * (ckfs_model_check_path); O_NONBLOCK keeps a FIFO from
-		 * blocking the open (it is skipped below). */
-		int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-		if (fd < 0) {
-			int e = errno;
-			struct stat lst;
-			closedir(d);
-			if (e == ENOENT && lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode))
-				return ckfs_fail(err, CKFS_E_NOTFOUND,
-						 "'%s': dangling symlink", path);
-			errno = e;
-			return ckfs_fail_errno(err, "'%s': cannot open", path);
-		}
-		if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-			close(fd);
-			continue; /* folders and devices are not side files */
-		}
-		enum ckfs_code rc = ckfs_model_check_path(m, path, fd, err);
+		/* The symlink policy before anything else; then only regular
+		 * files are side files (folders, FIFOs, devices are skipped
+		 * without being opened). */
+		enum ckfs_code rc = ckfs_file_check_policy(&m->policy, path, err);
+		struct stat st;
+		if (rc == CKFS_OK && stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+			continue; /* (a failing stat is reported by the open) */
 		if (rc == CKFS_OK && *cap == f->n_nodes)
 			rc = ckfs_fail(err, CKFS_E_LIMIT, "'%s': too many files",
 				       m->hf_dir);
@@ -224,19 +214,18 @@ static enum ckfs_code add_side_files(struct ckfs_folder *f, size_t *cap,
 		if (rc == CKFS_OK && !(n->name = ckfs_arena_strdup(&f->arena, name)))
 			rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
 		if (rc == CKFS_OK)
-			rc = ckfs_source_init(&n->src, fd, path, n->name, err);
+			rc = ckfs_source_open(&n->src, &m->policy, path, n->name, err);
 		if (rc != CKFS_OK) {
 			/* The node is not counted, so the folder's cleanup
 			 * never sees a half-made one. */
-			close(fd);
 			closedir(d);
 			return rc;
 		}
 		n->kind = CKFS_NODE_PASSTHROUGH;
-		n->size = (uint64_t)st.st_size;
+		n->size = n->src.size;
 		f->n_nodes++;
-		if (ts_newer(st.st_mtim, f->mtime))
-			f->mtime = st.st_mtim;
+		if (ts_newer(n->src.mtime, f->mtime))
+			f->mtime = n->src.mtime;
 	}
 	closedir(d);
 	return CKFS_OK;

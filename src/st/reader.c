@@ -1,23 +1,44 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Reader of existing safetensors folders (model.safetensors, or an index
- * and its shards), used by `ckfs verify` to compare against a reference.
- * Headers are validated with the reference loader's rules (formats.md
- * section 6.4): size limits, known dtypes, offsets contiguous from 0, byte
- * sizes matching shapes, data ending exactly at end of file.
+ * and its shards): the weights of a Hugging Face folder served as they are
+ * (src/model/hf.c), and the reference `ckfs verify` compares against.
+ *
+ * It accepts exactly what the reference loader (safetensors 0.7, which
+ * safe_open, transformers and vLLM use) accepts, so that ckfs never serves
+ * a file other readers would read differently or refuse:
+ *   - an 8-byte little-endian header length of at most CKFS_MAX_ST_HEADER,
+ *     inside the file; a header that is UTF-8 and starts with '{';
+ *   - JSON (duplicate keys refused, include/ckfs/json.h) whose numbers are
+ *     all non-negative integers (shapes and offsets are usize there: 1.0,
+ *     1e3 and -0 are refused, not truncated);
+ *   - "__metadata__", when present, an object of strings;
+ *   - every other key a tensor: a known dtype, a shape, two offsets;
+ *   - offsets, taken in order, contiguous from 0 (no gap, no overlap),
+ *     each tensor's bytes matching its shape and dtype, and the data
+ *     ending exactly at the end of the file.
+ * For a sharded folder, the index's weight_map and the shards must hold
+ * the same tensors: each indexed tensor in the shard the index names, and
+ * no shard tensor missing from the index (loaders that follow the index
+ * and loaders that list the shards would otherwise see different models).
+ * Files are opened under a file policy (include/ckfs/file.h) before any
+ * byte of them is read.
  */
 #include "ckfs/st.h"
 
-#include "ckfs/json.h"
-
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
+
+#include "ckfs/json.h"
+#include "ckfs/text.h"
+
+/* Offsets and sizes past 2^53 lose precision as JSON doubles; no real
+ * file comes near (8 PiB). */
+#define MAX_EXACT_NUMBER 9007199254740992.0
 
 static int cmp_entry(const void *a, const void *b)
 {
@@ -29,137 +50,114 @@ static int cmp_begin(const void *a, const void *b)
 {
 	const struct ckfs_st_entry *x = *(const struct ckfs_st_entry *const *)a;
 	const struct ckfs_st_entry *y = *(const struct ckfs_st_entry *const *)b;
-	return x->begin < y->begin ? -1 : x->begin > y->begin;
+	if (x->begin != y->begin)
+		return x->begin < y->begin ? -1 : 1;
+	return x->end < y->end ? -1 : x->end > y->end;
 }
 
-/* Append the entries of one file to a growing array. */
-static enum ckfs_code read_file(struct ckfs_st_set *set, const char *path,
-				struct ckfs_st_entry **arr, size_t *n, size_t *cap,
-				struct ckfs_error *err)
+/* Every number token of the JSON text (outside strings) is a plain
+ * non-negative integer: digits only, no leading zero (serde's usize). */
+static int numbers_are_integers(const char *s, size_t n)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	struct stat st;
-	uint64_t hlen;
-	char *json = NULL;
-	cJSON *root = NULL;
-	enum ckfs_code rc = CKFS_OK;
-	size_t first = *n;
+	for (size_t i = 0; i < n; i++) {
+		if (s[i] == '"') {
+			for (i++; i < n && s[i] != '"'; i++)
+				if (s[i] == '\\')
+					i++;
+		} else if (s[i] == '-' || (s[i] >= '0' && s[i] <= '9')) {
+			size_t start = i;
+			while (i + 1 < n && strchr("0123456789+-.eE", s[i + 1]))
+				i++;
+			for (size_t k = start; k <= i; k++)
+				if (s[k] < '0' || s[k] > '9')
+					return 0;
+			if (s[start] == '0' && i > start)
+				return 0;
+		}
+	}
+	return 1;
+}
 
-	if (fd < 0)
-		return ckfs_fail_errno(err, "'%s': cannot open", path);
-	if (set->n_fds == sizeof(set->fds) / sizeof(set->fds[0])) {
-		close(fd);
-		return ckfs_fail(err, CKFS_E_LIMIT, "'%s': too many shards", path);
+/* A JSON number that is an exact usize: *out. */
+static int get_uint(const cJSON *v, uint64_t *out)
+{
+	if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= MAX_EXACT_NUMBER)
+		return 0;
+	*out = (uint64_t)v->valuedouble;
+	return (double)*out == v->valuedouble;
+}
+
+static enum ckfs_code check_metadata(const char *path, const cJSON *md,
+				     struct ckfs_error *err)
+{
+	if (cJSON_IsNull(md))
+		return CKFS_OK;
+	if (!cJSON_IsObject(md))
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': __metadata__ is not an object",
+				 path);
+	for (const cJSON *it = md->child; it; it = it->next)
+		if (!cJSON_IsString(it))
+			return ckfs_fail(err, CKFS_E_FORMAT, "'%s': __metadata__ value of "
+					 "'%s' is not a string", path, it->string);
+	return CKFS_OK;
+}
+
+/* One tensor entry of a header (data at byte `data` of the file). */
+static enum ckfs_code parse_entry(struct ckfs_st_set *set, const char *path,
+				  const cJSON *it, uint64_t data, struct ckfs_st_entry *e,
+				  struct ckfs_error *err)
+{
+	const cJSON *dt = cJSON_GetObjectItemCaseSensitive(it, "dtype");
+	const cJSON *shape = cJSON_GetObjectItemCaseSensitive(it, "shape");
+	const cJSON *offs = cJSON_GetObjectItemCaseSensitive(it, "data_offsets");
+	uint64_t numel = 1, b, en, nbytes;
+
+	memset(e, 0, sizeof(*e));
+	if (!cJSON_IsString(dt) || !cJSON_IsArray(shape) || !cJSON_IsArray(offs) ||
+	    cJSON_GetArraySize(offs) != 2)
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': bad entry '%s'", path, it->string);
+	if (cJSON_GetArraySize(shape) > CKFS_MAX_DIMS)
+		return ckfs_fail(err, CKFS_E_LIMIT, "'%s': '%s' has more than %d dims",
+				 path, it->string, CKFS_MAX_DIMS);
+	e->dtype = ckfs_dtype_from_st_name(dt->valuestring);
+	if (e->dtype == CKFS_DTYPE_INVALID)
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s' has dtype %s", path,
+				 it->string, dt->valuestring);
+	for (const cJSON *d = shape->child; d; d = d->next) {
+		uint64_t v;
+		if (!get_uint(d, &v))
+			return ckfs_fail(err, CKFS_E_FORMAT, "'%s': bad shape of '%s'", path,
+					 it->string);
+		if (__builtin_mul_overflow(numel, v, &numel))
+			return ckfs_fail(err, CKFS_E_FORMAT, "'%s': shape of '%s' overflows",
+					 path, it->string);
+		e->shape[e->ndim++] = (int64_t)v;
 	}
-	set->fds[set->n_fds++] = fd;
-	if (fstat(fd, &st) != 0)
-		return ckfs_fail_errno(err, "'%s': stat failed", path);
-	ssize_t got = st.st_size < 8 ? 0 : pread(fd, &hlen, 8, 0);
-	if (got < 0)
-		return ckfs_fail_errno(err, "'%s': cannot read", path);
-	if (got != 8)
-		return ckfs_fail(err, CKFS_E_TRUNCATED, "'%s': shorter than a "
-				 "safetensors header", path);
-	if (hlen > CKFS_MAX_ST_HEADER || hlen + 8 > (uint64_t)st.st_size)
-		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': bad header length %llu",
-				 path, (unsigned long long)hlen);
-	json = malloc(hlen + 1);
-	if (!json)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
-	got = pread(fd, json, hlen, 8);
-	if (got != (ssize_t)hlen) {
-		rc = got < 0 ? ckfs_fail_errno(err, "'%s': cannot read", path)
-			     : ckfs_fail(err, CKFS_E_TRUNCATED, "'%s': header truncated", path);
-		goto out;
-	}
-	json[hlen] = '\0';
-	bool oom;
-	root = ckfs_json_parse(json, hlen, NULL, &oom);
-	if (oom) {
-		rc = ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory", path);
-		goto out;
-	}
-	if (!root || !cJSON_IsObject(root)) {
-		rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': header is not a JSON object",
-			       path);
-		goto out;
-	}
-	uint64_t data = 8 + hlen;
-	const char *fpath = ckfs_arena_strdup(&set->arena, path);
-	if (!fpath) {
-		rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
-		goto out;
-	}
-	for (cJSON *it = root->child; it; it = it->next) {
-		if (strcmp(it->string, "__metadata__") == 0)
-			continue;
-		if (*n == *cap) {
-			size_t nc = *cap ? *cap * 2 : 256;
-			struct ckfs_st_entry *p = realloc(*arr, nc * sizeof(*p));
-			if (!p) {
-				rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
-				goto out;
-			}
-			*arr = p;
-			*cap = nc;
-		}
-		struct ckfs_st_entry *e = &(*arr)[*n];
-		memset(e, 0, sizeof(*e));
-		cJSON *dt = cJSON_GetObjectItemCaseSensitive(it, "dtype");
-		cJSON *shape = cJSON_GetObjectItemCaseSensitive(it, "shape");
-		cJSON *offs = cJSON_GetObjectItemCaseSensitive(it, "data_offsets");
-		e->name = ckfs_arena_strdup(&set->arena, it->string);
-		e->file = fpath;
-		e->fd = fd;
-		if (!cJSON_IsString(dt) || !cJSON_IsArray(shape) ||
-		    !cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 ||
-		    cJSON_GetArraySize(shape) > CKFS_MAX_DIMS) {
-			rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': bad entry '%s'", path,
-				       it->string);
-			goto out;
-		}
-		e->dtype = ckfs_dtype_from_st_name(dt->valuestring);
-		if (e->dtype == CKFS_DTYPE_INVALID) {
-			rc = ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s' has dtype "
-				       "%s", path, it->string, dt->valuestring);
-			goto out;
-		}
-		uint64_t numel = 1;
-		for (cJSON *d = shape->child; d; d = d->next) {
-			if (!cJSON_IsNumber(d) || d->valuedouble < 0 ||
-			    d->valuedouble > 9e15) {
-				rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': bad shape of "
-					       "'%s'", path, it->string);
-				goto out;
-			}
-			e->shape[e->ndim++] = (int64_t)d->valuedouble;
-			numel *= (uint64_t)d->valuedouble;
-		}
-		double b = cJSON_GetArrayItem(offs, 0)->valuedouble;
-		double en = cJSON_GetArrayItem(offs, 1)->valuedouble;
-		if (!(b >= 0 && en >= b && en < 9e18) ||
-		    (uint64_t)en - (uint64_t)b != numel * ckfs_dtype_size(e->dtype)) {
-			rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': data offsets of '%s' do "
-				       "not match its shape", path, it->string);
-			goto out;
-		}
-		e->begin = data + (uint64_t)b;
-		e->end = data + (uint64_t)en;
-		if (!e->name) {
-			rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
-			goto out;
-		}
-		(*n)++;
-	}
-	/* Contiguous from 0, ending at end of file. */
-	size_t k = *n - first;
+	if (!get_uint(cJSON_GetArrayItem(offs, 0), &b) ||
+	    !get_uint(cJSON_GetArrayItem(offs, 1), &en))
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': bad data offsets of '%s'", path,
+				 it->string);
+	if (en < b || __builtin_mul_overflow(numel, (uint64_t)ckfs_dtype_size(e->dtype),
+					     &nbytes) || en - b != nbytes)
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': data offsets of '%s' do not "
+				 "match its shape", path, it->string);
+	e->begin = data + b;
+	e->end = data + en;
+	e->name = ckfs_arena_strdup(&set->arena, it->string);
+	return e->name ? CKFS_OK : ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+}
+
+/* Data offsets contiguous from the data start, ending at end of file. */
+static enum ckfs_code check_tiling(const char *path, struct ckfs_st_entry *v, size_t k,
+				   uint64_t data, uint64_t file_size, struct ckfs_error *err)
+{
 	struct ckfs_st_entry **by = calloc(k + 1, sizeof(*by));
-	if (!by) {
-		rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
-		goto out;
-	}
+	enum ckfs_code rc = CKFS_OK;
+
+	if (!by)
+		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
 	for (size_t i = 0; i < k; i++)
-		by[i] = &(*arr)[first + i];
+		by[i] = &v[i];
 	qsort(by, k, sizeof(*by), cmp_begin);
 	uint64_t pos = data;
 	for (size_t i = 0; i < k && rc == CKFS_OK; i++) {
@@ -169,79 +167,244 @@ static enum ckfs_code read_file(struct ckfs_st_set *set, const char *path,
 		pos = by[i]->end;
 	}
 	free(by);
-	if (rc == CKFS_OK && pos != (uint64_t)st.st_size)
+	if (rc == CKFS_OK && pos != file_size)
 		rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': data ends at %llu but the "
 			       "file has %llu bytes", path, (unsigned long long)pos,
-			       (unsigned long long)st.st_size);
-out:
-	cJSON_Delete(root);
-	free(json);
+			       (unsigned long long)file_size);
 	return rc;
 }
 
-enum ckfs_code ckfs_st_set_open(const char *dir, struct ckfs_st_set *set,
-				struct ckfs_error *err)
+/* The header JSON of an open file (its descriptor in set->fds). */
+static enum ckfs_code read_header(const char *path, int fd, uint64_t size, char **json,
+				  uint64_t *hlen, struct ckfs_error *err)
+{
+	unsigned char len8[8];
+	ssize_t got = size < 8 ? 0 : pread(fd, len8, 8, 0);
+
+	if (got < 0)
+		return ckfs_fail_errno(err, "'%s': cannot read", path);
+	if (got != 8)
+		return ckfs_fail(err, CKFS_E_TRUNCATED, "'%s': shorter than a "
+				 "safetensors header", path);
+	*hlen = 0;
+	for (int i = 7; i >= 0; i--)
+		*hlen = *hlen << 8 | len8[i];
+	if (*hlen > CKFS_MAX_ST_HEADER || *hlen + 8 > size)
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': bad header length %llu", path,
+				 (unsigned long long)*hlen);
+	char *j = malloc(*hlen + 1);
+	if (!j)
+		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	got = pread(fd, j, *hlen, 8);
+	if (got != (ssize_t)*hlen) {
+		free(j);
+		return got < 0 ? ckfs_fail_errno(err, "'%s': cannot read", path)
+			       : ckfs_fail(err, CKFS_E_TRUNCATED, "'%s': header truncated", path);
+	}
+	j[*hlen] = '\0';
+	const unsigned char *p = (const unsigned char *)j;
+	for (size_t k; p < (const unsigned char *)j + *hlen; p += k)
+		if (!(k = ckfs_utf8_seq(p))) {
+			size_t at = (size_t)(p - (const unsigned char *)j);
+			free(j);
+			return ckfs_fail(err, CKFS_E_FORMAT, "'%s': header is not UTF-8 "
+					 "(byte %zu)", path, at);
+		}
+	if (*hlen == 0 || j[0] != '{') {
+		free(j);
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': header does not start with '{'",
+				 path);
+	}
+	if (!numbers_are_integers(j, *hlen)) {
+		free(j);
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': header holds a number that is not "
+				 "a non-negative integer", path);
+	}
+	*json = j;
+	return CKFS_OK;
+}
+
+/* Append the entries of one file to a growing array. */
+static enum ckfs_code read_file(struct ckfs_st_set *set, const struct ckfs_file_policy *pol,
+				const char *path, struct ckfs_st_entry **arr, size_t *n,
+				size_t *cap, struct ckfs_error *err)
+{
+	struct stat st;
+	uint64_t hlen = 0;
+	char *json = NULL;
+	cJSON *root = NULL;
+	enum ckfs_code rc;
+	size_t first = *n;
+	int fd;
+
+	if (set->n_fds == sizeof(set->fds) / sizeof(set->fds[0]))
+		return ckfs_fail(err, CKFS_E_LIMIT, "'%s': too many shards", path);
+	CKFS_TRY(ckfs_file_open(pol, path, &fd, &st, err));
+	set->fds[set->n_fds++] = fd;
+	CKFS_TRY(read_header(path, fd, (uint64_t)st.st_size, &json, &hlen, err));
+	rc = ckfs_json_parse_object(path, json, hlen, &root, err);
+	free(json);
+	CKFS_TRY(rc);
+	const char *fpath = ckfs_arena_strdup(&set->arena, path);
+	if (!fpath)
+		rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	for (cJSON *it = root->child; it && rc == CKFS_OK; it = it->next) {
+		if (strcmp(it->string, "__metadata__") == 0) {
+			rc = check_metadata(path, it, err);
+			continue;
+		}
+		if (*n == *cap) {
+			size_t nc = *cap ? *cap * 2 : 256;
+			struct ckfs_st_entry *p = realloc(*arr, nc * sizeof(*p));
+			if (!p) {
+				rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+				break;
+			}
+			*arr = p;
+			*cap = nc;
+		}
+		struct ckfs_st_entry *e = &(*arr)[*n];
+		rc = parse_entry(set, path, it, 8 + hlen, e, err);
+		e->file = fpath;
+		e->fd = fd;
+		if (rc == CKFS_OK)
+			(*n)++;
+	}
+	cJSON_Delete(root);
+	CKFS_TRY(rc);
+	return check_tiling(path, *arr + first, *n - first, 8 + hlen, (uint64_t)st.st_size,
+			    err);
+}
+
+/* A shard name from an index: a file name in the same folder. */
+static int plain_file_name(const char *s)
+{
+	return *s && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
+}
+
+struct index_item {
+	const char *name, *shard;
+};
+
+static int cmp_item_name(const void *a, const void *b)
+{
+	return strcmp(((const struct index_item *)a)->name, ((const struct index_item *)b)->name);
+}
+
+static int cmp_item_shard(const void *a, const void *b)
+{
+	return strcmp(((const struct index_item *)a)->shard,
+		      ((const struct index_item *)b)->shard);
+}
+
+/* The tensors of the shards an index names; the index and the shards must
+ * hold the same tensors. items (n_items) is the weight_map. */
+static enum ckfs_code read_shards(struct ckfs_st_set *set, const struct ckfs_file_policy *pol,
+				  const char *dir, const char *path, struct index_item *items,
+				  size_t n_items, struct ckfs_st_entry **arr, size_t *n,
+				  size_t *cap, struct ckfs_error *err)
+{
+	struct index_item *by_name = malloc((n_items + 1) * sizeof(*by_name));
+	enum ckfs_code rc = CKFS_OK;
+
+	if (!by_name)
+		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	memcpy(by_name, items, n_items * sizeof(*items));
+	qsort(by_name, n_items, sizeof(*by_name), cmp_item_name);
+	qsort(items, n_items, sizeof(*items), cmp_item_shard);
+	for (size_t i = 0; i < n_items && rc == CKFS_OK; i++) {
+		if (i && strcmp(items[i].shard, items[i - 1].shard) == 0)
+			continue; /* each distinct shard once */
+		char shard[4096];
+		if ((size_t)snprintf(shard, sizeof(shard), "%s/%s", dir, items[i].shard) >=
+		    sizeof(shard)) {
+			rc = ckfs_fail(err, CKFS_E_LIMIT, "'%s': shard path too long", path);
+			break;
+		}
+		size_t from = *n;
+		rc = read_file(set, pol, shard, arr, n, cap, err);
+		for (size_t k = from; k < *n && rc == CKFS_OK; k++) {
+			struct index_item key = { .name = (*arr)[k].name };
+			const struct index_item *named =
+				bsearch(&key, by_name, n_items, sizeof(key), cmp_item_name);
+			if (!named || strcmp(named->shard, items[i].shard) != 0)
+				rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': tensor '%s' is not "
+					       "in the index for this shard", shard,
+					       (*arr)[k].name);
+		}
+	}
+	/* Every shard tensor is indexed to its shard (and names are unique
+	 * per file); fewer of them than index entries means one is missing. */
+	if (rc == CKFS_OK && *n != n_items) {
+		qsort(*arr, *n, sizeof(**arr), cmp_entry);
+		for (size_t i = 0; i < n_items && rc == CKFS_OK; i++) {
+			struct ckfs_st_entry key = { .name = by_name[i].name };
+			if (!bsearch(&key, *arr, *n, sizeof(key), cmp_entry))
+				rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': tensor '%s' is not in "
+					       "its shard '%s'", path, by_name[i].name,
+					       by_name[i].shard);
+		}
+	}
+	free(by_name);
+	return rc;
+}
+
+static enum ckfs_code read_index(struct ckfs_st_set *set, const struct ckfs_file_policy *pol,
+				 const char *dir, const char *path, struct ckfs_st_entry **arr,
+				 size_t *n, size_t *cap, struct ckfs_error *err)
+{
+	struct index_item *items = NULL;
+	size_t n_items = 0;
+	char *text;
+	size_t len;
+	cJSON *idx;
+	enum ckfs_code rc;
+
+	CKFS_TRY(ckfs_file_read_small(pol, path, CKFS_MAX_JSON_BYTES, &text, &len, err));
+	rc = ckfs_json_parse_object(path, text, len, &idx, err);
+	free(text);
+	CKFS_TRY(rc);
+	cJSON *wm = cJSON_GetObjectItemCaseSensitive(idx, "weight_map");
+	if (!cJSON_IsObject(wm))
+		rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': no weight_map", path);
+	else if (!(items = calloc((size_t)cJSON_GetArraySize(wm) + 1, sizeof(*items))))
+		rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	for (cJSON *it = wm ? wm->child : NULL; it && rc == CKFS_OK; it = it->next) {
+		if (!cJSON_IsString(it) || !plain_file_name(it->valuestring))
+			rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': tensor '%s' has a bad "
+				       "shard name", path, it->string);
+		items[n_items].name = it->string;
+		items[n_items++].shard = it->valuestring;
+	}
+	if (rc == CKFS_OK)
+		rc = read_shards(set, pol, dir, path, items, n_items, arr, n, cap, err);
+	free(items);
+	cJSON_Delete(idx);
+	return rc;
+}
+
+enum ckfs_code ckfs_st_set_open(const char *dir, const struct ckfs_file_policy *pol,
+				struct ckfs_st_set *set, struct ckfs_error *err)
 {
 	char path[4096];
 	struct ckfs_st_entry *arr = NULL;
 	size_t n = 0, cap = 0;
 	enum ckfs_code rc = CKFS_OK;
-	struct stat st;
 
 	memset(set, 0, sizeof(*set));
 	ckfs_arena_init(&set->arena);
 	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
-	if (stat(path, &st) == 0) {
-		rc = read_file(set, path, &arr, &n, &cap, err);
+	struct stat lst;
+	if (lstat(path, &lst) == 0) {
+		rc = read_file(set, pol, path, &arr, &n, &cap, err);
 	} else {
 		snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
-		int fd = open(path, O_RDONLY | O_CLOEXEC);
-		if (fd < 0)
+		if (lstat(path, &lst) != 0) {
+			ckfs_arena_release(&set->arena);
 			return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': no model.safetensors "
 					 "or model.safetensors.index.json", dir);
-		char *text = NULL;
-		if (fstat(fd, &st) == 0 && st.st_size < CKFS_MAX_JSON_BYTES &&
-		    !(text = malloc((size_t)st.st_size + 1))) {
-			close(fd);
-			return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
 		}
-		ssize_t r = text ? pread(fd, text, (size_t)st.st_size, 0) : -1;
-		int read_errno = errno;
-		close(fd);
-		if (r != st.st_size) {
-			int read_failed = text && r < 0;
-			free(text);
-			errno = read_errno;
-			return read_failed ? ckfs_fail_errno(err, "'%s': cannot read", path)
-					   : ckfs_fail(err, CKFS_E_IO, "'%s': cannot read", path);
-		}
-		bool oom;
-		cJSON *idx = ckfs_json_parse(text, (size_t)r, NULL, &oom);
-		free(text);
-		if (oom)
-			return ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory", path);
-		cJSON *wm = cJSON_GetObjectItemCaseSensitive(idx, "weight_map");
-		if (!cJSON_IsObject(wm)) {
-			cJSON_Delete(idx);
-			return ckfs_fail(err, CKFS_E_FORMAT, "'%s': no weight_map", path);
-		}
-		/* Each distinct shard once, in order of first mention. */
-		for (cJSON *it = wm->child; it && rc == CKFS_OK; it = it->next) {
-			int seen = 0;
-			if (!cJSON_IsString(it) || strchr(it->valuestring, '/')) {
-				rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': bad shard name",
-					       path);
-				break;
-			}
-			for (cJSON *p = wm->child; p != it; p = p->next)
-				seen |= strcmp(p->valuestring, it->valuestring) == 0;
-			if (seen)
-				continue;
-			char shard[4096];
-			snprintf(shard, sizeof(shard), "%s/%s", dir, it->valuestring);
-			rc = read_file(set, shard, &arr, &n, &cap, err);
-		}
-		cJSON_Delete(idx);
+		rc = read_index(set, pol, dir, path, &arr, &n, &cap, err);
 	}
 	if (rc == CKFS_OK) {
 		qsort(arr, n, sizeof(*arr), cmp_entry);

@@ -2,6 +2,8 @@
 /* Error records: see include/ckfs/err.h. */
 #include "ckfs/err.h"
 
+#include "ckfs/text.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -20,11 +22,16 @@ CKFS_PRINTF(4, 0)
 static void record(struct ckfs_error *err, enum ckfs_code code, int sys_errno,
 		   const char *fmt, va_list ap)
 {
+	char raw[sizeof(err->msg)];
+
 	if (!err || err->code != CKFS_OK)
 		return;
 	err->code = code;
 	err->sys_errno = sys_errno;
-	vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+	/* Names and paths in the message come from the checkpoint: no
+	 * control character may reach a terminal or split the line. */
+	vsnprintf(raw, sizeof(raw), fmt, ap);
+	ckfs_text_escape(err->msg, sizeof(err->msg), raw);
 }
 
 enum ckfs_code ckfs_fail(struct ckfs_error *err, enum ckfs_code code,
@@ -60,14 +67,15 @@ enum ckfs_code ckfs_fail_errno(struct ckfs_error *err, const char *fmt, ...)
 
 void ckfs_error_prefix(struct ckfs_error *err, const char *fmt, ...)
 {
-	char prefix[512], old[sizeof(err->msg)];
+	char raw[512], prefix[512], old[sizeof(err->msg)];
 	va_list ap;
 
 	if (!err || err->code == CKFS_OK)
 		return;
 	va_start(ap, fmt);
-	vsnprintf(prefix, sizeof(prefix), fmt, ap);
+	vsnprintf(raw, sizeof(raw), fmt, ap);
 	va_end(ap);
+	ckfs_text_escape(prefix, sizeof(prefix), raw);
 	memcpy(old, err->msg, sizeof(old));
 	/* prefix + ": " + old, truncated to the message buffer. */
 	size_t n = strlen(prefix), cap = sizeof(err->msg) - 1;

@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: MIT */
-/* JSON parsing with out-of-memory detection (include/ckfs/json.h): cJSON's
- * allocation hook notes a failure in a per-thread flag. */
+/* JSON inputs: see include/ckfs/json.h. cJSON's allocation hook notes a
+ * failure in a per-thread flag. */
 #include "ckfs/json.h"
 
 #include <cjson/cJSON.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 static _Thread_local bool alloc_failed;
 
@@ -22,15 +23,85 @@ static void install_hooks(void)
 	cJSON_InitHooks(&h);
 }
 
-struct cJSON *ckfs_json_parse(const char *text, size_t len, const char **end,
-			      bool *oom)
+static int cmp_key(const void *a, const void *b)
+{
+	return strcmp((*(const cJSON *const *)a)->string, (*(const cJSON *const *)b)->string);
+}
+
+/* The first key that appears twice in an object of the tree at v (sorting
+ * each object's keys: a safetensors header holds tens of thousands), or
+ * NULL; *oom on a failed allocation. The recursion is as deep as the
+ * input's nesting, which cJSON bounds (CJSON_NESTING_LIMIT, 1000). */
+static const char *duplicate_key(const cJSON *v, bool *oom)
+{
+	const char *dup = NULL;
+	size_t n = 0;
+
+	for (const cJSON *c = v->child; c && !dup && !*oom; c = c->next) {
+		dup = duplicate_key(c, oom);
+		n++;
+	}
+	if (dup || *oom || !cJSON_IsObject(v) || n < 2)
+		return dup;
+	const cJSON **keys = malloc(n * sizeof(*keys));
+	if (!keys) {
+		*oom = true;
+		return NULL;
+	}
+	n = 0;
+	for (const cJSON *c = v->child; c; c = c->next)
+		keys[n++] = c;
+	qsort(keys, n, sizeof(*keys), cmp_key);
+	for (size_t i = 1; i < n && !dup; i++)
+		if (strcmp(keys[i]->string, keys[i - 1]->string) == 0)
+			dup = keys[i]->string;
+	free(keys);
+	return dup;
+}
+
+enum ckfs_code ckfs_json_parse(const char *what, const char *text, size_t len,
+			       cJSON **out, struct ckfs_error *err)
 {
 	static pthread_once_t once = PTHREAD_ONCE_INIT;
-	const char *e = NULL;
+	const char *end = NULL;
+	bool oom = false;
 
+	*out = NULL;
 	pthread_once(&once, install_hooks);
 	alloc_failed = false;
-	cJSON *j = cJSON_ParseWithLengthOpts(text, len, end ? end : &e, 0);
-	*oom = !j && alloc_failed;
-	return j;
+	cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+	if (!j && alloc_failed)
+		return ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory", what);
+	if (!j) {
+		size_t at = end && end >= text && end <= text + len ? (size_t)(end - text) : 0;
+		unsigned line = 1, col = 1;
+		for (size_t i = 0; i < at; i++) {
+			col = text[i] == '\n' ? 1 : col + 1;
+			line += text[i] == '\n';
+		}
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': invalid JSON at line %u, "
+				 "column %u", what, line, col);
+	}
+	const char *dup = duplicate_key(j, &oom);
+	if (oom || dup) {
+		enum ckfs_code rc = oom ? ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory", what)
+					: ckfs_fail(err, CKFS_E_FORMAT, "'%s': key '%s' appears "
+						    "twice in one object", what, dup);
+		cJSON_Delete(j);
+		return rc;
+	}
+	*out = j;
+	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_json_parse_object(const char *what, const char *text, size_t len,
+				      cJSON **out, struct ckfs_error *err)
+{
+	CKFS_TRY(ckfs_json_parse(what, text, len, out, err));
+	if (!cJSON_IsObject(*out)) {
+		cJSON_Delete(*out);
+		*out = NULL;
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': not a JSON object", what);
+	}
+	return CKFS_OK;
 }

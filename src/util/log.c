@@ -2,6 +2,8 @@
 /* Logging: see include/ckfs/log.h. */
 #include "ckfs/log.h"
 
+#include "ckfs/text.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -30,14 +32,16 @@ int ckfs_log_parse_level(const char *name)
 
 void ckfs_log(enum ckfs_log_level level, const char *fmt, ...)
 {
-	char line[2048];
+	char raw[2048], line[2048];
 	va_list ap;
 
 	if (level > current_level)
 		return;
 	va_start(ap, fmt);
-	vsnprintf(line, sizeof(line), fmt, ap);
+	vsnprintf(raw, sizeof(raw), fmt, ap);
 	va_end(ap);
+	/* One line, whatever names it quotes (include/ckfs/text.h). */
+	ckfs_text_escape(line, sizeof(line), raw);
 	if (current_sink) {
 		current_sink(level, line);
 		return;

@@ -104,6 +104,76 @@ PY
 	bad "verify fails on changed values"
 "$CKFS" verify --atol 1 "$SAMPLE" --against "$WORK/ref" >/dev/null && ok "verify --atol" || bad "verify --atol"
 
+# Control characters in names and paths are escaped in every message:
+# one error is one line, and nothing reaches the terminal as a control.
+mkdir "$WORK/bad"$'\n'"name"$'\e[31m'
+expect "newline and ESC in a path" 1 "bad\\\\x0aname\\\\x1b\\[31m': not a verl FSDP checkpoint" -- \
+	"$CKFS" inspect "$WORK/bad"$'\n'"name"$'\e[31m'
+expect "C1 control in an option value" 2 "unknown dtype 'x\\\\xc2\\\\x9by'" -- "$CKFS" export --dtype x$'\xc2\x9b'y "$SAMPLE" "$WORK/x"
+rmdir "$WORK/bad"$'\n'"name"$'\e[31m'
+
+# An export never deletes or overwrites what it reads (docs/reliability.md):
+# DIR must not be SRC or above it (through symlinks too), and --force must
+# not replace a folder holding a file the plan reads. Each refusal names
+# both paths and leaves every file where it was.
+cp -r "$SAMPLE" "$WORK/own"
+OWN=$(cd "$WORK/own" && pwd -P)
+snapshot() { (cd "$WORK" && find own -printf '%p %s %T@\n' | sort); }
+before=$(snapshot)
+expect "DIR is SRC" 1 "^ckfs: '.*/own': is the checkpoint '$OWN' or a folder above it" -- \
+	"$CKFS" export -q --force "$WORK/own" "$WORK/own"
+expect "DIR is SRC (trailing slash)" 1 "is the checkpoint '$OWN'" -- \
+	"$CKFS" export -q --force "$WORK/own" "$WORK/own/"
+expect "DIR above SRC" 1 "^ckfs: '$WORK': is the checkpoint '$OWN' or a folder above it" -- \
+	"$CKFS" export -q --force "$WORK/own" "$WORK"
+ln -s own "$WORK/own-link"
+expect "DIR a symlink to SRC" 1 "own-link': is the checkpoint '$OWN'" -- \
+	"$CKFS" export -q --force "$WORK/own" "$WORK/own-link"
+expect "DIR the checkpoint's huggingface/" 1 "own/huggingface': is the checkpoint's Hugging Face folder.*export to a new folder, e.g. '$OWN/merged'" -- \
+	"$CKFS" export -q --force "$WORK/own" "$WORK/own/huggingface"
+mkdir "$WORK/cfgdir" && cp "$SAMPLE/huggingface/config.json" "$WORK/cfgdir/"
+expect "DIR holding the --config file" 1 "cfgdir': holds '.*cfgdir/config.json', which this export reads" -- \
+	"$CKFS" export -q --force --config "$WORK/cfgdir/config.json" "$WORK/own" "$WORK/cfgdir"
+expect "DIR '.'" 1 "name the folder to write" -- "$CKFS" export -q --force "$WORK/own" "$WORK/own/."
+[ "$(snapshot)" = "$before" ] && [ -f "$WORK/cfgdir/config.json" ] && ok "refused exports touch nothing" ||
+	bad "refused exports touch nothing"
+"$CKFS" export -q "$WORK/own" "$WORK/own/merged" && cmp -s "$WORK/own/merged/model.safetensors" "$EXPECTED/model.safetensors" &&
+	ok "a new DIR inside SRC is allowed" || bad "a new DIR inside SRC is allowed"
+"$CKFS" export -q --force "$WORK/own" "$WORK/own/merged" && ok "--force on a DIR inside SRC" || bad "--force on a DIR inside SRC"
+rm -rf "$WORK/own/merged"
+echo x > "$WORK/afile"
+expect "--force on a file" 1 "afile': not a folder; --force replaces only a folder" -- \
+	"$CKFS" export -q --force "$SAMPLE" "$WORK/afile"
+[ "$(cat "$WORK/afile")" = x ] && ok "the file is kept" || bad "the file is kept"
+
+# A killed export's temporary folder is removed by the next export to the
+# same DIR (its process is gone and its lock is free); a live export's is
+# not (this shell's pid stands for a live one; a lock held by this shell
+# for a live one whose pid was reused). An old folder left by a killed
+# --force is removed once DIR exists again, kept (and pointed out) if not.
+( exec true ) & dead=$!; wait $dead
+mkdir -p "$WORK/k.ckfs-tmp-$dead" "$WORK/k.ckfs-tmp-$$" "$WORK/k.ckfs-tmp-${dead}x"
+touch "$WORK/k.ckfs-tmp-$dead/model.safetensors"
+"$CKFS" export -q "$SAMPLE" "$WORK/k" 2>"$WORK/k.err"
+[ ! -e "$WORK/k.ckfs-tmp-$dead" ] && grep -q "removed '.*k.ckfs-tmp-$dead', left by an interrupted export (process $dead, gone)" "$WORK/k.err" &&
+	ok "stale temporary folder removed" || bad "stale temporary folder removed: $(cat "$WORK/k.err")"
+[ -d "$WORK/k.ckfs-tmp-$$" ] && [ -d "$WORK/k.ckfs-tmp-${dead}x" ] && ok "a live export's folder and other names are kept" ||
+	bad "a live export's folder and other names are kept"
+mkdir -p "$WORK/k.ckfs-old-$dead"
+"$CKFS" export -q --force "$SAMPLE" "$WORK/k" 2>"$WORK/k.err"
+[ ! -e "$WORK/k.ckfs-old-$dead" ] && ok "stale old folder removed once DIR exists" || bad "stale old folder removed once DIR exists"
+mkdir -p "$WORK/n.ckfs-old-$dead"
+"$CKFS" export -q "$SAMPLE" "$WORK/n" 2>"$WORK/n.err"
+[ -d "$WORK/n.ckfs-old-$dead" ] && grep -q "n.ckfs-old-$dead' holds what '.*/n' held before an interrupted --force export.*kept" "$WORK/n.err" &&
+	ok "stale old folder kept while DIR was missing" || bad "stale old folder kept while DIR was missing: $(cat "$WORK/n.err")"
+mkdir "$WORK/m.ckfs-tmp-$dead"
+exec 9<"$WORK/m.ckfs-tmp-$dead"
+flock -x 9
+"$CKFS" export -q "$SAMPLE" "$WORK/m" 2>/dev/null
+[ -d "$WORK/m.ckfs-tmp-$dead" ] && ok "a locked temporary folder is kept" || bad "a locked temporary folder is kept"
+exec 9<&-
+rm -rf "$WORK"/k* "$WORK"/m* "$WORK"/n*
+
 # a full disk fails before anything lands (root only: needs a tiny tmpfs)
 if [ "$(id -u)" = 0 ] && mkdir -p "$WORK/tiny" && mount -t tmpfs -o size=64k tmpfs "$WORK/tiny" 2>/dev/null; then
 	expect "full disk" 1 "No space left on device" -- "$CKFS" export -q "$SAMPLE" "$WORK/tiny/out"

@@ -90,6 +90,12 @@ def make_state_dict(variant: str, rank: int, world: int, mesh) -> dict:
                 "model.norm.weight": full["model.norm.weight"]}
     if variant == "extra_key" and rank == 1:
         full["model.extra.weight"] = torch.randn(6, 4, generator=g)
+    if variant == "control_key" and rank == 1:  # a name that would write to a terminal
+        full["model.layers.0.\n\x1b[31mevil\u009b.weight"] = torch.randn(6, 4, generator=g)
+    if variant == "reserved_key":  # the safetensors header's own key
+        full["__metadata__"] = full.pop("model.norm.weight")
+    if variant == "empty_key":
+        full[""] = full.pop("model.norm.weight")
     if variant == "renamed_key" and rank == 1:
         full["model.norm.bias"] = full.pop("model.norm.weight")
     sd = {}
@@ -129,7 +135,8 @@ def _worker(rank: int, world: int, port: int, variants: list, out: str) -> None:
 
 def real_files() -> dict:
     """variant -> [rank 0 bytes, rank 1 bytes], plus world-size-1 files."""
-    variants = ["base", "wide", "bf16", "extra_key", "renamed_key", "bad_local", "nonutf8"]
+    variants = ["base", "wide", "bf16", "extra_key", "renamed_key", "bad_local", "nonutf8",
+                "control_key", "reserved_key", "empty_key"]
     tmp = tempfile.mkdtemp(prefix="ckfs-broken-")
     try:
         mp.spawn(_worker, args=(2, 29631, variants, tmp), nprocs=2, join=True)
@@ -359,6 +366,9 @@ def main() -> None:
     case("model_renamed_key", {R0: files["renamed_key"][0], R1: files["renamed_key"][1]})
     case("model_bad_local_shape", {R0: files["bad_local"][0], R1: files["bad_local"][1]})
     case("model_non_utf8_key", {R0: files["nonutf8"][0], R1: files["nonutf8"][1]})
+    case("model_control_chars_key", {R0: files["control_key"][0], R1: files["control_key"][1]})
+    case("model_reserved_name", {R0: files["reserved_key"][0], R1: files["reserved_key"][1]})
+    case("model_empty_name", {R0: files["empty_key"][0], R1: files["empty_key"][1]})
     case("model_missing_rank", {R0: r0})
     case("model_world_size_disagree", {R0: r0, R1: r1}, fsdp_config={"FSDP_version": 2, "world_size": 4})
     case("model_mesh_size_mismatch", {f"model_world_size_3_rank_{r}.pt": d for r, d in enumerate([r0, r1, r1])},
@@ -384,6 +394,16 @@ def main() -> None:
     case("cfg_hf_config_malformed", {R0: r0, R1: r1}, config='{"model_type": "llama", "torch_dtype": }\n')
     case("cfg_hf_config_not_object", {R0: r0, R1: r1}, config='"llama"\n')
     case("cfg_hf_config_missing", {R0: r0, R1: r1}, config=False)
+    # Duplicate keys: cJSON would take the first, Python's json (verl,
+    # transformers) the last; refused wherever they are.
+    case("cfg_fsdp_duplicate_key", {R0: r0, R1: r1},
+         fsdp_config='{"FSDP_version": 2, "world_size": 2, "world_size": 4}\n')
+    case("cfg_hf_config_duplicate_key", {R0: r0, R1: r1},
+         config='{"model_type": "llama", "tie_word_embeddings": false, "torch_dtype": "float32",\n'
+                ' "tie_word_embeddings": true}\n')
+    case("cfg_hf_config_nested_duplicate_key", {R0: r0, R1: r1},
+         config='{"model_type": "llama", "torch_dtype": "float32",\n'
+                ' "rope_scaling": {"factor": 2.0, "type": "linear", "factor": 4.0}}\n')
 
     # ---- the folder ----
     case("fs_zero_byte_rank", {R0: r0, R1: b""})
@@ -550,6 +570,88 @@ def hf_cases() -> None:
     h[names[0]]["dtype"] = "X9"
     hf_case("hf_bad_dtype", with_header(h))
     hf_case("hf_header_len_huge", struct.pack("<Q", 1 << 40) + base[8:])
+
+    # What safetensors 0.7 refuses and a laxer reader would accept. The
+    # header text is rewritten (its length may change; the data does not
+    # move relative to the data start).
+    def with_text(text: bytes) -> bytes:
+        text += b" " * (-(8 + len(text)) % 8)
+        return struct.pack("<Q", len(text)) + text + base[8 + hlen:]
+
+    compact = json.dumps(header, separators=(",", ":")).encode()
+    end = header[last]["data_offsets"][1]
+    first = min(names, key=lambda k: header[k]["data_offsets"][0])
+    hf_case("hf_offsets_float", with_text(compact.replace(b",%d]" % end, b",%d.0]" % end)))
+    hf_case("hf_offsets_exponent", with_text(compact.replace(b",%d]" % end, b",%de0]" % end)))
+    hf_case("hf_offsets_negative_zero", with_text(compact.replace(b'"data_offsets":[0,', b'"data_offsets":[-0,')))
+    dim = header[first]["shape"][0]
+    hf_case("hf_shape_float", with_text(compact.replace(b'"shape":[%d]' % dim, b'"shape":[%d.0]' % dim, 1)))
+    hf_case("hf_number_leading_zero", with_text(compact.replace(b",%d]" % end, b",0%d]" % end)))
+    hf_case("hf_header_leading_space", with_text(b" " + compact))
+    hf_case("hf_header_not_utf8", with_text(compact.replace(b'"format"', b'"form\xffat"')))
+    h = copy_json(header)
+    h["__metadata__"] = "pt"
+    hf_case("hf_metadata_not_object", with_text(json.dumps(h, separators=(",", ":")).encode()))
+    h = copy_json(header)
+    h["__metadata__"] = {"format": 1}
+    hf_case("hf_metadata_value_not_string", with_text(json.dumps(h, separators=(",", ":")).encode()))
+    entry = json.dumps(header[first], separators=(",", ":")).encode()
+    hf_case("hf_duplicate_tensor_key", with_text(compact[:-1] + b',"%s":%s}' % (first.encode(), entry)))
+    # The weights behind a symlink that leads outside the checkpoint: refused
+    # before a byte of the target is read (it would say "bad header length").
+    path = _fresh("hf_symlink_outside_weights")
+    shutil.copy(os.path.join(src, "config.json"), os.path.join(path, "config.json"))
+    os.symlink("../_outside/model_world_size_2_rank_1.pt", os.path.join(path, "model.safetensors"))
+
+    # A sharded folder: two shards of one tensor each (save_file) and the
+    # index as transformers writes it; then index and shards disagree.
+    shards = {"model-00001-of-00002.safetensors": "model.layers.0.input_layernorm.weight",
+              "model-00002-of-00002.safetensors": "model.norm.weight"}
+    blobs = {}
+    for fname, key in shards.items():
+        tmp = tempfile.mkdtemp()
+        save_file({key: full[key]}, os.path.join(tmp, fname), metadata={"format": "pt"})
+        blobs[fname] = open(os.path.join(tmp, fname), "rb").read()
+        shutil.rmtree(tmp)
+    index = {"metadata": {"total_size": sum(full[k].numel() * 4 for k in shards.values())},
+             "weight_map": {k: f for f, k in shards.items()}}
+
+    def sharded_case(name: str, idx, blobs_=blobs, link=None) -> None:
+        path = _fresh(name)
+        shutil.copy(os.path.join(src, "config.json"), os.path.join(path, "config.json"))
+        for fname, data in blobs_.items():
+            with open(os.path.join(path, fname), "wb") as f:
+                f.write(data)
+        text = idx if isinstance(idx, str) else json.dumps(idx, indent=2, sort_keys=True) + "\n"
+        with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+            f.write(text)
+        if link:
+            os.remove(os.path.join(path, link))
+            os.symlink("../_outside/model_world_size_2_rank_1.pt", os.path.join(path, link))
+
+    i = copy_json(index)
+    i["weight_map"]["model.phantom.weight"] = "model-00001-of-00002.safetensors"
+    sharded_case("hf_index_tensor_missing", i)
+    i = copy_json(index)
+    i["weight_map"]["model.norm.weight"] = "model-00001-of-00002.safetensors"
+    sharded_case("hf_index_wrong_shard", i)
+    # A shard holding a tensor the index does not name (loaders that list
+    # the shard would load it, loaders that follow the index would not).
+    tmp = tempfile.mkdtemp()
+    two = "model-00001-of-00002.safetensors"
+    save_file({k: full[k] for k in shards.values()}, os.path.join(tmp, two), metadata={"format": "pt"})
+    sharded_case("hf_index_tensor_not_indexed",
+                 {"metadata": {}, "weight_map": {"model.norm.weight": two}},
+                 blobs_={two: open(os.path.join(tmp, two), "rb").read()})
+    shutil.rmtree(tmp)
+    i = copy_json(index)
+    i["weight_map"]["model.norm.weight"] = "../hf_index_wrong_shard/model-00002-of-00002.safetensors"
+    sharded_case("hf_index_shard_path", i)
+    text = json.dumps(index, indent=2, sort_keys=True)
+    dup = text.replace('"weight_map": {', '"weight_map": {\n    "model.norm.weight": '
+                       '"model-00001-of-00002.safetensors",', 1)
+    sharded_case("hf_index_duplicate_key", dup + "\n")
+    sharded_case("hf_index_symlink_outside_shard", index, link="model-00002-of-00002.safetensors")
 
 
 def copy_json(h: dict) -> dict:

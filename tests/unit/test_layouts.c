@@ -93,7 +93,7 @@ static int open_st_file(const char *file, const char *dirname, struct ckfs_st_se
 	if (!realpath(file, abs) || symlink(abs, link) != 0)
 		return -1;
 	ckfs_error_clear(&err);
-	if (ckfs_st_set_open(dir, set, &err) != CKFS_OK) {
+	if (ckfs_st_set_open(dir, NULL, set, &err) != CKFS_OK) {
 		fprintf(stderr, "%s\n", err.msg);
 		return -1;
 	}

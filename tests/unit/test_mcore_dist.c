@@ -69,7 +69,7 @@ static void check_case(size_t i)
 	CHECK_EQ_INT(m->n_sources, cases[i].n_sources);
 	CHECK_EQ_INT(m->tie_word_embeddings, cases[i].tied);
 	ckfs_error_clear(&err);
-	CHECK(ckfs_st_set_open(orig, &ref, &err) == CKFS_OK);
+	CHECK(ckfs_st_set_open(orig, NULL, &ref, &err) == CKFS_OK);
 	CHECK_EQ_INT(m->n_tensors, ref.n_entries);
 	test_model_equals(m, &ref, CKFS_DTYPE_BF16, src);
 	int skipped = 0;
@@ -181,6 +181,15 @@ static void test_broken(void)
 			 "understood: 'decoder.layers.mlp.shared_experts.linear_fc1.weight', "
 			 "'decoder.layers.mlp.shared_experts.linear_fc2.weight', "
 			 "'decoder.layers.mlp.shared_experts.gate_weight'", NULL);
+	/* verl's manifest, unreadable or saying two things: refused, not
+	 * guessed around by folder names. */
+	expect_broken_in("llama_pp2_vpp2_head", "", "echo garbage > \"$D/ckpt_contents.json\"",
+			 CKFS_E_FORMAT, "/ckpt_contents.json': invalid JSON at line 1, column 1",
+			 NULL);
+	expect_broken_in("llama_pp2_vpp2_head", "",
+			 "printf '{\"contents\": {}, \"contents\": {}}' > \"$D/ckpt_contents.json\"",
+			 CKFS_E_FORMAT, "/ckpt_contents.json': key 'contents' appears twice in one "
+			 "object", NULL);
 	/* SRC = dist_ckpt without --config. */
 	expect_broken_in("qwen2_tp2", "/dist_ckpt", "true", CKFS_E_NOTFOUND,
 			 "/dist_ckpt/huggingface/config.json': not found; pass --config", NULL);
@@ -215,9 +224,6 @@ static void test_which_folder(void)
 		      "sed -i 's#\"format\": \"megatron_dist_checkpoint\"#\"format\": "
 		      "\"huggingface\"#' \"$D/ckpt_contents.json\" && cp \"$D/original/"
 		      "model.safetensors\" \"$D/model/huggingface/\"", "hf", 39);
-	/* An unreadable manifest: found by names (model/dist_ckpt). */
-	expect_layout("llama_pp2_vpp2_head", "echo garbage > \"$D/ckpt_contents.json\"",
-		      "megatron-dist", 39);
 	/* No manifest, HF weights beside the dist_ckpt: the dist_ckpt wins. */
 	expect_layout("llama_pp2_vpp2_head", "rm \"$D/ckpt_contents.json\" && cp \"$D/original/"
 		      "model.safetensors\" \"$D/model/huggingface/\"", "megatron-dist", 39);
@@ -264,7 +270,7 @@ static void test_raw_names(void)
 				 "served as stored (--raw-names)") != NULL;
 	CHECK(warned);
 	ckfs_error_clear(&err);
-	CHECK(ckfs_st_set_open(MD "/qwen2_moe_tp2_ep2/original", &ref, &err) == CKFS_OK);
+	CHECK(ckfs_st_set_open(MD "/qwen2_moe_tp2_ep2/original", NULL, &ref, &err) == CKFS_OK);
 	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
 		const struct ckfs_tensor *t = NULL;
 		for (size_t k = 0; k < m->n_tensors; k++)

@@ -80,7 +80,7 @@ static void test_equals_original(void)
 			CHECK_EQ_INT(m->stage_layers[k], cases[i].stage_layers[k]);
 		CHECK_EQ_INT(m->tie_word_embeddings, cases[i].tied);
 		ckfs_error_clear(&err);
-		CHECK(ckfs_st_set_open(orig, &ref, &err) == CKFS_OK);
+		CHECK(ckfs_st_set_open(orig, NULL, &ref, &err) == CKFS_OK);
 		CHECK_EQ_INT(m->n_tensors, ref.n_entries);
 		test_model_equals(m, &ref, CKFS_DTYPE_BF16, cases[i].name);
 		if (strcmp(cases[i].name, "llama_tp2_te") == 0) {

@@ -181,7 +181,7 @@ static void test_fp32_equals_original(void)
 		CHECK(realpath(orig, abs) != NULL);
 		CHECK(symlink(abs, link) == 0);
 		ckfs_error_clear(&err);
-		CHECK(ckfs_st_set_open(dir, &ref, &err) == CKFS_OK);
+		CHECK(ckfs_st_set_open(dir, NULL, &ref, &err) == CKFS_OK);
 		for (size_t k = 0; k < m->n_tensors; k++) {
 			const struct ckfs_tensor *t = &m->tensors[k];
 			const struct ckfs_st_entry *e = ckfs_st_set_find(&ref, t->name);

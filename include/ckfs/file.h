@@ -1,0 +1,62 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Opening the files of a checkpoint, the one way every reader does it.
+ *
+ * A checkpoint may come from someone else, so a file is checked before
+ * anything is opened or read: it must resolve inside the checkpoint
+ * folder (the symlink policy, unless --follow-symlinks), and be a regular
+ * file (a FIFO would block the open or the read, a device could do
+ * anything on open, a folder is not a file). The open itself cannot block
+ * (O_NONBLOCK) and the opened file must be the one checked, so a link
+ * swapped in between is noticed. Readers then keep the descriptor, and
+ * src/model/source.c records its identity to detect later changes.
+ */
+#ifndef CKFS_FILE_H
+#define CKFS_FILE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/stat.h>
+
+#include "ckfs/err.h"
+
+/* Where files may come from. */
+struct ckfs_file_policy {
+	const char *root;      /* real path files must resolve inside; NULL: anywhere */
+	const char *alt_root;  /* a second such folder (a --config folder outside
+				* root), or NULL */
+	bool follow_symlinks;  /* accept files that resolve anywhere */
+};
+
+/*
+ * The symlink policy alone, for a file or a folder: path must resolve
+ * inside pol's roots, else CKFS_E_INVALID "'<path>': symlink leads outside
+ * the checkpoint; use --follow-symlinks". pol NULL, no root or
+ * follow_symlinks: always CKFS_OK. A missing path is CKFS_E_NOTFOUND
+ * ("not found", or "dangling symlink").
+ */
+enum ckfs_code ckfs_file_check_policy(const struct ckfs_file_policy *pol, const char *path,
+				      struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/*
+ * Open path read-only as a regular file under pol (NULL: no symlink
+ * policy): the policy first, then the file's type (CKFS_E_INVALID "not a
+ * regular file" without opening it), then the open, then a check that
+ * the opened file is the one looked at (CKFS_E_CHANGED). On success *fd
+ * is the caller's, and *st (when not NULL) its fstat.
+ */
+enum ckfs_code ckfs_file_open(const struct ckfs_file_policy *pol, const char *path,
+			      int *fd, struct stat *st,
+			      struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/* A whole regular file of at most max bytes (CKFS_E_LIMIT beyond), opened
+ * as ckfs_file_open does, into a malloc'd NUL-terminated buffer. */
+enum ckfs_code ckfs_file_read_small(const struct ckfs_file_policy *pol, const char *path,
+				    size_t max, char **out, size_t *len,
+				    struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/* stat(2) says: a folder; anything that exists. */
+bool ckfs_path_is_dir(const char *path);
+bool ckfs_path_exists(const char *path);
+
+#endif

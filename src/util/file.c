@@ -1,0 +1,165 @@
+/* SPDX-License-Identifier: MIT */
+/* Opening checkpoint files: see include/ckfs/file.h. */
+#include "ckfs/file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* path names root or something under it (both real paths). */
+static bool path_under(const char *path, const char *root)
+{
+	size_t n = strlen(root);
+
+	if (n == 1 && root[0] == '/')
+		return path[0] == '/';
+	return strncmp(path, root, n) == 0 && (path[n] == '\0' || path[n] == '/');
+}
+
+/* A path that does not resolve: missing, or a link to nothing. */
+static enum ckfs_code not_found(const char *path, struct ckfs_error *err)
+{
+	struct stat lst;
+
+	if (lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode))
+		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': dangling symlink", path);
+	return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found", path);
+}
+
+/* Resolve path and apply the policy; *real (malloc'd) is NULL when no
+ * policy applies. */
+static enum ckfs_code resolve(const struct ckfs_file_policy *pol, const char *path,
+			      char **real, struct ckfs_error *err)
+{
+	*real = NULL;
+	if (!pol || !pol->root || pol->follow_symlinks)
+		return CKFS_OK;
+	char *r = realpath(path, NULL);
+	if (!r)
+		return errno == ENOENT || errno == ENOTDIR
+			       ? not_found(path, err)
+			       : ckfs_fail_errno(err, "'%s': cannot open", path);
+	if (!path_under(r, pol->root) && !(pol->alt_root && path_under(r, pol->alt_root))) {
+		free(r);
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': symlink leads outside the "
+				 "checkpoint; use --follow-symlinks", path);
+	}
+	*real = r;
+	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_file_check_policy(const struct ckfs_file_policy *pol, const char *path,
+				      struct ckfs_error *err)
+{
+	char *real;
+
+	CKFS_TRY(resolve(pol, path, &real, err));
+	free(real);
+	return CKFS_OK;
+}
+
+static bool same_file(const struct stat *a, const struct stat *b)
+{
+	return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
+}
+
+enum ckfs_code ckfs_file_open(const struct ckfs_file_policy *pol, const char *path,
+			      int *fd_out, struct stat *st_out, struct ckfs_error *err)
+{
+	struct stat looked, opened, resolved;
+	char *real;
+	enum ckfs_code rc = CKFS_OK;
+
+	CKFS_TRY(resolve(pol, path, &real, err));
+	/* Its type before opening it: opening a FIFO blocks, opening a
+	 * device may act on it. */
+	if (stat(path, &looked) != 0) {
+		rc = errno == ENOENT || errno == ENOTDIR ? not_found(path, err)
+							 : ckfs_fail_errno(err, "'%s': cannot open", path);
+		goto out;
+	}
+	if (!S_ISREG(looked.st_mode)) {
+		rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': not a regular file", path);
+		goto out;
+	}
+	/* O_NONBLOCK and O_NOCTTY: should the name be swapped for a FIFO or
+	 * a terminal right now, the open neither blocks nor adopts it. */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+	if (fd < 0) {
+		rc = errno == ENOENT ? not_found(path, err)
+				     : ckfs_fail_errno(err, "'%s': cannot open", path);
+		goto out;
+	}
+	if (fstat(fd, &opened) != 0) {
+		rc = ckfs_fail_errno(err, "'%s': cannot stat", path);
+	} else if (!S_ISREG(opened.st_mode) || !same_file(&opened, &looked) ||
+		   (real && (stat(real, &resolved) != 0 || !same_file(&opened, &resolved)))) {
+		rc = ckfs_fail(err, CKFS_E_CHANGED, "'%s': replaced while it was opened",
+			       path);
+	}
+	if (rc != CKFS_OK) {
+		close(fd);
+		goto out;
+	}
+	*fd_out = fd;
+	if (st_out)
+		*st_out = opened;
+out:
+	free(real);
+	return rc;
+}
+
+enum ckfs_code ckfs_file_read_small(const struct ckfs_file_policy *pol, const char *path,
+				    size_t max, char **out, size_t *len,
+				    struct ckfs_error *err)
+{
+	struct stat st;
+	int fd;
+
+	CKFS_TRY(ckfs_file_open(pol, path, &fd, &st, err));
+	if ((uint64_t)st.st_size > max) {
+		close(fd);
+		return ckfs_fail(err, CKFS_E_LIMIT, "'%s': larger than %zu bytes", path, max);
+	}
+	char *buf = malloc((size_t)st.st_size + 1);
+	if (!buf) {
+		close(fd);
+		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	}
+	size_t done = 0;
+	while (done < (size_t)st.st_size) {
+		ssize_t r = read(fd, buf + done, (size_t)st.st_size - done);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			int e = errno;
+			free(buf);
+			close(fd);
+			errno = e;
+			return r < 0 ? ckfs_fail_errno(err, "'%s': read failed", path)
+				     : ckfs_fail(err, CKFS_E_CHANGED, "'%s': shrank while "
+						 "being read", path);
+		}
+		done += (size_t)r;
+	}
+	close(fd);
+	buf[done] = '\0';
+	*out = buf;
+	*len = done;
+	return CKFS_OK;
+}
+
+bool ckfs_path_is_dir(const char *path)
+{
+	struct stat st;
+	return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool ckfs_path_exists(const char *path)
+{
+	struct stat st;
+	return stat(path, &st) == 0;
+}
