@@ -35,6 +35,22 @@ struct ckfs_source {
 	dev_t dev;
 	ino_t ino;
 	struct timespec mtime;
+	mode_t mode;           /* who may read it (type and permission bits), */
+	uid_t uid;             /* part of the identity too */
+	gid_t gid;
+	bool acl;              /* it has an access ACL (ckfs_fd_has_acl) */
+};
+
+/* Who may read a file the model was read from besides its sources
+ * (config.json, fsdp_config.json, DCP .metadata): recorded when it was
+ * read, so that what is served from it is never shown more widely
+ * (include/ckfs/perm.h). */
+struct ckfs_file_access {
+	const char *path;      /* NULL: nothing recorded */
+	mode_t mode;
+	uid_t uid;
+	gid_t gid;
+	bool acl;              /* it has an access ACL */
 };
 
 /* A block of a source tensor placed in the global tensor. */
@@ -102,6 +118,11 @@ struct ckfs_model {
 	const char *config_path;
 	char *config_json;              /* the source config, NUL-terminated */
 	size_t config_len;
+	struct ckfs_file_access config_access; /* of config_path */
+	/* The layout's metadata files the tensors' names, shapes and
+	 * placement were read from (fsdp_config.json, .metadata, ...). */
+	struct ckfs_file_access *meta_files;
+	size_t n_meta_files;
 	bool tie_word_embeddings;
 	bool follow_symlinks;           /* from the options */
 	const char **warnings;
@@ -120,9 +141,10 @@ enum ckfs_code ckfs_model_open(const char *src,
 void ckfs_model_free(struct ckfs_model *m);
 
 /*
- * Check that a source is still the file that was opened: same size and
- * mtime through its descriptor, not deleted, and its path still naming the
- * same inode. CKFS_E_CHANGED otherwise, with a message saying what changed.
+ * Check that a source is still the file that was opened: same size, mtime,
+ * permissions and owner through its descriptor, not deleted, and its path
+ * still naming the same inode. CKFS_E_CHANGED otherwise, with a message
+ * saying what changed.
  * The read path calls it before and after reading, so bytes assembled
  * while a file changed are never returned.
  */
@@ -141,6 +163,10 @@ enum ckfs_code ckfs_source_check(const struct ckfs_source *s,
  */
 enum ckfs_code ckfs_model_check_path(const struct ckfs_model *m, const char *path,
 				     int fd, struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* Whether a file has an access ACL (POSIX or NFSv4), whose entries may
+ * deny users its mode bits let in. */
+bool ckfs_fd_has_acl(int fd);
+bool ckfs_path_has_acl(const char *path);
 /* Record the identity of an open descriptor into s (fd, path kept). */
 enum ckfs_code ckfs_source_init(struct ckfs_source *s, int fd, const char *path,
 				const char *name, struct ckfs_error *err) CKFS_WARN_UNUSED;

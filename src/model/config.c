@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Files around the tensors (src/model/model_int.h): the Hugging Face
- * config.json a model is served with, small JSON files read whole, and the
- * warnings a model collects while it is opened.
+ * config.json a model is served with, small JSON files read whole (with
+ * who may read them, for the served modes), and the warnings a model
+ * collects while it is opened.
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -37,9 +38,11 @@ enum ckfs_code ckfs_model_warn(struct ckfs_model *m, struct ckfs_error *err,
 	return CKFS_OK;
 }
 
-/* Read a small text file whole (NUL-terminated). */
-enum ckfs_code ckfs_read_small_file(const char *path, size_t max, char **out,
-				      size_t *len, struct ckfs_error *err)
+/* Read a small text file whole (NUL-terminated); who may read it into
+ * *access when not NULL (path left to the caller). */
+static enum ckfs_code read_small_file(const char *path, size_t max, char **out,
+				      size_t *len, struct ckfs_file_access *access,
+				      struct ckfs_error *err)
 {
 	/* O_NONBLOCK: a FIFO in place of the file must not block the open;
 	 * it is refused as "not a regular file" below. */
@@ -76,10 +79,44 @@ enum ckfs_code ckfs_read_small_file(const char *path, size_t max, char **out,
 		}
 		done += (size_t)r;
 	}
+	if (access) {
+		access->mode = st.st_mode;
+		access->uid = st.st_uid;
+		access->gid = st.st_gid;
+		access->acl = ckfs_fd_has_acl(fd);
+	}
 	close(fd);
 	buf[done] = '\0';
 	*out = buf;
 	*len = done;
+	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_read_small_file(const char *path, size_t max, char **out,
+				    size_t *len, struct ckfs_error *err)
+{
+	return read_small_file(path, max, out, len, NULL, err);
+}
+
+enum ckfs_code ckfs_model_read_meta(struct ckfs_model *m, const char *path, size_t max,
+				    char **out, size_t *len, struct ckfs_error *err)
+{
+	struct ckfs_file_access access;
+	struct ckfs_file_access *list;
+
+	CKFS_TRY(read_small_file(path, max, out, len, &access, err));
+	list = ckfs_arena_calloc(&m->arena, m->n_meta_files + 1, sizeof(*list));
+	access.path = ckfs_arena_strdup(&m->arena, path);
+	if (!list || !access.path) {
+		free(*out);
+		*out = NULL;
+		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	}
+	list[m->n_meta_files] = access;
+	if (m->n_meta_files)
+		memcpy(list, m->meta_files, m->n_meta_files * sizeof(*list));
+	m->meta_files = list;
+	m->n_meta_files++;
 	return CKFS_OK;
 }
 
@@ -205,7 +242,8 @@ enum ckfs_code ckfs_model_load_config_from(struct ckfs_model *m, const char *hf,
 	}
 	if (!path)
 		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
-	enum ckfs_code rc = ckfs_read_small_file(path, CKFS_MAX_JSON_BYTES, &text, &len, err);
+	struct ckfs_file_access access;
+	enum ckfs_code rc = read_small_file(path, CKFS_MAX_JSON_BYTES, &text, &len, &access, err);
 	if (rc == CKFS_E_NOTFOUND && !config_opt) {
 		ckfs_error_clear(err);
 		return ckfs_fail(err, CKFS_E_NOTFOUND,
@@ -229,5 +267,7 @@ enum ckfs_code ckfs_model_load_config_from(struct ckfs_model *m, const char *hf,
 		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
 	m->config_len = len;
 	m->config_path = path;
+	m->config_access = access;
+	m->config_access.path = path;
 	return CKFS_OK;
 }

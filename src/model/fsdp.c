@@ -105,7 +105,7 @@ static enum ckfs_code read_fsdp_config(struct ckfs_model *m, long *ws,
 
 	snprintf(path, sizeof(path), "%s/fsdp_config.json", m->src_dir);
 	CKFS_TRY(ckfs_model_check_path(m, path, -1, err));
-	rc = ckfs_read_small_file(path, CKFS_MAX_JSON_BYTES, &text, &len, err);
+	rc = ckfs_model_read_meta(m, path, CKFS_MAX_JSON_BYTES, &text, &len, err);
 	if (rc == CKFS_E_NOTFOUND) {
 		ckfs_error_clear(err);
 		*ws = 0;

@@ -175,14 +175,15 @@ int ckfs_mcore_dist_detect(const char *src_dir)
 }
 
 /* metadata.json must say torch_dist (zarr and other backends differ). */
-static enum ckfs_code check_backend(const struct where *w, struct ckfs_error *err)
+static enum ckfs_code check_backend(struct ckfs_model *m, const struct where *w,
+				    struct ckfs_error *err)
 {
 	char path[PATHMAX + 32], *text;
 	size_t len;
 	cJSON *j;
 
 	snprintf(path, sizeof(path), "%s/metadata.json", w->dist);
-	enum ckfs_code rc = ckfs_read_small_file(path, CKFS_MAX_JSON_BYTES, &text, &len, err);
+	enum ckfs_code rc = ckfs_model_read_meta(m, path, CKFS_MAX_JSON_BYTES, &text, &len, err);
 	if (rc == CKFS_E_NOTFOUND) {
 		ckfs_error_clear(err);
 		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found (not a Megatron "
@@ -901,7 +902,7 @@ enum ckfs_code ckfs_mcore_dist_build(struct ckfs_model *m,
 		goto out;
 	}
 	if ((rc = ckfs_model_check_path(m, w->dist, -1, err)) != CKFS_OK ||
-	    (rc = check_backend(w, err)) != CKFS_OK)
+	    (rc = check_backend(m, w, err)) != CKFS_OK)
 		goto out;
 	const char *hf = ckfs_arena_strdup(&m->arena, w->hf);
 	c.md = ckfs_arena_printf(&m->arena, "%s/.metadata", w->dist);

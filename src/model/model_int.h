@@ -14,6 +14,12 @@ int ckfs_path_exists(const char *path);
  * malloc'd buffer; CKFS_E_NOTFOUND when missing. */
 enum ckfs_code ckfs_read_small_file(const char *path, size_t max, char **out,
 				    size_t *len, struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The same for a metadata file the tensors are described by (fsdp_config.json,
+ * .metadata, metadata.json): who may read it is appended to m->meta_files,
+ * so the weights are never shown more widely than it allows. */
+enum ckfs_code ckfs_model_read_meta(struct ckfs_model *m, const char *path, size_t max,
+				    char **out, size_t *len,
+				    struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* text (read from path) parsed as a JSON object; *out is freed with
  * cJSON_Delete. CKFS_E_FORMAT naming the line and column of a syntax
  * error, or saying the value is not an object. */
@@ -25,7 +31,7 @@ enum ckfs_code ckfs_json_parse_object(const char *path, const char *text, size_t
 enum ckfs_code ckfs_model_warn(struct ckfs_model *m, struct ckfs_error *err,
 			       const char *fmt, ...) CKFS_PRINTF(3, 4);
 /* config.json: --config (a file or a folder) or SRC/huggingface/; sets
- * hf_dir, config_path, config_json and tie_word_embeddings. */
+ * hf_dir, config_path, config_access, config_json and tie_word_embeddings. */
 enum ckfs_code ckfs_model_load_config(struct ckfs_model *m, const char *config_opt,
 				      struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* The same with the side-file folder hf (an arena string of m) in place of

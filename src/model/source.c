@@ -4,13 +4,18 @@
  * was opened, and the check that it still is. A file deleted, truncated,
  * extended, rewritten (mtime) or replaced under its name is "changed": its
  * bytes may no longer be the checkpoint's, so reads that need it fail
- * instead of serving stale or mixed data.
+ * instead of serving stale or mixed data. Its permissions and owner are
+ * recorded too: the served files' modes are derived from them when the
+ * folder is served (src/st/perm.c), so a chmod or chown afterwards is a
+ * change as well, and reads fail rather than serve bytes under
+ * permissions the file no longer has.
  */
 #include "ckfs/model.h"
 
 #include <errno.h>
 #include <stdatomic.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 
 /* Process-wide: a daemon serves one model, and a relaxed add per read of
  * up to a megabyte costs nothing measurable. */
@@ -24,6 +29,32 @@ uint64_t ckfs_source_bytes_read(void)
 void ckfs_source_note_read(uint64_t n)
 {
 	atomic_fetch_add_explicit(&source_bytes, n, memory_order_relaxed);
+}
+
+/* The attributes ACLs are kept in: POSIX ACLs, and NFSv4 ACLs as an NFS
+ * client shows them. Only "no such attribute" and "no attributes here"
+ * mean no ACL; any other answer counts as one (fail closed). */
+static const char *const acl_attrs[] = { "system.posix_acl_access", "system.nfs4_acl" };
+
+static bool acl_attr_present(ssize_t r)
+{
+	return r >= 0 || (errno != ENODATA && errno != ENOTSUP && errno != EOPNOTSUPP);
+}
+
+bool ckfs_fd_has_acl(int fd)
+{
+	for (size_t i = 0; i < sizeof(acl_attrs) / sizeof(acl_attrs[0]); i++)
+		if (acl_attr_present(fgetxattr(fd, acl_attrs[i], NULL, 0)))
+			return true;
+	return false;
+}
+
+bool ckfs_path_has_acl(const char *path)
+{
+	for (size_t i = 0; i < sizeof(acl_attrs) / sizeof(acl_attrs[0]); i++)
+		if (acl_attr_present(getxattr(path, acl_attrs[i], NULL, 0)))
+			return true;
+	return false;
 }
 
 enum ckfs_code ckfs_source_init(struct ckfs_source *s, int fd, const char *path,
@@ -40,6 +71,10 @@ enum ckfs_code ckfs_source_init(struct ckfs_source *s, int fd, const char *path,
 	s->dev = st.st_dev;
 	s->ino = st.st_ino;
 	s->mtime = st.st_mtim;
+	s->mode = st.st_mode;
+	s->uid = st.st_uid;
+	s->gid = st.st_gid;
+	s->acl = ckfs_fd_has_acl(fd);
 	return CKFS_OK;
 }
 
@@ -69,6 +104,14 @@ enum ckfs_code ckfs_source_check(const struct ckfs_source *s,
 	if (st.st_mtim.tv_sec != s->mtime.tv_sec ||
 	    st.st_mtim.tv_nsec != s->mtime.tv_nsec)
 		return ckfs_fail(err, CKFS_E_CHANGED, "'%s': source was modified",
+				 s->path);
+	if (st.st_mode != s->mode)
+		return ckfs_fail(err, CKFS_E_CHANGED,
+				 "'%s': source permissions changed from %04o to %04o",
+				 s->path, (unsigned)(s->mode & 07777),
+				 (unsigned)(st.st_mode & 07777));
+	if (st.st_uid != s->uid || st.st_gid != s->gid)
+		return ckfs_fail(err, CKFS_E_CHANGED, "'%s': source owner changed",
 				 s->path);
 	return CKFS_OK;
 }
