@@ -20,6 +20,16 @@
 
 #include "ckfs/err.h"
 
+/* Who may read a file: recorded when it is read, so that what is served
+ * from it is never shown more widely (include/ckfs/perm.h). */
+struct ckfs_file_access {
+	const char *path;      /* NULL: nothing recorded */
+	mode_t mode;
+	uid_t uid;
+	gid_t gid;
+	bool acl;              /* it has an access ACL */
+};
+
 /* Where files may come from. */
 struct ckfs_file_policy {
 	const char *root;      /* real path files must resolve inside; NULL: anywhere */
@@ -50,10 +60,17 @@ enum ckfs_code ckfs_file_open(const struct ckfs_file_policy *pol, const char *pa
 			      struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /* A whole regular file of at most max bytes (CKFS_E_LIMIT beyond), opened
- * as ckfs_file_open does, into a malloc'd NUL-terminated buffer. */
+ * as ckfs_file_open does, into a malloc'd NUL-terminated buffer; who may
+ * read it into *access when not NULL (its path left to the caller). */
 enum ckfs_code ckfs_file_read_small(const struct ckfs_file_policy *pol, const char *path,
 				    size_t max, char **out, size_t *len,
+				    struct ckfs_file_access *access,
 				    struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/* Whether a file has an access ACL (POSIX or NFSv4), whose entries may
+ * deny users its mode bits let in. */
+bool ckfs_fd_has_acl(int fd);
+bool ckfs_path_has_acl(const char *path);
 
 /* stat(2) says: a folder; anything that exists. */
 bool ckfs_path_is_dir(const char *path);

@@ -32,6 +32,9 @@ struct ckfs_node {
 	uint64_t size;
 	const struct ckfs_st_file *st;  /* WEIGHTS */
 	const char *data;               /* RENDERED */
+	/* RENDERED: the file it is rendered from (config.json); NULL for
+	 * the index, which comes from the weight files. */
+	const struct ckfs_file_access *from;
 	struct ckfs_source src;         /* PASSTHROUGH, opened read-only */
 };
 

@@ -36,7 +36,12 @@ struct ckfs_source {
 	dev_t dev;
 	ino_t ino;
 	struct timespec mtime;
+	mode_t mode;           /* who may read it (type and permission bits), */
+	uid_t uid;             /* part of the identity too */
+	gid_t gid;
+	bool acl;              /* it has an access ACL (ckfs_fd_has_acl) */
 };
+
 
 /* A block of a source tensor placed in the global tensor. */
 struct ckfs_chunk {
@@ -69,7 +74,7 @@ struct ckfs_model_options {
 	 * checkpoint's huggingface/config.json. */
 	const char *config_path;
 	/* --follow-symlinks: serve files whose symlinks lead outside the
-	 * checkpoint folder (refused by default: ckfs_model_check_path). */
+	 * checkpoint folder (refused by default: include/ckfs/file.h). */
 	bool follow_symlinks;
 	/* --raw-names: serve Megatron keys without a Hugging Face name under
 	 * their own names, one tensor per rank (megatron.c raw_key); refused
@@ -103,6 +108,11 @@ struct ckfs_model {
 	const char *config_path;
 	char *config_json;              /* the source config, NUL-terminated */
 	size_t config_len;
+	struct ckfs_file_access config_access; /* of config_path */
+	/* The layout's metadata files the tensors' names, shapes and
+	 * placement were read from (fsdp_config.json, .metadata, ...). */
+	struct ckfs_file_access *meta_files;
+	size_t n_meta_files;
 	bool tie_word_embeddings;
 	/* Where its files may come from: root = src_dir (alt_root a --config
 	 * folder), follow_symlinks from the options (include/ckfs/file.h). */
@@ -123,9 +133,10 @@ enum ckfs_code ckfs_model_open(const char *src,
 void ckfs_model_free(struct ckfs_model *m);
 
 /*
- * Check that a source is still the file that was opened: same size and
- * mtime through its descriptor, not deleted, and its path still naming the
- * same inode. CKFS_E_CHANGED otherwise, with a message saying what changed.
+ * Check that a source is still the file that was opened: same size, mtime,
+ * permissions and owner through its descriptor, not deleted, and its path
+ * still naming the same inode. CKFS_E_CHANGED otherwise, with a message
+ * saying what changed.
  * The read path calls it before and after reading, so bytes assembled
  * while a file changed are never returned.
  */

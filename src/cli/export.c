@@ -6,6 +6,13 @@
  * changed, Ctrl-C) leaves no partial output. Weight files are assembled
  * by worker threads, each owning one block buffer: memory stays at
  * threads x block size whatever the model size.
+ *
+ * Permissions carry over as they do on a mount (include/ckfs/perm.h): the
+ * exporting user keeps rw, and group and others get read only where
+ * every source the file is made from let them read it (0644 at most,
+ * 0755 for the folder, less the process umask). Exporting a private
+ * checkpoint to a shared folder never makes it readable there; chmod
+ * publishes it on purpose.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +30,7 @@
 
 #include "ckfs/folder.h"
 #include "ckfs/log.h"
+#include "ckfs/perm.h"
 #include "ckfs/st.h"
 #include "cli/cli.h"
 #include "cli/export_dest.h"
@@ -140,18 +148,60 @@ static void progress_draw(const struct progress *p, uint64_t done, const char *n
 	fflush(stderr);
 }
 
+/* The modes an export is written with. */
+struct export_modes {
+	mode_t *files;  /* per node: 0600 plus the carried group/other read */
+	mode_t dir;     /* 0700 plus the carried group/other read and search */
+	gid_t gid;      /* the group they were carried for: the folder's */
+};
+
+/* Carry the sources' permissions to the files of tmp (just created), for
+ * this user and the group tmp's files get (tmp's own: the process's, or
+ * the parent's when it is setgid). */
+static enum ckfs_code carry_modes(const struct ckfs_folder *f, const char *tmp,
+				  struct export_modes *em, struct ckfs_error *err)
+{
+	struct ckfs_owner owner;
+	struct stat st;
+	mode_t root;
+	enum ckfs_code rc;
+
+	if (stat(tmp, &st) != 0)
+		return ckfs_fail_errno(err, "'%s': cannot stat", tmp);
+	em->gid = st.st_gid;
+	em->files = calloc(f->n_nodes ? f->n_nodes : 1, sizeof(*em->files));
+	if (!em->files)
+		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	CKFS_TRY(ckfs_owner_init(&owner, geteuid(), st.st_gid, err));
+	rc = ckfs_folder_modes(f, &owner, em->files, &root, err);
+	ckfs_owner_release(&owner);
+	for (size_t i = 0; i < f->n_nodes; i++)
+		em->files[i] = 0600 | (em->files[i] & 0044);
+	em->dir = 0700 | (root & 0055);
+	return rc;
+}
+
 static enum ckfs_code write_node(const struct ckfs_folder *f, const struct ckfs_node *n,
-				 const char *dir, int threads, struct progress *prog,
-				 struct ckfs_error *err)
+				 const char *dir, const struct export_modes *em,
+				 int threads, struct progress *prog, struct ckfs_error *err)
 {
 	char path[PATH_MAX];
 	enum ckfs_code rc = CKFS_OK;
+	mode_t mode = em->files[n - f->nodes];
+	struct stat st;
 
 	if (snprintf(path, sizeof(path), "%s/%s", dir, n->name) >= (int)sizeof(path))
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': path too long", dir);
-	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
 	if (fd < 0)
 		return ckfs_fail_errno(err, "'%s': cannot create", path);
+	/* Group read was carried for the folder's group; a file given another
+	 * one (an unusual file system) keeps it closed. */
+	if ((mode & 0040) && (fstat(fd, &st) != 0 || st.st_gid != em->gid) &&
+	    fchmod(fd, mode & ~0070) != 0) {
+		close(fd);
+		return ckfs_fail_errno(err, "'%s': cannot set its mode", path);
+	}
 	/* Reserve the space first so a full disk fails before any work. */
 	if (n->size) {
 		int e = posix_fallocate(fd, 0, (off_t)n->size);
@@ -250,6 +300,8 @@ static void usage(FILE *to)
 	      "                   [--max-shard-size SIZE] [--config PATH] [--force]\n"
 	      "                   [--threads N] [--quiet] [--follow-symlinks] [--raw-names]\n"
 	      "Writes the merged Hugging Face folder of checkpoint SRC to DIR.\n"
+	      "Group and others may read a file only where they may read every\n"
+	      "source it is made from (0644 and 0755 at most, less the umask).\n"
 	      "Files whose symlinks lead outside SRC are refused unless\n"
 	      "--follow-symlinks. --raw-names serves Megatron keys without a\n"
 	      "Hugging Face name under their own names (per rank from mp_rank_*\n"
@@ -360,7 +412,10 @@ int ckfs_cmd_export(int argc, char **argv)
 
 	enum ckfs_code rc = CKFS_OK;
 	int made_tmp = 0, tmp_lock = -1, old_lock = -1;
-	if (mkdir(tmp, 0755) != 0) {
+	struct export_modes em = { 0 };
+	mode_t process_umask = umask(0); /* read it (no threads yet) */
+	umask(process_umask);
+	if (mkdir(tmp, 0700) != 0) {
 		rc = ckfs_fail_errno(&err, "'%s': cannot create", tmp);
 		goto out;
 	}
@@ -371,14 +426,18 @@ int ckfs_cmd_export(int argc, char **argv)
 		rc = ckfs_fail_errno(&err, "'%s': cannot lock", tmp);
 		goto out;
 	}
+	if ((rc = carry_modes(f, tmp, &em, &err)) != CKFS_OK)
+		goto out;
 	struct progress prog = { .enabled = !quiet && isatty(STDERR_FILENO) };
 	clock_gettime(CLOCK_MONOTONIC, &prog.start);
 	for (size_t i = 0; i < f->n_nodes; i++)
 		prog.total += f->nodes[i].size;
 	for (size_t i = 0; i < f->n_nodes && rc == CKFS_OK; i++)
-		rc = write_node(f, &f->nodes[i], tmp, threads, &prog, &err);
+		rc = write_node(f, &f->nodes[i], tmp, &em, threads, &prog, &err);
 	if (prog.enabled)
 		fputc('\n', stderr);
+	if (rc == CKFS_OK && chmod(tmp, em.dir & ~process_umask) != 0)
+		rc = ckfs_fail_errno(&err, "'%s': cannot set its mode", tmp);
 	if (rc == CKFS_OK && sync_dir(tmp) != 0)
 		rc = ckfs_fail_errno(&err, "'%s': fsync failed", tmp);
 	if (rc != CKFS_OK)
@@ -412,6 +471,7 @@ int ckfs_cmd_export(int argc, char **argv)
 			f->n_nodes, a, dst, since(&prog.start));
 	}
 out:
+	free(em.files);
 	if (made_tmp)
 		remove_tree(tmp, f);
 	if (tmp_lock >= 0)

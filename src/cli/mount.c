@@ -61,7 +61,10 @@ static void mount_usage(FILE *to)
 	      "  -o prefetch_threads=N, slice_size=N (power of two, default 4MiB),\n"
 	      "     kernel_readahead=N (the mount's read_ahead_kb when run as root,\n"
 	      "     default 1MiB; 0 keeps the kernel's 128KiB),\n"
-	      "     uid=N, gid=N (owner shown for all files; default: the mounting user)\n"
+	      "     uid=N, gid=N (owner shown for all files; default: the mounting user),\n"
+	      "     umask=M (modes 0444/0555 less octal M whatever the sources allow,\n"
+	      "     e.g. umask=0222 to publish; default: each file shows no more than\n"
+	      "     its sources allow)\n"
 	      "\n"
 	      "Returns once the mount is ready (status 0) or has failed (status 1).\n"
 	      "See also: ckfs umount MNT, ckfs stats MNT.\n",
@@ -85,6 +88,22 @@ static int parse_count(const char *text, long lo, long hi, long *out)
 	if (errno || end == text || *end || v < lo || v > hi)
 		return -1;
 	*out = v;
+	return 0;
+}
+
+/* An octal umask of at most 0777, as sshfs and ntfs-3g take it. */
+static int parse_umask(const char *text, mode_t *out)
+{
+	char *end;
+	unsigned long v;
+
+	if (*text < '0' || *text > '7')
+		return -1;
+	errno = 0;
+	v = strtoul(text, &end, 8);
+	if (errno || *end || v > 0777)
+		return -1;
+	*out = (mode_t)v;
 	return 0;
 }
 
@@ -184,6 +203,12 @@ static int apply_key(struct mount_parse *p, const char *key, const char *val,
 			mo->gid = (gid_t)n;
 			mo->has_gid = true;
 		}
+	} else if (strcmp(key, "umask") == 0) {
+		NEED_VALUE();
+		if (parse_umask(val, &mo->umask) != 0)
+			return ckfs_cli_usage_error("mount", "bad umask '%s' (octal, 0 to 0777)",
+						    val);
+		mo->has_umask = true;
 	} else if (strcmp(key, "follow_symlinks") == 0 && !val) {
 		mo->model.follow_symlinks = true;
 	} else if (strcmp(key, "raw_names") == 0 && !val) {
@@ -208,6 +233,8 @@ static int apply_key(struct mount_parse *p, const char *key, const char *val,
 			p->has_fsname = true;
 		if (strcmp(key, "subtype") == 0)
 			p->has_subtype = true;
+		if (strcmp(key, "allow_other") == 0)
+			mo->allow_other = true;
 		if (fuse_opt_add_opt(&p->fuse_opts, whole) != 0)
 			return ckfs_cli_usage_error("mount", "out of memory");
 	}
@@ -342,8 +369,9 @@ int ckfs_cmd_mount(int argc, char **argv)
 		mo.model.config_path = realpath(p.config, config) ? config : p.config;
 
 	/* Always read-only; requests of up to 1 MiB (max_read must also be
-	 * set in the init handler); the kernel checks permissions from our
-	 * 0444/0555 modes, which matters with allow_other. */
+	 * set in the init handler); the kernel checks permissions from the
+	 * modes carried from the sources (or umask=), which is what keeps
+	 * allow_other from publishing files their sources keep private. */
 	char *fo = NULL;
 	char fsname[PATH_MAX + 16];
 	snprintf(fsname, sizeof(fsname), "fsname=%s", mo.src);

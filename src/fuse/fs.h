@@ -59,6 +59,12 @@ struct ckfs_mount_options {
 	bool has_uid, has_gid;
 	uid_t uid;
 	gid_t gid;
+	/* umask=: files 0444 & ~umask, folders 0555 & ~umask, whatever the
+	 * sources allow (publishing on purpose); otherwise the modes are
+	 * carried from the sources (include/ckfs/perm.h). */
+	bool has_umask;
+	mode_t umask;
+	bool allow_other;           /* given: others may reach the mount */
 	enum ckfs_log_level log_level;
 	/* Mount options for libfuse (comma list, escaped), already holding
 	 * ro, fsname, subtype, max_read and default_permissions. */
@@ -108,6 +114,8 @@ struct ckfs_fs {
 	size_t slice_size;
 	uid_t uid;
 	gid_t gid;
+	mode_t *node_modes;         /* permission bits of node i */
+	mode_t root_mode;           /* of the root folder */
 	pthread_key_t scratch_key;  /* per-thread struct ckfs_read_scratch */
 	bool scratch_key_made;
 	atomic_int_fast64_t *err_logged_at; /* per node: last error log, seconds */
@@ -121,8 +129,8 @@ struct ckfs_fs {
 	atomic_bool ra_pending;
 };
 
-/* Set up fs for a built folder: the scratch key, per-node state and the
- * slice cache with its read-ahead workers. */
+/* Set up fs for a built folder: the modes shown, the scratch key,
+ * per-node state and the slice cache with its read-ahead workers. */
 enum ckfs_code ckfs_fs_init(struct ckfs_fs *fs,
 			    const struct ckfs_mount_options *opt,
 			    const struct ckfs_model *model,

@@ -18,6 +18,11 @@
  * sets keep_cache so the page cache survives close/open (N tensor-parallel
  * ranks and repeated loads share one copy). No direct_io: mmap must work.
  *
+ * Permissions. Modes are fixed at mount (init_modes): carried from the
+ * sources (include/ckfs/perm.h), or 0444/0555 less umask= when given.
+ * The kernel enforces them (default_permissions is always on), so access
+ * is never asked of the daemon.
+ *
  * Reads. Weight files are read through the slice cache (file id = node
  * index): the slices a request covers are pinned, the reply is one iovec
  * pointing into them, then they are unpinned. Rendered files are replied
@@ -51,6 +56,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "ckfs/perm.h"
 #include "fuse/fs.h"
 
 /* Nothing changes while mounted: let the kernel keep names and
@@ -113,6 +119,47 @@ static enum ckfs_code fill_slice(void *ctx, uint64_t file_id, uint64_t offset,
 
 /* ---- set-up ---- */
 
+/* The modes shown: umask= as given, or carried from the sources for the
+ * owner shown. */
+static enum ckfs_code init_modes(struct ckfs_fs *fs, struct ckfs_error *err)
+{
+	const struct ckfs_mount_options *opt = fs->opt;
+	const struct ckfs_folder *f = fs->folder;
+	struct ckfs_owner owner;
+	enum ckfs_code rc;
+
+	fs->node_modes = calloc(f->n_nodes ? f->n_nodes : 1, sizeof(*fs->node_modes));
+	if (!fs->node_modes)
+		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	if (opt->has_umask) {
+		for (size_t i = 0; i < f->n_nodes; i++)
+			fs->node_modes[i] = 0444 & ~opt->umask;
+		fs->root_mode = 0555 & ~opt->umask;
+		return CKFS_OK;
+	}
+	CKFS_TRY(ckfs_owner_init(&owner, fs->uid, fs->gid, err));
+	rc = ckfs_folder_modes(f, &owner, fs->node_modes, &fs->root_mode, err);
+	ckfs_owner_release(&owner);
+	return rc;
+}
+
+/* With allow_other, say how many files others cannot read because their
+ * sources are closed to them, and how to publish them anyway. */
+static void note_closed_files(const struct ckfs_fs *fs)
+{
+	size_t closed = 0;
+
+	if (!fs->opt->allow_other || fs->opt->has_umask)
+		return;
+	for (size_t i = 0; i < fs->folder->n_nodes; i++)
+		closed += (fs->node_modes[i] & 0004) == 0;
+	if (closed || !(fs->root_mode & 0001))
+		ckfs_log(CKFS_LOG_NOTICE, "allow_other: %zu of %zu files%s are not open "
+			 "to other users because their sources are not; -o umask=0222 "
+			 "publishes them", closed, fs->folder->n_nodes,
+			 (fs->root_mode & 0001) ? "" : " and the folder");
+}
+
 enum ckfs_code ckfs_fs_init(struct ckfs_fs *fs, const struct ckfs_mount_options *opt,
 			    const struct ckfs_model *model,
 			    const struct ckfs_folder *folder, struct ckfs_error *err)
@@ -124,6 +171,8 @@ enum ckfs_code ckfs_fs_init(struct ckfs_fs *fs, const struct ckfs_mount_options 
 	fs->slice_size = opt->slice_size;
 	fs->uid = opt->has_uid ? opt->uid : getuid();
 	fs->gid = opt->has_gid ? opt->gid : getgid();
+	CKFS_TRY(init_modes(fs, err));
+	note_closed_files(fs);
 	if (pthread_key_create(&fs->scratch_key, scratch_free) != 0)
 		return ckfs_fail(err, CKFS_E_NOMEM, "cannot create a thread key");
 	fs->scratch_key_made = true;
@@ -161,6 +210,8 @@ void ckfs_fs_release(struct ckfs_fs *fs)
 	}
 	free(fs->err_logged_at);
 	fs->err_logged_at = NULL;
+	free(fs->node_modes);
+	fs->node_modes = NULL;
 }
 
 /*
@@ -244,13 +295,13 @@ static void fill_stat(const struct ckfs_fs *fs, fuse_ino_t ino, struct stat *st)
 	st->st_mtim = fs->folder->mtime;
 	st->st_ctim = fs->folder->mtime;
 	if (!n) {
-		st->st_mode = S_IFDIR | 0555;
+		st->st_mode = S_IFDIR | fs->root_mode;
 		st->st_nlink = 2;
 		st->st_size = 4096;
 		st->st_blocks = 8;
 		return;
 	}
-	st->st_mode = S_IFREG | 0444;
+	st->st_mode = S_IFREG | fs->node_modes[ino - 2];
 	st->st_nlink = 1;
 	st->st_size = (off_t)n->size;
 	/* Fully allocated: cp must not take the file for sparse. */

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Files around the tensors (src/model/model_int.h): the Hugging Face
- * config.json a model is served with, and the warnings a model collects
- * while it is opened.
+ * config.json a model is served with (and who may read it, for the served
+ * modes), the layout metadata files read whole, and the warnings a model
+ * collects while it is opened.
  */
 #include <cjson/cJSON.h>
 #include <stdarg.h>
@@ -32,6 +33,27 @@ enum ckfs_code ckfs_model_warn(struct ckfs_model *m, struct ckfs_error *err,
 		memcpy(w, m->warnings, m->n_warnings * sizeof(*w));
 	w[m->n_warnings++] = copy;
 	m->warnings = w;
+	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_model_read_meta(struct ckfs_model *m, const char *path, size_t max,
+				    char **out, size_t *len, struct ckfs_error *err)
+{
+	struct ckfs_file_access access;
+	struct ckfs_file_access *list;
+
+	CKFS_TRY(ckfs_file_read_small(&m->policy, path, max, out, len, &access, err));
+	list = ckfs_arena_calloc(&m->arena, m->n_meta_files + 1, sizeof(*list));
+	access.path = ckfs_arena_strdup(&m->arena, path);
+	if (!list || !access.path) {
+		free(*out);
+		*out = NULL;
+		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	}
+	if (m->n_meta_files)
+		memcpy(list, m->meta_files, m->n_meta_files * sizeof(*list));
+	list[m->n_meta_files++] = access;
+	m->meta_files = list;
 	return CKFS_OK;
 }
 
@@ -82,7 +104,9 @@ enum ckfs_code ckfs_model_load_config_from(struct ckfs_model *m, const char *hf,
 	}
 	if (!path)
 		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
-	enum ckfs_code rc = ckfs_file_read_small(pol, path, CKFS_MAX_JSON_BYTES, &text, &len, err);
+	struct ckfs_file_access access;
+	enum ckfs_code rc = ckfs_file_read_small(pol, path, CKFS_MAX_JSON_BYTES, &text, &len,
+						 &access, err);
 	if (rc == CKFS_E_NOTFOUND && !config_opt) {
 		ckfs_error_clear(err);
 		return ckfs_fail(err, CKFS_E_NOTFOUND,
@@ -106,5 +130,7 @@ enum ckfs_code ckfs_model_load_config_from(struct ckfs_model *m, const char *hf,
 		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
 	m->config_len = len;
 	m->config_path = path;
+	m->config_access = access;
+	m->config_access.path = path;
 	return CKFS_OK;
 }

@@ -700,8 +700,7 @@ enum ckfs_code ckfs_dcp_build(struct ckfs_model *m, const struct ckfs_model_opti
 	path = ckfs_arena_printf(&m->arena, "%s/.metadata", m->src_dir);
 	if (!path)
 		return nomem(err);
-	CKFS_TRY(ckfs_file_read_small(&m->policy, path, CKFS_MAX_METADATA_BYTES, &bytes, &len,
-				      err));
+	CKFS_TRY(ckfs_model_read_meta(m, path, CKFS_MAX_METADATA_BYTES, &bytes, &len, err));
 	enum ckfs_code rc = ckfs_dcp_build_from(m, opt, bytes, len, err);
 	free(bytes);
 	return rc;
@@ -718,8 +717,8 @@ enum ckfs_code ckfs_dcp_read_raw(struct ckfs_model *m, const char *dir, const ch
 
 	ckfs_arena_init(&d.tmp);
 	d.md_path = ckfs_arena_printf(&m->arena, "%s/.metadata", dir);
-	enum ckfs_code rc = d.md_path ? ckfs_file_read_small(&m->policy, d.md_path,
-							     CKFS_MAX_METADATA_BYTES, &bytes, &len, err)
+	enum ckfs_code rc = d.md_path ? ckfs_model_read_meta(m, d.md_path, CKFS_MAX_METADATA_BYTES,
+							     &bytes, &len, err)
 				      : nomem(err);
 	if (rc == CKFS_OK)
 		rc = build(&d, bytes, len, opt, err);

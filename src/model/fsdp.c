@@ -104,7 +104,7 @@ static enum ckfs_code read_fsdp_config(struct ckfs_model *m, long *ws,
 	enum ckfs_code rc;
 
 	snprintf(path, sizeof(path), "%s/fsdp_config.json", m->src_dir);
-	rc = ckfs_file_read_small(&m->policy, path, CKFS_MAX_JSON_BYTES, &text, &len, err);
+	rc = ckfs_model_read_meta(m, path, CKFS_MAX_JSON_BYTES, &text, &len, err);
 	if (rc == CKFS_E_NOTFOUND) {
 		ckfs_error_clear(err);
 		*ws = 0;

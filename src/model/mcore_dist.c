@@ -112,7 +112,7 @@ static int locate(const struct ckfs_model *m, struct where *w)
 	ckfs_error_clear(&err);
 	snprintf(path, sizeof(path), "%s/ckpt_contents.json", src);
 	enum ckfs_code rc = ckfs_file_read_small(&m->policy, path, CKFS_MAX_JSON_BYTES,
-						 &text, &len, &err);
+						 &text, &len, NULL, &err);
 	if (rc != CKFS_OK && rc != CKFS_E_NOTFOUND) {
 		snprintf(w->bad, sizeof(w->bad), "%s", err.msg);
 		w->bad_code = rc;
@@ -192,7 +192,7 @@ int ckfs_mcore_dist_detect(const struct ckfs_model *m)
 }
 
 /* metadata.json must say torch_dist (zarr and other backends differ). */
-static enum ckfs_code check_backend(const struct ckfs_model *m, const struct where *w,
+static enum ckfs_code check_backend(struct ckfs_model *m, const struct where *w,
 				    struct ckfs_error *err)
 {
 	char path[PATHMAX + 32], *text;
@@ -200,8 +200,7 @@ static enum ckfs_code check_backend(const struct ckfs_model *m, const struct whe
 	cJSON *j;
 
 	snprintf(path, sizeof(path), "%s/metadata.json", w->dist);
-	enum ckfs_code rc = ckfs_file_read_small(&m->policy, path, CKFS_MAX_JSON_BYTES, &text,
-						 &len, err);
+	enum ckfs_code rc = ckfs_model_read_meta(m, path, CKFS_MAX_JSON_BYTES, &text, &len, err);
 	if (rc == CKFS_E_NOTFOUND) {
 		ckfs_error_clear(err);
 		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found (not a Megatron "

@@ -9,11 +9,18 @@
 
 /* ---- config.c ---- */
 
+/* A metadata file the tensors are described by (fsdp_config.json,
+ * .metadata, metadata.json), read whole under m's file policy: who may
+ * read it is appended to m->meta_files, so the weights are never shown
+ * more widely than it allows (include/ckfs/perm.h). */
+enum ckfs_code ckfs_model_read_meta(struct ckfs_model *m, const char *path, size_t max,
+				    char **out, size_t *len,
+				    struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Record a warning shown by inspect and export. */
 enum ckfs_code ckfs_model_warn(struct ckfs_model *m, struct ckfs_error *err,
 			       const char *fmt, ...) CKFS_PRINTF(3, 4);
 /* config.json: --config (a file or a folder) or SRC/huggingface/; sets
- * hf_dir, config_path, config_json and tie_word_embeddings. */
+ * hf_dir, config_path, config_access, config_json and tie_word_embeddings. */
 enum ckfs_code ckfs_model_load_config(struct ckfs_model *m, const char *config_opt,
 				      struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* The same with the side-file folder hf (an arena string of m) in place of

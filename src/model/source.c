@@ -4,7 +4,11 @@
  * was opened, and the check that it still is. A file deleted, truncated,
  * extended, rewritten (mtime) or replaced under its name is "changed": its
  * bytes may no longer be the checkpoint's, so reads that need it fail
- * instead of serving stale or mixed data.
+ * instead of serving stale or mixed data. Its permissions and owner are
+ * recorded too: the served files' modes are derived from them when the
+ * folder is served (src/st/perm.c), so a chmod or chown afterwards is a
+ * change as well, and reads fail rather than serve bytes under
+ * permissions the file no longer has.
  */
 #include "ckfs/model.h"
 
@@ -41,6 +45,10 @@ enum ckfs_code ckfs_source_init(struct ckfs_source *s, int fd, const char *path,
 	s->dev = st.st_dev;
 	s->ino = st.st_ino;
 	s->mtime = st.st_mtim;
+	s->mode = st.st_mode;
+	s->uid = st.st_uid;
+	s->gid = st.st_gid;
+	s->acl = ckfs_fd_has_acl(fd);
 	return CKFS_OK;
 }
 
@@ -70,6 +78,14 @@ enum ckfs_code ckfs_source_check(const struct ckfs_source *s,
 	if (st.st_mtim.tv_sec != s->mtime.tv_sec ||
 	    st.st_mtim.tv_nsec != s->mtime.tv_nsec)
 		return ckfs_fail(err, CKFS_E_CHANGED, "'%s': source was modified",
+				 s->path);
+	if (st.st_mode != s->mode)
+		return ckfs_fail(err, CKFS_E_CHANGED,
+				 "'%s': source permissions changed from %04o to %04o",
+				 s->path, (unsigned)(s->mode & 07777),
+				 (unsigned)(st.st_mode & 07777));
+	if (st.st_uid != s->uid || st.st_gid != s->gid)
+		return ckfs_fail(err, CKFS_E_CHANGED, "'%s': source owner changed",
 				 s->path);
 	return CKFS_OK;
 }

@@ -268,6 +268,7 @@ enum ckfs_code ckfs_folder_build(const struct ckfs_model *m,
 		n->kind = CKFS_NODE_RENDERED;
 		n->data = f->layout.index_json;
 		n->size = f->layout.index_len;
+		n->from = NULL;
 		n->src.fd = -1;
 	}
 	char *cfg;
@@ -283,6 +284,7 @@ enum ckfs_code ckfs_folder_build(const struct ckfs_model *m,
 	cn->kind = CKFS_NODE_RENDERED;
 	cn->data = ckfs_arena_strndup(&f->arena, cfg, cfg_len);
 	cn->size = cfg_len;
+	cn->from = &m->config_access;
 	cn->src.fd = -1;
 	free(cfg);
 	if (!cn->data) {

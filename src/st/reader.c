@@ -360,7 +360,7 @@ static enum ckfs_code read_index(struct ckfs_st_set *set, const struct ckfs_file
 	cJSON *idx;
 	enum ckfs_code rc;
 
-	CKFS_TRY(ckfs_file_read_small(pol, path, CKFS_MAX_JSON_BYTES, &text, &len, err));
+	CKFS_TRY(ckfs_file_read_small(pol, path, CKFS_MAX_JSON_BYTES, &text, &len, NULL, err));
 	rc = ckfs_json_parse_object(path, text, len, &idx, err);
 	free(text);
 	CKFS_TRY(rc);

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 /* path names root or something under it (both real paths). */
@@ -114,7 +115,7 @@ out:
 
 enum ckfs_code ckfs_file_read_small(const struct ckfs_file_policy *pol, const char *path,
 				    size_t max, char **out, size_t *len,
-				    struct ckfs_error *err)
+				    struct ckfs_file_access *access, struct ckfs_error *err)
 {
 	struct stat st;
 	int fd;
@@ -145,11 +146,43 @@ enum ckfs_code ckfs_file_read_small(const struct ckfs_file_policy *pol, const ch
 		}
 		done += (size_t)r;
 	}
+	if (access) {
+		access->mode = st.st_mode;
+		access->uid = st.st_uid;
+		access->gid = st.st_gid;
+		access->acl = ckfs_fd_has_acl(fd);
+	}
 	close(fd);
 	buf[done] = '\0';
 	*out = buf;
 	*len = done;
 	return CKFS_OK;
+}
+
+/* The attributes ACLs are kept in: POSIX ACLs, and NFSv4 ACLs as an NFS
+ * client shows them. Only "no such attribute" and "no attributes here"
+ * mean no ACL; any other answer counts as one (fail closed). */
+static const char *const acl_attrs[] = { "system.posix_acl_access", "system.nfs4_acl" };
+
+static bool acl_attr_present(ssize_t r)
+{
+	return r >= 0 || (errno != ENODATA && errno != ENOTSUP && errno != EOPNOTSUPP);
+}
+
+bool ckfs_fd_has_acl(int fd)
+{
+	for (size_t i = 0; i < sizeof(acl_attrs) / sizeof(acl_attrs[0]); i++)
+		if (acl_attr_present(fgetxattr(fd, acl_attrs[i], NULL, 0)))
+			return true;
+	return false;
+}
+
+bool ckfs_path_has_acl(const char *path)
+{
+	for (size_t i = 0; i < sizeof(acl_attrs) / sizeof(acl_attrs[0]); i++)
+		if (acl_attr_present(getxattr(path, acl_attrs[i], NULL, 0)))
+			return true;
+	return false;
 }
 
 bool ckfs_path_is_dir(const char *path)

@@ -22,6 +22,9 @@ file, offset and length at the first difference.
                                and print it
   hold FILE EXPFILE            open FILE, read 4 KiB, print "holding", wait for
                                a line on stdin, read the rest, compare, exit
+  deny FILE UID                give FILE a POSIX ACL that shuts uid UID out and
+                               otherwise grants what its mode bits grant (the
+                               kernel's xattr format; no setfacl needed)
 """
 import errno
 import json
@@ -219,6 +222,18 @@ def cmd_errno(path, name):
     die("%s: read succeeded, expected %s" % (path, name))
 
 
+def cmd_deny(path, uid):
+    # system.posix_acl_access: version 2, then (tag, perm, id) entries in
+    # tag order: USER_OBJ, USER, GROUP_OBJ, MASK, OTHER.
+    mode = os.stat(path).st_mode
+    none = 0xFFFFFFFF
+    entries = [(0x01, (mode >> 6) & 7, none), (0x02, 0, int(uid)),
+               (0x04, (mode >> 3) & 7, none), (0x10, (mode >> 3) & 7, none),
+               (0x20, mode & 7, none)]
+    acl = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+    os.setxattr(path, "system.posix_acl_access", acl)
+
+
 def cmd_notify(path):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     s.bind("\0" + path[1:] if path.startswith("@") else path)
@@ -270,7 +285,7 @@ def main(argv):
             del args[i : i + 2]
         return cmd_random(args[0], args[1], threads, count, direct)
     table = {"check": cmd_check, "mmap": cmd_mmap, "offsets": cmd_offsets,
-             "erofs": cmd_erofs, "stats": cmd_stats, "errno": cmd_errno,
+             "erofs": cmd_erofs, "stats": cmd_stats, "errno": cmd_errno, "deny": cmd_deny,
              "notify": cmd_notify, "hold": cmd_hold}
     if cmd not in table:
         die("unknown command " + cmd)

@@ -3,8 +3,10 @@
 # mount(8) and /etc/fstab: "mount -t fuse.ckfs SRC MNT -o OPTS" runs
 # mount.fuse3, which runs "ckfs SRC MNT -o OPTS,dev,suid" from PATH. ckfs
 # keys, libfuse options and mount(8)-only options (noauto, nofail,
-# x-systemd.*) all go through -o; umount(8) unmounts. A checkpoint that
-# cannot be served makes mount(8) fail and leaves no mount.
+# x-systemd.*) all go through -o; umount(8) unmounts. allow_other from an
+# fstab line carries the sources' permissions as anywhere else, and umask=
+# reaches ckfs. A checkpoint that cannot be served makes mount(8) fail and
+# leaves no mount.
 #
 # mount(8) runs helpers with the standard PATH (/usr/local/sbin:/usr/local/
 # bin:/usr/sbin:...), so an installed ckfs is required; the test runs in a
@@ -67,6 +69,32 @@ mount -T "$WORK/fstab" "$MNT" || fail "mount -T fstab failed"
 cmp -s "$MNT/config.json" "$WORK/exp/config.json" && fail "fstab dtype=bf16 ignored (config says fp32)"
 grep -q '"bfloat16"' "$MNT/config.json" || fail "fstab mount: config.json does not say bfloat16"
 umount "$MNT" || fail "umount of the fstab mount"
+
+# allow_other from mount(8) carries the sources' permissions: a 0600 rank
+# file keeps the weights from nobody; umask=0222 (through mount.fuse3)
+# publishes them on purpose.
+CK=$WORK/ck
+mkdir -p "$CK"
+cp -r "$FIX"/model_world_size_2_rank_*.pt "$FIX"/fsdp_config.json "$FIX"/huggingface "$CK/"
+chmod -R a+rX "$CK"
+chmod 600 "$CK/model_world_size_2_rank_1.pt"
+mount -t fuse.ckfs "$CK" "$MNT" -o dtype=fp32,max_shard_size=100KB,allow_other,nofail ||
+	die "mount -t fuse.ckfs of a 0600 rank file failed"
+for f in "$MNT"/model-*.safetensors; do
+	[ "$(stat -c %a "$f")" = 400 ] || fail "mount(8), 0600 rank file: $(basename "$f") is $(stat -c %a "$f")"
+	runuser -u nobody -- "$PY" "$HELPER" errno "$f" EACCES ||
+		fail "mount(8) allow_other: nobody read $(basename "$f") made from a 0600 rank file"
+done
+runuser -u nobody -- cmp -s "$MNT/config.json" "$EXP/config.json" ||
+	fail "mount(8) allow_other: nobody cannot read config.json"
+umount "$MNT" || fail "umount(8) failed"
+mount -t fuse.ckfs "$CK" "$MNT" -o dtype=fp32,max_shard_size=100KB,allow_other,umask=0222 ||
+	die "mount -t fuse.ckfs with umask=0222 failed"
+for f in "$EXP"/*; do
+	runuser -u nobody -- cmp -s "$MNT/$(basename "$f")" "$f" ||
+		fail "mount(8) umask=0222: nobody cannot read $(basename "$f")"
+done
+umount "$MNT" || fail "umount(8) failed"
 
 # A refusal through mount(8): non-zero, no mount left.
 mkdir -p "$WORK/empty"
