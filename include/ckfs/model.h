@@ -97,6 +97,8 @@ struct ckfs_model {
 	 * (stage_layers[v * pp + p]). */
 	int tp_size, pp_size, vpp_size;
 	int ep_size;                    /* expert parallel; 1 without experts */
+	int etp_size;                   /* expert tensor parallel (1 or TP);
+					 * 0 without expert weights */
 	int *stage_layers;
 	size_t n_ranks_read;
 	int *ranks_read;

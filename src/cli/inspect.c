@@ -43,6 +43,8 @@ static int print_json(const struct ckfs_model *m, const struct ckfs_folder *f)
 		cJSON_AddNumberToObject(mg, "pp", m->pp_size);
 		cJSON_AddNumberToObject(mg, "vpp", m->vpp_size);
 		cJSON_AddNumberToObject(mg, "ep", m->ep_size);
+		if (m->etp_size)
+			cJSON_AddNumberToObject(mg, "etp", m->etp_size);
 		arr = cJSON_AddArrayToObject(mg, "stage_layers");
 		for (int i = 0; i < m->pp_size * m->vpp_size; i++)
 			cJSON_AddItemToArray(arr, cJSON_CreateNumber(m->stage_layers[i]));
@@ -119,8 +121,11 @@ static void print_text(const struct ckfs_model *m, const struct ckfs_folder *f)
 			       m->world_size == 1 ? "" : "s");
 		printf("\n");
 		if (m->tp_size) {
-			printf("parallelism  TP=%d PP=%d VPP=%d EP=%d, layers per chunk (",
-			       m->tp_size, m->pp_size, m->vpp_size, m->ep_size);
+			printf("parallelism  TP=%d PP=%d VPP=%d EP=%d", m->tp_size,
+			       m->pp_size, m->vpp_size, m->ep_size);
+			if (m->etp_size)
+				printf(" ETP=%d", m->etp_size);
+			printf(", layers per chunk (");
 			for (int i = 0; i < m->pp_size * m->vpp_size; i++)
 				printf("%s%d", i ? ", " : "", m->stage_layers[i]);
 			printf(")\n");

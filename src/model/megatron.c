@@ -10,8 +10,10 @@
  *   SRC/hf_config_and_tokenizer/ or SRC/huggingface/   config.json
  *
  * Megatron appends "_{ep:03d}" when EP > 1, so a two-number name is TP_PP
- * or TP_EP. It is TP_EP when config.json has experts and mp_rank_00_001
- * holds the word embedding (only PP stage 0 does; every EP rank does).
+ * or TP_EP. It is TP_EP when config.json has experts and the first folder
+ * whose second number is not 0 holds the word embedding (only PP stage 0
+ * does; every EP rank does). The numbers are the TP, PP and EP ranks of
+ * the process that saved the folder (verl: data-parallel rank 0).
  *
  * Each model.pt is a torch.save of a Python LIST with one GPTModel state
  * dict per virtual-pipeline chunk, TP-local shards, local layer numbers.
@@ -33,9 +35,23 @@
  *   shared-expert gate
  * Experts: SequentialMLP "mlp.experts.local_experts.{i}.linear_fc{1,2}.weight"
  * or TEGroupedMLP "mlp.experts.linear_fc{1,2}.weight{i}"; local expert i of
- * EP rank e is global expert e·(E/EP) + i, sharded over TP like a dense MLP
- * (megatron-core's expert TP defaults to TP). Everything else comes from EP
- * rank 0 (the dense part is replicated over EP).
+ * EP rank e is global expert e·(E/EP) + i, E/EP the local experts of every
+ * rank file. Expert tensor parallelism (ETP) comes from the expert fc1 rows
+ * against config.json's expert width F:
+ *   2·F/TP (ETP = TP, megatron-core's default): experts sharded over TP like
+ *     a dense MLP; every (TP, PP, EP) folder is needed, and the dense part
+ *     is read from EP rank 0.
+ *   2·F (ETP = 1): each folder (t, p, e) holds TP rank t's dense shards and
+ *     EP rank e's experts whole; megatron-core puts TP rank t and EP rank e
+ *     on one process only when t = e mod gcd(TP, EP), so the folders are no
+ *     TP x EP grid (verl, TP2 EP2: mp_rank_00_000 and mp_rank_01_001). Each
+ *     TP rank's dense part comes from its lowest-EP folder, each EP rank's
+ *     experts from its lowest-TP folder; every TP rank and every EP rank of
+ *     every stage must be in some folder, and a folder pairing t and e
+ *     otherwise is refused (the shapes would then be a config.json whose
+ *     width is off by TP, not ETP = 1).
+ * Other expert shard widths, and rank files whose expert shapes differ,
+ * are refused.
  * Value heads: an output_layer.weight of one row while vocab_size > 1 is a
  * critic's head (replicated, not vocab-parallel): served as score.weight,
  * config.json's architectures rewritten to *ForTokenClassification with one
@@ -46,7 +62,9 @@
  * dropped (with a warning) when config.json ties the embeddings.
  * The layers found must add up to config.json's num_hidden_layers (a
  * missing last PP stage is not silently served short), with no gaps in a
- * chunk's local numbers; every MoE layer must yield all E experts.
+ * chunk's local numbers; every MoE layer must yield all E experts, and the
+ * local experts of a rank file give EP (E / local), so EP ranks whose
+ * folders are all missing are named.
  * Refused: fewer KV heads than TP ranks (Megatron-Core itself requires
  * num_query_groups % TP == 0), MLA keys (listed as unknown), vocab-parallel
  * rows that do not add up to config.json's vocab_size (padded vocabularies).
@@ -131,12 +149,22 @@ struct out {
 	struct ckfs_chunk_list chunks;
 };
 
+/* A rank folder of the [ep][pp][tp] grid the names span. */
+enum { R_ABSENT, R_PRESENT, R_OPEN };
+
 struct ctx {
 	struct ckfs_model *m;
 	const struct ckfs_model_options *opt;
-	struct ckfs_torch_file *files; /* [ep][pp][tp] */
+	struct ckfs_torch_file *files; /* [ep][pp][tp], open where state R_OPEN */
+	unsigned char *state;          /* [ep][pp][tp]: R_* */
+	int *src;                      /* [ep][pp][tp]: index in m->sources */
+	int *dense_e;                  /* [pp][tp]: EP rank the dense part is read from */
+	int *expert_t;                 /* [pp][ep]: TP rank whole experts are read from */
 	int tp, pp, vpp, ep;
+	int etp;                       /* expert tensor parallel size: 1 or TP */
 	int fields;                    /* numbers in the folder names: 1 to 3 */
+	long (*names)[3];              /* the numbers of each rank folder */
+	size_t n_names;
 	/* config */
 	int64_t hidden, nh, nkv, head_dim, vocab, n_layers;
 	int64_t n_experts, expert_ffn; /* 0 when config.json has none */
@@ -220,10 +248,13 @@ static void note_unknown(struct ctx *c, const char *key)
 			 l ? ", " : "", key);
 }
 
-/* Rank files are numbered (e·PP + p)·TP + t; the dense part is read from
- * EP rank 0 (e = 0), so p·TP + t for it. */
+/* Rank files are numbered (e·PP + p)·TP + t; e < 0 names the folder TP
+ * rank t's dense part of stage p is read from (EP rank 0 when the experts
+ * are split over TP, its lowest-EP folder when they are whole). */
 static int rank_of_e(const struct ctx *c, int e, int t, int p)
 {
+	if (e < 0)
+		e = c->dense_e ? c->dense_e[p * c->tp + t] : 0;
 	return (e * c->pp + p) * c->tp + t;
 }
 
@@ -234,20 +265,32 @@ static const struct ckfs_sd_entry *entry_at_e(struct ctx *c, int e, int t, int p
 
 static const struct ckfs_sd_entry *entry_at(struct ctx *c, int t, int p, size_t i)
 {
-	return entry_at_e(c, 0, t, p, i);
+	return entry_at_e(c, -1, t, p, i);
+}
+
+/* Rank file r's index in m->sources (only open folders are sources). */
+static uint32_t src_at(const struct ctx *c, int r)
+{
+	return (uint32_t)c->src[r];
 }
 
 static uint32_t src_of(struct ctx *c, int t, int p)
 {
-	return (uint32_t)rank_of_e(c, 0, t, p);
+	return src_at(c, rank_of_e(c, -1, t, p));
 }
 
 static int rank_of(struct ctx *c, int t, int p)
 {
-	return rank_of_e(c, 0, t, p);
+	return rank_of_e(c, -1, t, p);
 }
 
-/* Rank (e, t)'s copy of entry i, whole (replicated tensors: t = e = 0). */
+static const char *path_of(struct ctx *c, int r)
+{
+	return c->m->sources[src_at(c, r)].path;
+}
+
+/* Rank (e, t)'s copy of entry i, whole (replicated tensors: t = 0, e the
+ * dense folder). */
 static enum ckfs_code replicated_e(struct ctx *c, const char *name, int e, int t, int p,
 				   size_t i, const char *placement, struct ckfs_error *err)
 {
@@ -260,40 +303,60 @@ static enum ckfs_code replicated_e(struct ctx *c, const char *name, int e, int t
 		return err->code;
 	if (x->local.ndim < 1)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': '%s' is a scalar",
-				 c->m->sources[r].path, x->key);
-	return add_slice(c, o, x, (uint32_t)r, r, 0, 0, x->local.shape[0], goff, err);
+				 path_of(c, r), x->key);
+	return add_slice(c, o, x, src_at(c, r), r, 0, 0, x->local.shape[0], goff, err);
 }
 
 static enum ckfs_code replicated(struct ctx *c, const char *name, int p, size_t i,
 				 struct ckfs_error *err)
 {
-	return replicated_e(c, name, 0, 0, p, i, "Replicate()", err);
+	return replicated_e(c, name, -1, 0, p, i, "Replicate()", err);
 }
 
-/* Concatenation over TP ranks along dim (EP rank e). */
-static enum ckfs_code concat_e(struct ctx *c, const char *name, int e, int p, size_t i,
-			       int dim, struct ckfs_error *err)
+/* The rank files one tensor is split over: TP ranks t0 .. t0 + nt - 1 of
+ * EP rank e (e < 0: the dense folders). */
+struct span {
+	int e, t0, nt;
+};
+
+static struct span dense_span(const struct ctx *c)
 {
-	const struct ckfs_sd_entry *e0 = entry_at_e(c, e, 0, p, i);
+	return (struct span){ -1, 0, c->tp };
+}
+
+/* EP rank e's experts: over every TP rank of its folders (split over TP,
+ * or TP = 1), or whole in one folder (plan_whole chose it). */
+static struct span expert_span(const struct ctx *c, int e, int p)
+{
+	if (!c->expert_t)
+		return (struct span){ e, 0, c->tp };
+	return (struct span){ e, c->expert_t[p * c->ep + e], 1 };
+}
+
+/* Concatenation over the span's TP ranks along dim. */
+static enum ckfs_code concat_e(struct ctx *c, const char *name, struct span s, int p,
+			       size_t i, int dim, struct ckfs_error *err)
+{
+	const struct ckfs_sd_entry *e0 = entry_at_e(c, s.e, s.t0, p, i);
 	int64_t shape[CKFS_MAX_DIMS];
 	int64_t goff[CKFS_MAX_DIMS] = { 0 };
 
 	if (e0->local.ndim <= dim)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': '%s' has %d dims",
-				 c->m->sources[rank_of_e(c, e, 0, p)].path, e0->key,
+				 path_of(c, rank_of_e(c, s.e, s.t0, p)), e0->key,
 				 e0->local.ndim);
 	memcpy(shape, e0->local.shape, sizeof(shape));
 	shape[dim] = 0;
-	for (int t = 0; t < c->tp; t++)
-		shape[dim] += entry_at_e(c, e, t, p, i)->local.shape[dim];
+	for (int t = s.t0; t < s.t0 + s.nt; t++)
+		shape[dim] += entry_at_e(c, s.e, t, p, i)->local.shape[dim];
 	struct out *o = new_out(c, name, dim == 0 ? "Shard(0)" : "Shard(1)",
 				e0->local.ndim, shape, err);
 	if (!o)
 		return err->code;
-	for (int t = 0; t < c->tp; t++) {
-		const struct ckfs_sd_entry *x = entry_at_e(c, e, t, p, i);
-		int r = rank_of_e(c, e, t, p);
-		CKFS_TRY(add_slice(c, o, x, (uint32_t)r, r, dim, 0, x->local.shape[dim], goff,
+	for (int t = s.t0; t < s.t0 + s.nt; t++) {
+		const struct ckfs_sd_entry *x = entry_at_e(c, s.e, t, p, i);
+		int r = rank_of_e(c, s.e, t, p);
+		CKFS_TRY(add_slice(c, o, x, src_at(c, r), r, dim, 0, x->local.shape[dim], goff,
 				   err));
 		goff[dim] += x->local.shape[dim];
 	}
@@ -303,7 +366,7 @@ static enum ckfs_code concat_e(struct ctx *c, const char *name, int e, int p, si
 static enum ckfs_code concat(struct ctx *c, const char *name, int p, size_t i, int dim,
 			     struct ckfs_error *err)
 {
-	return concat_e(c, name, 0, p, i, dim, err);
+	return concat_e(c, name, dense_span(c), p, i, dim, err);
 }
 
 /* Vocab-parallel rows: their sum must be config.json's vocab_size (verl
@@ -325,32 +388,33 @@ static enum ckfs_code vocab_rows(struct ctx *c, const char *name, int p, size_t 
 	return concat(c, name, p, i, 0, err);
 }
 
-/* A fused fc1 weight (EP rank e) -> gate / up: per TP rank [gate; up]
- * (new_out may move c->outs: the two outputs are addressed by index). */
+/* A fused fc1 weight over the span's TP ranks -> gate / up: per TP rank
+ * [gate; up] (new_out may move c->outs: the two outputs are addressed by
+ * index). */
 static enum ckfs_code split_fc1(struct ctx *c, const char *gate_name, const char *up_name,
-				int e, int p, size_t i, struct ckfs_error *err)
+				struct span s, int p, size_t i, struct ckfs_error *err)
 {
-	const struct ckfs_sd_entry *e0 = entry_at_e(c, e, 0, p, i);
+	const struct ckfs_sd_entry *e0 = entry_at_e(c, s.e, s.t0, p, i);
 	int64_t shape[CKFS_MAX_DIMS];
 	const char *names[2] = { gate_name, up_name };
 
 	if (e0->local.ndim < 1 || e0->local.shape[0] % 2)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': '%s' has an odd number of "
 				 "rows (not [gate; up])",
-				 c->m->sources[rank_of_e(c, e, 0, p)].path, e0->key);
+				 path_of(c, rank_of_e(c, s.e, s.t0, p)), e0->key);
 	int64_t half = e0->local.shape[0] / 2;
 	memcpy(shape, e0->local.shape, sizeof(shape));
-	shape[0] = half * c->tp;
+	shape[0] = half * s.nt;
 	for (int h = 0; h < 2; h++)
 		if (!new_out(c, names[h], "Shard(0) of fc1", e0->local.ndim, shape, err))
 			return err->code;
 	for (int h = 0; h < 2; h++)
-		for (int t = 0; t < c->tp; t++) {
+		for (int t = s.t0; t < s.t0 + s.nt; t++) {
 			int64_t goff[CKFS_MAX_DIMS] = { 0 };
-			int r = rank_of_e(c, e, t, p);
-			goff[0] = t * half;
+			int r = rank_of_e(c, s.e, t, p);
+			goff[0] = (t - s.t0) * half;
 			CKFS_TRY(add_slice(c, &c->outs[c->n_outs - 2 + h],
-					   entry_at_e(c, e, t, p, i), (uint32_t)r, r, 0,
+					   entry_at_e(c, s.e, t, p, i), src_at(c, r), r, 0,
 					   h * half, half, goff, err));
 		}
 	return CKFS_OK;
@@ -504,6 +568,31 @@ static int expert_key(const char *rest, int *fc, long *i)
 	return *end == 0 && *i >= 0 && *i < 1000000;
 }
 
+/* The expert width config.json names, for messages. */
+static const char *ffn_key(const struct ctx *c)
+{
+	return c->mixtral ? "intermediate_size" : "moe_intermediate_size";
+}
+
+/* Expert fc1 [2·F/ETP, H] or fc2 [H, F/ETP] as the expert tensor parallel
+ * size decided from the first rank file says (decide_etp). */
+static enum ckfs_code check_expert_shape(struct ctx *c, const struct ckfs_sd_entry *x,
+					 int fc, const char *path, struct ckfs_error *err)
+{
+	int dim = fc == 1 ? 0 : 1;
+	int64_t want = (fc == 1 ? 2 * c->expert_ffn : c->expert_ffn) / c->etp;
+
+	if (x->local.ndim == 2 && x->local.shape[dim] == want)
+		return CKFS_OK;
+	return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' has %lld %s, expected %lld "
+			 "(%s%lld%s, expert tensor parallel size %d as in the other "
+			 "expert weights: mixed checkpoints?)", path, x->key,
+			 x->local.ndim == 2 ? (long long)x->local.shape[dim] : -1LL,
+			 fc == 1 ? "rows" : "columns", (long long)want,
+			 fc == 1 ? "2 x " : "", (long long)c->expert_ffn,
+			 c->etp > 1 ? " / TP" : "", c->etp);
+}
+
 /* Local expert i of every EP rank: global expert e·(E/EP) + i. */
 static enum ckfs_code map_expert(struct ctx *c, const char *key, long gl, int fc, long i,
 				 int p, size_t idx, struct ckfs_error *err)
@@ -521,16 +610,11 @@ static enum ckfs_code map_expert(struct ctx *c, const char *key, long gl, int fc
 				 "%lld experts over EP=%d leave %lld per rank (a missing "
 				 "EP rank?)", path, key, i, (long long)c->n_experts, c->ep,
 				 (long long)local);
-	const struct ckfs_sd_entry *e0 = entry_at(c, 0, p, idx);
-	if (fc == 1 && c->expert_ffn > 0 &&
-	    (e0->local.ndim != 2 || e0->local.shape[0] * c->tp != 2 * c->expert_ffn))
-		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s' has %lld rows on TP "
-				 "rank 0, expected 2 x %lld / TP %d (expert tensor "
-				 "parallelism other than TP is not supported)", path, key,
-				 (long long)e0->local.shape[0], (long long)c->expert_ffn,
-				 c->tp);
+	if (c->expert_ffn > 0)
+		CKFS_TRY(check_expert_shape(c, entry_at(c, 0, p, idx), fc, path, err));
 	for (int e = 0; e < c->ep; e++) {
 		int64_t g = e * local + i;
+		struct span s = expert_span(c, e, p);
 		if (c->mixtral)
 			snprintf(pre, sizeof(pre), "model.layers.%ld.block_sparse_moe.experts."
 				 "%lld.", gl, (long long)g);
@@ -540,13 +624,13 @@ static enum ckfs_code map_expert(struct ctx *c, const char *key, long gl, int fc
 		if (fc == 2) {
 			snprintf(gate, sizeof(gate), "%s%s", pre,
 				 c->mixtral ? "w2.weight" : "down_proj.weight");
-			CKFS_TRY(concat_e(c, gate, e, p, idx, 1, err));
+			CKFS_TRY(concat_e(c, gate, s, p, idx, 1, err));
 			continue;
 		}
 		snprintf(gate, sizeof(gate), "%s%s", pre,
 			 c->mixtral ? "w1.weight" : "gate_proj.weight");
 		snprintf(up, sizeof(up), "%s%s", pre, c->mixtral ? "w3.weight" : "up_proj.weight");
-		CKFS_TRY(split_fc1(c, gate, up, e, p, idx, err));
+		CKFS_TRY(split_fc1(c, gate, up, s, p, idx, err));
 	}
 	if (fc == 1 && gl < c->n_layers)
 		c->experts_seen[gl] += c->ep;
@@ -570,6 +654,8 @@ static enum ckfs_code raw_key(struct ctx *c, const char *key, long gl, int p, si
 		snprintf(base, sizeof(base), "%s", key);
 	for (int e = 0; e < c->ep; e++)
 		for (int t = 0; t < c->tp; t++) {
+			if (c->state[rank_of_e(c, e, t, p)] != R_OPEN)
+				continue; /* whole experts: not every (TP, EP) pair */
 			int n = snprintf(name, sizeof(name), "%s", base);
 			if (c->tp > 1)
 				n += snprintf(name + n, sizeof(name) - (size_t)n, ".tp_rank_%02d", t);
@@ -641,7 +727,7 @@ static enum ckfs_code map_key(struct ctx *c, int p, size_t i, long layer0,
 			char up[CKFS_MAX_NAME];
 			hf_name(c, name, sizeof(name), pre, layer_map[k].hf, "gate_proj");
 			hf_name(c, up, sizeof(up), pre, layer_map[k].hf, "up_proj");
-			return split_fc1(c, name, up, 0, p, i, err);
+			return split_fc1(c, name, up, dense_span(c), p, i, err);
 		}
 		}
 	}
@@ -768,60 +854,62 @@ static enum ckfs_code value_config(struct ctx *c, struct ckfs_error *err)
 
 /* ---- sources ---- */
 
-static enum ckfs_code open_rank(struct ctx *c, int e, int t, int p, struct ckfs_error *err)
+/* "model/mp_rank_TT[_PPP][_EEE]/model.pt" of grid rank r. */
+static void rank_rel(const struct ctx *c, int r, char *rel, size_t cap)
+{
+	int t = r % c->tp, p = (r / c->tp) % c->pp, e = r / (c->tp * c->pp);
+
+	if (c->fields == 1)
+		snprintf(rel, cap, "model/mp_rank_%02d/model.pt", t);
+	else if (c->fields == 2)  /* TP_PP or TP_EP: one of p, e is 0 */
+		snprintf(rel, cap, "model/mp_rank_%02d_%03d/model.pt", t, p + e);
+	else
+		snprintf(rel, cap, "model/mp_rank_%02d_%03d_%03d/model.pt", t, p, e);
+}
+
+static enum ckfs_code open_rank(struct ctx *c, int r, struct ckfs_error *err)
 {
 	struct ckfs_model *m = c->m;
 	char rel[128];
-	int r = rank_of_e(c, e, t, p);
 
-	if (c->fields == 1)
-		snprintf(rel, sizeof(rel), "model/mp_rank_%02d/model.pt", t);
-	else if (c->fields == 2)  /* TP_PP or TP_EP: one of p, e is 0 */
-		snprintf(rel, sizeof(rel), "model/mp_rank_%02d_%03d/model.pt", t, p + e);
-	else
-		snprintf(rel, sizeof(rel), "model/mp_rank_%02d_%03d_%03d/model.pt", t, p, e);
+	rank_rel(c, r, rel, sizeof(rel));
 	const char *path = ckfs_arena_printf(&m->arena, "%s/%s", m->src_dir, rel);
 	const char *name = ckfs_arena_strdup(&m->arena, rel);
 	if (!path || !name)
 		return nomem(err);
-	enum ckfs_code rc = ckfs_source_open(&m->sources[r], &m->policy, path, name, err);
-	if (rc == CKFS_E_NOTFOUND)
+	enum ckfs_code rc = ckfs_source_open(&m->sources[m->n_sources], &m->policy, path, name,
+					     err);
+	if (rc == CKFS_E_NOTFOUND) {
 		ckfs_error_clear(err);
-	if (rc == CKFS_E_NOTFOUND && c->fields == 2)
-		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found (TP rank %d of "
-				 "PP stage or EP rank %d is needed: the folders present "
-				 "name %d TP ranks and %d PP stages or EP ranks)", path,
-				 t, p + e, c->tp, c->pp * c->ep);
-	if (rc == CKFS_E_NOTFOUND && c->ep > 1)
-		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found (TP rank %d of PP "
-				 "stage %d, EP rank %d is needed: TP=%d, PP=%d, EP=%d)",
-				 path, t, p, e, c->tp, c->pp, c->ep);
-	if (rc == CKFS_E_NOTFOUND)
-		return ckfs_fail(err, CKFS_E_NOTFOUND,
-				 "'%s': not found (TP rank %d of PP stage %d is "
-				 "needed: TP=%d, PP=%d)", path, t, p, c->tp, c->pp);
+		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found (its rank folder has "
+				 "no model.pt)", path);
+	}
 	CKFS_TRY(rc);
-	m->n_sources++;
-	return ckfs_torch_open_list(&c->files[r], m->sources[r].fd, path, "_extra_state", err);
+	c->src[r] = (int)m->n_sources++;
+	CKFS_TRY(ckfs_torch_open_list(&c->files[r], m->sources[c->src[r]].fd, path,
+				      "_extra_state", err));
+	c->state[r] = R_OPEN;
+	return CKFS_OK;
 }
 
-/* Same keys (in order) and same local shapes on every TP and EP rank of
+/* Same keys (in order) and same local shapes in every rank folder of
  * stage p, chunk v (experts are numbered locally, so EP ranks agree). */
 static enum ckfs_code check_tp_alike(struct ctx *c, int p, size_t lo, size_t hi,
 				     int v, struct ckfs_error *err)
 {
-	const struct ckfs_torch_file *f0 = &c->files[rank_of(c, 0, p)];
+	int r0 = rank_of(c, 0, p);
+	const struct ckfs_torch_file *f0 = &c->files[r0];
 
-	for (int r = 0; r < c->tp * c->ep; r++) {
-		int e = r / c->tp, t = r % c->tp, fi = rank_of_e(c, e, t, p);
+	for (int et = 0; et < c->tp * c->ep; et++) {
+		int fi = rank_of_e(c, et / c->tp, et % c->tp, p);
 		const struct ckfs_torch_file *f = &c->files[fi];
-		size_t flo = v ? f->part_end[v - 1] : 0;
-		if (r == 0)
+		if (fi == r0 || c->state[fi] != R_OPEN)
 			continue;
+		size_t flo = v ? f->part_end[v - 1] : 0;
 		if (f->part_end[v] - flo != hi - lo)
 			return ckfs_fail(err, CKFS_E_INVALID, "'%s': chunk %d has %zu "
 					 "tensors, TP rank 0 has %zu (mismatched "
-					 "checkpoints?)", c->m->sources[fi].path,
+					 "checkpoints?)", path_of(c, fi),
 					 v, f->part_end[v] - flo, hi - lo);
 		for (size_t i = 0; i < hi - lo; i++) {
 			const struct ckfs_sd_entry *a = &f0->entries[lo + i],
@@ -835,12 +923,15 @@ static enum ckfs_code check_tp_alike(struct ctx *c, int p, size_t lo, size_t hi,
 						 "'%s': '%s' does not match TP rank 0's "
 						 "'%s' (key or local shape differs: "
 						 "mismatched TP sizes?)",
-						 c->m->sources[fi].path, b->key, a->key);
+						 path_of(c, fi), b->key, a->key);
 		}
 	}
 	return CKFS_OK;
 }
 
+/* Every mp_rank_* folder's numbers into c->names; TP, PP and EP as the
+ * highest numbers + 1 (a two-number name is read as TP_PP until
+ * decide_ep). */
 static enum ckfs_code scan_dirs(struct ctx *c, struct ckfs_error *err)
 {
 	char path[4096];
@@ -848,12 +939,13 @@ static enum ckfs_code scan_dirs(struct ctx *c, struct ckfs_error *err)
 	struct dirent *de;
 	long max[3] = { -1, -1, -1 };
 	int fields = 0;
+	size_t cap = 0;
 
 	snprintf(path, sizeof(path), "%s/model", c->m->src_dir);
 	if (!(d = opendir(path)))
 		return ckfs_fail_errno(err, "'%s': cannot open", path);
 	while ((de = readdir(d))) {
-		long v[3];
+		long v[3] = { 0, 0, 0 };
 		int n;
 		if (strncmp(de->d_name, "mp_rank_", 8) != 0)
 			continue;
@@ -861,20 +953,33 @@ static enum ckfs_code scan_dirs(struct ctx *c, struct ckfs_error *err)
 			ckfs_fail(err, CKFS_E_FORMAT, "'%s/%s': not an mp_rank_TT, "
 				  "mp_rank_TT_PPP or mp_rank_TT_PPP_EEE folder", path,
 				  de->d_name);
-			closedir(d);
-			return err->code;
+			goto fail;
 		}
 		if (fields && n != fields) {
 			ckfs_fail(err, CKFS_E_INVALID, "'%s': rank folders with %d and %d "
 				  "numbers (mixed checkpoints, e.g. mp_rank_TT and "
 				  "mp_rank_TT_PPP)", path, fields, n);
-			closedir(d);
-			return err->code;
+			goto fail;
 		}
 		fields = n;
 		for (int k = 0; k < n; k++)
 			if (v[k] > max[k])
 				max[k] = v[k];
+		if (c->n_names == cap) {
+			if (cap >= CKFS_MAX_RANKS) {
+				ckfs_fail(err, CKFS_E_LIMIT, "'%s': more than %u rank "
+					  "folders", path, CKFS_MAX_RANKS);
+				goto fail;
+			}
+			cap = cap ? 2 * cap : 16;
+			long(*nv)[3] = realloc(c->names, cap * sizeof(*nv));
+			if (!nv) {
+				nomem(err);
+				goto fail;
+			}
+			c->names = nv;
+		}
+		memcpy(c->names[c->n_names++], v, sizeof(v));
 	}
 	closedir(d);
 	if (!fields)
@@ -892,23 +997,298 @@ static enum ckfs_code scan_dirs(struct ctx *c, struct ckfs_error *err)
 				 "files is more than %u", path, c->tp, c->pp, c->ep,
 				 CKFS_MAX_RANKS);
 	return CKFS_OK;
+fail:
+	closedir(d);
+	return err->code;
 }
 
-/* A two-number name is TP_EP when config.json has experts and the second
- * "stage" holds the word embedding, which only PP stage 0 holds. Decided
- * from the open files of the TP_PP reading; files are numbered
- * (e·PP + p)·TP + t, so the reinterpretation moves nothing. */
+/* Grid rank of folder names[k] ((e·PP + p)·TP + t; a two-number name's
+ * second number is p or e, and either way lands on x·TP + t). */
+static int rank_of_name(const struct ctx *c, const long v[3])
+{
+	if (c->fields == 3)
+		return (int)((v[2] * c->pp + v[1]) * c->tp + v[0]);
+	return (int)(v[1] * c->tp + v[0]);
+}
+
+/* A two-number name is TP_EP when config.json has experts and the first
+ * folder whose second number is not 0 holds the word embedding, which
+ * only PP stage 0 holds. Decided from the open files of the TP_PP
+ * reading; files are numbered (e·PP + p)·TP + t, so the reinterpretation
+ * moves nothing. */
 static void decide_ep(struct ctx *c)
 {
 	if (c->fields != 2 || c->pp < 2 || c->n_experts <= 0)
 		return;
-	const struct ckfs_torch_file *f = &c->files[rank_of_e(c, 0, 0, 1)];
-	for (size_t i = 0; i < f->n_entries; i++)
-		if (strcmp(f->entries[i].key, "embedding.word_embeddings.weight") == 0) {
-			c->ep = c->pp;
-			c->pp = 1;
-			return;
+	for (int r = c->tp; r < c->tp * c->pp; r++) {
+		const struct ckfs_torch_file *f = &c->files[r];
+		if (c->state[r] != R_OPEN)
+			continue;
+		for (size_t i = 0; i < f->n_entries; i++)
+			if (strcmp(f->entries[i].key, "embedding.word_embeddings.weight") == 0) {
+				c->ep = c->pp;
+				c->pp = 1;
+				return;
+			}
+		return;
+	}
+}
+
+/* ---- expert tensor parallelism ---- */
+
+static long gcd(long a, long b)
+{
+	while (b) {
+		long t = a % b;
+		a = b;
+		b = t;
+	}
+	return a;
+}
+
+/* "a, b, c" of the indices k < n with have[k] < 0 into buf; their count. */
+static int list_missing(char *buf, size_t cap, const int *have, int n)
+{
+	size_t len = 0;
+	int count = 0;
+
+	buf[0] = 0;
+	for (int k = 0; k < n; k++) {
+		if (have[k] >= 0)
+			continue;
+		if (count++ < 8 && len < cap)
+			len += (size_t)snprintf(buf + len, cap - len, "%s%d", len ? ", " : "", k);
+		else if (count == 9 && len < cap)
+			len += (size_t)snprintf(buf + len, cap - len, ", ...");
+	}
+	return count;
+}
+
+/* Experts split over TP (or TP = 1, or no experts): every (TP, PP, EP)
+ * folder holds a distinct shard, so all are needed. */
+static enum ckfs_code check_grid(struct ctx *c, struct ckfs_error *err)
+{
+	int n = c->tp * c->pp * c->ep;
+	char rel[128];
+
+	for (int r = 0; r < n; r++) {
+		int t = r % c->tp, p = (r / c->tp) % c->pp, e = r / (c->tp * c->pp);
+		if (c->state[r] == R_OPEN)
+			continue;
+		rank_rel(c, r, rel, sizeof(rel));
+		if (c->ep > 1)
+			return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s/%s': not found (TP rank "
+					 "%d of PP stage %d, EP rank %d is needed: TP=%d, "
+					 "PP=%d, EP=%d)", c->m->src_dir, rel, t, p, e,
+					 c->tp, c->pp, c->ep);
+		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s/%s': not found (TP rank %d of "
+				 "PP stage %d is needed: TP=%d, PP=%d)", c->m->src_dir,
+				 rel, t, p, c->tp, c->pp);
+	}
+	return CKFS_OK;
+}
+
+/* Whole experts (ETP = 1, TP > 1): folder (t, p, e) is the process of TP
+ * rank t and EP rank e, which megatron-core pairs only when t = e mod
+ * gcd(TP, EP); any other pair means the shapes were misread. */
+static enum ckfs_code check_whole_pairs(struct ctx *c, struct ckfs_error *err)
+{
+	long g = gcd(c->tp, c->ep);
+
+	for (int r = 0; r < c->tp * c->pp * c->ep; r++) {
+		int t = r % c->tp, e = r / (c->tp * c->pp);
+		if (c->state[r] != R_OPEN || (t - e) % g == 0)
+			continue;
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': whole experts (expert tensor "
+				 "parallel size 1 by config.json's %s %lld) in the "
+				 "folder of TP rank %d and EP rank %d, which megatron-core "
+				 "never pairs at TP=%d EP=%d: ambiguous (experts split "
+				 "over TP, %s %lld?)", path_of(c, r), ffn_key(c),
+				 (long long)c->expert_ffn, t, e, c->tp, c->ep, ffn_key(c),
+				 (long long)c->expert_ffn * c->tp);
+	}
+	return CKFS_OK;
+}
+
+/* Whole experts: each TP rank's dense part from its lowest-EP folder, each
+ * EP rank's experts from its lowest-TP folder; every one of them must be
+ * in some folder of every stage. */
+static enum ckfs_code plan_whole(struct ctx *c, struct ckfs_error *err)
+{
+	struct ckfs_arena *a = &c->m->arena;
+	char tps[128], eps[128];
+
+	CKFS_TRY(check_whole_pairs(c, err));
+	c->dense_e = ckfs_arena_calloc(a, (size_t)(c->pp * c->tp), sizeof(int));
+	c->expert_t = ckfs_arena_calloc(a, (size_t)(c->pp * c->ep), sizeof(int));
+	if (!c->dense_e || !c->expert_t)
+		return nomem(err);
+	for (int k = 0; k < c->pp * c->tp; k++)
+		c->dense_e[k] = -1;
+	for (int k = 0; k < c->pp * c->ep; k++)
+		c->expert_t[k] = -1;
+	for (int p = 0; p < c->pp; p++)
+		for (int e = 0; e < c->ep; e++)
+			for (int t = 0; t < c->tp; t++) {
+				if (c->state[(e * c->pp + p) * c->tp + t] != R_OPEN)
+					continue;
+				if (c->dense_e[p * c->tp + t] < 0)
+					c->dense_e[p * c->tp + t] = e;
+				if (c->expert_t[p * c->ep + e] < 0)
+					c->expert_t[p * c->ep + e] = t;
+			}
+	for (int p = 0; p < c->pp; p++) {
+		int nt = list_missing(tps, sizeof(tps), c->dense_e + p * c->tp, c->tp);
+		int ne = list_missing(eps, sizeof(eps), c->expert_t + p * c->ep, c->ep);
+		char what[320], stage[32] = "";
+		if (!nt && !ne)
+			continue;
+		if (c->pp > 1)
+			snprintf(stage, sizeof(stage), " of PP stage %d", p);
+		if (nt && ne)
+			snprintf(what, sizeof(what), "the dense shards of TP rank%s %s or the "
+				 "experts of EP rank%s %s", nt > 1 ? "s" : "", tps,
+				 ne > 1 ? "s" : "", eps);
+		else if (nt)
+			snprintf(what, sizeof(what), "the dense shards of TP rank%s %s",
+				 nt > 1 ? "s" : "", tps);
+		else
+			snprintf(what, sizeof(what), "the experts of EP rank%s %s",
+				 ne > 1 ? "s" : "", eps);
+		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s/model': no rank folder holds "
+				 "%s%s (experts whole, expert tensor parallel size 1: "
+				 "mp_rank_TT..._EEE holds TP rank TT's dense shards and EP "
+				 "rank EEE's experts)", c->m->src_dir, what, stage);
+	}
+	return CKFS_OK;
+}
+
+/* The first expert fc1 weight of open rank file r (NULL: none), and the
+ * highest local expert number + 1 over its expert keys into *n_local. */
+static const struct ckfs_sd_entry *first_expert_fc1(const struct ctx *c, int r,
+						     long *n_local)
+{
+	const struct ckfs_torch_file *f = &c->files[r];
+	const struct ckfs_sd_entry *first = NULL;
+
+	for (size_t i = 0; i < f->n_entries; i++) {
+		const char *rest;
+		long j, ei;
+		int fc;
+		if (!layer_key(f->entries[i].key, &j, &rest) || !expert_key(rest, &fc, &ei))
+			continue;
+		if (ei + 1 > *n_local)
+			*n_local = ei + 1;
+		if (fc == 1 && !first)
+			first = &f->entries[i];
+	}
+	return first;
+}
+
+/* Expert fc1 rows against config.json's expert width F: 2·F is ETP = 1,
+ * 2·F/TP is ETP = TP (at TP = 1 the two agree). */
+static enum ckfs_code decide_etp(struct ctx *c, const struct ckfs_sd_entry *x, int r,
+				 struct ckfs_error *err)
+{
+	int64_t rows = x->local.ndim == 2 ? x->local.shape[0] : -1, f = c->expert_ffn;
+
+	c->etp = 1;
+	if (c->tp == 1)
+		return CKFS_OK;
+	if (f <= 0)
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': config.json has no %s, so "
+				 "whether '%s' is a whole expert or its TP shard cannot "
+				 "be told", path_of(c, r), ffn_key(c), x->key);
+	if (rows == 2 * f)
+		return CKFS_OK;
+	c->etp = c->tp;
+	if (rows * c->tp == 2 * f)
+		return CKFS_OK;
+	return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s' has %lld rows, expected "
+			 "2 x %s %lld (whole experts, expert tensor parallel size 1) "
+			 "or 2 x %lld / TP %d (experts split over TP): other expert "
+			 "tensor parallel sizes are not supported", path_of(c, r),
+			 x->key, (long long)rows, ffn_key(c), (long long)f,
+			 (long long)f, c->tp);
+}
+
+/* EP from the experts themselves: each rank file holds E/EP of them, so
+ * EP ranks whose every folder is missing are named, not misread. */
+static enum ckfs_code check_ep_complete(struct ctx *c, long n_local, int r,
+					struct ckfs_error *err)
+{
+	int64_t ep = n_local > 0 ? c->n_experts / n_local : 0;
+
+	if (n_local <= 0 || c->n_experts % n_local)
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': %ld local experts per layer "
+				 "do not divide config.json's %lld experts", path_of(c, r),
+				 n_local, (long long)c->n_experts);
+	if (ep < c->ep)
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s/model': the folder names give "
+				 "EP=%d, but each folder holds %ld of config.json's %lld "
+				 "experts per layer (EP=%lld): mixed checkpoints?",
+				 c->m->src_dir, c->ep, n_local, (long long)c->n_experts,
+				 (long long)ep);
+	if (ep > c->ep) {
+		char ranks[64];
+		if (ep - c->ep == 1)
+			snprintf(ranks, sizeof(ranks), " %d", c->ep);
+		else if (ep - c->ep == 2)
+			snprintf(ranks, sizeof(ranks), "s %d, %d", c->ep, c->ep + 1);
+		else
+			snprintf(ranks, sizeof(ranks), "s %d to %lld", c->ep, (long long)ep - 1);
+		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s/model': no rank folder holds "
+				 "the experts of EP rank%s: each folder holds %ld of "
+				 "config.json's %lld experts per layer (EP=%lld), the "
+				 "folder names give EP=%d", c->m->src_dir, ranks, n_local,
+				 (long long)c->n_experts, (long long)ep, c->ep);
+	}
+	return CKFS_OK;
+}
+
+/* Which folders the experts and the dense part are read from, after
+ * checking that every rank file's expert shards have one shape and that
+ * no TP or EP rank is missing. */
+static enum ckfs_code plan_ranks(struct ctx *c, struct ckfs_error *err)
+{
+	const struct ckfs_sd_entry *ref = NULL;
+	int ref_r = -1;
+	long n_local = 0;
+
+	c->etp = c->tp;
+	for (int r = 0; r < c->tp * c->pp * c->ep; r++) {
+		if (c->state[r] != R_OPEN)
+			continue;
+		const struct ckfs_sd_entry *x = first_expert_fc1(c, r, &n_local);
+		if (!x)
+			continue;
+		if (!ref) {
+			ref = x;
+			ref_r = r;
+			continue;
 		}
+		if (x->local.ndim != ref->local.ndim ||
+		    x->local.shape[0] != ref->local.shape[0])
+			return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' has %lld rows, "
+					 "'%s' has %lld (expert shards of different "
+					 "expert tensor parallel sizes: mixed checkpoints?)",
+					 path_of(c, r), x->key, (long long)x->local.shape[0],
+					 path_of(c, ref_r), (long long)ref->local.shape[0]);
+	}
+	if (!ref || c->n_experts <= 0)
+		return check_grid(c, err);
+	CKFS_TRY(decide_etp(c, ref, ref_r, err));
+	CKFS_TRY(check_ep_complete(c, n_local, ref_r, err));
+	c->m->etp_size = c->etp;
+	if (c->etp == 1 && c->tp > 1)
+		return plan_whole(c, err);
+	return check_grid(c, err);
+}
+
+/* The rank file every stage-independent check reads: TP rank 0 of stage 0. */
+static const struct ckfs_torch_file *ref_file(struct ctx *c)
+{
+	return &c->files[rank_of(c, 0, 0)];
 }
 
 enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
@@ -918,53 +1298,60 @@ enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
 	struct ctx c;
 	enum ckfs_code rc;
 	char path[4096];
+	const char *hf;
+	int n = 0;
 
 	memset(&c, 0, sizeof(c));
 	c.m = m;
 	c.opt = opt;
-	CKFS_TRY(scan_dirs(&c, err));
+	if ((rc = scan_dirs(&c, err)) != CKFS_OK)
+		goto out;
 	snprintf(path, sizeof(path), "%s/hf_config_and_tokenizer", m->src_dir);
-	const char *hf = ckfs_path_is_dir(path)
-				 ? ckfs_arena_strdup(&m->arena, path)
-				 : ckfs_arena_printf(&m->arena, "%s/huggingface", m->src_dir);
-	CKFS_TRY(ckfs_model_load_config_from(m, hf, opt->config_path, err));
-	CKFS_TRY(read_arch(&c, err));
-	if (c.fields != 2)
-		CKFS_TRY(check_tp_divides(&c, err));
+	hf = ckfs_path_is_dir(path) ? ckfs_arena_strdup(&m->arena, path)
+				    : ckfs_arena_printf(&m->arena, "%s/huggingface", m->src_dir);
+	if ((rc = ckfs_model_load_config_from(m, hf, opt->config_path, err)) != CKFS_OK ||
+	    (rc = read_arch(&c, err)) != CKFS_OK ||
+	    (c.fields != 2 && (rc = check_tp_divides(&c, err)) != CKFS_OK))
+		goto out;
 
-	int n = c.tp * c.pp * c.ep;
+	n = c.tp * c.pp * c.ep;
 	m->sources = ckfs_arena_calloc(&m->arena, (size_t)n, sizeof(*m->sources));
 	m->ranks_read = ckfs_arena_calloc(&m->arena, (size_t)n, sizeof(int));
+	c.state = ckfs_arena_calloc(&m->arena, (size_t)n, 1);
+	c.src = ckfs_arena_calloc(&m->arena, (size_t)n, sizeof(int));
 	c.files = calloc((size_t)n, sizeof(*c.files));
 	c.experts_seen = calloc((size_t)c.n_layers + 1, sizeof(int));
-	if (!m->sources || !m->ranks_read || !c.files || !c.experts_seen) {
-		free(c.files);
-		free(c.experts_seen);
-		return nomem(err);
+	if (!m->sources || !m->ranks_read || !c.state || !c.src || !c.files ||
+	    !c.experts_seen) {
+		rc = nomem(err);
+		goto out;
 	}
-	int opened = 0;
+	for (size_t k = 0; k < c.n_names; k++)
+		c.state[rank_of_name(&c, c.names[k])] = R_PRESENT;
 	for (int r = 0; r < n; r++) {
-		int t = r % c.tp, p = (r / c.tp) % c.pp, e = r / (c.tp * c.pp);
-		rc = open_rank(&c, e, t, p, err);
-		if (rc != CKFS_OK)
+		if (c.state[r] == R_ABSENT)
+			continue;
+		if ((rc = open_rank(&c, r, err)) != CKFS_OK)
 			goto out;
-		opened++;
 		m->ranks_read[m->n_ranks_read++] = r;
 	}
 	decide_ep(&c);
 	if (c.fields == 2 && (rc = check_tp_divides(&c, err)) != CKFS_OK)
 		goto out;
-	m->world_size = n;
+	if ((rc = plan_ranks(&c, err)) != CKFS_OK)
+		goto out;
+	m->world_size = (int)m->n_ranks_read;
 	m->tp_size = c.tp;
 	m->pp_size = c.pp;
 	m->ep_size = c.ep;
-	c.vpp = (int)c.files[0].n_parts;
-	for (int r = 1; r < n; r++)
-		if ((int)c.files[r].n_parts != c.vpp) {
+	const struct ckfs_torch_file *ref = ref_file(&c);
+	const char *ref_path = path_of(&c, rank_of(&c, 0, 0));
+	c.vpp = (int)ref->n_parts;
+	for (int r = 0; r < n; r++)
+		if (c.state[r] == R_OPEN && (int)c.files[r].n_parts != c.vpp) {
 			rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': %zu virtual-pipeline "
 				       "chunks, '%s' has %d (mismatched checkpoints)",
-				       m->sources[r].path, c.files[r].n_parts,
-				       m->sources[0].path, c.vpp);
+				       path_of(&c, r), c.files[r].n_parts, ref_path, c.vpp);
 			goto out;
 		}
 	m->vpp_size = c.vpp;
@@ -1084,17 +1471,18 @@ enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
 	if (rc == CKFS_OK && c.n_raw)
 		rc = ckfs_model_warn(m, err, "%zu Megatron keys without a Hugging Face "
 				     "name served raw, per rank (--raw-names)", c.n_raw);
-	if (rc == CKFS_OK && c.files[0].n_skipped)
+	if (rc == CKFS_OK && ref->n_skipped)
 		rc = ckfs_model_warn(m, err, "%zu _extra_state entries skipped per "
-				     "rank (Transformer Engine metadata)",
-				     c.files[0].n_skipped);
+				     "rank (Transformer Engine metadata)", ref->n_skipped);
 out:
 	for (size_t i = 0; i < c.n_outs; i++)
 		free(c.outs[i].chunks.v);
 	free(c.outs);
-	for (int r = 0; r < opened; r++)
-		ckfs_torch_close(&c.files[r]);
+	for (int r = 0; c.files && c.state && r < n; r++)
+		if (c.state[r] == R_OPEN)
+			ckfs_torch_close(&c.files[r]);
 	free(c.files);
 	free(c.experts_seen);
+	free(c.names);
 	return rc;
 }

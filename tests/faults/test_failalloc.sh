@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Allocation failures: `ckfs inspect` and `ckfs export` of the four layouts
-# (verl FSDP2, DCP, Megatron TP / critic / TP x EP MoE with TE names,
+# (verl FSDP2, DCP, Megatron TP / critic / TP x EP MoE with TE names and
+# with whole experts (expert tensor parallel size 1),
 # sharded HF safetensors) run once per N with
 # the Nth allocation failing (tests/faults/failalloc.c, LD_PRELOAD), for
 # every N from 1 to the number of allocations the command makes
@@ -93,7 +94,7 @@ sweep() {
 }
 
 for spec in fsdp/qwen2_fsdp2_w2 dcp/qwen2_tied_fsdp2_w3 megatron/llama_tp2 megatron/qwen2_critic_tp2 \
-	megatron/qwen2_moe_tp2_ep2_te hf/qwen2_sharded; do
+	megatron/qwen2_moe_tp2_ep2_te megatron/qwen2_moe_tp2_ep2_etp1 hf/qwen2_sharded; do
 	for cmd in inspect export; do
 		sweep "$cmd ${spec}" "$FIX/$spec" "$cmd" once
 	done

@@ -5,9 +5,12 @@
     .venv/bin/python tests/gen/make_megatron_fixtures.py      # ~5 min on 2 cores
     .venv/bin/python tests/gen/make_megatron_fixtures.py --moe-only      # MoE and critic cases only
     .venv/bin/python tests/gen/make_megatron_fixtures.py --broken-only   # broken/, *_te/
+    .venv/bin/python tests/gen/make_megatron_fixtures.py --only a,b      # the named cases only
     .venv/bin/python tests/gen/make_megatron_fixtures.py --self-check    # Megatron forward
-        # of TP=2 Llama/Qwen2/Qwen3 and TP=2 EP=2 Qwen2-MoE/Mixtral filled like the fixtures
-        # vs transformers' logits (2026-11-29: all five within bf16 noise, ~3% of max |logit|)
+        # of TP=2 Llama/Qwen2/Qwen3 and TP=2 EP=2 Qwen2-MoE/Mixtral (expert tensor parallel
+        # size TP and 1) filled like the fixtures vs transformers' logits (2026-11-29: all five
+        # within bf16 noise, ~3% of max |logit|; 2026-12-01 with ETP=1 on the same MoE models:
+        # Qwen2-MoE 0.086, Mixtral 0.125 of max |logit| 4.75 and 4.19, all seven OK)
 
 Layout written per case (tests/fixtures/megatron/<case>/):
     model/mp_rank_{tp:02d}/model.pt            (PP = 1)
@@ -34,14 +37,28 @@ What is REAL and what is reproduced:
     mlp.experts.local_experts.{i}.*), the shared-expert gate switched on in the spec as verl's
     Qwen2MoE initializer does; expert i of a rank is Megatron's local_expert_indices[i], its
     expert-TP rank get_expert_tensor_parallel_rank() (asserted equal to the TP rank).
+    Cases with an etp (expert_tensor_parallel_size, passed to initialize_model_parallel and
+    TransformerConfig): world = PP x lcm(TP, ETP x EP), the smallest both grids divide, and only
+    data-parallel rank 0 saves, as verl's MegatronCheckpointManager.save_checkpoint does
+    (`mpu.get_data_parallel_rank() == 0`, verl 644aaa76b). With megatron-core's default order
+    tp-cp-ep-dp-pp, process s of a stage is TP rank s % TP and, at ETP = 1, EP rank s % EP, so
+    data-parallel rank 0 (s < TP) writes mp_rank_{t}[_{p}]_{t % EP}: TP2 EP2 gives
+    mp_rank_00_000 and mp_rank_01_001 with each EP rank's experts whole; TP2 EP4 gives the
+    same two folders and EP ranks 2 and 3 are never saved (qwen3_moe_tp2_ep4_etp1, refused).
+    The older cases (no etp) save from every process, which verl did not: its DP-rank-0 rule
+    writes only EP rank 0 when ETP = TP.
   * REPRODUCED here (not Megatron code): the VALUES. Each rank's parameters are overwritten in
     place with slices of the HF model following the documented mcore TP layout (QKV grouped per
     query group [q r*d; k d; v d], fc1 per rank [gate_tp; up_tp], column-parallel on dim 0,
     row-parallel linear_proj/linear_fc2 on dim 1, vocab-parallel embedding/output on dim 0,
     norms replicated). The global layer of each local layer is Megatron's own
     layer.layer_number - 1. verl's hf->mcore loader did the same thing. Experts: fc1 per rank
-    [gate_e rows; up_e rows] and fc2 columns (expert TP = TP); router and shared-expert gate
-    replicated; Mixtral's w1 = gate, w3 = up, w2 = down.
+    [gate_e rows; up_e rows] and fc2 columns over the expert-TP ranks (TP, or whole at ETP = 1);
+    router and shared-expert gate replicated; Mixtral's w1 = gate, w3 = up, w2 = down.
+  * The self-check does not cover ETP = 1 at EP = 1 (qwen3_moe_tp2_etp1): megatron-core
+    0.12.2's RowParallelLinear turns explicit expert communication off when both expert TP and
+    EP are 1 and then all-reduces each expert's output over the dense TP group, doubling it
+    (every token 1.5-3.3 off at TP=2); the saved layout is unaffected.
   * llama_tp2_te/ renames llama_tp2's keys to Transformer Engine's (see make_te_variant);
     qwen2_moe_tp2_ep2_te/ renames qwen2_moe_tp2_ep2's to verl's TE spec with TEGroupedMLP
     experts (make_te_moe_variant).
@@ -102,7 +119,8 @@ CASES = [
     ("llama_tied_pp2_vpp2", "LlamaForCausalLM", 1, 2, 2, None, True),
 ]
 
-# MoE / critic cases: name, architecture, tp, pp, vpp, uneven, tied, ep, value head
+# MoE / critic cases: name, architecture, tp, pp, vpp, uneven, tied, ep, value head[, etp]
+# etp: expert_tensor_parallel_size, omitted = TP (megatron-core's default)
 MOE_CASES = [
     ("qwen2_moe_tp2_ep2", "Qwen2MoeForCausalLM", 2, 1, 1, None, False, 2, False),
     ("qwen3_moe_pp2_ep2", "Qwen3MoeForCausalLM", 1, 2, 1, None, False, 2, False),
@@ -110,13 +128,35 @@ MOE_CASES = [
     ("qwen2_critic_tp2", "Qwen2ForCausalLM", 2, 1, 1, None, False, 1, True),
     # MoE without EP: mp_rank_TT_PPP names, the other reading of two-number folders
     ("qwen3_moe_pp2", "Qwen3MoeForCausalLM", 1, 2, 1, None, False, 1, False),
+    # Expert tensor parallel size 1: each expert whole on its EP rank, saved as verl does (see
+    # the docstring): mp_rank_00_000 and mp_rank_01_001 only (TP rank t holds EP rank t % EP)
+    ("qwen2_moe_tp2_ep2_etp1", "Qwen2MoeForCausalLM", 2, 1, 1, None, False, 2, False, 1),
+    # ... with PP=2: mp_rank_TT_PPP_EEE, (0, p, 0) and (1, p, 1)
+    ("mixtral_tp2_pp2_ep2_etp1", "MixtralForCausalLM", 2, 2, 1, None, False, 2, False, 1),
+    # ... EP=1: mp_rank_00 and mp_rank_01 both hold every expert whole
+    ("qwen3_moe_tp2_etp1", "Qwen3MoeForCausalLM", 2, 1, 1, None, False, 1, False, 1),
+    # ... EP=4 over TP=2: world 4, data parallel 2; data-parallel rank 0 (TP ranks 0, 1) holds
+    # EP ranks 0 and 1 only, so EP ranks 2 and 3's experts are never saved (ckfs refuses it)
+    ("qwen3_moe_tp2_ep4_etp1", "Qwen3MoeForCausalLM", 2, 1, 1, None, False, 4, False, 1),
 ]
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64)
 
 
 def norm_case(case):
-    """(name, arch, tp, pp, vpp, uneven, tied, ep, value) for both case tables."""
-    return tuple(case) + (1, False)[len(case) - 7:]
+    """(name, arch, tp, pp, vpp, uneven, tied, ep, value, etp) for both case tables; etp None
+    means expert tensor parallel size = TP."""
+    return tuple(case) + (1, False, None)[len(case) - 7:]
+
+
+def world_of(tp, pp, ep, etp):
+    """Processes of a case. etp None: TP x PP x EP (dense data parallel = EP, expert data parallel
+    1), every process saves its (TP, PP, EP) shard. etp given: the smallest world both the dense
+    (TP x PP) and the expert (ETP x EP x PP) grids divide, and only data-parallel rank 0 saves,
+    as verl's MegatronCheckpointManager does."""
+    if etp is None:
+        return tp * pp * ep
+    import math
+    return pp * math.lcm(tp, etp * ep)
 
 
 def hf_model(arch, tied, seed, init=0.02, value=False):
@@ -160,9 +200,10 @@ def hf_names(arch):
                 parts=dict(gate="gate_proj", up="up_proj", down="down_proj"))
 
 
-def local_value(key, global_layer, sd, arch, tp, tp_rank, shape, experts=None, etp_rank=None):
+def local_value(key, global_layer, sd, arch, tp, tp_rank, shape, experts=None, etp=None):
     """The TP-local value of Megatron key (local layer index already mapped to global_layer).
-    experts: Megatron's local_expert_indices of the layer (global expert of local expert i)."""
+    experts: Megatron's local_expert_indices of the layer (global expert of local expert i);
+    etp: (expert tensor parallel size, rank) of this process for expert weights."""
     nh, nkv, d = COMMON["num_attention_heads"], COMMON["num_key_value_heads"], COMMON["head_dim"]
     r = nh // nkv
     pre = f"model.layers.{global_layer}."
@@ -220,23 +261,27 @@ def local_value(key, global_layer, sd, arch, tp, tp_rank, shape, experts=None, e
         return cols(sd[pre + "mlp.shared_expert.down_proj.weight"])
     if tail.startswith("mlp.experts.local_experts."):
         # SequentialMLP: expert i of this EP rank is global expert experts[i]; expert tensor
-        # parallelism (ETP, = TP by default) shards it like a dense MLP.
-        assert etp_rank == tp_rank, (etp_rank, tp_rank)
+        # parallelism (ETP, = TP by default, 1 = whole) shards it like a dense MLP over ETP ranks.
+        n_etp, etp_rank = etp
         i, what = tail.split(".")[3], tail.split(".", 4)[4]
         e = experts[int(i)]
         w = {p: pre + names["expert"].format(e=e, w=names["parts"][p]) for p in ("gate", "up", "down")}
+
+        def erows(t):
+            n = t.shape[0] // n_etp
+            return t[etp_rank * n:(etp_rank + 1) * n]
+
         if what == "linear_fc1.weight":
-            return torch.cat([rows(sd[w["gate"]]), rows(sd[w["up"]])], 0)
+            return torch.cat([erows(sd[w["gate"]]), erows(sd[w["up"]])], 0)
         if what == "linear_fc2.weight":
-            return cols(sd[w["down"]])
+            n = sd[w["down"]].shape[1] // n_etp
+            return sd[w["down"]][:, etp_rank * n:(etp_rank + 1) * n]
     raise KeyError(key)
 
 
 def worker(rank, case, port, sd_path, outdir, self_check=False):
-    name, arch, tp, pp, vpp, uneven, tied, ep, value = norm_case(case)
-    # EP > 1: world = TP x PP x EP, i.e. data parallel = EP for the dense part and expert data
-    # parallel = 1, so every process holds a distinct (TP, PP, EP) shard and saves it.
-    world = tp * pp * ep
+    name, arch, tp, pp, vpp, uneven, tied, ep, value, etp = norm_case(case)
+    world = world_of(tp, pp, ep, etp)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -251,7 +296,7 @@ def worker(rank, case, port, sd_path, outdir, self_check=False):
         # CUDA before its all-reduce; on this CPU-only run it stays on CPU (gloo reduces it).
         torch.Tensor.cuda = lambda self, *a, **k: self
     ps.initialize_model_parallel(tp, pp, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
-                                 expert_model_parallel_size=ep)
+                                 expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
     extra = {}
     moe = "Moe" in arch or arch.startswith("Mixtral")
     if moe:
@@ -260,6 +305,7 @@ def worker(rank, case, port, sd_path, outdir, self_check=False):
                      moe_ffn_hidden_size=(COMMON["intermediate_size"] if arch.startswith("Mixtral")
                                           else MOE["moe_intermediate_size"]),
                      moe_grouped_gemm=False, expert_model_parallel_size=ep,
+                     expert_tensor_parallel_size=etp,
                      # TransformerConfig requires it for TP x EP (verl sets it whenever TP > 1);
                      # switched off again below: the torch norms of the local spec refuse it
                      # (TE's norms support it). It does not change the state dict.
@@ -317,11 +363,13 @@ def worker(rank, case, port, sd_path, outdir, self_check=False):
                     g = glob[j]
                 else:
                     g = None
-                experts = etp_rank = None
+                experts = etp_of = None
                 if ".mlp.experts." in key:
                     experts = m.decoder.layers[int(key.split(".")[2])].mlp.local_expert_indices
-                    etp_rank = ps.get_expert_tensor_parallel_rank()
-                val = local_value(key, g, hf_sd, arch, tp, tp_rank, tuple(p.shape), experts, etp_rank)
+                    etp_of = (ps.get_expert_tensor_parallel_world_size(),
+                              ps.get_expert_tensor_parallel_rank())
+                    assert etp_of[0] == (etp or tp), (etp_of, etp, tp)
+                val = local_value(key, g, hf_sd, arch, tp, tp_rank, tuple(p.shape), experts, etp_of)
                 assert tuple(val.shape) == tuple(p.shape), (key, val.shape, p.shape)
                 p.copy_(val)
         # verl wraps every chunk in Float16Module (bf16 everywhere, norms included); its
@@ -352,9 +400,11 @@ def worker(rank, case, port, sd_path, outdir, self_check=False):
     sub = f"mp_rank_{tp_rank:02d}" if pp == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
     if ep > 1:
         sub += f"_{ps.get_expert_model_parallel_rank():03d}"
-    path = os.path.join(outdir, "model", sub)
-    os.makedirs(path, exist_ok=True)
-    torch.save([c.state_dict() for c in chunks], os.path.join(path, "model.pt"))
+    # etp given: verl's save_checkpoint writes model.pt on data-parallel rank 0 only
+    if etp is None or ps.get_data_parallel_rank() == 0:
+        path = os.path.join(outdir, "model", sub)
+        os.makedirs(path, exist_ok=True)
+        torch.save([c.state_dict() for c in chunks], os.path.join(path, "model.pt"))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -394,11 +444,17 @@ def self_check():
     ids = torch.tensor([[1, 17, 42, 7, 97, 5, 23, 64, 2, 50, 11, 96]])
     ok = True
     from safetensors.torch import load_file
-    for i, arch in enumerate(["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                              "Qwen2MoeForCausalLM", "MixtralForCausalLM"]):
+    # architecture, EP, expert tensor parallel size (None = TP), seed. The ETP=1 runs take the
+    # weights of the ETP=TP run of their architecture: both layouts on one model. (With another
+    # Mixtral seed, 2006, one token of twelve was 1.3 off: its top-2 router margin is 0.02 in one
+    # layer, so the bf16 rounding of whole vs TP-split experts flips its routing.)
+    runs = [("LlamaForCausalLM", 1, None, 2000), ("Qwen2ForCausalLM", 1, None, 2001),
+            ("Qwen3ForCausalLM", 1, None, 2002), ("Qwen2MoeForCausalLM", 2, None, 2003),
+            ("MixtralForCausalLM", 2, None, 2004),
+            ("Qwen2MoeForCausalLM", 2, 1, 2003), ("MixtralForCausalLM", 2, 1, 2004)]
+    for i, (arch, ep, etp, seed) in enumerate(runs):
         tmp = tempfile.mkdtemp()
-        model = hf_model(arch, False, 2000 + i, init=0.15)  # big weights: every layer matters
-        ep = 2 if "Moe" in arch or arch.startswith("Mixtral") else 1
+        model = hf_model(arch, False, seed, init=0.15)  # big weights: every layer matters
         if ep > 1:  # experts per expert, as save_pretrained writes them
             model.save_pretrained(os.path.join(tmp, "hf"))
             sd = load_file(os.path.join(tmp, "hf", "model.safetensors"))
@@ -408,9 +464,9 @@ def self_check():
         else:
             sd = {k: v.contiguous() for k, v in model.state_dict().items()}
         torch.save(sd, os.path.join(tmp, "sd.pt"))
-        case = ("check", arch, 2, 1, 1, None, False, ep, False)
-        mp.spawn(worker, args=(case, 29700 + i, os.path.join(tmp, "sd.pt"), tmp, True), nprocs=2 * ep,
-                 join=True)
+        case = ("check", arch, 2, 1, 1, None, False, ep, False, etp)
+        mp.spawn(worker, args=(case, 29700 + i, os.path.join(tmp, "sd.pt"), tmp, True),
+                 nprocs=world_of(2, 1, ep, etp), join=True)
         got = torch.load(os.path.join(tmp, "megatron_logits.pt"))
         with torch.no_grad():
             want = model(input_ids=ids).logits.float()
@@ -418,7 +474,7 @@ def self_check():
         scale = want.abs().max().item()
         good = diff < 0.1 * scale  # bf16 runs: ~3% apart; a wrong layout: ~100%
         ok &= good
-        print(f"self-check {arch} TP=2 EP={ep}: max |megatron - transformers| = {diff:.4f} "
+        print(f"self-check {arch} TP=2 EP={ep} ETP={etp or 2}: max |megatron - transformers| = {diff:.4f} "
               f"(max |logit| {scale:.3f}) {'OK' if good else 'MISMATCH'}")
         shutil.rmtree(tmp)
     return 0 if ok else 1
@@ -515,7 +571,7 @@ def make_te_moe_variant():
 def make_case(i, case, tmp):
     """Write one case; returns its MANIFEST entry."""
     from safetensors.torch import load_file, save_file
-    name, arch, tp, pp, vpp, uneven, tied, ep, value = norm_case(case)
+    name, arch, tp, pp, vpp, uneven, tied, ep, value, etp = norm_case(case)
     model = hf_model(arch, tied, 1000 + i, value=value)
     outdir = os.path.join(OUT, name)
     shutil.rmtree(outdir, ignore_errors=True)
@@ -540,12 +596,15 @@ def make_case(i, case, tmp):
     save_file(sd, os.path.join(outdir, "original", "model.safetensors"), metadata={"format": "pt"})
     sd_path = os.path.join(tmp, name + ".pt")
     torch.save(sd, sd_path)
-    mp.spawn(worker, args=(case, 29600 + i, sd_path, outdir), nprocs=tp * pp * ep, join=True)
-    print(f"{name}: {arch} tp={tp} pp={pp} vpp={vpp} ep={ep} tied={tied} value={value}")
+    mp.spawn(worker, args=(case, 29600 + i, sd_path, outdir), nprocs=world_of(tp, pp, ep, etp), join=True)
+    print(f"{name}: {arch} tp={tp} pp={pp} vpp={vpp} ep={ep} etp={etp or tp} tied={tied} value={value} "
+          f"folders={sorted(os.listdir(os.path.join(outdir, 'model')))}")
     entry = dict(name=name, architecture=arch, tp=tp, pp=pp, vpp=vpp,
                  stage_layers=list(uneven) if uneven else None, tied=tied)
     if len(case) > 7:
         entry.update(ep=ep, value_head=value)
+    if etp is not None:
+        entry.update(etp=etp, folders=sorted(os.listdir(os.path.join(outdir, "model"))))
     entry["tensors"] = list(sd.keys())
     return entry
 
@@ -582,6 +641,16 @@ def main():
         return 0
     if sys.argv[1:] == ["--self-check"]:
         return self_check()
+    if sys.argv[1:2] == ["--only"] and len(sys.argv) == 3:
+        # regenerate the named cases only (comma-separated), the others and broken/ untouched
+        names = sys.argv[2].split(",")
+        tables = [(0, CASES), (len(CASES), MOE_CASES)]
+        todo = [(base + i, c) for base, table in tables for i, c in enumerate(table) if c[0] in names]
+        assert len(todo) == len(names), f"unknown case in {names}"
+        tmp = tempfile.mkdtemp()
+        write_manifest([make_case(i, c, tmp) for i, c in todo])
+        shutil.rmtree(tmp)
+        return 0
     moe_only = sys.argv[1:] == ["--moe-only"]
     if not moe_only and os.path.isdir(OUT):
         shutil.rmtree(OUT)

@@ -3,10 +3,12 @@
 `ckfs export --dtype auto` of each fixture holds exactly the original Hugging Face weights
 (original/model.safetensors, bf16 stays bf16), loads in transformers, and gives logits identical
 to the original model in bf16; `ckfs verify --against original/` passes (rank-file CRCs
-included). `ckfs inspect --json` reports the layout and TP/PP/VPP/EP topology. MoE cases
-(Qwen2-MoE with shared expert, Qwen3-MoE, Mixtral; expert parallel folders) load through
-transformers' own per-expert checkpoint conversion; the critic loads as
-Qwen2ForTokenClassification. `--raw-names` serves an unknown key per rank.
+included). `ckfs inspect --json` reports the layout and TP/PP/VPP/EP/ETP topology. MoE cases
+(Qwen2-MoE with shared expert, Qwen3-MoE, Mixtral; expert parallel folders, experts split over
+TP or whole with expert tensor parallel size 1) load through transformers' own per-expert
+checkpoint conversion; the critic loads as Qwen2ForTokenClassification. verl's TP=2 EP=4 ETP=1
+save, which lacks EP ranks 2 and 3, is refused naming them. `--raw-names` serves an unknown key
+per rank.
 """
 
 import gc
@@ -21,18 +23,22 @@ import torch
 from conftest import FIXTURES, ckfs_bin, load_file, load_folder, run_ckfs, same_bits
 
 MG = FIXTURES / "megatron"
-CASES = {  # name: (tp, pp, vpp, layers per (vpp, pp) chunk, ep)
-    "llama_tp2": (2, 1, 1, [4], 1),
-    "llama_tp2_te": (2, 1, 1, [4], 1),  # Transformer Engine names; weights of llama_tp2
-    "qwen2_tp2_pp2": (2, 2, 1, [2, 2], 1),
-    "qwen3_pp3_uneven": (1, 3, 1, [1, 2, 1], 1),
-    "llama_tied_pp2_vpp2": (1, 2, 2, [1, 1, 1, 1], 1),
-    "qwen2_moe_tp2_ep2": (2, 1, 1, [4], 2),
-    "qwen2_moe_tp2_ep2_te": (2, 1, 1, [4], 2),  # TE GroupedMLP names; weights of qwen2_moe_tp2_ep2
-    "qwen3_moe_pp2_ep2": (1, 2, 1, [2, 2], 2),
-    "mixtral_tp2_ep2": (2, 1, 1, [4], 2),
-    "qwen2_critic_tp2": (2, 1, 1, [4], 1),
-    "qwen3_moe_pp2": (1, 2, 1, [2, 2], 1),  # two-number folders read as TP_PP
+CASES = {  # name: (tp, pp, vpp, layers per (vpp, pp) chunk, ep, etp (None: no experts), folders)
+    "llama_tp2": (2, 1, 1, [4], 1, None, 2),
+    "llama_tp2_te": (2, 1, 1, [4], 1, None, 2),  # Transformer Engine names; weights of llama_tp2
+    "qwen2_tp2_pp2": (2, 2, 1, [2, 2], 1, None, 4),
+    "qwen3_pp3_uneven": (1, 3, 1, [1, 2, 1], 1, None, 3),
+    "llama_tied_pp2_vpp2": (1, 2, 2, [1, 1, 1, 1], 1, None, 2),
+    "qwen2_moe_tp2_ep2": (2, 1, 1, [4], 2, 2, 4),
+    "qwen2_moe_tp2_ep2_te": (2, 1, 1, [4], 2, 2, 4),  # TE GroupedMLP names; weights of qwen2_moe_tp2_ep2
+    "qwen3_moe_pp2_ep2": (1, 2, 1, [2, 2], 2, 1, 4),
+    "mixtral_tp2_ep2": (2, 1, 1, [4], 2, 2, 4),
+    "qwen2_critic_tp2": (2, 1, 1, [4], 1, None, 2),
+    "qwen3_moe_pp2": (1, 2, 1, [2, 2], 1, 1, 2),  # two-number folders read as TP_PP
+    # expert tensor parallel size 1: experts whole, folders mp_rank_00_000 and mp_rank_01_001
+    "qwen2_moe_tp2_ep2_etp1": (2, 1, 1, [4], 2, 1, 2),
+    "mixtral_tp2_pp2_ep2_etp1": (2, 2, 1, [2, 2], 2, 1, 4),
+    "qwen3_moe_tp2_etp1": (2, 1, 1, [4], 1, 1, 2),  # EP=1: both folders hold every expert
 }
 IDS = torch.tensor([[1, 17, 42, 7, 97, 5, 23, 64, 2, 50, 11, 96]])  # vocab 98
 
@@ -116,16 +122,19 @@ def test_megatron_export(name, tmp_path):
     assert "values match exactly" in verify and "libzip agrees" in verify
 
     info = json.loads(run_ckfs("inspect", "--json", src).stdout)
-    tp, pp, vpp, layers, ep = CASES[name]
+    tp, pp, vpp, layers, ep, etp, folders = CASES[name]
     assert info["layout"] == "megatron"
-    assert info["megatron"] == {"tp": tp, "pp": pp, "vpp": vpp, "ep": ep, "stage_layers": layers}
-    assert info["world_size"] == tp * pp * ep
+    want_mg = {"tp": tp, "pp": pp, "vpp": vpp, "ep": ep, "stage_layers": layers}
+    if etp is not None:
+        want_mg["etp"] = etp
+    assert info["megatron"] == want_mg
+    assert info["world_size"] == folders == len(os.listdir(src / "model"))
     text = run_ckfs("inspect", src).stdout
-    assert f"TP={tp} PP={pp} VPP={vpp} EP={ep}" in text
+    assert f"TP={tp} PP={pp} VPP={vpp} EP={ep}{f' ETP={etp}' if etp else ''}," in text
 
 
 @pytest.mark.parametrize("name", ["qwen2_moe_tp2_ep2_te", "qwen3_moe_pp2_ep2", "mixtral_tp2_ep2",
-                                  "qwen2_critic_tp2"])
+                                  "qwen2_critic_tp2", "mixtral_tp2_pp2_ep2_etp1"])
 def test_megatron_mount(name, tmp_path):
     """The FUSE mount of the MoE and critic cases: transformers loads it and gives the original
     model's logits exactly; every tensor read through the mount has the original bits."""
@@ -176,3 +185,20 @@ def test_megatron_raw_names(tmp_path):
     for k, v in original.items():
         assert same_bits(got[k], v), k
     assert "served raw, per rank (--raw-names)" in run_ckfs("inspect", src, "--raw-names").stdout
+
+
+def test_megatron_etp1_missing_ep_ranks(tmp_path):
+    """verl's TP=2 EP=4 save with expert tensor parallel size 1 (data-parallel rank 0 only: EP
+    ranks 0 and 1) is refused with one line naming EP ranks 2 and 3, and nothing is written;
+    with one EP rank's folder gone from the TP=2 EP=2 save, that rank is named."""
+    out = tmp_path / "out"
+    r = run_ckfs("export", MG / "qwen3_moe_tp2_ep4_etp1", out, check=False)
+    assert r.returncode != 0 and not out.exists()
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert "no rank folder holds the experts of EP ranks 2, 3: each folder holds 1 of config.json's 4" in r.stderr
+    src = tmp_path / "src"
+    shutil.copytree(MG / "qwen2_moe_tp2_ep2_etp1", src)
+    shutil.rmtree(src / "model" / "mp_rank_01_001")
+    r = run_ckfs("export", src, out, check=False)
+    assert r.returncode != 0 and not out.exists()
+    assert "no rank folder holds the experts of EP rank 1:" in r.stderr, r.stderr

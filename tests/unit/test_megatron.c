@@ -11,15 +11,23 @@
  *    Qwen2-MoE TP=2 EP=2 with shared expert (SequentialMLP and TE
  *    GroupedMLP names), Qwen3-MoE PP=2 EP=2 and PP=2 (mp_rank_TT_PPP read
  *    as TP_PP although the model has experts), Mixtral TP=2 EP=2
- *    (block_sparse_moe.experts.E.w1/w2/w3), and a Qwen2 critic TP=2 whose
+ *    (block_sparse_moe.experts.E.w1/w2/w3), a Qwen2 critic TP=2 whose
  *    [1, H] value head is served as score.weight with a
- *    Qwen2ForTokenClassification config.json;
- *  - the layout is "megatron" with its TP/PP/VPP/EP sizes and layers per
- *    chunk;
- *  - broken folders fail with one line: a missing TP or EP rank, a rank
- *    file from a different TP size or a dense run, an unknown key (served
- *    per rank with --raw-names), a dict instead of a list, KV heads that TP
- *    does not divide, experts that EP does not divide.
+ *    Qwen2ForTokenClassification config.json, and expert tensor parallel
+ *    size 1 (experts whole, folders no TP x EP grid, as verl saves them):
+ *    Qwen2-MoE TP=2 EP=2 (mp_rank_00_000, mp_rank_01_001), Mixtral TP=2
+ *    PP=2 EP=2, Qwen3-MoE TP=2 EP=1;
+ *  - the layout is "megatron" with its TP/PP/VPP/EP/ETP sizes and layers
+ *    per chunk;
+ *  - broken folders fail with one line: a missing TP or EP rank (with
+ *    whole experts too: a missing EP rank's experts or TP rank's dense
+ *    shards, named; verl's TP=2 EP=4 ETP=1 save, which lacks EP ranks 2
+ *    and 3), a rank file from a different TP size or a dense run, expert
+ *    shards of two shapes, an expert width that is neither whole nor TP's
+ *    shard, whole experts in a folder megatron-core never writes, no expert
+ *    width in config.json, an unknown key (served per rank with
+ *    --raw-names), a dict instead of a list, KV heads that TP does not
+ *    divide, experts that EP does not divide.
  */
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -38,19 +46,27 @@ static const struct {
 	int tp, pp, vpp;
 	int stage_layers[4];
 	int tied, ep;
+	int etp;     /* 0: no expert weights */
+	int folders; /* 0: every TP x PP x EP folder */
 } cases[] = {
-	{ "llama_tp2", "llama_tp2", 2, 1, 1, { 4 }, 0, 1 },
-	{ "llama_tp2_te", "llama_tp2", 2, 1, 1, { 4 }, 0, 1 },
-	{ "qwen2_tp2_pp2", "qwen2_tp2_pp2", 2, 2, 1, { 2, 2 }, 0, 1 },
-	{ "qwen3_pp3_uneven", "qwen3_pp3_uneven", 1, 3, 1, { 1, 2, 1 }, 0, 1 },
-	{ "llama_tied_pp2_vpp2", "llama_tied_pp2_vpp2", 1, 2, 2, { 1, 1, 1, 1 }, 1, 1 },
-	{ "qwen2_moe_tp2_ep2", "qwen2_moe_tp2_ep2", 2, 1, 1, { 4 }, 0, 2 },
-	{ "qwen2_moe_tp2_ep2_te", "qwen2_moe_tp2_ep2", 2, 1, 1, { 4 }, 0, 2 },
-	{ "qwen3_moe_pp2_ep2", "qwen3_moe_pp2_ep2", 1, 2, 1, { 2, 2 }, 0, 2 },
-	{ "mixtral_tp2_ep2", "mixtral_tp2_ep2", 2, 1, 1, { 4 }, 0, 2 },
-	{ "qwen2_critic_tp2", "qwen2_critic_tp2", 2, 1, 1, { 4 }, 0, 1 },
+	{ "llama_tp2", "llama_tp2", 2, 1, 1, { 4 }, 0, 1, 0, 0 },
+	{ "llama_tp2_te", "llama_tp2", 2, 1, 1, { 4 }, 0, 1, 0, 0 },
+	{ "qwen2_tp2_pp2", "qwen2_tp2_pp2", 2, 2, 1, { 2, 2 }, 0, 1, 0, 0 },
+	{ "qwen3_pp3_uneven", "qwen3_pp3_uneven", 1, 3, 1, { 1, 2, 1 }, 0, 1, 0, 0 },
+	{ "llama_tied_pp2_vpp2", "llama_tied_pp2_vpp2", 1, 2, 2, { 1, 1, 1, 1 }, 1, 1, 0, 0 },
+	{ "qwen2_moe_tp2_ep2", "qwen2_moe_tp2_ep2", 2, 1, 1, { 4 }, 0, 2, 2, 0 },
+	{ "qwen2_moe_tp2_ep2_te", "qwen2_moe_tp2_ep2", 2, 1, 1, { 4 }, 0, 2, 2, 0 },
+	{ "qwen3_moe_pp2_ep2", "qwen3_moe_pp2_ep2", 1, 2, 1, { 2, 2 }, 0, 2, 1, 0 },
+	{ "mixtral_tp2_ep2", "mixtral_tp2_ep2", 2, 1, 1, { 4 }, 0, 2, 2, 0 },
+	{ "qwen2_critic_tp2", "qwen2_critic_tp2", 2, 1, 1, { 4 }, 0, 1, 0, 0 },
 	/* mp_rank_TT_PPP of a MoE model: stage 1 has no embedding, so PP */
-	{ "qwen3_moe_pp2", "qwen3_moe_pp2", 1, 2, 1, { 2, 2 }, 0, 1 },
+	{ "qwen3_moe_pp2", "qwen3_moe_pp2", 1, 2, 1, { 2, 2 }, 0, 1, 1, 0 },
+	/* Expert tensor parallel size 1: mp_rank_00_000 and mp_rank_01_001
+	 * (TP rank t with EP rank t mod 2), each EP rank's experts whole. */
+	{ "qwen2_moe_tp2_ep2_etp1", "qwen2_moe_tp2_ep2_etp1", 2, 1, 1, { 4 }, 0, 2, 1, 2 },
+	{ "mixtral_tp2_pp2_ep2_etp1", "mixtral_tp2_pp2_ep2_etp1", 2, 2, 1, { 2, 2 }, 0, 2, 1, 4 },
+	/* ... EP=1: both TP folders hold every expert whole */
+	{ "qwen3_moe_tp2_etp1", "qwen3_moe_tp2_etp1", 2, 1, 1, { 4 }, 0, 1, 1, 0 },
 };
 
 static void test_equals_original(void)
@@ -75,7 +91,9 @@ static void test_equals_original(void)
 		CHECK_EQ_INT(m->pp_size, cases[i].pp);
 		CHECK_EQ_INT(m->vpp_size, cases[i].vpp);
 		CHECK_EQ_INT(m->ep_size, cases[i].ep);
-		CHECK_EQ_INT(m->world_size, cases[i].tp * cases[i].pp * cases[i].ep);
+		CHECK_EQ_INT(m->etp_size, cases[i].etp);
+		CHECK_EQ_INT(m->world_size, cases[i].folders ? cases[i].folders
+							     : cases[i].tp * cases[i].pp * cases[i].ep);
 		for (int k = 0; k < cases[i].pp * cases[i].vpp; k++)
 			CHECK_EQ_INT(m->stage_layers[k], cases[i].stage_layers[k]);
 		CHECK_EQ_INT(m->tie_word_embeddings, cases[i].tied);
@@ -144,6 +162,60 @@ static void expect_broken(const char *setup, enum ckfs_code code, const char *ne
 	expect_broken_in("llama_tp2", setup, code, needle1, needle2);
 }
 
+/* Expert tensor parallel size 1 (experts whole, folders no TP x EP grid). */
+static void test_broken_etp1(void)
+{
+	/* verl's own TP=2 EP=4 save: data-parallel rank 0 is TP ranks 0 and 1,
+	 * i.e. EP ranks 0 and 1; EP ranks 2 and 3's experts were never saved. */
+	expect_broken_in("qwen3_moe_tp2_ep4_etp1", "true", CKFS_E_NOTFOUND,
+			 "/model': no rank folder holds the experts of EP ranks 2, 3: each "
+			 "folder holds 1 of config.json's 4 experts per layer (EP=4), the "
+			 "folder names give EP=2", NULL);
+	/* An EP rank's only folder gone: the names now say TP=1, EP=1. */
+	expect_broken_in("qwen2_moe_tp2_ep2_etp1", "rm -r \"$D/model/mp_rank_01_001\"",
+			 CKFS_E_NOTFOUND, "/model': no rank folder holds the experts of EP "
+			 "rank 1: each folder holds 2 of config.json's 4 experts per layer "
+			 "(EP=2), the folder names give EP=1", NULL);
+	/* ... the other one: TP rank 0's dense shards and EP rank 0's experts. */
+	expect_broken_in("qwen2_moe_tp2_ep2_etp1", "rm -r \"$D/model/mp_rank_00_000\"",
+			 CKFS_E_NOTFOUND, "/model': no rank folder holds the dense shards of "
+			 "TP rank 0 or the experts of EP rank 0 (experts whole, expert tensor "
+			 "parallel size 1: mp_rank_TT..._EEE holds TP rank TT's dense shards "
+			 "and EP rank EEE's experts)", NULL);
+	/* ... a folder of PP stage 1. */
+	expect_broken_in("mixtral_tp2_pp2_ep2_etp1", "rm -r \"$D/model/mp_rank_01_001_001\"",
+			 CKFS_E_NOTFOUND, "/model': no rank folder holds the dense shards of "
+			 "TP rank 1 or the experts of EP rank 1 of PP stage 1 (experts whole",
+			 NULL);
+	/* Mixed expert shard shapes: a TP-sharded rank file among whole ones,
+	 * and a whole one among TP-sharded ones (the dense shards agree). */
+	expect_broken_in("qwen2_moe_tp2_ep2_etp1", "cp " MG "/qwen2_moe_tp2_ep2/model/"
+			 "mp_rank_01_001/model.pt \"$D/model/mp_rank_01_001/model.pt\"",
+			 CKFS_E_INVALID, "mp_rank_01_001/model.pt': 'decoder.layers.0.mlp.experts."
+			 "local_experts.0.linear_fc1.weight' has 32 rows, '",
+			 "mp_rank_00_000/model.pt' has 64 (expert shards of different expert "
+			 "tensor parallel sizes: mixed checkpoints?)");
+	expect_broken_in("qwen2_moe_tp2_ep2", "cp " MG "/qwen2_moe_tp2_ep2_etp1/model/"
+			 "mp_rank_01_001/model.pt \"$D/model/mp_rank_01_001/model.pt\"",
+			 CKFS_E_INVALID, "mp_rank_01_001/model.pt': 'decoder.layers.0.mlp.experts."
+			 "local_experts.0.linear_fc1.weight' has 64 rows, '",
+			 "mp_rank_00_000/model.pt' has 32 (expert shards of different");
+	/* A folder pairing TP rank 0 with EP rank 1 (never written with whole
+	 * experts at TP=2 EP=2): refused as ambiguous, not read. */
+	expect_broken_in("qwen2_moe_tp2_ep2_etp1", "cp -r \"$D/model/mp_rank_01_001\" "
+			 "\"$D/model/mp_rank_00_001\"", CKFS_E_INVALID,
+			 "mp_rank_00_001/model.pt': whole experts (expert tensor parallel size 1 "
+			 "by config.json's moe_intermediate_size 32) in the folder of TP rank 0 "
+			 "and EP rank 1, which megatron-core never pairs at TP=2 EP=2", NULL);
+	/* No expert width in config.json: whole or TP shard cannot be told. */
+	expect_broken_in("qwen2_moe_tp2_ep2_etp1", "sed -i 's/\"moe_intermediate_size\"/"
+			 "\"moe_width\"/' \"$D/hf_config_and_tokenizer/config.json\"",
+			 CKFS_E_UNSUPPORTED, "mp_rank_00_000/model.pt': config.json has no "
+			 "moe_intermediate_size, so whether 'decoder.layers.0.mlp.experts."
+			 "local_experts.0.linear_fc1.weight' is a whole expert or its TP shard "
+			 "cannot be told", NULL);
+}
+
 static void test_broken(void)
 {
 	/* The last pipeline stage gone: PP looks like 2. */
@@ -193,13 +265,13 @@ static void test_broken(void)
 	/* Expert parallelism: one EP rank folder gone (mp_rank_TT_EEE names). */
 	expect_broken_in("qwen2_moe_tp2_ep2", "rm -r \"$D/model/mp_rank_01_001\"",
 			 CKFS_E_NOTFOUND, "/model/mp_rank_01_001/model.pt': not found (TP rank "
-			 "1 of PP stage or EP rank 1 is needed: the folders present name 2 TP "
-			 "ranks and 2 PP stages or EP ranks)", NULL);
+			 "1 of PP stage 0, EP rank 1 is needed: TP=2, PP=1, EP=2)", NULL);
 	/* ... a whole EP rank gone: half the experts. */
 	expect_broken_in("qwen2_moe_tp2_ep2", "rm -r \"$D/model/mp_rank_00_001\" "
-			 "\"$D/model/mp_rank_01_001\"", CKFS_E_INVALID,
-			 "layer 0 has 2 experts over EP=1, config.json says 4 (a missing EP "
-			 "rank?)", NULL);
+			 "\"$D/model/mp_rank_01_001\"", CKFS_E_NOTFOUND,
+			 "/model': no rank folder holds the experts of EP rank 1: each folder "
+			 "holds 2 of config.json's 4 experts per layer (EP=2), the folder "
+			 "names give EP=1", NULL);
 	expect_broken_in("qwen3_moe_pp2_ep2", "rm -r \"$D/model/mp_rank_00_001_001\"",
 			 CKFS_E_NOTFOUND, "/model/mp_rank_00_001_001/model.pt': not found (TP "
 			 "rank 0 of PP stage 1, EP rank 1 is needed: TP=1, PP=2, EP=2)", NULL);
@@ -207,12 +279,24 @@ static void test_broken(void)
 	expect_broken_in("qwen2_moe_tp2_ep2", "cp " MG "/broken/qwen2_moe_dense_rank.pt "
 			 "\"$D/model/mp_rank_00_001/model.pt\"", CKFS_E_INVALID,
 			 "mp_rank_00_001/model.pt': chunk 0 has ", "(mismatched checkpoints?)");
-	/* Expert shards of another width than TP gives (expert TP != TP). */
+	/* Expert shards neither whole nor TP's shard of config.json's width
+	 * (expert tensor parallel size other than 1 and TP). */
+	expect_broken_in("qwen2_moe_tp2_ep2", "sed -i 's/\"moe_intermediate_size\": 32/"
+			 "\"moe_intermediate_size\": 24/' \"$D/hf_config_and_tokenizer/config.json\"",
+			 CKFS_E_UNSUPPORTED, "'decoder.layers.0.mlp.experts.local_experts.0."
+			 "linear_fc1.weight' has 32 rows, expected 2 x moe_intermediate_size 24 "
+			 "(whole experts, expert tensor parallel size 1) or 2 x 24 / TP 2 "
+			 "(experts split over TP): other expert tensor parallel sizes are not "
+			 "supported", NULL);
+	/* TP shards whose width config.json's half width makes look whole:
+	 * the full TP x EP grid is no folder set whole experts are saved in. */
 	expect_broken_in("qwen2_moe_tp2_ep2", "sed -i 's/\"moe_intermediate_size\": 32/"
 			 "\"moe_intermediate_size\": 16/' \"$D/hf_config_and_tokenizer/config.json\"",
-			 CKFS_E_UNSUPPORTED, "'decoder.layers.0.mlp.experts.local_experts.0."
-			 "linear_fc1.weight' has 32 rows on TP rank 0, expected 2 x 16 / TP 2 "
-			 "(expert tensor parallelism other than TP is not supported)", NULL);
+			 CKFS_E_INVALID, "mp_rank_01_000/model.pt': whole experts (expert tensor "
+			 "parallel size 1 by config.json's moe_intermediate_size 16) in the "
+			 "folder of TP rank 1 and EP rank 0, which megatron-core never pairs at "
+			 "TP=2 EP=2: ambiguous (experts split over TP, moe_intermediate_size 32?)",
+			 NULL);
 	/* Experts EP does not divide. */
 	expect_broken_in("qwen3_moe_pp2_ep2", "sed -i 's/\"num_local_experts\": 4/\"num_local_experts\": 3/' "
 			 "\"$D/hf_config_and_tokenizer/config.json\"", CKFS_E_INVALID,
@@ -267,6 +351,7 @@ int main(void)
 {
 	RUN(test_equals_original);
 	RUN(test_broken);
+	RUN(test_broken_etp1);
 	RUN(test_raw_names);
 	test_tmp_cleanup();
 	return test_summary();
