@@ -72,6 +72,9 @@ enum ckfs_code ckfs_file_read_small(const struct ckfs_file_policy *pol, const ch
 bool ckfs_fd_has_acl(int fd);
 bool ckfs_path_has_acl(const char *path);
 
+/* path names root or something under it (both real paths). */
+bool ckfs_path_under(const char *path, const char *root);
+
 /* stat(2) says: a folder; anything that exists. */
 bool ckfs_path_is_dir(const char *path);
 bool ckfs_path_exists(const char *path);

@@ -36,16 +36,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* path names root or something under it (both real paths). */
-static int path_under(const char *path, const char *root)
-{
-	size_t n = strlen(root);
-
-	if (n == 1 && root[0] == '/')
-		return 1;
-	return strncmp(path, root, n) == 0 && (path[n] == '\0' || path[n] == '/');
-}
-
 /* The real path dst has or would have: through every symlink, the last
  * component too when it exists. 0, or -1 with errno. */
 static int real_dest(const char *dst, char *out, size_t size)
@@ -81,7 +71,7 @@ static enum ckfs_code read_inside(const char *dst, const char *real_dst, const c
 {
 	char real[PATH_MAX];
 
-	if (!path || !realpath(path, real) || !path_under(real, real_dst))
+	if (!path || !realpath(path, real) || !ckfs_path_under(real, real_dst))
 		return CKFS_OK;
 	return ckfs_fail(err, CKFS_E_INVALID, "'%s': holds '%s', which this export reads; "
 			 "replacing the folder would delete it: export to another folder",
@@ -100,7 +90,7 @@ enum ckfs_code ckfs_export_dest_check(const char *dst, bool replacing,
 				 "'.' or '..'", dst);
 	if (real_dest(dst, real_dst, sizeof(real_dst)) != 0)
 		return ckfs_fail_errno(err, "'%s': cannot resolve", dst);
-	if (path_under(m->src_dir, real_dst))
+	if (ckfs_path_under(m->src_dir, real_dst))
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': is the checkpoint '%s' or a "
 				 "folder above it: export to a new folder", dst, m->src_dir);
 	if (!replacing)

@@ -150,10 +150,11 @@ static enum ckfs_code dead_mount(const char *mnt, struct ckfs_error *err)
 			 "connected); run 'ckfs umount %s'", mnt, mnt);
 }
 
-static enum ckfs_code check_mountpoint(const char *mnt, struct ckfs_error *err)
+static enum ckfs_code check_mountpoint(const char *mnt, const char *src,
+				       struct ckfs_error *err)
 {
 	struct stat st;
-	char type[128];
+	char type[128], real_mnt[PATH_MAX], real_src[PATH_MAX];
 
 	if (strncmp(mnt, "/dev/fd/", 8) == 0)
 		return CKFS_OK; /* mount.fuse3 -o drop_privileges: already open */
@@ -168,6 +169,12 @@ static enum ckfs_code check_mountpoint(const char *mnt, struct ckfs_error *err)
 	if (!S_ISDIR(st.st_mode))
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': mount point is not a directory",
 				 mnt);
+	/* Mounted over its own checkpoint, the daemon would look up its
+	 * sources through itself: every source check fails. */
+	if (realpath(mnt, real_mnt) && realpath(src, real_src) &&
+	    ckfs_path_under(real_src, real_mnt))
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': is the checkpoint '%s' or a "
+				 "folder above it: mount elsewhere", mnt, real_src);
 	if (ckfs_mountinfo_lookup(mnt, type, sizeof(type), NULL, 0) == 1) {
 		/* stat may have been answered from cached attributes; statfs
 		 * always asks the daemon. */
@@ -260,7 +267,7 @@ static int serve(const struct ckfs_mount_options *opt, int ready_fd)
 	ckfs_error_clear(&err);
 	fuse_set_log_func(fuse_log_bridge);
 
-	if (check_mountpoint(opt->mountpoint, &err) != CKFS_OK)
+	if (check_mountpoint(opt->mountpoint, opt->src, &err) != CKFS_OK)
 		goto err_out0;
 	if (ckfs_model_open(opt->src, &opt->model, &m, &err) != CKFS_OK)
 		goto err_out0;

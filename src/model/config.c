@@ -121,9 +121,17 @@ enum ckfs_code ckfs_model_load_config_from(struct ckfs_model *m, const char *hf,
 		free(text);
 		return rc;
 	}
-	m->tie_word_embeddings =
-		cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings"));
+	/* Python takes any truthy value ("true", 1) for true: only a JSON
+	 * boolean means the same to verl, transformers and ckfs. */
+	const cJSON *tie = cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings");
+	bool tie_ok = !tie || cJSON_IsBool(tie);
+	m->tie_word_embeddings = cJSON_IsTrue(tie);
 	cJSON_Delete(j);
+	if (!tie_ok) {
+		free(text);
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': tie_word_embeddings is not true "
+				 "or false", path);
+	}
 	m->config_json = ckfs_arena_strndup(&m->arena, text, len);
 	free(text);
 	if (!m->config_json)

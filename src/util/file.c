@@ -10,8 +10,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
-/* path names root or something under it (both real paths). */
-static bool path_under(const char *path, const char *root)
+bool ckfs_path_under(const char *path, const char *root)
 {
 	size_t n = strlen(root);
 
@@ -43,7 +42,7 @@ static enum ckfs_code resolve(const struct ckfs_file_policy *pol, const char *pa
 		return errno == ENOENT || errno == ENOTDIR
 			       ? not_found(path, err)
 			       : ckfs_fail_errno(err, "'%s': cannot open", path);
-	if (!path_under(r, pol->root) && !(pol->alt_root && path_under(r, pol->alt_root))) {
+	if (!ckfs_path_under(r, pol->root) && !(pol->alt_root && ckfs_path_under(r, pol->alt_root))) {
 		free(r);
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': symlink leads outside the "
 				 "checkpoint; use --follow-symlinks", path);

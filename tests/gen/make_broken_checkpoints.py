@@ -401,6 +401,10 @@ def main() -> None:
     case("cfg_hf_config_duplicate_key", {R0: r0, R1: r1},
          config='{"model_type": "llama", "tie_word_embeddings": false, "torch_dtype": "float32",\n'
                 ' "tie_word_embeddings": true}\n')
+    # A truthy string: Python (verl's tie rule, transformers) would tie,
+    # a reader that wants a JSON boolean would not.
+    case("cfg_hf_config_tie_not_bool", {R0: r0, R1: r1},
+         config={**CONFIG, "tie_word_embeddings": "true"})
     case("cfg_hf_config_nested_duplicate_key", {R0: r0, R1: r1},
          config='{"model_type": "llama", "torch_dtype": "float32",\n'
                 ' "rope_scaling": {"factor": 2.0, "type": "linear", "factor": 4.0}}\n')

@@ -148,6 +148,17 @@ expect_refusal "missing mount point" "does not exist" "" mount "$FIX" "$WORK/nop
 expect_refusal "missing mount point (leaf)" "does not exist" "" mount "$FIX" "$WORK/nope"
 expect_refusal "mount point is a file" "not a directory" "" mount "$FIX" "$EXP/config.json"
 expect_refusal "busy mount point" "already a mount point" "" mount "$FIX" "$MNT"
+# Over its own checkpoint (or a folder above it) the daemon would look its
+# sources up through itself.
+cp -r "$FIX" "$WORK/own"
+expect_refusal "mount over SRC" "own': is the checkpoint '.*/own' or a folder above it: mount elsewhere" \
+	"$WORK/own" mount "$WORK/own" "$WORK/own"
+expect_refusal "mount over SRC's parent" "is the checkpoint '.*/own' or a folder above it" \
+	"$WORK" mount "$WORK/own" "$WORK"
+mkdir "$WORK/own/mnt"
+do_mount "$WORK/own" "$WORK/own/mnt" && cmp -s "$WORK/own/mnt/model.safetensors" "$EXP/model.safetensors" ||
+	fail "a mount point inside SRC"
+"$CKFS" umount "$WORK/own/mnt" || fail "umount of a mount inside SRC"
 cmp -s "$MNT/config.json" "$EXP/config.json" || fail "the first mount broke after a refused second mount"
 expect_refusal "foreground, missing source" "/nonexistent" "$M2" mount -f "$WORK/nonexistent" "$M2"
 expect_refusal "umount of a non-mount" "not mounted" "" umount "$M2"

@@ -260,6 +260,8 @@ static const struct corpus_case cases[] = {
 	  "'{dir}/fsdp_config.json': key 'world_size' appears twice in one object" },
 	{ "cfg_hf_config_duplicate_key", NOFOLLOW, OPEN, CKFS_E_FORMAT,
 	  "'{dir}/huggingface/config.json': key 'tie_word_embeddings' appears twice in one object" },
+	{ "cfg_hf_config_tie_not_bool", NOFOLLOW, OPEN, CKFS_E_FORMAT,
+	  "'{dir}/huggingface/config.json': tie_word_embeddings is not true or false" },
 	{ "cfg_hf_config_nested_duplicate_key", NOFOLLOW, OPEN, CKFS_E_FORMAT,
 	  "'{dir}/huggingface/config.json': key 'factor' appears twice in one object" },
 	/* ---- the folder itself ---- */
