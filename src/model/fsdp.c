@@ -13,7 +13,8 @@
  * shapes, mesh, placements) and turned into chunks by placement.c; the
  * finished plan is validated by plan.c.
  *
- * Naming follows verl's merger: keys as stored; lm_head.weight is dropped
+ * Naming follows verl's merger: keys as stored, less torch wrapper names
+ * (names.c); lm_head.weight is dropped
  * when config.json says tie_word_embeddings and model.embed_tokens.weight
  * exists; plain (replicated) tensors are taken once, from the first rank
  * read, as verl does since it stopped concatenating them.
@@ -647,6 +648,7 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 	struct ckfs_torch_file first;
 	struct acc *accs = NULL;
 	size_t *order = NULL, n_keys = 0;
+	const char **keys = NULL, **names = NULL;
 	long *ranks = NULL;
 	int64_t (*coords)[CKFS_MAX_DIMS] = NULL;
 	size_t n_read = 0;
@@ -684,6 +686,19 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 			       m->sources[src0].path);
 		goto out;
 	}
+
+	/* Hugging Face names of rank 0's keys (wrappers removed); the other
+	 * ranks' keys are matched as stored. */
+	keys = calloc(n_keys, sizeof(*keys));
+	names = calloc(n_keys, sizeof(*names));
+	if (!keys || !names) {
+		rc = nomem(err);
+		goto out;
+	}
+	for (size_t i = 0; i < n_keys; i++)
+		keys[i] = first.entries[i].key;
+	if ((rc = ckfs_hf_names(m, m->sources[src0].path, keys, names, n_keys, err)) != CKFS_OK)
+		goto out;
 
 	/* The mesh, from the first DTensor. */
 	const struct ckfs_dtensor_info *mesh = NULL;
@@ -825,17 +840,18 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 	if (m->tie_word_embeddings) {
 		int has_embed = 0, has_head = 0;
 		for (size_t i = 0; i < n_keys; i++) {
-			has_embed |= strcmp(first.entries[i].key, "model.embed_tokens.weight") == 0;
-			has_head |= strcmp(first.entries[i].key, "lm_head.weight") == 0;
+			has_embed |= strcmp(names[i], "model.embed_tokens.weight") == 0;
+			has_head |= strcmp(names[i], "lm_head.weight") == 0;
 		}
 		drop_lm_head = has_embed && has_head;
 	}
 	for (size_t i = 0; i < n_keys; i++) {
 		const struct ckfs_sd_entry *e = accs[i].first;
 		struct ckfs_tensor *t = &m->tensors[m->n_tensors];
-		if (drop_lm_head && strcmp(e->key, "lm_head.weight") == 0)
+		if (drop_lm_head && strcmp(names[i], "lm_head.weight") == 0)
 			continue;
-		t->name = e->key;
+		/* e->key is the arena copy of keys[i], which dies with rank 0's file */
+		t->name = names[i] == keys[i] ? e->key : names[i];
 		t->stored_dtype = accs[i].dtype;
 		t->out_dtype = opt->out_dtype == CKFS_DTYPE_INVALID ? t->stored_dtype
 								    : opt->out_dtype;
@@ -900,6 +916,8 @@ out:
 		}
 	free(accs);
 	free(order);
+	free(keys);
+	free(names);
 	free(ranks);
 	free(coords);
 	rank_scan_release(&rs);

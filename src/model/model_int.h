@@ -51,6 +51,23 @@ enum ckfs_code ckfs_entry_chunks(const struct ckfs_sd_entry *e, const int64_t *c
 				 uint32_t source, int rank, struct ckfs_chunk_list *out,
 				 struct ckfs_error *err) CKFS_WARN_UNUSED;
 
+/* ---- names.c ---- */
+
+/*
+ * The Hugging Face names of n torch state-dict keys (the one name rule of
+ * the FSDP, DCP and Hugging Face layouts): wrapper segments
+ * (_fsdp_wrapped_module, _checkpoint_wrapped_module, _orig_mod) removed
+ * wherever they are, and a leading "module." when every key has it (DDP),
+ * with one warning counting the names changed. names[i] is keys[i] itself
+ * when unchanged, else an arena string of m. Refused, naming label (the
+ * file that holds the keys): FSDP1 flat parameters (flat_param,
+ * _flat_param), two different keys that become one name, a key that
+ * becomes empty.
+ */
+enum ckfs_code ckfs_hf_names(struct ckfs_model *m, const char *label, const char *const *keys,
+			     const char **names, size_t n,
+			     struct ckfs_error *err) CKFS_WARN_UNUSED;
+
 /* ---- layouts: layout.c detects, one builder per layout fills m ---- */
 
 /* verl FSDP rank files (fsdp.c). */

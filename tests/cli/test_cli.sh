@@ -191,6 +191,17 @@ expect "verify: HSDP replica copy differs" 1 "rank_3.pt': tensor 'model.rotary.i
 "$CKFS" inspect --json "$EDGE/copies_differ_w2" | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["ranks_read"]==[0, 1], d["ranks_read"]' &&
 	ok "inspect: every rank of a plain checkpoint read" || bad "inspect: every rank of a plain checkpoint read"
 
+# keys of wrapped modules: one warning counting the names served without the
+# wrappers; FSDP1 flat parameters refused naming the state dict type to use
+WRAPPED=$FIX/wrapped
+err=$("$CKFS" export "$WRAPPED/compiled_ddp_w2" "$WORK/wrapped" 2>&1 >/dev/null | grep warning)
+[ "$err" = "ckfs: warning: 12 of 12 tensor names carried torch wrapper names (_orig_mod., leading module.), served without them" ] &&
+	ok "wrapper names: one warning" || bad "wrapper names: one warning, got: $err"
+"$CKFS" verify --dtype fp32 "$WRAPPED/compiled_ddp_w2" --against "$WRAPPED/original" >/dev/null 2>&1 &&
+	ok "wrapper names: served as the unwrapped model" || bad "wrapper names: served as the unwrapped model"
+expect "FSDP1 LOCAL_STATE_DICT" 1 "rank_0.pt': '_flat_param' is an FSDP1 flat parameter .*; save the state dict with StateDictType.SHARDED_STATE_DICT$" -- \
+	"$CKFS" export "$WRAPPED/refused_fsdp1_local_w2" "$WORK/none"
+
 # a full disk fails before anything lands (root only: needs a tiny tmpfs)
 if [ "$(id -u)" = 0 ] && mkdir -p "$WORK/tiny" && mount -t tmpfs -o size=64k tmpfs "$WORK/tiny" 2>/dev/null; then
 	expect "full disk" 1 "No space left on device" -- "$CKFS" export -q "$SAMPLE" "$WORK/tiny/out"

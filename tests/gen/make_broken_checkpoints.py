@@ -13,7 +13,8 @@ named <category>_<what>:
              global, deep nesting, huge declared lengths, storage ids that
              disagree with their records, placements and meshes that lie
     model_*  real torch files that disagree with each other: shapes, dtypes,
-             keys, world sizes, meshes, ranks, overlapping shards; plain
+             keys, world sizes, meshes, ranks, overlapping shards; keys of
+             wrapped modules that clash or are FSDP1 flat parameters; plain
              (non-DTensor) multi-rank checkpoints and HSDP replica ranks
              that are missing or disagree
     cfg_*    fsdp_config.json and huggingface/config.json
@@ -24,9 +25,11 @@ named <category>_<what>:
     ok_*     valid controls (the unbroken base, symlinks that stay inside)
     dcp_*    torch.distributed.checkpoint folders: .metadata truncated,
              items past the end of the .distcp file, overlapping, missing
-             chunks and storage entries
+             chunks and storage entries, two keys of one name once torch
+             wrapper names are removed
     hf_*     Hugging Face safetensors whose header lies: offsets past the
-             end, overlapping tensors, a bad dtype, a huge header length
+             end, overlapping tensors, a bad dtype, a huge header length;
+             two keys of one name once wrapper names are removed
     megatron_* legacy Megatron rank folders: a TP rank missing, TP sizes
              that disagree
 
@@ -47,7 +50,8 @@ it is outside each case's checkpoint folder.
 Outputs are committed, so the C tests never need Python. Re-running with
 torch 2.8 writes the same bytes, except in zip_legacy_torch's rank file,
 whose legacy storage keys are memory addresses (only its first bytes
-matter to the tests).
+matter to the tests), and dcp_wrapper_name_twins/.metadata, which records
+a random save id and the temporary folder it was saved to.
 """
 
 from __future__ import annotations
@@ -210,6 +214,16 @@ def real_files() -> dict:
         g = torch.Generator().manual_seed(9)
         files["w1_a"] = save1({"model.norm.weight": torch.randn(4, generator=g)})
         files["w1_b"] = save1({"model.norm.weight": torch.randn(4, generator=g)})
+        # Keys of wrapped modules that become one name once the wrapper
+        # names are removed (torch.compile's _orig_mod, DDP's module.).
+        files["w1_wrapped_twins"] = save1({"model.embed_tokens.weight": torch.randn(8, 4, generator=g),
+                                           "model.norm.weight": torch.randn(4, generator=g),
+                                           "_orig_mod.model.norm.weight": torch.randn(4, generator=g)})
+        files["w1_ddp_twins"] = save1({"module.model.norm.weight": torch.randn(4, generator=g),
+                                       "module._checkpoint_wrapped_module.model.norm.weight":
+                                           torch.randn(4, generator=g)})
+        files["w1_only_wrapper"] = save1({"model.norm.weight": torch.randn(4, generator=g),
+                                          "_orig_mod": torch.randn(4, generator=g)})
         files["w1_empty"] = save1({})
         files["w1_list"] = save1([torch.ones(2)])
         # A real tensor of 2^62 float32 elements (2^64 bytes): one stored
@@ -445,6 +459,16 @@ def main() -> None:
     case("model_plain_shape_mismatch", {R0: plain[0], R1: files["plain_wide"][1]})
     case("model_plain_dtype_mismatch", {R0: plain[0], R1: files["plain_bf16"][1]})
     case("model_plain_key_missing", {R0: plain[0], R1: files["plain_key_missing"][1]})
+    # Wrapper names (src/model/names.c): two keys of one name, a key of
+    # wrapper names only, FSDP1's flat parameters (a real FSDP1 file from
+    # tests/gen/make_wrapped_fixtures.py).
+    w1 = "model_world_size_1_rank_0.pt"
+    case("model_wrapper_name_twins", {w1: files["w1_wrapped_twins"]}, world=1)
+    case("model_wrapper_name_twins_ddp", {w1: files["w1_ddp_twins"]}, world=1)
+    case("model_wrapper_name_only", {w1: files["w1_only_wrapper"]}, world=1)
+    flat = os.path.join(FIX, "wrapped", "refused_fsdp1_flat_w2")
+    case("model_fsdp1_flat_param", {R0: open(os.path.join(flat, R0), "rb").read(),
+                                    R1: open(os.path.join(flat, R1), "rb").read()})
     # HSDP: replica 1's ranks (2 and 3) are not merged, but a checkpoint
     # without them is incomplete, and what they hold must agree.
     hsdp = {f"model_world_size_4_rank_{r}.pt": d for r, d in enumerate(files["hsdp"])}
@@ -614,6 +638,20 @@ def dcp_cases() -> None:
     m = copy.deepcopy(md)
     del m.storage_data[idx0]
     dcp_case("dcp_storage_entry_missing", dump(m), cut)
+    # Saved by torch.distributed.checkpoint.save itself: keys of a
+    # compiled and a plain module mixed, one name once _orig_mod. goes.
+    import torch.distributed.checkpoint as dcp
+
+    path = _fresh("dcp_wrapper_name_twins")
+    shutil.copytree(os.path.join(src, "huggingface"), os.path.join(path, "huggingface"))
+    g = torch.Generator().manual_seed(21)
+    tmp = tempfile.mkdtemp(prefix="ckfs-broken-")  # .metadata records where it was saved
+    dcp.save({"model": {"model.norm.weight": torch.randn(4, generator=g),
+                        "_orig_mod.model.norm.weight": torch.randn(4, generator=g)}},
+             checkpoint_id=tmp, no_dist=True)
+    for f in os.listdir(tmp):
+        shutil.copy(os.path.join(tmp, f), path)
+    shutil.rmtree(tmp)
 
 
 def hf_cases() -> None:
@@ -656,6 +694,14 @@ def hf_cases() -> None:
     h[names[0]]["dtype"] = "X9"
     hf_case("hf_bad_dtype", with_header(h))
     hf_case("hf_header_len_huge", struct.pack("<Q", 1 << 40) + base[8:])
+    # save_file of a state dict holding a compiled module's key beside the
+    # plain one: one name once _orig_mod. goes.
+    tmp = tempfile.mkdtemp()
+    save_file({"model.norm.weight": small["model.norm.weight"],
+               "_orig_mod.model.norm.weight": small["model.layers.0.input_layernorm.weight"]},
+              os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    hf_case("hf_wrapper_name_twins", open(os.path.join(tmp, "model.safetensors"), "rb").read())
+    shutil.rmtree(tmp)
 
     # What safetensors 0.7 refuses and a laxer reader would accept. The
     # header text is rewritten (its length may change; the data does not
