@@ -3,21 +3,24 @@
  * The verl FSDP layout (verl-checkpoints.md sections 1-2): a folder with
  * model_world_size_W_rank_R.pt per rank, fsdp_config.json and huggingface/.
  *
- * Which ranks are read: the device mesh comes from the first DTensor of
- * rank 0. A mesh dim on which every DTensor is Replicate() (HSDP's "ddp")
- * holds copies, so only coordinate 0 along it is read; other dims are read
- * in full. Without DTensors every rank is read (ShardedTensor) or only
- * rank 0 (plain tensors, which FSDP replicates).
+ * Rank files: every name matching model_world_size_*_rank_*.pt must be
+ * spelt as verl spells it, one file per (world size, rank), and every rank
+ * of the world size must have its file (ckfs_fsdp_rank_file_name and the
+ * scan below).
  *
- * Each rank's entries are checked against the first rank's (kind, dtype,
- * shapes, mesh, placements) and turned into chunks by placement.c; the
- * finished plan is validated by plan.c.
+ * Which ranks are read: all of them, each rank's entries checked against
+ * rank 0's (kind, dtype, shapes, mesh, placements, mesh coordinate). The
+ * device mesh comes from the first DTensor of rank 0; placement.c turns
+ * each rank's entries into chunks, and a copy along a Replicate() mesh
+ * dim (HSDP's "ddp") contributes none. A plain tensor is served from rank
+ * 0, as verl does since it stopped concatenating them; the other ranks'
+ * copies must have its shape and dtype and are kept for ckfs verify,
+ * which compares their values as verl's merger does. The finished plan is
+ * validated by plan.c.
  *
  * Naming follows verl's merger: keys as stored, less torch wrapper names
- * (names.c); lm_head.weight is dropped
- * when config.json says tie_word_embeddings and model.embed_tokens.weight
- * exists; plain (replicated) tensors are taken once, from the first rank
- * read, as verl does since it stopped concatenating them.
+ * (names.c); lm_head.weight is dropped when config.json says
+ * tie_word_embeddings and model.embed_tokens.weight exists.
  */
 #include "ckfs/model.h"
 
