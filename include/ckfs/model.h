@@ -64,6 +64,11 @@ struct ckfs_tensor {
 	uint64_t numel;
 	uint32_t n_chunks;
 	struct ckfs_chunk *chunks;
+	/* A plain (replicated) tensor of a multi-rank checkpoint: the other
+	 * ranks' copies, one whole-tensor chunk each. Never served (chunks
+	 * holds the first rank's); ckfs verify compares their values. */
+	uint32_t n_copies;
+	struct ckfs_chunk *copies;
 	const char *placement;          /* e.g. "Shard(0)", for inspect */
 };
 

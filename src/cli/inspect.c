@@ -131,9 +131,12 @@ static void print_text(const struct ckfs_model *m, const struct ckfs_folder *f)
 			printf(")\n");
 		}
 	} else {
-		printf("layout       %s (FSDP%s%d), world size %d\n", m->layout,
-		       m->fsdp_version ? "" : " version unknown", m->fsdp_version,
-		       m->world_size);
+		if (m->fsdp_version)
+			printf("layout       %s (FSDP%d), world size %d\n", m->layout,
+			       m->fsdp_version, m->world_size);
+		else
+			printf("layout       %s (FSDP version unknown), world size %d\n",
+			       m->layout, m->world_size);
 		if (m->mesh_ndim) {
 			printf("mesh         (");
 			for (int i = 0; i < m->mesh_ndim; i++)

@@ -2,7 +2,9 @@
 /*
  * ckfs verify SRC --against DIR: the checks of verl's `model_merger test`
  * against a Hugging Face folder: the same tensor names (none missing, none
- * extra), shapes, dtypes and values. Reference tensors stored in another
+ * extra), shapes, dtypes and values. Before that, the checkpoint itself:
+ * the CRC32 of every rank file's records, and the copies of plain tensors
+ * on every rank against the one served (verl refuses copies that differ). Reference tensors stored in another
  * dtype are cast to the output dtype first, as verl's test loads the
  * reference in bf16. Values are exact by default (bitwise, NaN equal to
  * NaN); --atol/--rtol compare |a - b| <= atol + rtol * |b|.
@@ -120,6 +122,94 @@ static enum ckfs_code check_containers(const struct ckfs_model *m,
 	return CKFS_OK;
 }
 
+/* One chunk of t as a tensor of its own, read in the stored dtype. */
+static struct ckfs_tensor chunk_as_tensor(const struct ckfs_tensor *t, struct ckfs_chunk *c)
+{
+	struct ckfs_tensor v = *t;
+
+	v.out_dtype = t->stored_dtype;
+	v.n_chunks = 1;
+	v.chunks = c;
+	v.n_copies = 0;
+	v.copies = NULL;
+	return v;
+}
+
+/* Elements of a and b (n of them, dtype dt) that differ: bytes differ
+ * and not both NaN. */
+static uint64_t count_different(enum ckfs_dtype dt, const unsigned char *a,
+				const unsigned char *b, size_t n)
+{
+	size_t es = ckfs_dtype_size(dt);
+	uint64_t diff = 0;
+
+	for (size_t i = 0; i < n; i++)
+		if (memcmp(a + i * es, b + i * es, es) != 0 &&
+		    !(isnan(ckfs_dtype_load_double(dt, a + i * es)) &&
+		      isnan(ckfs_dtype_load_double(dt, b + i * es))))
+			diff++;
+	return diff;
+}
+
+/* Elements of copy that differ from the served chunk of t. */
+static enum ckfs_code compare_copy(const struct ckfs_model *m, const struct ckfs_tensor *t,
+				   struct ckfs_chunk *copy, uint64_t *n_diff,
+				   struct ckfs_error *err)
+{
+	struct ckfs_tensor served = chunk_as_tensor(t, &t->chunks[0]);
+	struct ckfs_tensor other = chunk_as_tensor(t, copy);
+	size_t es = ckfs_dtype_size(t->stored_dtype);
+	unsigned char *a = malloc(VERIFY_BLOCK * es), *b = malloc(VERIFY_BLOCK * es);
+	struct ckfs_read_scratch scratch = { 0 };
+	enum ckfs_code rc = a && b ? CKFS_OK : ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+
+	*n_diff = 0;
+	for (uint64_t e = 0; rc == CKFS_OK && e < t->numel; e += VERIFY_BLOCK) {
+		size_t n = t->numel - e < VERIFY_BLOCK ? (size_t)(t->numel - e) : VERIFY_BLOCK;
+		rc = ckfs_tensor_read(m, &served, e, n, a, &scratch, err);
+		if (rc == CKFS_OK)
+			rc = ckfs_tensor_read(m, &other, e, n, b, &scratch, err);
+		if (rc == CKFS_OK)
+			*n_diff += count_different(t->stored_dtype, a, b, n);
+	}
+	free(a);
+	free(b);
+	ckfs_read_scratch_release(&scratch);
+	return rc;
+}
+
+/* verl's merger loads every rank of a plain (non-DTensor) entry and
+ * refuses copies that differ; ckfs serves the first rank's copy after
+ * checking shapes and dtypes at open, and compares the values here, in
+ * the stored dtype (bitwise, NaN equal to NaN), on every rank. */
+static enum ckfs_code check_copies(const struct ckfs_model *m, struct ckfs_error *err)
+{
+	size_t tensors = 0, copies = 0;
+
+	for (size_t i = 0; i < m->n_tensors; i++) {
+		const struct ckfs_tensor *t = &m->tensors[i];
+		for (uint32_t k = 0; k < t->n_copies && t->n_chunks == 1; k++) {
+			uint64_t n_diff;
+			CKFS_TRY(compare_copy(m, t, &t->copies[k], &n_diff, err));
+			if (n_diff)
+				return ckfs_fail(err, CKFS_E_MISMATCH,
+						 "'%s': tensor '%s' differs between ranks %d and %d "
+						 "(%llu of %llu elements; a plain tensor must be the "
+						 "same on every rank)",
+						 m->sources[t->copies[k].source].path, t->name,
+						 t->chunks[0].rank, t->copies[k].rank,
+						 (unsigned long long)n_diff,
+						 (unsigned long long)t->numel);
+			copies++;
+		}
+		tensors += t->n_copies > 0;
+	}
+	if (tensors)
+		printf("copies: %zu plain tensors, %zu copies on other ranks, all equal to the "
+		       "served one\n", tensors, copies);
+	return CKFS_OK;
+}
+
 static int same_shape(const struct ckfs_tensor *t, const struct ckfs_st_entry *r)
 {
 	return t->ndim == r->ndim &&
@@ -183,7 +273,7 @@ int ckfs_cmd_verify(int argc, char **argv)
 		return ckfs_cli_report(&err);
 	}
 
-	if (check_containers(m, &err) != CKFS_OK) {
+	if (check_containers(m, &err) != CKFS_OK || check_copies(m, &err) != CKFS_OK) {
 		ckfs_st_set_release(&ref);
 		ckfs_model_free(m);
 		return ckfs_cli_report(&err);

@@ -20,7 +20,8 @@
  * recovered from that path (inner keys contain dots, so the FQN is never
  * split). When any path starts with "model", entries outside it ("optim",
  * "extra_state", ...) are dropped with a warning; otherwise every FQN is a
- * name as is. Non-tensor (bytes) entries are skipped with a warning. The
+ * name as is, less torch wrapper names (names.c). Non-tensor (bytes)
+ * entries are skipped with a warning. The
  * tie rule of verl's merger applies (lm_head.weight dropped when tied).
  *
  * Refused: items with transform_descriptors (compressed items), relative
@@ -548,6 +549,24 @@ static enum ckfs_code add_tensor(struct dcp *d, const char *fqn, const char *nam
 
 /* ---- the folder ---- */
 
+/* The name rule of torch state-dict keys (names.c) over the tensors'
+ * names: wrapper names removed. */
+static enum ckfs_code hf_names(struct dcp *d, struct ckfs_error *err)
+{
+	struct ckfs_model *m = d->m;
+	const char **keys = ckfs_arena_calloc(&d->tmp, m->n_tensors + 1, sizeof(*keys));
+	const char **names = ckfs_arena_calloc(&d->tmp, m->n_tensors + 1, sizeof(*names));
+
+	if (!keys || !names)
+		return nomem(err);
+	for (size_t i = 0; i < m->n_tensors; i++)
+		keys[i] = m->tensors[i].name;
+	CKFS_TRY(ckfs_hf_names(m, d->md_path, keys, names, m->n_tensors, err));
+	for (size_t i = 0; i < m->n_tensors; i++)
+		m->tensors[i].name = names[i];
+	return CKFS_OK;
+}
+
 static int cmp_tensor_name(const void *a, const void *b)
 {
 	return strcmp((*(const struct ckfs_tensor *const *)a)->name,
@@ -649,6 +668,9 @@ static enum ckfs_code build(struct dcp *d, const char *bytes, size_t len,
 	if (m->n_tensors == 0)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': no tensors%s", d->md_path,
 				 model_prefix ? " under 'model'" : "");
+
+	if (!d->raw) /* Megatron's sharded keys (mcore_dist.c) have no wrappers */
+		CKFS_TRY(hf_names(d, err));
 
 	/* Names must stay distinct after the prefix is removed. */
 	const struct ckfs_tensor **by = ckfs_arena_calloc(&d->tmp, m->n_tensors,

@@ -3,20 +3,24 @@
  * The verl FSDP layout (verl-checkpoints.md sections 1-2): a folder with
  * model_world_size_W_rank_R.pt per rank, fsdp_config.json and huggingface/.
  *
- * Which ranks are read: the device mesh comes from the first DTensor of
- * rank 0. A mesh dim on which every DTensor is Replicate() (HSDP's "ddp")
- * holds copies, so only coordinate 0 along it is read; other dims are read
- * in full. Without DTensors every rank is read (ShardedTensor) or only
- * rank 0 (plain tensors, which FSDP replicates).
+ * Rank files: every name matching model_world_size_*_rank_*.pt must be
+ * spelt as verl spells it, one file per (world size, rank), and every rank
+ * of the world size must have its file (ckfs_fsdp_rank_file_name and the
+ * scan below).
  *
- * Each rank's entries are checked against the first rank's (kind, dtype,
- * shapes, mesh, placements) and turned into chunks by placement.c; the
- * finished plan is validated by plan.c.
+ * Which ranks are read: all of them, each rank's entries checked against
+ * rank 0's (kind, dtype, shapes, mesh, placements, mesh coordinate). The
+ * device mesh comes from the first DTensor of rank 0; placement.c turns
+ * each rank's entries into chunks, and a copy along a Replicate() mesh
+ * dim (HSDP's "ddp") contributes none. A plain tensor is served from rank
+ * 0, as verl does since it stopped concatenating them; the other ranks'
+ * copies must have its shape and dtype and are kept for ckfs verify,
+ * which compares their values as verl's merger does. The finished plan is
+ * validated by plan.c.
  *
- * Naming follows verl's merger: keys as stored; lm_head.weight is dropped
- * when config.json says tie_word_embeddings and model.embed_tokens.weight
- * exists; plain (replicated) tensors are taken once, from the first rank
- * read, as verl does since it stopped concatenating them.
+ * Naming follows verl's merger: keys as stored, less torch wrapper names
+ * (names.c); lm_head.weight is dropped when config.json says
+ * tie_word_embeddings and model.embed_tokens.weight exists.
  */
 #include "ckfs/model.h"
 
@@ -41,60 +45,131 @@ static enum ckfs_code nomem(struct ckfs_error *err)
 	return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
 }
 
-/* Parse a non-negative decimal made only of digits; -1 when not. */
-static long parse_uint(const char *s, size_t len)
-{
-	long v = 0;
+/* ---- rank file names ---- */
 
-	if (len == 0 || len > 9)
-		return -1;
-	for (size_t i = 0; i < len; i++) {
-		if (!isdigit((unsigned char)s[i]))
-			return -1;
-		v = v * 10 + (s[i] - '0');
+/* One number of a rank file name, [s, s + len): its value (saturated past
+ * the limit) and how verl's spelling is departed from. */
+struct name_number {
+	long value;
+	bool not_a_number, too_large, sign, leading_zero;
+};
+
+static struct name_number parse_name_number(const char *s, size_t len)
+{
+	struct name_number n = { 0 };
+	size_t i = 0;
+	int negative = 0;
+
+	if (len > 0 && (s[0] == '+' || s[0] == '-')) {
+		n.sign = true;
+		negative = s[0] == '-';
+		i = 1;
 	}
-	return v;
+	if (i == len)
+		n.not_a_number = true;
+	for (size_t k = i; k < len; k++)
+		n.not_a_number |= !isdigit((unsigned char)s[k]);
+	if (n.not_a_number)
+		return n;
+	n.leading_zero = len - i > 1 && s[i] == '0';
+	for (; i < len && !n.too_large; i++) {
+		n.value = n.value * 10 + (s[i] - '0');
+		n.too_large = n.value > (long)CKFS_MAX_RANKS;
+	}
+	if (negative)
+		n.value = -n.value;
+	return n;
 }
 
-static int all_digits(const char *s, size_t n)
+/* Fill why with the first departure of n (named what, spelt [s, s+len))
+ * from verl's spelling; 0 when there is none. */
+static int number_problem(const struct name_number *n, const char *what, const char *s,
+			  size_t len, char *why, size_t size)
 {
-	if (n == 0)
+	int l = len > 64 ? 64 : (int)len;
+
+	if (n->not_a_number)
+		snprintf(why, size, "%s '%.*s' is not a decimal number", what, l, s);
+	else if (n->too_large)
+		snprintf(why, size, "%s %.*s is more than the limit of %u ranks", what, l, s,
+			 CKFS_MAX_RANKS);
+	else if (n->sign)
+		snprintf(why, size, "%s '%.*s' has a sign", what, l, s);
+	else if (n->leading_zero)
+		snprintf(why, size, "%s '%.*s' has a leading zero", what, l, s);
+	else
 		return 0;
-	for (size_t i = 0; i < n; i++)
-		if (!isdigit((unsigned char)s[i]))
-			return 0;
 	return 1;
 }
 
-int ckfs_fsdp_rank_file_name(const char *name, long *ws, long *rank)
+enum ckfs_rank_name ckfs_fsdp_rank_file_name(const char *name, struct ckfs_rank_file *out)
 {
 	static const char p1[] = "model_world_size_", p2[] = "_rank_", sfx[] = ".pt";
 	size_t n = strlen(name);
 
+	memset(out, 0, sizeof(*out));
 	if (strncmp(name, p1, sizeof(p1) - 1) != 0 || n < sizeof(p1) + sizeof(sfx) ||
 	    strcmp(name + n - (sizeof(sfx) - 1), sfx) != 0)
-		return 0;
+		return CKFS_RANK_NAME_NONE;
 	const char *w = name + sizeof(p1) - 1;
 	const char *mid = strstr(w, p2);
-	if (!mid)
-		return 0;
-	const char *r = mid + sizeof(p2) - 1;
 	const char *end = name + n - (sizeof(sfx) - 1);
-	if (r > end || !all_digits(w, (size_t)(mid - w)) || !all_digits(r, (size_t)(end - r)))
-		return 0;
-	*ws = parse_uint(w, (size_t)(mid - w));
-	*rank = parse_uint(r, (size_t)(end - r));
-	return *ws > 0 && *rank >= 0;
+	if (!mid || mid + sizeof(p2) - 1 > end)
+		return CKFS_RANK_NAME_NONE;
+	const char *r = mid + sizeof(p2) - 1;
+	size_t wl = (size_t)(mid - w), rl = (size_t)(end - r);
+	struct name_number ws = parse_name_number(w, wl);
+	struct name_number rank = parse_name_number(r, rl);
+	out->ws = ws.value;
+	out->rank = rank.value;
+	out->over_limit = ws.too_large || rank.too_large;
+	if ((ws.not_a_number || ws.too_large) &&
+	    number_problem(&ws, "world size", w, wl, out->why, sizeof(out->why)))
+		return CKFS_RANK_NAME_BAD;
+	if ((rank.not_a_number || rank.too_large) &&
+	    number_problem(&rank, "rank", r, rl, out->why, sizeof(out->why)))
+		return CKFS_RANK_NAME_BAD;
+	if (ws.value == 0) {
+		snprintf(out->why, sizeof(out->why), "world size %.*s is not a positive number",
+			 (int)(wl > 64 ? 64 : wl), w);
+		return CKFS_RANK_NAME_BAD;
+	}
+	if (number_problem(&ws, "world size", w, wl, out->why, sizeof(out->why)) ||
+	    number_problem(&rank, "rank", r, rl, out->why, sizeof(out->why))) {
+		size_t k = strlen(out->why);
+		if (ws.value > 0 && rank.value >= 0)
+			snprintf(out->why + k, sizeof(out->why) - k,
+				 " (verl writes model_world_size_%ld_rank_%ld.pt)", ws.value,
+				 rank.value);
+		return CKFS_RANK_NAME_RESPELT;
+	}
+	return CKFS_RANK_NAME_OK;
 }
 
 /* ---- rank discovery ---- */
 
-struct rank_scan {
-	long world_size;      /* chosen */
-	long *sizes_seen;     /* distinct W values in file names */
-	size_t n_sizes;
-	unsigned char *present; /* present[r] for the chosen W */
+/* A rank file name found in SRC, with what it says. */
+struct rank_name {
+	char *name;
+	long ws, rank;
+	enum ckfs_rank_name kind;
 };
+
+struct rank_scan {
+	long world_size;          /* chosen */
+	struct rank_name *names;  /* every rank file name, sorted by name */
+	size_t n_names;
+	unsigned char *present;   /* present[r] for the chosen W */
+};
+
+static void rank_scan_release(struct rank_scan *rs)
+{
+	for (size_t i = 0; i < rs->n_names; i++)
+		free(rs->names[i].name);
+	free(rs->names);
+	free(rs->present);
+	memset(rs, 0, sizeof(*rs));
+}
 
 static enum ckfs_code read_fsdp_config(struct ckfs_model *m, long *ws,
 				       struct ckfs_error *err)
@@ -142,100 +217,169 @@ static enum ckfs_code read_fsdp_config(struct ckfs_model *m, long *ws,
 	return CKFS_OK;
 }
 
+static int cmp_rank_name(const void *a, const void *b)
+{
+	return strcmp(((const struct rank_name *)a)->name, ((const struct rank_name *)b)->name);
+}
+
+/* By (world size, rank, name): two files of one rank end up side by side. */
+static int cmp_rank_value(const void *a, const void *b)
+{
+	const struct rank_name *x = a, *y = b;
+	if (x->ws != y->ws)
+		return x->ws < y->ws ? -1 : 1;
+	if (x->rank != y->rank)
+		return x->rank < y->rank ? -1 : 1;
+	return strcmp(x->name, y->name);
+}
+
+/* Every rank file name of SRC into rs->names, sorted by name. */
+static enum ckfs_code list_rank_names(struct ckfs_model *m, struct rank_scan *rs,
+				      struct ckfs_error *err)
+{
+	const size_t max_names = 4 * (size_t)CKFS_MAX_RANKS;
+	size_t cap = 0;
+	struct dirent *de;
+	enum ckfs_code rc = CKFS_OK;
+	DIR *d = opendir(m->src_dir);
+
+	if (!d)
+		return ckfs_fail_errno(err, "'%s': cannot open folder", m->src_dir);
+	while (rc == CKFS_OK && (de = readdir(d))) {
+		struct ckfs_rank_file rf;
+		enum ckfs_rank_name kind = ckfs_fsdp_rank_file_name(de->d_name, &rf);
+		if (kind == CKFS_RANK_NAME_NONE)
+			continue;
+		if (rs->n_names == max_names) {
+			rc = ckfs_fail(err, CKFS_E_LIMIT, "'%s': more than %zu rank files",
+				       m->src_dir, max_names);
+			break;
+		}
+		if (rs->n_names == cap) {
+			size_t c = cap ? cap * 2 : 16;
+			struct rank_name *p = realloc(rs->names, c * sizeof(*p));
+			if (!p) {
+				rc = nomem(err);
+				break;
+			}
+			rs->names = p;
+			cap = c;
+		}
+		struct rank_name *rn = &rs->names[rs->n_names];
+		*rn = (struct rank_name){ strdup(de->d_name), rf.ws, rf.rank, kind };
+		if (!rn->name)
+			rc = nomem(err);
+		else
+			rs->n_names++;
+	}
+	closedir(d);
+	if (rc == CKFS_OK && rs->n_names)
+		qsort(rs->names, rs->n_names, sizeof(*rs->names), cmp_rank_name);
+	return rc;
+}
+
+/* Every name spelt as verl spells it, and one file per (world size,
+ * rank): a badly spelt name is refused, two files of one rank (rank_0
+ * and rank_00, world_size_1 and world_size_01) are refused naming both,
+ * whatever the world size. */
+static enum ckfs_code check_rank_names(struct ckfs_model *m, struct rank_scan *rs,
+				       struct ckfs_error *err)
+{
+	struct ckfs_rank_file rf;
+
+	for (size_t i = 0; i < rs->n_names; i++)
+		if (rs->names[i].kind == CKFS_RANK_NAME_BAD) {
+			ckfs_fsdp_rank_file_name(rs->names[i].name, &rf);
+			return ckfs_fail(err, rf.over_limit ? CKFS_E_LIMIT : CKFS_E_INVALID,
+					 "'%s/%s': %s", m->src_dir, rs->names[i].name, rf.why);
+		}
+	struct rank_name *by_value = malloc(rs->n_names * sizeof(*by_value));
+	if (!by_value)
+		return nomem(err);
+	memcpy(by_value, rs->names, rs->n_names * sizeof(*by_value));
+	qsort(by_value, rs->n_names, sizeof(*by_value), cmp_rank_value);
+	enum ckfs_code rc = CKFS_OK;
+	for (size_t i = 1; rc == CKFS_OK && i < rs->n_names; i++)
+		if (by_value[i].ws == by_value[i - 1].ws && by_value[i].rank == by_value[i - 1].rank)
+			rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' and '%s' are both rank "
+				       "%ld of world size %ld", m->src_dir, by_value[i - 1].name,
+				       by_value[i].name, by_value[i].rank, by_value[i].ws);
+	free(by_value);
+	for (size_t i = 0; rc == CKFS_OK && i < rs->n_names; i++)
+		if (rs->names[i].kind == CKFS_RANK_NAME_RESPELT) {
+			ckfs_fsdp_rank_file_name(rs->names[i].name, &rf);
+			rc = ckfs_fail(err, CKFS_E_INVALID, "'%s/%s': %s", m->src_dir,
+				       rs->names[i].name, rf.why);
+		}
+	return rc;
+}
+
+/* The world size to serve: fsdp_config.json's, else the only one the
+ * names show (with a warning, as verl's legacy merger infers it). */
+static enum ckfs_code choose_world_size(struct ckfs_model *m, struct rank_scan *rs,
+					long cfg_ws, struct ckfs_error *err)
+{
+	long first = rs->names[0].ws, lo = first, hi = first;
+	int in_names = 0;
+
+	for (size_t i = 0; i < rs->n_names; i++) {
+		long ws = rs->names[i].ws;
+		in_names |= ws == cfg_ws;
+		lo = ws < lo ? ws : lo;
+		hi = ws > hi ? ws : hi;
+	}
+	if (cfg_ws && !in_names)
+		return ckfs_fail(err, CKFS_E_INVALID,
+				 "'%s/fsdp_config.json': world_size %ld disagrees "
+				 "with the rank files (model_world_size_%ld_rank_*.pt)",
+				 m->src_dir, cfg_ws, first);
+	if (!cfg_ws && lo != hi)
+		return ckfs_fail(err, CKFS_E_INVALID,
+				 "'%s': rank files of several world sizes (%ld and %ld) "
+				 "and no fsdp_config.json to choose", m->src_dir, hi, lo);
+	rs->world_size = cfg_ws ? cfg_ws : first;
+	if (!cfg_ws)
+		CKFS_TRY(ckfs_model_warn(m, err, "fsdp_config.json not found; world size %ld "
+					 "taken from file names", rs->world_size));
+	if (lo != hi)
+		CKFS_TRY(ckfs_model_warn(m, err, "ignoring rank files whose world size is "
+					 "not %ld", rs->world_size));
+	return CKFS_OK;
+}
+
 static enum ckfs_code scan_ranks(struct ckfs_model *m, struct rank_scan *rs,
 				 struct ckfs_error *err)
 {
-	DIR *d;
-	struct dirent *de;
 	long cfg_ws = 0;
-	enum ckfs_code rc = CKFS_OK;
 
 	memset(rs, 0, sizeof(*rs));
 	CKFS_TRY(read_fsdp_config(m, &cfg_ws, err));
-	d = opendir(m->src_dir);
-	if (!d)
-		return ckfs_fail_errno(err, "'%s': cannot open folder", m->src_dir);
-	rs->sizes_seen = calloc(64, sizeof(long));
-	if (!rs->sizes_seen) {
-		closedir(d);
-		return nomem(err);
-	}
-	/* First pass: which world sizes appear. */
-	while ((de = readdir(d))) {
-		long ws, rank;
-		if (!ckfs_fsdp_rank_file_name(de->d_name, &ws, &rank))
-			continue;
-		size_t i;
-		for (i = 0; i < rs->n_sizes && rs->sizes_seen[i] != ws; i++)
-			;
-		if (i == rs->n_sizes && rs->n_sizes < 64)
-			rs->sizes_seen[rs->n_sizes++] = ws;
-	}
-	if (rs->n_sizes == 0) { /* detection saw one: removed since */
-		closedir(d);
+	CKFS_TRY(list_rank_names(m, rs, err));
+	if (rs->n_names == 0) /* detection saw one: removed since */
 		return ckfs_fail(err, CKFS_E_CHANGED, "'%s': its model_world_size_*_rank_*.pt "
 				 "files are gone", m->src_dir);
-	}
-	if (cfg_ws) {
-		size_t i;
-		for (i = 0; i < rs->n_sizes && rs->sizes_seen[i] != cfg_ws; i++)
-			;
-		if (i == rs->n_sizes) {
-			closedir(d);
-			return ckfs_fail(err, CKFS_E_INVALID,
-					 "'%s/fsdp_config.json': world_size %ld disagrees "
-					 "with the rank files (model_world_size_%ld_rank_*.pt)",
-					 m->src_dir, cfg_ws, rs->sizes_seen[0]);
-		}
-		rs->world_size = cfg_ws;
-	} else if (rs->n_sizes == 1) {
-		rs->world_size = rs->sizes_seen[0];
-		rc = ckfs_model_warn(m, err, "fsdp_config.json not found; world size %ld "
-				 "taken from file names", rs->world_size);
-	} else {
-		closedir(d);
-		return ckfs_fail(err, CKFS_E_INVALID,
-				 "'%s': rank files of several world sizes (%ld and %ld) "
-				 "and no fsdp_config.json to choose", m->src_dir,
-				 rs->sizes_seen[0], rs->sizes_seen[1]);
-	}
-	if (rs->world_size > CKFS_MAX_RANKS) {
-		closedir(d);
-		return ckfs_fail(err, CKFS_E_LIMIT, "'%s': world size %ld too large",
-				 m->src_dir, rs->world_size);
-	}
+	CKFS_TRY(check_rank_names(m, rs, err));
+	CKFS_TRY(choose_world_size(m, rs, cfg_ws, err));
 	rs->present = calloc((size_t)rs->world_size, 1);
-	if (!rs->present) {
-		closedir(d);
+	if (!rs->present)
 		return nomem(err);
+	for (size_t i = 0; i < rs->n_names; i++) {
+		const struct rank_name *rn = &rs->names[i];
+		if (rn->ws != rs->world_size)
+			continue;
+		if (rn->rank >= rn->ws)
+			return ckfs_fail(err, CKFS_E_INVALID, "'%s/%s': rank %ld out of range "
+					 "for world size %ld", m->src_dir, rn->name, rn->rank,
+					 rn->ws);
+		rs->present[rn->rank] = 1;
 	}
-	rewinddir(d);
-	while ((de = readdir(d))) {
-		long ws, rank;
-		if (ckfs_fsdp_rank_file_name(de->d_name, &ws, &rank) && ws == rs->world_size) {
-			if (rank >= ws) {
-				/* The message names de->d_name: format it
-				 * before closedir frees the entry. */
-				rc = ckfs_fail(err, CKFS_E_INVALID,
-					       "'%s/%s': rank %ld out of range for world "
-					       "size %ld", m->src_dir, de->d_name,
-					       rank, ws);
-				closedir(d);
-				return rc;
-			}
-			rs->present[rank] = 1;
-		}
-	}
-	closedir(d);
-	if (rc == CKFS_OK && rs->n_sizes > 1)
-		rc = ckfs_model_warn(m, err, "ignoring rank files whose world size is "
-				 "not %ld", rs->world_size);
-	if (rc == CKFS_OK && !rs->present[0])
-		rc = ckfs_fail(err, CKFS_E_NOTFOUND,
-			       "'%s/model_world_size_%ld_rank_0.pt': not found",
-			       m->src_dir, rs->world_size);
 	m->world_size = (int)rs->world_size;
-	return rc;
+	for (long r = 0; r < rs->world_size; r++)
+		if (!rs->present[r])
+			return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s/model_world_size_%ld_rank_%ld.pt': "
+					 "not found (rank %ld is needed)", m->src_dir,
+					 rs->world_size, r, r);
+	return CKFS_OK;
 }
 
 /* ---- sources ---- */
@@ -271,6 +415,7 @@ struct acc {
 	int n_ranks_seen;
 	enum ckfs_dtype dtype;             /* first rank holding data */
 	struct ckfs_chunk_list chunks;
+	struct ckfs_chunk_list copies;     /* other ranks' copies of a plain tensor */
 };
 
 static int same_shape(int n1, const int64_t *s1, int n2, const int64_t *s2)
@@ -304,8 +449,8 @@ static const char *placements_text(const struct ckfs_dtensor_info *di, char *buf
 	return buf;
 }
 
-/* Add one rank's entry for a tensor to its accumulator. */
-/* Check one rank's entry against the first rank's, then add its chunks. */
+/* Check one rank's entry against the first rank's, then add its chunks
+ * (or, for a plain tensor after the first rank, its copy). */
 static enum ckfs_code add_entry(struct acc *a, const struct ckfs_sd_entry *e,
 				int rank, const int64_t *coord, uint32_t source,
 				struct ckfs_error *err)
@@ -335,8 +480,8 @@ static enum ckfs_code add_entry(struct acc *a, const struct ckfs_sd_entry *e,
 					 "tensor '%s': plain tensor has different "
 					 "shapes on ranks %d and %d", e->key,
 					 a->first_rank, rank);
-		if (e != f)
-			return CKFS_OK; /* replicated: the first rank's copy */
+		if (e != f) /* a copy: the first rank's is served, ckfs verify compares */
+			return ckfs_entry_chunks(e, coord, source, rank, &a->copies, err);
 	} else if (e->kind == CKFS_ENTRY_SHARDED) {
 		if (!same_shape(e->sharded->ndim, e->sharded->global_shape,
 				f->sharded->ndim, f->sharded->global_shape))
@@ -435,6 +580,43 @@ static enum ckfs_code mesh_ranks(struct ckfs_model *m,
 	return CKFS_OK;
 }
 
+/* Every position of the device mesh (row-major): its global rank, from
+ * the mesh tensor of rank 0's file, and its coordinate. Also records the
+ * mesh in m for inspect. */
+static enum ckfs_code mesh_positions(struct ckfs_model *m, const struct ckfs_dtensor_info *mesh,
+				     uint32_t src0, long *ranks, int64_t (*coords)[CKFS_MAX_DIMS],
+				     struct ckfs_error *err)
+{
+	size_t n = 1;
+
+	for (int i = 0; i < mesh->mesh_ndim; i++)
+		n *= (size_t)mesh->mesh_shape[i];
+	if (n != (size_t)m->world_size)
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': device mesh has %zu ranks but the "
+				 "world size is %d", m->sources[src0].path, n, m->world_size);
+	CKFS_TRY(mesh_ranks(m, mesh, m->sources[src0].fd, m->sources[src0].path, ranks, n,
+			    err));
+	int64_t idx[CKFS_MAX_DIMS] = { 0 };
+	for (size_t p = 0; p < n; p++) {
+		memcpy(coords[p], idx, sizeof(idx));
+		for (int i = mesh->mesh_ndim - 1; i >= 0; i--) {
+			if (++idx[i] < mesh->mesh_shape[i])
+				break;
+			idx[i] = 0;
+		}
+	}
+	m->mesh_ndim = mesh->mesh_ndim;
+	memcpy(m->mesh_shape, mesh->mesh_shape, sizeof(m->mesh_shape));
+	for (int i = 0; i < mesh->mesh_ndim; i++) {
+		if (!mesh->mesh_dim_names[i])
+			continue;
+		m->mesh_dim_names[i] = ckfs_arena_strdup(&m->arena, mesh->mesh_dim_names[i]);
+		if (!m->mesh_dim_names[i])
+			return nomem(err);
+	}
+	return CKFS_OK;
+}
+
 /* ---- assembly ---- */
 
 static int cmp_key(const void *a, const void *b, void *ctx)
@@ -469,6 +651,7 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 	struct ckfs_torch_file first;
 	struct acc *accs = NULL;
 	size_t *order = NULL, n_keys = 0;
+	const char **keys = NULL, **names = NULL;
 	long *ranks = NULL;
 	int64_t (*coords)[CKFS_MAX_DIMS] = NULL;
 	size_t n_read = 0;
@@ -487,8 +670,16 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 		rc = nomem(err);
 		goto out;
 	}
-	if ((rc = open_source(m, 0, &src0, err)) != CKFS_OK)
-		goto out;
+	/* Every rank file is opened, and every one is read below: the
+	 * merged tensors need some, the others hold copies (plain tensors,
+	 * HSDP replicas) that must agree, and a checkpoint missing one is
+	 * incomplete whatever verl would have read. */
+	for (long r = 0; r < m->world_size; r++) {
+		uint32_t src;
+		if ((rc = open_source(m, r, &src, err)) != CKFS_OK)
+			goto out;
+	}
+	src0 = 0;
 	if ((rc = ckfs_torch_open(&first, m->sources[src0].fd,
 				  m->sources[src0].path, err)) != CKFS_OK)
 		goto out;
@@ -499,88 +690,37 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 		goto out;
 	}
 
+	/* Hugging Face names of rank 0's keys (wrappers removed); the other
+	 * ranks' keys are matched as stored. */
+	keys = calloc(n_keys, sizeof(*keys));
+	names = calloc(n_keys, sizeof(*names));
+	if (!keys || !names) {
+		rc = nomem(err);
+		goto out;
+	}
+	for (size_t i = 0; i < n_keys; i++)
+		keys[i] = first.entries[i].key;
+	if ((rc = ckfs_hf_names(m, m->sources[src0].path, keys, names, n_keys, err)) != CKFS_OK)
+		goto out;
+
 	/* The mesh, from the first DTensor. */
 	const struct ckfs_dtensor_info *mesh = NULL;
-	int any_sharded = 0;
-	for (size_t i = 0; i < n_keys; i++) {
-		if (first.entries[i].kind == CKFS_ENTRY_DTENSOR && !mesh)
+	for (size_t i = 0; i < n_keys && !mesh; i++)
+		if (first.entries[i].kind == CKFS_ENTRY_DTENSOR)
 			mesh = first.entries[i].dtensor;
-		any_sharded |= first.entries[i].kind == CKFS_ENTRY_SHARDED;
-	}
-	ranks = calloc((size_t)m->world_size, sizeof(*ranks));
-	coords = calloc((size_t)m->world_size, sizeof(*coords));
+	n_read = (size_t)m->world_size;
+	ranks = calloc(n_read, sizeof(*ranks));
+	coords = calloc(n_read, sizeof(*coords));
 	if (!ranks || !coords) {
 		rc = nomem(err);
 		goto out;
 	}
 	if (mesh) {
-		size_t n = 1;
-		for (int i = 0; i < mesh->mesh_ndim; i++)
-			n *= (size_t)mesh->mesh_shape[i];
-		if (n != (size_t)m->world_size) {
-			rc = ckfs_fail(err, CKFS_E_INVALID,
-				       "'%s': device mesh has %zu ranks but the world "
-				       "size is %d", m->sources[src0].path, n,
-				       m->world_size);
+		if ((rc = mesh_positions(m, mesh, src0, ranks, coords, err)) != CKFS_OK)
 			goto out;
-		}
-		long *all = calloc(n, sizeof(long));
-		if (!all) {
-			rc = nomem(err);
-			goto out;
-		}
-		rc = mesh_ranks(m, mesh, m->sources[src0].fd, m->sources[src0].path,
-				all, n, err);
-		/* A mesh dim is a replica dim when every DTensor replicates
-		 * along it; read coordinate 0 only there. */
-		int replica[CKFS_MAX_DIMS];
-		for (int i = 0; i < mesh->mesh_ndim; i++) {
-			replica[i] = 1;
-			for (size_t k = 0; k < n_keys; k++) {
-				const struct ckfs_sd_entry *e = &first.entries[k];
-				if (e->kind == CKFS_ENTRY_DTENSOR &&
-				    (e->dtensor->mesh_ndim != mesh->mesh_ndim ||
-				     e->dtensor->placements[i].kind != CKFS_PLACE_REPLICATE))
-					replica[i] = 0;
-			}
-		}
-		int64_t idx[CKFS_MAX_DIMS] = { 0 };
-		for (size_t p = 0; rc == CKFS_OK && p < n; p++) {
-			int keep = 1;
-			for (int i = 0; i < mesh->mesh_ndim; i++)
-				keep &= !replica[i] || idx[i] == 0;
-			if (keep) {
-				ranks[n_read] = all[p];
-				memcpy(coords[n_read], idx, sizeof(idx));
-				n_read++;
-			}
-			for (int i = mesh->mesh_ndim - 1; i >= 0; i--) {
-				if (++idx[i] < mesh->mesh_shape[i])
-					break;
-				idx[i] = 0;
-			}
-		}
-		free(all);
-		if (rc != CKFS_OK)
-			goto out;
-		m->mesh_ndim = mesh->mesh_ndim;
-		memcpy(m->mesh_shape, mesh->mesh_shape, sizeof(m->mesh_shape));
-		for (int i = 0; i < mesh->mesh_ndim; i++)
-			m->mesh_dim_names[i] = mesh->mesh_dim_names[i]
-				? ckfs_arena_strdup(&m->arena, mesh->mesh_dim_names[i]) : NULL;
 	} else {
-		n_read = any_sharded ? (size_t)m->world_size : 1;
 		for (size_t i = 0; i < n_read; i++)
 			ranks[i] = (long)i;
-	}
-	for (size_t i = 0; i < n_read; i++) {
-		if (!rs.present[ranks[i]]) {
-			rc = ckfs_fail(err, CKFS_E_NOTFOUND,
-				       "'%s/model_world_size_%d_rank_%ld.pt': not "
-				       "found (rank %ld is needed)", m->src_dir,
-				       m->world_size, ranks[i], ranks[i]);
-			goto out;
-		}
 	}
 	m->ranks_read = ckfs_arena_calloc(&m->arena, n_read, sizeof(int));
 	if (!m->ranks_read) {
@@ -609,11 +749,9 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 
 	for (size_t r = 0; r < n_read; r++) {
 		struct ckfs_torch_file other, *tf = &first;
-		uint32_t src = src0;
+		uint32_t src = (uint32_t)ranks[r]; /* sources are opened in rank order */
 		m->ranks_read[r] = (int)ranks[r];
 		if (ranks[r] != 0) {
-			if ((rc = open_source(m, ranks[r], &src, err)) != CKFS_OK)
-				goto out;
 			rc = ckfs_torch_open(&other, m->sources[src].fd,
 					     m->sources[src].path, err);
 			if (rc != CKFS_OK)
@@ -705,17 +843,18 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 	if (m->tie_word_embeddings) {
 		int has_embed = 0, has_head = 0;
 		for (size_t i = 0; i < n_keys; i++) {
-			has_embed |= strcmp(first.entries[i].key, "model.embed_tokens.weight") == 0;
-			has_head |= strcmp(first.entries[i].key, "lm_head.weight") == 0;
+			has_embed |= strcmp(names[i], "model.embed_tokens.weight") == 0;
+			has_head |= strcmp(names[i], "lm_head.weight") == 0;
 		}
 		drop_lm_head = has_embed && has_head;
 	}
 	for (size_t i = 0; i < n_keys; i++) {
 		const struct ckfs_sd_entry *e = accs[i].first;
 		struct ckfs_tensor *t = &m->tensors[m->n_tensors];
-		if (drop_lm_head && strcmp(e->key, "lm_head.weight") == 0)
+		if (drop_lm_head && strcmp(names[i], "lm_head.weight") == 0)
 			continue;
-		t->name = e->key;
+		/* e->key is the arena copy of keys[i], which dies with rank 0's file */
+		t->name = names[i] == keys[i] ? e->key : names[i];
 		t->stored_dtype = accs[i].dtype;
 		t->out_dtype = opt->out_dtype == CKFS_DTYPE_INVALID ? t->stored_dtype
 								    : opt->out_dtype;
@@ -752,6 +891,17 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 		if (accs[i].chunks.n)
 			memcpy(t->chunks, accs[i].chunks.v,
 			       accs[i].chunks.n * sizeof(*t->chunks));
+		if (accs[i].copies.n) {
+			t->n_copies = (uint32_t)accs[i].copies.n;
+			t->copies = ckfs_arena_calloc(&m->arena, accs[i].copies.n,
+						      sizeof(*t->copies));
+			if (!t->copies) {
+				rc = nomem(err);
+				goto out;
+			}
+			memcpy(t->copies, accs[i].copies.v,
+			       accs[i].copies.n * sizeof(*t->copies));
+		}
 		if ((rc = ckfs_plan_validate_tensor(m, t, err)) != CKFS_OK) {
 			ckfs_error_prefix(err, "'%s'", m->src_dir);
 			goto out;
@@ -763,14 +913,17 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 				 "model.embed_tokens.weight (tie_word_embeddings)");
 out:
 	if (accs)
-		for (size_t i = 0; i < n_keys; i++)
+		for (size_t i = 0; i < n_keys; i++) {
 			free(accs[i].chunks.v);
+			free(accs[i].copies.v);
+		}
 	free(accs);
 	free(order);
+	free(keys);
+	free(names);
 	free(ranks);
 	free(coords);
-	free(rs.present);
-	free(rs.sizes_seen);
+	rank_scan_release(&rs);
 	ckfs_torch_close(&first);
 	return rc;
 }

@@ -13,6 +13,9 @@
  * becomes a source (the reader's descriptor, duplicated, so the identity
  * recorded is that of the file whose header was validated).
  *
+ * Names are the file's, less torch wrapper names (names.c; unchanged for
+ * what save_pretrained writes).
+ *
  * Order: files by name (model-00001-of-N first), tensors in data order
  * within each file. A single file is thus re-served byte for byte, since
  * the writer's sort (dtype, then name) is the file's own order. No tie
@@ -126,6 +129,26 @@ static enum ckfs_code add_tensor(struct ckfs_model *m, const struct ckfs_st_entr
 	return rc;
 }
 
+/* The name rule of torch state-dict keys (names.c): a folder written by
+ * save_file(model.state_dict()) of a wrapped module (DDP, torch.compile)
+ * carries the wrappers in its names, which no Hugging Face model loads. */
+static enum ckfs_code hf_names(struct ckfs_model *m, const char *label, struct ckfs_error *err)
+{
+	const char **keys = calloc(m->n_tensors + 1, sizeof(*keys));
+	const char **names = calloc(m->n_tensors + 1, sizeof(*names));
+	enum ckfs_code rc = keys && names ? CKFS_OK : nomem(err);
+
+	for (size_t i = 0; rc == CKFS_OK && i < m->n_tensors; i++)
+		keys[i] = m->tensors[i].name;
+	if (rc == CKFS_OK)
+		rc = ckfs_hf_names(m, label, keys, names, m->n_tensors, err);
+	for (size_t i = 0; rc == CKFS_OK && i < m->n_tensors; i++)
+		m->tensors[i].name = names[i];
+	free(keys);
+	free(names);
+	return rc;
+}
+
 enum ckfs_code ckfs_hf_build(struct ckfs_model *m, const struct ckfs_model_options *opt,
 			     const char *dir, struct ckfs_error *err)
 {
@@ -157,6 +180,12 @@ enum ckfs_code ckfs_hf_build(struct ckfs_model *m, const struct ckfs_model_optio
 	rc = CKFS_OK;
 	for (size_t i = 0; i < set.n_entries && rc == CKFS_OK; i++)
 		rc = add_tensor(m, order[i], opt, err);
+	if (rc == CKFS_OK) {
+		/* messages name the one weight file, or the index naming them */
+		char *index = ckfs_arena_printf(&m->arena, "%s/model.safetensors.index.json", dir);
+		rc = !index ? nomem(err)
+			    : hf_names(m, m->n_sources == 1 ? m->sources[0].path : index, err);
+	}
 	if (rc == CKFS_OK)
 		rc = ckfs_model_load_config_from(m, dir, opt->config_path, err);
 	if (rc == CKFS_OK)

@@ -34,19 +34,20 @@ static enum ckfs_code nomem(struct ckfs_error *err)
 	return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
 }
 
-/* 1 when dir holds an FSDP rank file, 0 when not, -1 (errno set) when it
- * cannot be listed. */
+/* 1 when dir holds a name of an FSDP rank file (well spelt or not: the
+ * FSDP reader refuses the badly spelt ones), 0 when not, -1 (errno set)
+ * when it cannot be listed. */
 static int has_rank_files(const char *dir)
 {
 	DIR *d = opendir(dir);
 	struct dirent *de;
 	int found = 0;
-	long ws, rank;
+	struct ckfs_rank_file rf;
 
 	if (!d)
 		return -1;
 	while (!found && (de = readdir(d)))
-		found = ckfs_fsdp_rank_file_name(de->d_name, &ws, &rank);
+		found = ckfs_fsdp_rank_file_name(de->d_name, &rf) != CKFS_RANK_NAME_NONE;
 	closedir(d);
 	return found;
 }

@@ -51,16 +51,48 @@ enum ckfs_code ckfs_entry_chunks(const struct ckfs_sd_entry *e, const int64_t *c
 				 uint32_t source, int rank, struct ckfs_chunk_list *out,
 				 struct ckfs_error *err) CKFS_WARN_UNUSED;
 
+/* ---- names.c ---- */
+
+/*
+ * The Hugging Face names of n torch state-dict keys (the one name rule of
+ * the FSDP, DCP and Hugging Face layouts): wrapper segments
+ * (_fsdp_wrapped_module, _checkpoint_wrapped_module, _orig_mod) removed
+ * wherever they are, and a leading "module." when every key has it (DDP),
+ * with one warning counting the names changed. names[i] is keys[i] itself
+ * when unchanged, else an arena string of m. Refused, naming label (the
+ * file that holds the keys): FSDP1 flat parameters (flat_param,
+ * _flat_param), two different keys that become one name, a key that
+ * becomes empty.
+ */
+enum ckfs_code ckfs_hf_names(struct ckfs_model *m, const char *label, const char *const *keys,
+			     const char **names, size_t n,
+			     struct ckfs_error *err) CKFS_WARN_UNUSED;
+
 /* ---- layouts: layout.c detects, one builder per layout fills m ---- */
 
 /* verl FSDP rank files (fsdp.c). */
 enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m,
 			       const struct ckfs_model_options *opt,
 			       struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* name has the shape "model_world_size_<digits>_rank_<digits>.pt" with a
- * world size from 1 and numbers of at most 9 digits; *ws and *rank get
- * them. Detection (layout.c) and the rank scan use this one test. */
-int ckfs_fsdp_rank_file_name(const char *name, long *ws, long *rank);
+/* What a file name says about verl FSDP rank files. Every name matching
+ * model_world_size_*_rank_*.pt is a rank file name, and it must spell both
+ * numbers as verl does (plain decimals: no sign, no leading zero, no other
+ * characters), a world size from 1, both within CKFS_MAX_RANKS. */
+enum ckfs_rank_name {
+	CKFS_RANK_NAME_NONE,     /* not model_world_size_*_rank_*.pt */
+	CKFS_RANK_NAME_OK,       /* as verl writes it; ws and rank set */
+	CKFS_RANK_NAME_RESPELT,  /* readable but signed or zero-padded: ws
+				  * and rank hold the values, why the cause */
+	CKFS_RANK_NAME_BAD,      /* a number that is not one, too large, or a
+				  * world size of 0: why says which */
+};
+struct ckfs_rank_file {
+	long ws, rank;
+	bool over_limit;         /* BAD because a number is too large */
+	char why[160];           /* the cause, for RESPELT and BAD */
+};
+/* Detection (layout.c) and the rank scan (fsdp.c) use this one parser. */
+enum ckfs_rank_name ckfs_fsdp_rank_file_name(const char *name, struct ckfs_rank_file *out);
 /* torch.distributed.checkpoint: SRC/.metadata and __R_I.distcp (dcp.c). */
 enum ckfs_code ckfs_dcp_build(struct ckfs_model *m,
 			      const struct ckfs_model_options *opt,

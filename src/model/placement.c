@@ -201,6 +201,7 @@ enum ckfs_code ckfs_entry_chunks(const struct ckfs_sd_entry *e, const int64_t *c
 		lists[k] = (struct ivl_list){ store[k], 1 };
 		store[k][0] = (struct ivl){ 0, 0, di->global_shape[k] };
 	}
+	int copy = 0;
 	for (int i = 0; i < di->mesh_ndim; i++) {
 		const struct ckfs_placement *p = &di->placements[i];
 		if (p->kind == CKFS_PLACE_PARTIAL)
@@ -208,12 +209,18 @@ enum ckfs_code ckfs_entry_chunks(const struct ckfs_sd_entry *e, const int64_t *c
 					 "tensor '%s': Partial placement (unreduced "
 					 "values) is not supported", e->key);
 		if (p->kind == CKFS_PLACE_REPLICATE) {
-			if (coord[i] != 0)
-				return CKFS_OK; /* a copy of coordinate 0's data */
+			copy |= coord[i] != 0; /* a copy of coordinate 0's data */
 			continue;
 		}
 		CKFS_TRY(apply_placement(p, di->mesh_shape[i], coord[i], &lists[p->dim],
 					 MAX_PIECES, e->key, err));
 	}
-	return chunks_from_view(e, lists, source, rank, out, err);
+	if (!copy)
+		return chunks_from_view(e, lists, source, rank, out, err);
+	/* A copy contributes nothing, but its view must still fit its
+	 * placement and its storage. */
+	struct ckfs_chunk_list scratch = { 0 };
+	enum ckfs_code rc = chunks_from_view(e, lists, source, rank, &scratch, err);
+	free(scratch.v);
+	return rc;
 }

@@ -174,6 +174,34 @@ flock -x 9
 exec 9<&-
 rm -rf "$WORK"/k* "$WORK"/m* "$WORK"/n*
 
+# plain (non-DTensor) tensors saved on every rank: verify compares every
+# rank's copy with the served one, as verl's merger refuses copies that differ
+for c in plain_copies_w2 copies_differ_w2 copies_differ_scalar_w3 copies_differ_hsdp_2x2; do
+	"$CKFS" export -q "$EDGE/$c" "$WORK/ref-$c" || bad "export $c"
+done
+"$CKFS" verify "$EDGE/plain_copies_w2" --against "$WORK/ref-plain_copies_w2" >"$WORK/verify.out" &&
+	grep -q "^copies: 5 plain tensors, 5 copies on other ranks, all equal" "$WORK/verify.out" &&
+	ok "verify: equal copies on every rank" || bad "verify: equal copies on every rank"
+expect "verify: copies differ" 1 "copies_differ_w2/model_world_size_2_rank_1.pt': tensor 'model.embed_tokens.weight' differs between ranks 0 and 1 \(1 of 24 elements; " -- \
+	"$CKFS" verify "$EDGE/copies_differ_w2" --against "$WORK/ref-copies_differ_w2"
+expect "verify: 0-d copies differ" 1 "rank_2.pt': tensor 'model.step' differs between ranks 0 and 2 \(1 of 1 elements; " -- \
+	"$CKFS" verify "$EDGE/copies_differ_scalar_w3" --against "$WORK/ref-copies_differ_scalar_w3"
+expect "verify: HSDP replica copy differs" 1 "rank_3.pt': tensor 'model.rotary.inv_freq' differs between ranks 0 and 3 \(1 of 5 elements; " -- \
+	"$CKFS" verify "$EDGE/copies_differ_hsdp_2x2" --against "$WORK/ref-copies_differ_hsdp_2x2"
+"$CKFS" inspect --json "$EDGE/copies_differ_w2" | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["ranks_read"]==[0, 1], d["ranks_read"]' &&
+	ok "inspect: every rank of a plain checkpoint read" || bad "inspect: every rank of a plain checkpoint read"
+
+# keys of wrapped modules: one warning counting the names served without the
+# wrappers; FSDP1 flat parameters refused naming the state dict type to use
+WRAPPED=$FIX/wrapped
+err=$("$CKFS" export "$WRAPPED/compiled_ddp_w2" "$WORK/wrapped" 2>&1 >/dev/null | grep warning)
+[ "$err" = "ckfs: warning: 12 of 12 tensor names carried torch wrapper names (_orig_mod., leading module.), served without them" ] &&
+	ok "wrapper names: one warning" || bad "wrapper names: one warning, got: $err"
+"$CKFS" verify --dtype fp32 "$WRAPPED/compiled_ddp_w2" --against "$WRAPPED/original" >/dev/null 2>&1 &&
+	ok "wrapper names: served as the unwrapped model" || bad "wrapper names: served as the unwrapped model"
+expect "FSDP1 LOCAL_STATE_DICT" 1 "rank_0.pt': '_flat_param' is an FSDP1 flat parameter .*; save the state dict with StateDictType.SHARDED_STATE_DICT$" -- \
+	"$CKFS" export "$WRAPPED/refused_fsdp1_local_w2" "$WORK/none"
+
 # a full disk fails before anything lands (root only: needs a tiny tmpfs)
 if [ "$(id -u)" = 0 ] && mkdir -p "$WORK/tiny" && mount -t tmpfs -o size=64k tmpfs "$WORK/tiny" 2>/dev/null; then
 	expect "full disk" 1 "No space left on device" -- "$CKFS" export -q "$SAMPLE" "$WORK/tiny/out"

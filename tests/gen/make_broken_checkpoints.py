@@ -13,16 +13,23 @@ named <category>_<what>:
              global, deep nesting, huge declared lengths, storage ids that
              disagree with their records, placements and meshes that lie
     model_*  real torch files that disagree with each other: shapes, dtypes,
-             keys, world sizes, meshes, ranks, overlapping shards
+             keys, world sizes, meshes, ranks, overlapping shards; keys of
+             wrapped modules that clash or are FSDP1 flat parameters; plain
+             (non-DTensor) multi-rank checkpoints and HSDP replica ranks
+             that are missing or disagree
     cfg_*    fsdp_config.json and huggingface/config.json
     fs_*     the folder itself: zero-byte and directory rank files, symlink
-             loops, symlinks leading outside the checkpoint
+             loops, symlinks leading outside the checkpoint; rank file names
+             that are zero-padded, signed, suffixed or overflowing, and two
+             files for one rank
     ok_*     valid controls (the unbroken base, symlinks that stay inside)
     dcp_*    torch.distributed.checkpoint folders: .metadata truncated,
              items past the end of the .distcp file, overlapping, missing
-             chunks and storage entries
+             chunks and storage entries, two keys of one name once torch
+             wrapper names are removed
     hf_*     Hugging Face safetensors whose header lies: offsets past the
-             end, overlapping tensors, a bad dtype, a huge header length
+             end, overlapping tensors, a bad dtype, a huge header length;
+             two keys of one name once wrapper names are removed
     megatron_* legacy Megatron rank folders: a TP rank missing, TP sizes
              that disagree
 
@@ -43,7 +50,8 @@ it is outside each case's checkpoint folder.
 Outputs are committed, so the C tests never need Python. Re-running with
 torch 2.8 writes the same bytes, except in zip_legacy_torch's rank file,
 whose legacy storage keys are memory addresses (only its first bytes
-matter to the tests).
+matter to the tests), and dcp_wrapper_name_twins/.metadata, which records
+a random save id and the temporary folder it was saved to.
 """
 
 from __future__ import annotations
@@ -133,6 +141,46 @@ def _worker(rank: int, world: int, port: int, variants: list, out: str) -> None:
     dist.destroy_process_group()
 
 
+def _hsdp_worker(rank: int, world: int, port: int, variants: list, out: str) -> None:
+    """HSDP as FSDP saves it: a ("ddp", "fsdp") (2, 2) mesh, placements
+    (Replicate(), Shard(0)); ranks 2 and 3 hold replica 1's copies."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("ddp", "fsdp"))
+    fsdp_rank = rank % 2
+    for variant in variants:
+        g = torch.Generator().manual_seed(3)
+        rows = 10 if variant == "hsdp_wide" and rank == 3 else 8
+        full = {"model.embed_tokens.weight": torch.randn(rows, 4, generator=g),
+                "model.norm.weight": torch.randn(4, generator=g)}
+        sd = {k: DTensor.from_local(v.chunk(2, 0)[fsdp_rank].clone(), mesh, [Replicate(), Shard(0)],
+                                    run_check=False, shape=v.shape, stride=v.stride())
+              for k, v in full.items()}
+        os.makedirs(os.path.join(out, variant), exist_ok=True)
+        torch.save(sd, os.path.join(out, variant, f"model_world_size_{world}_rank_{rank}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def plain_state_dict(variant: str, rank: int) -> dict:
+    """What every rank of a plain (non-DTensor) multi-rank checkpoint saves
+    (DDP, FSDP1's FULL_STATE_DICT on every rank): whole tensors, the same
+    on each rank unless the variant makes rank 1 disagree."""
+    g = torch.Generator().manual_seed(5)
+    sd = {"model.embed_tokens.weight": torch.randn(8, 4, generator=g),
+          "model.norm.weight": torch.randn(4, generator=g)}
+    if rank == 1 and variant == "plain_wide":
+        sd["model.norm.weight"] = torch.randn(6, generator=g)
+    if rank == 1 and variant == "plain_bf16":
+        sd["model.norm.weight"] = sd["model.norm.weight"].bfloat16()
+    if rank == 1 and variant == "plain_key_missing":
+        del sd["model.norm.weight"]
+    return sd
+
+
 def real_files() -> dict:
     """variant -> [rank 0 bytes, rank 1 bytes], plus world-size-1 files."""
     variants = ["base", "wide", "bf16", "extra_key", "renamed_key", "bad_local", "nonutf8",
@@ -144,6 +192,11 @@ def real_files() -> dict:
         for v in variants + ["sharded"]:
             files[v] = [open(os.path.join(tmp, v, f"model_world_size_2_rank_{r}.pt"), "rb").read()
                         for r in range(2)]
+        hsdp = ["hsdp", "hsdp_wide"]
+        mp.spawn(_hsdp_worker, args=(4, 29633, hsdp, tmp), nprocs=4, join=True)
+        for v in hsdp:
+            files[v] = [open(os.path.join(tmp, v, f"model_world_size_4_rank_{r}.pt"), "rb").read()
+                        for r in range(4)]
         # Rank 1 of the base, written by the pre-1.6 (non-zip) serializer.
         sd = torch.load(io.BytesIO(files["base"][1]), weights_only=False)
         buf = io.BytesIO()
@@ -155,6 +208,22 @@ def real_files() -> dict:
             torch.save(obj, b)
             return b.getvalue()
 
+        for v in ["plain", "plain_wide", "plain_bf16", "plain_key_missing"]:
+            files[v] = [save1(plain_state_dict(v, r)) for r in range(2)]
+        # Two world-size-1 files holding different weights.
+        g = torch.Generator().manual_seed(9)
+        files["w1_a"] = save1({"model.norm.weight": torch.randn(4, generator=g)})
+        files["w1_b"] = save1({"model.norm.weight": torch.randn(4, generator=g)})
+        # Keys of wrapped modules that become one name once the wrapper
+        # names are removed (torch.compile's _orig_mod, DDP's module.).
+        files["w1_wrapped_twins"] = save1({"model.embed_tokens.weight": torch.randn(8, 4, generator=g),
+                                           "model.norm.weight": torch.randn(4, generator=g),
+                                           "_orig_mod.model.norm.weight": torch.randn(4, generator=g)})
+        files["w1_ddp_twins"] = save1({"module.model.norm.weight": torch.randn(4, generator=g),
+                                       "module._checkpoint_wrapped_module.model.norm.weight":
+                                           torch.randn(4, generator=g)})
+        files["w1_only_wrapper"] = save1({"model.norm.weight": torch.randn(4, generator=g),
+                                          "_orig_mod": torch.randn(4, generator=g)})
         files["w1_empty"] = save1({})
         files["w1_list"] = save1([torch.ones(2)])
         # A real tensor of 2^62 float32 elements (2^64 bytes): one stored
@@ -383,6 +452,43 @@ def main() -> None:
     case("model_mesh_rank_out_of_range", {R0: put(r0, mesh_rec["data"] + 4, "<i", 7), R1: r1})
     case("model_empty_state_dict", {"model_world_size_1_rank_0.pt": files["w1_empty"]}, world=1)
     case("model_shape_overflow", {"model_world_size_1_rank_0.pt": files["w1_overflow"]}, world=1)
+    # Plain (non-DTensor) entries of a multi-rank checkpoint: verl loads every
+    # rank and refuses copies that differ, so every rank must be there and agree.
+    plain = files["plain"]
+    case("model_plain_missing_rank", {R0: plain[0]})
+    case("model_plain_shape_mismatch", {R0: plain[0], R1: files["plain_wide"][1]})
+    case("model_plain_dtype_mismatch", {R0: plain[0], R1: files["plain_bf16"][1]})
+    case("model_plain_key_missing", {R0: plain[0], R1: files["plain_key_missing"][1]})
+    # Wrapper names (src/model/names.c): two keys of one name, a key of
+    # wrapper names only, FSDP1's flat parameters (a real FSDP1 file from
+    # tests/gen/make_wrapped_fixtures.py).
+    w1 = "model_world_size_1_rank_0.pt"
+    case("model_wrapper_name_twins", {w1: files["w1_wrapped_twins"]}, world=1)
+    case("model_wrapper_name_twins_ddp", {w1: files["w1_ddp_twins"]}, world=1)
+    case("model_wrapper_name_only", {w1: files["w1_only_wrapper"]}, world=1)
+    flat = os.path.join(FIX, "wrapped", "refused_fsdp1_flat_w2")
+    case("model_fsdp1_flat_param", {R0: open(os.path.join(flat, R0), "rb").read(),
+                                    R1: open(os.path.join(flat, R1), "rb").read()})
+    # HSDP: replica 1's ranks (2 and 3) are not merged, but a checkpoint
+    # without them is incomplete, and what they hold must agree.
+    hsdp = {f"model_world_size_4_rank_{r}.pt": d for r, d in enumerate(files["hsdp"])}
+    case("model_hsdp_replica_missing", {k: v for k, v in hsdp.items() if not k.endswith("_3.pt")}, world=4)
+    case("model_hsdp_replica_shape_mismatch", dict(hsdp, **{"model_world_size_4_rank_3.pt": files["hsdp_wide"][3]}),
+         world=4)
+
+    # ---- rank file names: one rank, one file, one spelling ----
+    w1 = "model_world_size_1_rank_0.pt"
+    case("fs_rank_name_zero_padded_twin", {w1: files["w1_a"], "model_world_size_1_rank_00.pt": files["w1_b"]},
+         world=1)
+    case("fs_world_size_zero_padded_twin", {w1: files["w1_a"], "model_world_size_01_rank_0.pt": files["w1_b"]},
+         world=1)
+    case("fs_rank_name_plus_sign_twin", {R0: r0, R1: r1, "model_world_size_2_rank_+1.pt": r0})
+    case("fs_rank_name_zero_padded", {R0: r0, "model_world_size_2_rank_01.pt": r1})
+    case("fs_rank_name_negative", {R0: r0, R1: r1, "model_world_size_2_rank_-1.pt": r0})
+    case("fs_rank_name_copy_suffix", {R0: r0, R1: r1, "model_world_size_2_rank_1 (1).pt": r0})
+    case("fs_rank_number_overflow", {R0: r0, R1: r1, "model_world_size_2_rank_99999999999999999999.pt": r1})
+    case("fs_world_size_overflow", {"model_world_size_99999999999999999999_rank_0.pt": r0}, fsdp_config=False)
+    case("fs_world_size_zero", {"model_world_size_0_rank_0.pt": r0}, fsdp_config=False)
 
     # ---- config files ----
     case("cfg_fsdp_malformed", {R0: r0, R1: r1}, fsdp_config='{\n    "FSDP_version": 2,\n    "world_size": 2,\n')
@@ -532,6 +638,20 @@ def dcp_cases() -> None:
     m = copy.deepcopy(md)
     del m.storage_data[idx0]
     dcp_case("dcp_storage_entry_missing", dump(m), cut)
+    # Saved by torch.distributed.checkpoint.save itself: keys of a
+    # compiled and a plain module mixed, one name once _orig_mod. goes.
+    import torch.distributed.checkpoint as dcp
+
+    path = _fresh("dcp_wrapper_name_twins")
+    shutil.copytree(os.path.join(src, "huggingface"), os.path.join(path, "huggingface"))
+    g = torch.Generator().manual_seed(21)
+    tmp = tempfile.mkdtemp(prefix="ckfs-broken-")  # .metadata records where it was saved
+    dcp.save({"model": {"model.norm.weight": torch.randn(4, generator=g),
+                        "_orig_mod.model.norm.weight": torch.randn(4, generator=g)}},
+             checkpoint_id=tmp, no_dist=True)
+    for f in os.listdir(tmp):
+        shutil.copy(os.path.join(tmp, f), path)
+    shutil.rmtree(tmp)
 
 
 def hf_cases() -> None:
@@ -574,6 +694,14 @@ def hf_cases() -> None:
     h[names[0]]["dtype"] = "X9"
     hf_case("hf_bad_dtype", with_header(h))
     hf_case("hf_header_len_huge", struct.pack("<Q", 1 << 40) + base[8:])
+    # save_file of a state dict holding a compiled module's key beside the
+    # plain one: one name once _orig_mod. goes.
+    tmp = tempfile.mkdtemp()
+    save_file({"model.norm.weight": small["model.norm.weight"],
+               "_orig_mod.model.norm.weight": small["model.layers.0.input_layernorm.weight"]},
+              os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    hf_case("hf_wrapper_name_twins", open(os.path.join(tmp, "model.safetensors"), "rb").read())
+    shutil.rmtree(tmp)
 
     # What safetensors 0.7 refuses and a laxer reader would accept. The
     # header text is rewritten (its length may change; the data does not

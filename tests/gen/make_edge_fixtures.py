@@ -6,7 +6,9 @@ a torch.save file may legally hold and FSDP happens not to: views with a
 storage offset, transposed and expanded (zero-stride) views sharing one
 storage, a neg-bit view, every stored dtype ckfs supports, 0-d and empty
 tensors, nn.Parameter, and DTensors with _StridedShard on a 2-D mesh (the
-FSDP2 + TP layout). Each is laid out as a verl FSDP actor folder, and the
+FSDP2 + TP layout); plain tensors saved on every rank, with copies that
+agree and copies that differ in values (metadata agrees: only `ckfs
+verify` can tell). Each is laid out as a verl FSDP actor folder, and the
 logical tensors are saved next to it as the expected values.
 
     .venv/bin/python tests/gen/make_edge_fixtures.py
@@ -86,6 +88,63 @@ def plain_views() -> None:
     print("edge: plain_views_w1 (views, shared storage, neg bit, every dtype)")
 
 
+def plain_copies() -> None:
+    """Plain (non-DTensor) tensors saved whole on every rank, as DDP or
+    FSDP1's FULL_STATE_DICT on every rank write them: the same values on
+    each rank (plain_copies_w2, with a NaN, a 0-d tensor, bf16 and int64),
+    and checkpoints whose copies differ in values only, which verl's merger
+    refuses and `ckfs verify` must too (copies_differ_*): one element of a
+    matrix on rank 1 of 2, a 0-d tensor on rank 2 of 3."""
+    g = torch.Generator().manual_seed(13)
+    sd = {
+        "model.embed_tokens.weight": torch.randn(6, 4, generator=g),
+        "model.norm.weight": torch.tensor([1.0, float("nan"), -0.0, 2.5]),
+        "model.step": torch.tensor(7.0),
+        "model.half.weight": torch.randn(3, 2, generator=g).bfloat16(),
+        "model.position_ids": torch.arange(5, dtype=torch.int64),
+    }
+    cases = {
+        "plain_copies_w2": (2, {}),
+        "copies_differ_w2": (2, {1: ("model.embed_tokens.weight", (4, 2), 0.5)}),
+        "copies_differ_scalar_w3": (3, {2: ("model.step", (), 8.0)}),
+    }
+    for name, (world, changes) in cases.items():
+        path = folder(name, world)
+        for rank in range(world):
+            local = {k: v.clone() for k, v in sd.items()}
+            if rank in changes:
+                key, index, value = changes[rank]
+                local[key][index] = value
+            torch.save(local, os.path.join(path, f"model_world_size_{world}_rank_{rank}.pt"))
+    expected("plain_copies_w2", sd)
+    print("edge: plain_copies_w2, copies_differ_w2, copies_differ_scalar_w3 (plain tensors on every rank)")
+
+
+def _hsdp_copies_worker(rank: int, world: int, port: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("ddp", "fsdp"))
+    g = torch.Generator().manual_seed(17)
+    weight = torch.randn(6, 4, generator=g)
+    buffer = torch.randn(5, generator=g)
+    if rank == 3:  # replica 1's copy of the plain buffer differs
+        buffer[2] += 1.0
+    sd = {"model.layers.0.mlp.weight": distribute_tensor(weight, mesh, [Replicate(), Shard(0)]),
+          "model.rotary.inv_freq": buffer}
+    torch.save(sd, os.path.join(OUT, "copies_differ_hsdp_2x2", f"model_world_size_{world}_rank_{rank}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def hsdp_copies() -> None:
+    folder("copies_differ_hsdp_2x2", 4)
+    mp.spawn(_hsdp_copies_worker, args=(4, 29521), nprocs=4, join=True)
+    print("edge: copies_differ_hsdp_2x2 (HSDP; replica rank 3's plain buffer differs)")
+
+
 def refused() -> None:
     """Checkpoints ckfs must refuse with an error naming the key."""
     path = folder("refused_value_w1", 1)
@@ -161,4 +220,6 @@ if __name__ == "__main__":
     strided()
     refused()
     partial()
+    plain_copies()
+    hsdp_copies()
     print("torch", torch.__version__, file=sys.stderr)

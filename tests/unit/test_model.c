@@ -271,12 +271,13 @@ static void test_sharded_layout(void)
 
 /* Corner cases written by real torch (tests/gen/make_edge_fixtures.py):
  * views, shared storages, neg bit, every dtype, 0-d and empty tensors,
- * _StridedShard on a 2-D mesh. Served as stored, the file must equal
+ * _StridedShard on a 2-D mesh, plain tensors saved on two ranks (one copy
+ * served). Served as stored, the file must equal
  * safetensors' own save_file of the logical tensors, byte for byte. */
 static void test_edge_fixtures(void)
 {
-	const char *names[] = { "plain_views_w1", "strided_2x2" };
-	for (size_t i = 0; i < 2; i++) {
+	const char *names[] = { "plain_views_w1", "strided_2x2", "plain_copies_w2" };
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
 		char src[1024], exp[1024];
 		struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_INVALID };
 		struct ckfs_folder_options fopt = { 0 };

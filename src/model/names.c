@@ -1,0 +1,155 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Hugging Face names from torch state-dict keys: the one name rule of every
+ * layout whose keys come from a torch module (verl FSDP rank files, DCP
+ * folders, Hugging Face safetensors folders; formats.md "Wrapper names").
+ *
+ * A module wrapped for training carries its wrappers in its keys:
+ * FSDP1's "_fsdp_wrapped_module", activation checkpointing's
+ * "_checkpoint_wrapped_module", torch.compile's "_orig_mod" (anywhere in
+ * the key: blocks are wrapped and compiled one by one), and DDP's
+ * "module" in front of every key. None of them is a name a Hugging Face
+ * model registers (a leading underscore; "module" only when every key has
+ * it, as DDP gives it to all), so they are removed, with one warning
+ * counting the names changed. Two keys that become one name are refused
+ * naming both (serving either would be a guess), and so is an FSDP1 flat
+ * parameter ("flat_param", "_flat_param": many parameters flattened into
+ * one vector, which no name rule can take apart).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model_int.h"
+
+/* Segments that only wrappers register, anywhere in a key. */
+static const char *const wrapper_segments[] = {
+	"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod",
+};
+enum { N_WRAPPERS = sizeof(wrapper_segments) / sizeof(wrapper_segments[0]) };
+
+static const char ddp_prefix[] = "module.";
+
+/* Does the dotted key have a segment equal to seg? */
+static int has_segment(const char *key, const char *seg)
+{
+	size_t l = strlen(seg);
+
+	for (const char *p = key; (p = strstr(p, seg)); p++)
+		if ((p == key || p[-1] == '.') && (p[l] == '.' || p[l] == '\0'))
+			return 1;
+	return 0;
+}
+
+static int is_wrapper(const char *seg, size_t len, unsigned *seen)
+{
+	for (int i = 0; i < N_WRAPPERS; i++)
+		if (strlen(wrapper_segments[i]) == len &&
+		    memcmp(seg, wrapper_segments[i], len) == 0) {
+			*seen |= 1u << i;
+			return 1;
+		}
+	return 0;
+}
+
+/* key without its wrapper segments, into out (at least strlen(key) + 1
+ * bytes). */
+static void strip_wrappers(const char *key, char *out, unsigned *seen)
+{
+	size_t n = 0;
+
+	for (const char *p = key;;) {
+		const char *dot = strchr(p, '.');
+		size_t len = dot ? (size_t)(dot - p) : strlen(p);
+		if (!is_wrapper(p, len, seen)) {
+			if (n)
+				out[n++] = '.';
+			memcpy(out + n, p, len);
+			n += len;
+		}
+		if (!dot)
+			break;
+		p = dot + 1;
+	}
+	out[n] = '\0';
+}
+
+static int cmp_by_name(const void *a, const void *b, void *ctx)
+{
+	const char *const *names = ctx;
+	return strcmp(names[*(const size_t *)a], names[*(const size_t *)b]);
+}
+
+/* Two different keys that became one name: refused naming both. */
+static enum ckfs_code check_collisions(const char *label, const char *const *keys,
+				       const char **names, size_t n, struct ckfs_error *err)
+{
+	size_t *order = malloc((n ? n : 1) * sizeof(*order));
+	enum ckfs_code rc = CKFS_OK;
+
+	if (!order)
+		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	for (size_t i = 0; i < n; i++)
+		order[i] = i;
+	qsort_r(order, n, sizeof(*order), cmp_by_name, names);
+	for (size_t i = 1; i < n && rc == CKFS_OK; i++) {
+		size_t a = order[i - 1], b = order[i];
+		if (strcmp(names[a], names[b]) == 0 && strcmp(keys[a], keys[b]) != 0)
+			rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' and '%s' both name '%s' "
+				       "once torch wrapper names are removed", label,
+				       a < b ? keys[a] : keys[b], a < b ? keys[b] : keys[a],
+				       names[a]);
+	}
+	free(order);
+	return rc;
+}
+
+enum ckfs_code ckfs_hf_names(struct ckfs_model *m, const char *label, const char *const *keys,
+			     const char **names, size_t n, struct ckfs_error *err)
+{
+	unsigned seen = 0;
+	size_t changed = 0;
+	int ddp = n > 0;
+
+	for (size_t i = 0; i < n; i++)
+		if (has_segment(keys[i], "flat_param") || has_segment(keys[i], "_flat_param"))
+			return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+					 "'%s': '%s' is an FSDP1 flat parameter (the module's "
+					 "parameters flattened into one vector, as LOCAL_STATE_DICT "
+					 "or the wrapped module's own parameters hold them); save "
+					 "the state dict with StateDictType.SHARDED_STATE_DICT",
+					 label, keys[i]);
+	for (size_t i = 0; i < n; i++) {
+		char *out = ckfs_arena_alloc(&m->arena, strlen(keys[i]) + 1);
+		if (!out)
+			return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		strip_wrappers(keys[i], out, &seen);
+		names[i] = out;
+		ddp &= strncmp(out, ddp_prefix, sizeof(ddp_prefix) - 1) == 0;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (ddp)
+			names[i] += sizeof(ddp_prefix) - 1;
+		if (strcmp(names[i], keys[i]) == 0) {
+			names[i] = keys[i];
+			continue;
+		}
+		if (!names[i][0])
+			return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' names nothing once "
+					 "torch wrapper names are removed", label, keys[i]);
+		changed++;
+	}
+	CKFS_TRY(check_collisions(label, keys, names, n, err));
+	if (!changed)
+		return CKFS_OK;
+	char which[160] = "";
+	for (int i = 0; i < N_WRAPPERS; i++)
+		if (seen & (1u << i))
+			snprintf(which + strlen(which), sizeof(which) - strlen(which), "%s%s.",
+				 which[0] ? ", " : "", wrapper_segments[i]);
+	if (ddp)
+		snprintf(which + strlen(which), sizeof(which) - strlen(which), "%s%s",
+			 which[0] ? ", " : "", "leading module.");
+	return ckfs_model_warn(m, err, "%zu of %zu tensor names carried torch wrapper names "
+			       "(%s), served without them", changed, n, which);
+}
