@@ -401,7 +401,8 @@ int ckfs_cmd_export(int argc, char **argv)
 	}
 	ckfs_export_dest_clean(dst);
 
-	char parent[PATH_MAX], tmp[PATH_MAX], old[PATH_MAX];
+	/* Room for DIR and the suffix: dst is shorter than PATH_MAX. */
+	char parent[PATH_MAX], tmp[PATH_MAX + 32], old[PATH_MAX + 32];
 	parent_of(dst, parent, sizeof(parent));
 	snprintf(tmp, sizeof(tmp), "%s.ckfs-tmp-%ld", dst, (long)getpid());
 	snprintf(old, sizeof(old), "%s.ckfs-old-%ld", dst, (long)getpid());
