@@ -561,7 +561,7 @@ static enum ckfs_code hf_names(struct dcp *d, struct ckfs_error *err)
 		return nomem(err);
 	for (size_t i = 0; i < m->n_tensors; i++)
 		keys[i] = m->tensors[i].name;
-	CKFS_TRY(ckfs_hf_names(m, d->md_path, keys, names, m->n_tensors, err));
+	CKFS_TRY(ckfs_hf_names(m, d->md_path, keys, names, m->n_tensors, true, err));
 	for (size_t i = 0; i < m->n_tensors; i++)
 		m->tensors[i].name = names[i];
 	return CKFS_OK;

@@ -700,7 +700,7 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 	}
 	for (size_t i = 0; i < n_keys; i++)
 		keys[i] = first.entries[i].key;
-	if ((rc = ckfs_hf_names(m, m->sources[src0].path, keys, names, n_keys, err)) != CKFS_OK)
+	if ((rc = ckfs_hf_names(m, m->sources[src0].path, keys, names, n_keys, true, err)) != CKFS_OK)
 		goto out;
 
 	/* The mesh, from the first DTensor. */

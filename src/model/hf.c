@@ -141,7 +141,7 @@ static enum ckfs_code hf_names(struct ckfs_model *m, const char *label, struct c
 	for (size_t i = 0; rc == CKFS_OK && i < m->n_tensors; i++)
 		keys[i] = m->tensors[i].name;
 	if (rc == CKFS_OK)
-		rc = ckfs_hf_names(m, label, keys, names, m->n_tensors, err);
+		rc = ckfs_hf_names(m, label, keys, names, m->n_tensors, false, err);
 	for (size_t i = 0; rc == CKFS_OK && i < m->n_tensors; i++)
 		m->tensors[i].name = names[i];
 	free(keys);

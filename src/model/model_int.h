@@ -62,10 +62,12 @@ enum ckfs_code ckfs_entry_chunks(const struct ckfs_sd_entry *e, const int64_t *c
  * when unchanged, else an arena string of m. Refused, naming label (the
  * file that holds the keys): FSDP1 flat parameters (flat_param,
  * _flat_param), two different keys that become one name, a key that
- * becomes empty.
+ * becomes empty, and names not read yet (names.c): PEFT names, and with
+ * in_memory (names a module holds, FSDP and DCP; not a safetensors file's)
+ * transformers 5's fused expert stacks and vision-language prefixes.
  */
 enum ckfs_code ckfs_hf_names(struct ckfs_model *m, const char *label, const char *const *keys,
-			     const char **names, size_t n,
+			     const char **names, size_t n, bool in_memory,
 			     struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /* ---- layouts: layout.c detects, one builder per layout fills m ---- */
