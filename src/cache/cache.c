@@ -773,15 +773,21 @@ static void stop_workers(struct ckfs_cache *c)
 	c->nthreads = 0;
 }
 
-/* Workers take no signals: the process's handlers run on its own
- * threads (export's Ctrl-C, the FUSE session's). */
+/* Workers take no asynchronous signals: the process's handlers run on
+ * its own threads (the FUSE session's). Faults stay unblocked: the kernel
+ * delivers them to the faulting thread whatever its mask, and when they
+ * are blocked it kills the process instead of running the handler (the
+ * SIGBUS of a source truncated under a mapped read, include/ckfs/guard.h). */
 static enum ckfs_code start_workers(struct ckfs_cache *c, int n,
 				    struct ckfs_error *err)
 {
+	static const int faults[] = { SIGBUS, SIGSEGV, SIGFPE, SIGILL, SIGTRAP, SIGSYS };
 	sigset_t all, old;
 	enum ckfs_code rc = CKFS_OK;
 
 	sigfillset(&all);
+	for (size_t i = 0; i < sizeof(faults) / sizeof(faults[0]); i++)
+		sigdelset(&all, faults[i]);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
 	for (int i = 0; i < n; i++) {
 		int e = pthread_create(&c->threads[i], NULL, prefetch_worker,
