@@ -80,6 +80,7 @@ struct fill_ctx {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	bool gate_closed;            /* under lock */
+	uint64_t gate_file;          /* the gate holds only this file; 0: all */
 	int in_gate;                 /* under lock: fills blocked */
 };
 
@@ -149,7 +150,7 @@ static enum ckfs_code test_fill(void *ctx, uint64_t file_id, uint64_t offset,
 	atomic_store(&f->last_len, len);
 	pthread_mutex_lock(&f->lock);
 	f->in_gate++;
-	while (f->gate_closed)
+	while (f->gate_closed && (f->gate_file == 0 || f->gate_file == file_id))
 		pthread_cond_wait(&f->cond, &f->lock);
 	f->in_gate--;
 	pthread_mutex_unlock(&f->lock);
@@ -808,6 +809,74 @@ static void test_prefetch_fault(void)
 	close(fd);
 }
 
+/* Waits until the single worker of c has handled every request queued
+ * so far: one more is queued behind them, and got once its fill started
+ * (the get waits for that fill, it does not start another). */
+static void drain_queue(struct ckfs_cache *c, struct fill_ctx *f, uint64_t file_id)
+{
+	struct ckfs_error err;
+	struct ckfs_slice *s;
+
+	ckfs_cache_prefetch(c, file_id, 999, SS);
+	CHECK(WAIT_UNTIL(atomic_load(&f->last_off) == 999 * SS));
+	ckfs_error_clear(&err);
+	CHECK_EQ_INT(ckfs_cache_get(c, file_id, 999, SS, &s, &err), CKFS_OK);
+	if (err.code == CKFS_OK)
+		ckfs_cache_put(c, s);
+}
+
+/* A read-ahead request for a slice a get has filled meanwhile is void:
+ * once that slice has been served and its buffer recycled, a late worker
+ * must not fill it again, reading its source a second time for bytes
+ * nobody will ask for (a worker held up on a busy machine). */
+static void test_prefetch_stale(void)
+{
+	struct fill_ctx f;
+	struct ckfs_cache *c = make_cache(&f, SS, 16 * SS, 1, 8);
+	struct ckfs_error err;
+	struct ckfs_slice *s;
+
+	f.gate_file = 13;
+	gate_set(&f, true);
+	ckfs_cache_prefetch(c, 13, 0, SS); /* the worker waits in this fill */
+	CHECK(WAIT_UNTIL(gate_blocked(&f) == 1));
+	ckfs_cache_prefetch(c, 12, 1, SS); /* queued behind it */
+	ckfs_error_clear(&err);
+	CHECK_EQ_INT(ckfs_cache_get(c, 12, 1, SS, &s, &err), CKFS_OK);
+	ckfs_cache_put_served(c, s, SS); /* done */
+	CHECK_EQ_INT(ckfs_cache_get(c, 12, 2, SS, &s, &err), CKFS_OK);
+	ckfs_cache_put(c, s);
+	CHECK_EQ_INT(stats_of(c).recycled, 1); /* slice 1's buffer */
+	gate_set(&f, false);
+	drain_queue(c, &f, 12);
+	CHECK_EQ_INT(atomic_load(&f.calls), 4); /* 13/0, 12/1, 12/2, 12/999 */
+	CHECK_EQ_INT(stats_of(c).fills, 4);
+	done(c, &f);
+}
+
+/* The same when the get's fill failed: the worker does not retry it. */
+static void test_prefetch_stale_failed(void)
+{
+	struct fill_ctx f;
+	struct ckfs_cache *c = make_cache(&f, SS, 16 * SS, 1, 8);
+	struct ckfs_error err;
+	struct ckfs_slice *s;
+
+	f.gate_file = 13;
+	gate_set(&f, true);
+	ckfs_cache_prefetch(c, 13, 0, SS);
+	CHECK(WAIT_UNTIL(gate_blocked(&f) == 1));
+	ckfs_cache_prefetch(c, 12, 1, SS);
+	atomic_store(&f.fail_next, 1);
+	ckfs_error_clear(&err);
+	CHECK_EQ_INT(ckfs_cache_get(c, 12, 1, SS, &s, &err), CKFS_E_IO);
+	gate_set(&f, false);
+	drain_queue(c, &f, 12);
+	CHECK_EQ_INT(atomic_load(&f.calls), 3); /* 13/0, 12/1, 12/999 */
+	CHECK_EQ_INT(stats_of(c).fill_errors, 1);
+	done(c, &f);
+}
+
 static void *open_gate_later(void *arg)
 {
 	struct fill_ctx *f = arg;
@@ -1028,6 +1097,8 @@ int main(void)
 	RUN(test_prefetch_queue_full);
 	RUN(test_prefetch_error);
 	RUN(test_prefetch_fault);
+	RUN(test_prefetch_stale);
+	RUN(test_prefetch_stale_failed);
 	RUN(test_free_drops_queue);
 	RUN(test_read);
 	RUN(test_recycle);
