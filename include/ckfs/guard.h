@@ -6,8 +6,11 @@
  * ckfs_guarded() runs fn(arg) with a recovery point for the calling
  * thread: a SIGBUS inside it ends fn early and makes ckfs_guarded return
  * nonzero. fn must only read and write memory (no locks, no allocation),
- * since it may be cut short anywhere. A SIGBUS outside a guarded call goes
- * to the handler that was there before (by default it kills the process).
+ * since it may be cut short anywhere. SIGBUS is unblocked for the call,
+ * whatever the thread's signal mask (a fault with SIGBUS blocked would
+ * kill the process however it is handled), and the mask is put back after.
+ * A SIGBUS outside a guarded call goes to the handler that was there
+ * before; by default the process dies of it, at once and every time.
  */
 #ifndef CKFS_GUARD_H
 #define CKFS_GUARD_H

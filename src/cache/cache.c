@@ -32,7 +32,8 @@
  * a slice's links.
  *
  * Lock order: a shard lock, then lru_lock; never two shard locks at once.
- * q_lock (the read-ahead queue) is a leaf, never held with another lock.
+ * q_lock (the read-ahead queue) is a leaf: it may be taken holding a shard
+ * lock (never lru_lock), and no lock is taken while it is held.
  * No lock is held while the fill callback runs, while slice memory is
  * allocated or freed, or while bytes are copied out. The evictor, which
  * starts from the list's tail and so cannot take the victim's shard lock
@@ -48,6 +49,16 @@
  * On success the waiters return their pins. On failure the slice leaves
  * the table at once (the next get starts afresh), turns FAILED and carries
  * the filler's error for its waiters; the last pin frees it.
+ *
+ * Read-ahead. Workers take requests from a bounded queue and fill the
+ * slice unless it is in the table. A request is void once a get has
+ * filled that slice itself (the reader got there first): the get, under
+ * the slice's shard lock, removes the queued requests for it and marks a
+ * worker that has taken one but not yet looked the slice up. Without
+ * that, a worker held up long enough on a busy machine would fill again
+ * a slice that had been served and recycled meanwhile, reading its
+ * source a second time for bytes nobody asks for. A request is queued
+ * under the shard lock too, so none slips in between.
  *
  * Accounting. bytes counts VALID and FILLING slices (charged when the
  * slice is inserted, before its buffer exists, so that eviction runs
@@ -126,6 +137,20 @@ struct prefetch_req {
 	size_t len;
 };
 
+/* A read-ahead worker and the request it is handling. */
+struct prefetch_worker {
+	struct ckfs_cache *cache;
+	pthread_t thread;
+	/* Protected by q_lock: between taking req from the queue and
+	 * looking its slice up (or filling it), busy is set. */
+	bool busy;
+	struct prefetch_req req;
+	/* Set under q_lock and req's shard lock, cleared under q_lock by the
+	 * worker, read by it under req's shard lock: a get filled the slice
+	 * itself, so the request is void. */
+	bool withdrawn;
+};
+
 struct ckfs_cache {
 	/* Immutable after ckfs_cache_new. */
 	size_t slice_size;
@@ -136,7 +161,7 @@ struct ckfs_cache {
 	size_t nbuckets;                /* per shard, a power of two */
 	int nthreads;                   /* started read-ahead workers (reset
 					 * to 0 once ckfs_cache_free joins) */
-	pthread_t *threads;
+	struct prefetch_worker *workers;
 
 	_Atomic uint64_t bytes;         /* VALID + FILLING slice bytes */
 
@@ -145,7 +170,7 @@ struct ckfs_cache {
 	struct ckfs_slice *lru_head, *lru_tail;
 
 	/* The read-ahead queue, a ring of qcap requests. */
-	pthread_mutex_t q_lock;         /* a leaf: no other lock with it */
+	pthread_mutex_t q_lock;         /* a leaf: nothing taken under it */
 	pthread_cond_t q_cond;          /* work queued, or stopping */
 	struct prefetch_req *q;         /* qcap entries, immutable pointer */
 	int qcap;
@@ -481,6 +506,33 @@ static void take_prefetched(struct cache_shard *sh, struct ckfs_slice *s)
 	}
 }
 
+/* Under the slice's shard lock: a get fills (file_id, index) itself, so
+ * read-ahead requests for it are void: the queued ones are removed, and a
+ * worker that has taken one but not looked the slice up yet is told. */
+static void withdraw_prefetch(struct ckfs_cache *c, uint64_t file_id,
+			      uint64_t index)
+{
+	int kept = 0;
+
+	if (c->nthreads == 0)
+		return;
+	pthread_mutex_lock(&c->q_lock);
+	for (int i = 0; i < c->qcount; i++) {
+		struct prefetch_req r = c->q[(c->qhead + i) % c->qcap];
+
+		if (r.file_id != file_id || r.index != index)
+			c->q[(c->qhead + kept++) % c->qcap] = r;
+	}
+	c->qcount = kept;
+	for (int i = 0; i < c->nthreads; i++) {
+		struct prefetch_worker *w = &c->workers[i];
+
+		if (w->busy && w->req.file_id == file_id && w->req.index == index)
+			w->withdrawn = true;
+	}
+	pthread_mutex_unlock(&c->q_lock);
+}
+
 static enum ckfs_code check_slice(const struct ckfs_cache *c, uint64_t file_id,
 				  uint64_t index, size_t len,
 				  struct ckfs_error *err)
@@ -561,6 +613,7 @@ enum ckfs_code ckfs_cache_get(struct ckfs_cache *c, uint64_t file_id,
 		return rc;
 	}
 	s = insert_filling(c, sh, hash, file_id, index, len, false);
+	withdraw_prefetch(c, file_id, index);
 	pthread_mutex_unlock(&sh->lock);
 	if (!s)
 		return ckfs_fail(err, CKFS_E_NOMEM,
@@ -603,16 +656,18 @@ void ckfs_cache_put(struct ckfs_cache *c, struct ckfs_slice *s)
 	ckfs_cache_put_served(c, s, 0);
 }
 
-/* On a worker: fill one queued slice unless it is there already. */
-static void prefetch_one(struct ckfs_cache *c, const struct prefetch_req *r)
+/* On a worker: fill the slice of w's request unless it is there already
+ * or a get has filled it meanwhile (withdrawn). */
+static void prefetch_one(struct ckfs_cache *c, struct prefetch_worker *w)
 {
+	const struct prefetch_req *r = &w->req;
 	uint64_t hash = key_hash(r->file_id, r->index);
 	struct cache_shard *sh = shard_of(c, hash);
 	struct ckfs_error err;
 	struct ckfs_slice *s;
 
 	pthread_mutex_lock(&sh->lock);
-	if (lookup(c, sh, hash, r->file_id, r->index)) {
+	if (w->withdrawn || lookup(c, sh, hash, r->file_id, r->index)) {
 		pthread_mutex_unlock(&sh->lock);
 		return;
 	}
@@ -632,8 +687,8 @@ static void prefetch_one(struct ckfs_cache *c, const struct prefetch_req *r)
 
 static void *prefetch_worker(void *arg)
 {
-	struct ckfs_cache *c = arg;
-	struct prefetch_req r;
+	struct prefetch_worker *w = arg;
+	struct ckfs_cache *c = w->cache;
 
 	pthread_mutex_lock(&c->q_lock);
 	for (;;) {
@@ -641,12 +696,15 @@ static void *prefetch_worker(void *arg)
 			pthread_cond_wait(&c->q_cond, &c->q_lock);
 		if (c->stopping)
 			break;
-		r = c->q[c->qhead];
+		w->req = c->q[c->qhead];
+		w->busy = true;
+		w->withdrawn = false;
 		c->qhead = (c->qhead + 1) % c->qcap;
 		c->qcount--;
 		pthread_mutex_unlock(&c->q_lock);
-		prefetch_one(c, &r);
+		prefetch_one(c, w);
 		pthread_mutex_lock(&c->q_lock);
+		w->busy = false;
 	}
 	pthread_mutex_unlock(&c->q_lock);
 	return NULL;
@@ -657,19 +715,19 @@ void ckfs_cache_prefetch(struct ckfs_cache *c, uint64_t file_id,
 {
 	uint64_t hash;
 	struct cache_shard *sh;
-	bool present;
 
 	/* A hint: bad arguments are ignored like a full queue. */
 	if (c->nthreads == 0 || check_slice(c, file_id, index, len, NULL))
 		return;
 	hash = key_hash(file_id, index);
 	sh = shard_of(c, hash);
+	/* Queued under the shard lock: a get filling the slice withdraws
+	 * requests for it under that lock, so none can slip in between. */
 	pthread_mutex_lock(&sh->lock);
-	present = lookup(c, sh, hash, file_id, index) != NULL;
-	pthread_mutex_unlock(&sh->lock);
-	if (present)
+	if (lookup(c, sh, hash, file_id, index)) {
+		pthread_mutex_unlock(&sh->lock);
 		return;
-
+	}
 	pthread_mutex_lock(&c->q_lock);
 	if (c->stopping)
 		goto out;
@@ -693,6 +751,7 @@ void ckfs_cache_prefetch(struct ckfs_cache *c, uint64_t file_id,
 	pthread_cond_signal(&c->q_cond);
 out:
 	pthread_mutex_unlock(&c->q_lock);
+	pthread_mutex_unlock(&sh->lock);
 }
 
 enum ckfs_code ckfs_cache_read(struct ckfs_cache *c, uint64_t file_id,
@@ -769,23 +828,30 @@ static void stop_workers(struct ckfs_cache *c)
 	pthread_cond_broadcast(&c->q_cond);
 	pthread_mutex_unlock(&c->q_lock);
 	for (int i = 0; i < c->nthreads; i++)
-		pthread_join(c->threads[i], NULL);
+		pthread_join(c->workers[i].thread, NULL);
 	c->nthreads = 0;
 }
 
-/* Workers take no signals: the process's handlers run on its own
- * threads (export's Ctrl-C, the FUSE session's). */
+/* Workers take no asynchronous signals: the process's handlers run on
+ * its own threads (the FUSE session's). Faults stay unblocked: the kernel
+ * delivers them to the faulting thread whatever its mask, and when they
+ * are blocked it kills the process instead of running the handler (the
+ * SIGBUS of a source truncated under a mapped read, include/ckfs/guard.h). */
 static enum ckfs_code start_workers(struct ckfs_cache *c, int n,
 				    struct ckfs_error *err)
 {
+	static const int faults[] = { SIGBUS, SIGSEGV, SIGFPE, SIGILL, SIGTRAP, SIGSYS };
 	sigset_t all, old;
 	enum ckfs_code rc = CKFS_OK;
 
 	sigfillset(&all);
+	for (size_t i = 0; i < sizeof(faults) / sizeof(faults[0]); i++)
+		sigdelset(&all, faults[i]);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
 	for (int i = 0; i < n; i++) {
-		int e = pthread_create(&c->threads[i], NULL, prefetch_worker,
-				       c);
+		c->workers[i].cache = c;
+		int e = pthread_create(&c->workers[i].thread, NULL,
+				       prefetch_worker, &c->workers[i]);
 
 		if (e != 0) {
 			errno = e;
@@ -870,9 +936,9 @@ enum ckfs_code ckfs_cache_new(const struct ckfs_cache_options *opt,
 	if (opt->prefetch_threads > 0) {
 		c->qcap = opt->prefetch_queue;
 		c->q = calloc((size_t)c->qcap, sizeof(*c->q));
-		c->threads = calloc((size_t)opt->prefetch_threads,
-				    sizeof(*c->threads));
-		if (!c->q || !c->threads)
+		c->workers = calloc((size_t)opt->prefetch_threads,
+				    sizeof(*c->workers));
+		if (!c->q || !c->workers)
 			goto nomem;
 		if (start_workers(c, opt->prefetch_threads, err) != CKFS_OK) {
 			ckfs_cache_free(c);
@@ -909,7 +975,7 @@ void ckfs_cache_free(struct ckfs_cache *c)
 		pthread_mutex_destroy(&sh->lock);
 	}
 	free(c->q);
-	free(c->threads);
+	free(c->workers);
 	pthread_cond_destroy(&c->q_cond);
 	pthread_mutex_destroy(&c->q_lock);
 	pthread_mutex_destroy(&c->lru_lock);

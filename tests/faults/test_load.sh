@@ -33,7 +33,13 @@ cmp -s "$MNT/model.safetensors" "$WORK/exp/model.safetensors" || fail "model.saf
 "$PY" "$(dirname "$0")/load.py" "$MNT" "$CK" "$WORK/exp" "$pid" --seconds "$LOAD_SECONDS" ||
 	fail "readers under faults (see the lines above)"
 
-kill -0 "$pid" 2>/dev/null || die "the daemon died (log: $(tail -5 "$WORK/log"))"
+if ! kill -0 "$pid" 2>/dev/null; then
+	wait "$pid"
+	st=$?
+	how="exit status $st"
+	[ "$st" -gt 128 ] && how="killed by signal $((st - 128)) (SIG$(kill -l $((st - 128))))"
+	die "the daemon died, $how (log: $(tail -5 "$WORK/log"))"
+fi
 errs=$("$CKFS" stats --json "$MNT" | "$PY" -c 'import json,sys; s=json.load(sys.stdin); print(s["errors"], s["fill_errors"])') ||
 	fail "stats after the load"
 log "daemon counted failed reads, failed slice fills: $errs"

@@ -17,6 +17,10 @@ file, offset and length at the first difference.
   stats MNT                    the stats xattr parses; prints the daemon pid
   errno FILE EXPECT            read FILE whole; exit 0 iff it fails with errno
                                EXPECT (e.g. EIO)
+  seqerr FILE EXPFILE          read FILE front to back in 4 KiB O_DIRECT preads,
+                               going on past failures; every read must return
+                               the expected bytes or fail with EIO; prints
+                               "ok N eio M"
   notify SOCK                  bind a datagram socket (abstract if SOCK starts
                                with '@'), print "bound", then wait for READY=1
                                and print it
@@ -234,6 +238,27 @@ def cmd_deny(path, uid):
     os.setxattr(path, "system.posix_acl_access", acl)
 
 
+def cmd_seqerr(path, exp_file):
+    exp = open(exp_file, "rb").read()
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    ok = eio = 0
+    try:
+        for off in range(0, len(exp), 4096):
+            try:
+                got = os.pread(fd, 4096, off)
+            except OSError as e:
+                if e.errno != errno.EIO:
+                    die("%s: pread(4096 at %d) failed with %s" % (path, off, e))
+                eio += 1
+                continue
+            if got != exp[off:off + 4096]:
+                die("%s: pread(4096 at %d) returned other bytes" % (path, off))
+            ok += 1
+    finally:
+        os.close(fd)
+    print("ok %d eio %d" % (ok, eio))
+
+
 def cmd_notify(path):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     s.bind("\0" + path[1:] if path.startswith("@") else path)
@@ -285,8 +310,9 @@ def main(argv):
             del args[i : i + 2]
         return cmd_random(args[0], args[1], threads, count, direct)
     table = {"check": cmd_check, "mmap": cmd_mmap, "offsets": cmd_offsets,
+    table = {"check": cmd_check, "mmap": cmd_mmap, "offsets": cmd_offsets,
              "erofs": cmd_erofs, "stats": cmd_stats, "errno": cmd_errno, "deny": cmd_deny,
-             "notify": cmd_notify, "hold": cmd_hold}
+             "notify": cmd_notify, "hold": cmd_hold, "seqerr": cmd_seqerr}
     if cmd not in table:
         die("unknown command " + cmd)
     return table[cmd](*args)

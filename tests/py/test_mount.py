@@ -90,16 +90,21 @@ def test_mount_cp_copy(config, mounted, tmp_path):
 
 
 def test_mount_stream_recycles_and_counts_sources(tmp_path):
-    """A streaming read in page-sized requests (readahead off, so each slice is served in four
-    pieces): the bytes equal the export, the daemon read each fp32 source byte once
-    (source_bytes_read is twice the bf16 tensor bytes), slices whose bytes were all served gave
-    their buffers to later fills (recycled), and the cache held about the read-ahead window."""
+    """A streaming read in page-sized requests (readahead off, so each slice is served in two
+    pieces): the bytes equal the export, the daemon filled each slice once and read each fp32
+    source byte once (source_bytes_read is twice the bf16 tensor bytes), and slices whose bytes
+    were all served gave their buffers to later fills, so the cache held no more than the design
+    allows whatever the timing: the read-ahead window, the current slice, one slice per FUSE
+    thread that has replied but not yet released its slice, and the shorter last slice (which
+    cannot take a full slice's buffer). Nothing else bounds it: read-ahead workers run as far
+    ahead as the window lets them, and a busy machine lets them (docs/mount.md)."""
     config = {"name": "llama_tied_fsdp2_w4"}
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    page, slice_size, window = 4096, 16384, 4
+    page, slice_size, window, threads = 4096, 8192, 2, 2
     subprocess.run([ckfs_bin(), "mount", str(ckpt_dir(config)), str(mnt), "--dtype", "bf16",
-                    "-o", f"slice_size={slice_size},readahead={window}"], check=True, timeout=120)
+                    "-o", f"slice_size={slice_size},readahead={window},threads={threads}"],
+                   check=True, timeout=120)
     try:
         fd = os.open(mnt / "model.safetensors", os.O_RDONLY)
         try:
@@ -124,5 +129,8 @@ def test_mount_stream_recycles_and_counts_sources(tmp_path):
     assert stats["source_bytes_read"] == 2 * tensor_bytes, stats
     n_slices = -(-len(data) // slice_size)
     assert stats["fills"] == n_slices, stats
-    assert stats["recycled"] >= n_slices - 2 * window - 2, stats
-    assert stats["slices_cached"] <= window + 2, stats
+    assert stats["evictions"] == 0 and stats["bytes_cached"] <= stats["budget"], stats
+    bound = window + 1 + threads + 1
+    assert n_slices > 2 * bound  # else the bound says nothing
+    assert stats["slices_cached"] == stats["fills"] - stats["recycled"], stats
+    assert stats["slices_cached"] <= bound, stats

@@ -8,7 +8,11 @@
  * fill produced for that very slice, and at the end the counters must
  * agree with each other and with the operations the threads made. Runs
  * for CKFS_STRESS_SECONDS (default 2) or until each thread made
- * CKFS_STRESS_OPS operations (default 200000), whichever comes first.
+ * CKFS_STRESS_OPS operations (default 200000), whichever comes first, and
+ * past that until the mix has shown what it is here for (a failed fill,
+ * a wait, an eviction, a queued read-ahead): how much of it two seconds
+ * show depends on how busy the machine is. A cap of HANG_SECONDS only
+ * catches a hang.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -29,6 +33,7 @@
 #define NTHREADS 16
 #define MAX_HELD 4
 #define FAIL_EVERY 53 /* fill calls */
+#define HANG_SECONDS 300
 
 static const uint64_t file_sizes[] = {
 	40 * SS + 123, 64 * SS, 17 * SS + 1, 33 * SS + 4000, SS - 5,
@@ -37,7 +42,8 @@ static const uint64_t file_sizes[] = {
 #define FILE_ID(i) (1000 + (uint64_t)(i)) /* not the array index */
 
 static atomic_uint_fast64_t fill_calls, fills_failed, bytes_ok;
-static double deadline;
+static atomic_bool stop;
+static atomic_int running;
 static long max_ops = 200000;
 
 static uint8_t pattern(uint64_t file_id, uint64_t off)
@@ -221,9 +227,7 @@ static void *worker_main(void *arg)
 {
 	struct worker *w = arg;
 
-	/* The clock is read every 64 operations. */
-	while (w->ops < (uint64_t)max_ops &&
-	       (w->ops % 64 || now() < deadline)) {
+	while (w->ops < (uint64_t)max_ops && !atomic_load(&stop)) {
 		uint64_t r = next_rand(w) % 100;
 		unsigned file = (unsigned)(next_rand(w) % NFILES);
 		uint64_t index = next_rand(w) % n_slices(file);
@@ -248,7 +252,25 @@ static void *worker_main(void *arg)
 		}
 	}
 	release_all(w);
+	atomic_fetch_sub(&running, 1);
 	return NULL;
+}
+
+/* Whether the counters show every behaviour the mix is here for. */
+static bool mix_seen(struct ckfs_cache *c)
+{
+	struct ckfs_cache_stats st;
+
+	ckfs_cache_get_stats(c, &st);
+	return st.fill_errors > 0 && st.waits > 0 && st.evictions > 0 &&
+	       st.prefetch_queued > 0;
+}
+
+static void sleep_10ms(void)
+{
+	struct timespec ts = { 0, 10 * 1000 * 1000 };
+
+	nanosleep(&ts, NULL);
 }
 
 /* At rest (no pins, no fill running, read-ahead idle) these hold exactly.
@@ -277,14 +299,13 @@ static void test_stress(void)
 	struct ckfs_cache *c = NULL;
 	struct ckfs_error err;
 	uint64_t gets = 0, errors = 0, bad = 0, ops = 0, prefetches = 0;
-	double seconds = 2, start = now();
+	double seconds = 2, start = now(), ran;
 	const char *env;
 
 	if ((env = getenv("CKFS_STRESS_SECONDS")))
 		seconds = atof(env);
 	if ((env = getenv("CKFS_STRESS_OPS")))
 		max_ops = atol(env);
-	deadline = start + seconds;
 	ckfs_error_clear(&err);
 	CHECK_EQ_INT(ckfs_cache_new(&opt, stress_fill, NULL, &c, &err),
 		     CKFS_OK);
@@ -294,9 +315,15 @@ static void test_stress(void)
 		memset(&w[i], 0, sizeof(w[i]));
 		w[i].cache = c;
 		w[i].rng = 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1);
+		atomic_fetch_add(&running, 1);
 		CHECK_EQ_INT(pthread_create(&w[i].tid, NULL, worker_main,
 					    &w[i]), 0);
 	}
+	while (atomic_load(&running) > 0 && now() < start + HANG_SECONDS &&
+	       (now() < start + seconds || !mix_seen(c)))
+		sleep_10ms();
+	ran = now() - start;
+	atomic_store(&stop, true);
 	for (int i = 0; i < NTHREADS; i++) {
 		pthread_join(w[i].tid, NULL);
 		gets += w[i].gets;
@@ -306,19 +333,17 @@ static void test_stress(void)
 		prefetches += w[i].prefetches;
 	}
 
+	/* A hang, not slowness, is what the cap is for. */
 	bool rest = false;
-	for (int t = 0; t < 1000 && !(rest = at_rest_consistent(c, &st)); t++) {
-		struct timespec ts = { 0, 10 * 1000 * 1000 };
-
-		nanosleep(&ts, NULL);
-	}
+	for (int t = 0; t < 100 * HANG_SECONDS && !(rest = at_rest_consistent(c, &st)); t++)
+		sleep_10ms();
 	fprintf(stderr,
 		"stress: %.1f s, %" PRIu64 " ops, %" PRIu64 " gets: %" PRIu64
 		" hits, %" PRIu64 " misses (%" PRIu64 " waits), %" PRIu64
 		" fills, %" PRIu64 " errors, %" PRIu64 " evictions, %" PRIu64
 		" recycled, read-ahead %" PRIu64 " queued %" PRIu64 " dropped %" PRIu64
 		" hits, %" PRIu64 " bytes in %" PRIu64 " slices\n",
-		now() - start, ops, gets, st.hits, st.misses, st.waits,
+		ran, ops, gets, st.hits, st.misses, st.waits,
 		st.fills, st.fill_errors, st.evictions, st.recycled, st.prefetch_queued,
 		st.prefetch_dropped, st.prefetch_hits, st.bytes_cached,
 		st.slices_cached);
