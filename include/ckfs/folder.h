@@ -18,7 +18,7 @@
 #include "ckfs/arena.h"
 #include "ckfs/err.h"
 #include "ckfs/model.h"
-#include "ckfs/st.h"
+#include "ckfs/weights.h"
 
 enum ckfs_node_kind {
 	CKFS_NODE_WEIGHTS,     /* a safetensors file, assembled on read */

@@ -9,8 +9,13 @@
  * The invariants checked before a model is handed out: every element of
  * every tensor is covered by exactly one chunk; every chunk's view lies
  * inside its storage record; shapes, dtypes and placements agree across
- * ranks. After ckfs_model_open the model is immutable and may be read from
- * many threads at once.
+ * ranks. After ckfs_model_open (include/ckfs/layouts.h: the layout
+ * readers fill a model) it is immutable and may be read from many threads
+ * at once.
+ *
+ * This is the read-time engine (src/model/): the plan's types, its
+ * validation, the element read path and source identity. It knows nothing
+ * of checkpoint formats.
  */
 #ifndef CKFS_MODEL_H
 #define CKFS_MODEL_H
@@ -72,21 +77,6 @@ struct ckfs_tensor {
 	const char *placement;          /* e.g. "Shard(0)", for inspect */
 };
 
-struct ckfs_model_options {
-	/* Output dtype; CKFS_DTYPE_INVALID keeps each tensor as stored. */
-	enum ckfs_dtype out_dtype;
-	/* --config: a config.json, or a folder holding one; NULL for the
-	 * checkpoint's huggingface/config.json. */
-	const char *config_path;
-	/* --follow-symlinks: serve files whose symlinks lead outside the
-	 * checkpoint folder (refused by default: include/ckfs/file.h). */
-	bool follow_symlinks;
-	/* --raw-names: serve Megatron keys without a Hugging Face name under
-	 * their own names, one tensor per rank (megatron.c raw_key); refused
-	 * otherwise. */
-	bool raw_names;
-};
-
 struct ckfs_model {
 	struct ckfs_arena arena;
 	const char *src_dir;
@@ -128,15 +118,8 @@ struct ckfs_model {
 	size_t n_warnings;
 };
 
-/* Open SRC: a verl actor/critic folder (FSDP rank files, legacy Megatron
- * model/mp_rank_*, or a Megatron dist_ckpt), a torch.distributed.checkpoint folder or a folder of
- * Hugging Face safetensors weights (detection order
- * in src/model/layout.c). On success *out is a new model the caller frees
- * with ckfs_model_free. */
-enum ckfs_code ckfs_model_open(const char *src,
-			       const struct ckfs_model_options *opt,
-			       struct ckfs_model **out,
-			       struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* Close the sources and free everything of m (made by ckfs_model_open,
+ * include/ckfs/layouts.h). */
 void ckfs_model_free(struct ckfs_model *m);
 
 /*

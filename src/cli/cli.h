@@ -5,6 +5,7 @@
 
 #include "ckfs/dtype.h"
 #include "ckfs/err.h"
+#include "ckfs/units.h"
 
 int ckfs_cmd_inspect(int argc, char **argv);
 int ckfs_cmd_export(int argc, char **argv);
@@ -29,6 +30,6 @@ void ckfs_cli_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *ckfs_cli_shown(const char *s);
 
 /* Human-readable size ("1.5 GiB"). */
-void ckfs_cli_format_bytes(double bytes, char *buf, size_t size);
+void ckfs_format_bytes(double bytes, char *buf, size_t size);
 
 #endif

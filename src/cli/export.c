@@ -29,9 +29,11 @@
 #include <unistd.h>
 
 #include "ckfs/folder.h"
+#include "ckfs/layouts.h"
 #include "ckfs/log.h"
 #include "ckfs/perm.h"
-#include "ckfs/st.h"
+#include "ckfs/units.h"
+
 #include "cli/cli.h"
 #include "cli/export_dest.h"
 
@@ -140,8 +142,8 @@ static void progress_draw(const struct progress *p, uint64_t done, const char *n
 
 	if (!p->enabled)
 		return;
-	ckfs_cli_format_bytes((double)(p->base + done), a, sizeof(a));
-	ckfs_cli_format_bytes((double)p->total, b, sizeof(b));
+	ckfs_format_bytes((double)(p->base + done), a, sizeof(a));
+	ckfs_format_bytes((double)p->total, b, sizeof(b));
 	fprintf(stderr, "\r%3.0f%%  %s / %s  %.0f MB/s  %-40.40s",
 		p->total ? 100.0 * (double)(p->base + done) / (double)p->total : 100.0,
 		a, b, secs > 0 ? (double)(p->base + done) / secs / 1e6 : 0.0, name);
@@ -467,7 +469,7 @@ int ckfs_cmd_export(int argc, char **argv)
 	}
 	if (!quiet) {
 		char a[32];
-		ckfs_cli_format_bytes((double)prog.total, a, sizeof(a));
+		ckfs_format_bytes((double)prog.total, a, sizeof(a));
 		ckfs_cli_say("wrote %zu files (%s) to '%s' in %.2f s",
 			f->n_nodes, a, dst, since(&prog.start));
 	}

@@ -9,18 +9,10 @@
 #include <string.h>
 
 #include "ckfs/folder.h"
+#include "ckfs/layouts.h"
 #include "ckfs/model.h"
+#include "ckfs/units.h"
 #include "cli/cli.h"
-
-static void shape_text(const struct ckfs_tensor *t, char *buf, size_t size)
-{
-	size_t n = (size_t)snprintf(buf, size, "[");
-	for (int k = 0; k < t->ndim && n < size; k++)
-		n += (size_t)snprintf(buf + n, size - n, "%s%lld", k ? ", " : "",
-				      (long long)t->shape[k]);
-	if (n < size)
-		snprintf(buf + n, size - n, "]");
-}
 
 static uint64_t stored_bytes(const struct ckfs_tensor *t)
 {
@@ -167,7 +159,7 @@ static void print_text(const struct ckfs_model *m, const struct ckfs_folder *f)
 	for (size_t i = 0; i < m->n_tensors; i++) {
 		const struct ckfs_tensor *t = &m->tensors[i];
 		char dt[32];
-		shape_text(t, shape, sizeof(shape));
+		ckfs_format_dims(t->ndim, t->shape, "[", "]", shape, sizeof(shape));
 		snprintf(dt, sizeof(dt), "%s>%s", ckfs_dtype_st_name(t->stored_dtype),
 			 ckfs_dtype_st_name(t->out_dtype));
 		printf("%-*s  %-20s %-13s %-22s %u\n", (int)w, ckfs_cli_shown(t->name), shape, dt,
@@ -176,8 +168,8 @@ static void print_text(const struct ckfs_model *m, const struct ckfs_folder *f)
 		in_bytes += stored_bytes(t);
 		out_bytes += ckfs_tensor_out_bytes(t);
 	}
-	ckfs_cli_format_bytes((double)in_bytes, a, sizeof(a));
-	ckfs_cli_format_bytes((double)out_bytes, b, sizeof(b));
+	ckfs_format_bytes((double)in_bytes, a, sizeof(a));
+	ckfs_format_bytes((double)out_bytes, b, sizeof(b));
 	printf("\n%zu tensors, %llu parameters, %s stored, %s served\n", m->n_tensors,
 	       (unsigned long long)params, a, b);
 	printf("files:");

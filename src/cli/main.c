@@ -87,18 +87,6 @@ const char *ckfs_cli_shown(const char *s)
 	return b;
 }
 
-void ckfs_cli_format_bytes(double bytes, char *buf, size_t size)
-{
-	static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB" };
-	int u = 0;
-
-	while (bytes >= 1024 && u < 4) {
-		bytes /= 1024;
-		u++;
-	}
-	snprintf(buf, size, u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
-}
-
 int main(int argc, char **argv)
 {
 	const char *cmd = argc > 1 ? argv[1] : NULL;

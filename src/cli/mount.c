@@ -24,7 +24,8 @@
 #include <unistd.h>
 
 #include "ckfs/log.h"
-#include "ckfs/st.h"
+#include "ckfs/units.h"
+
 #include "cli/cli.h"
 #include "fuse/fs.h"
 
@@ -497,7 +498,7 @@ static double num(const cJSON *o, const char *key)
 
 static const char *bytes(const cJSON *o, const char *key, char *buf, size_t size)
 {
-	ckfs_cli_format_bytes(num(o, key), buf, size);
+	ckfs_format_bytes(num(o, key), buf, size);
 	return buf;
 }
 

@@ -16,8 +16,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ckfs/layouts.h"
 #include "ckfs/model.h"
-#include "ckfs/st.h"
+#include "ckfs/safetensors.h"
 #include "ckfs/zip.h"
 #include "cli/cli.h"
 

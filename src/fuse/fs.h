@@ -30,6 +30,7 @@
 #include "ckfs/err.h"
 #include "ckfs/folder.h"
 #include "ckfs/log.h"
+#include "ckfs/layouts.h"
 #include "ckfs/model.h"
 
 /* Name of the root xattr holding the daemon's counters as JSON. */

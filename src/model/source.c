@@ -6,13 +6,14 @@
  * bytes may no longer be the checkpoint's, so reads that need it fail
  * instead of serving stale or mixed data. Its permissions and owner are
  * recorded too: the served files' modes are derived from them when the
- * folder is served (src/st/perm.c), so a chmod or chown afterwards is a
+ * folder is served (src/folder/perm.c), so a chmod or chown afterwards is a
  * change as well, and reads fail rather than serve bytes under
  * permissions the file no longer has.
  */
 #include "ckfs/model.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <stdatomic.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -101,4 +102,14 @@ enum ckfs_code ckfs_source_open(struct ckfs_source *s, const struct ckfs_file_po
 		return err->code;
 	}
 	return CKFS_OK;
+}
+
+void ckfs_model_free(struct ckfs_model *m)
+{
+	if (!m)
+		return;
+	for (size_t i = 0; i < m->n_sources; i++)
+		close(m->sources[i].fd);
+	ckfs_arena_release(&m->arena);
+	free(m);
 }

@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckfs/st.h"
+#include "ckfs/weights.h"
 #include "fuzz_common.h"
-#include "model/model_int.h"
+#include "layouts/layouts.h"
 
 static const char *const folders[] = { "qwen2_fsdp2_w2_optim", "qwen2_plain_nodist",
 				       "qwen2_tied_fsdp2_w3" };

@@ -12,7 +12,7 @@
  * (index lists cut the way torch.chunk does), not by the planner.
  *
  * Then the real code runs: ckfs_entry_chunks per rank (placement.c),
- * ckfs_plan_validate_tensor (plan.c), ckfs_st_layout_build (st/layout.c)
+ * ckfs_plan_validate_tensor (plan.c), ckfs_st_layout_build (folder/weights.c)
  * and ckfs_st_file_read over ckfs_tensor_read (read.c), and the target
  * aborts unless every element of every tensor is covered by exactly one
  * chunk whose source bytes are that element's, the output files tile
@@ -24,9 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckfs/st.h"
+#include "ckfs/weights.h"
 #include "fuzz_common.h"
-#include "model/model_int.h"
+#include "layouts/layouts.h"
 
 #define MAX_MESH 3
 #define MAX_TENSORS 5

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "ckfs/model.h"
-#include "ckfs/st.h"
+#include "ckfs/safetensors.h"
 
 static char test_tmp_root[256];
 

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "ckfs/folder.h"
+#include "ckfs/layouts.h"
 #include "ckfs/model.h"
 #include "test.h"
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Input layouts besides verl FSDP (src/model/layout.c, dcp.c, hf.c), on
+ * Input layouts besides verl FSDP (src/layouts/detect.c, dcp.c, hf.c), on
  * folders written by real torch and transformers
  * (tests/gen/make_dcp_fixtures.py):
  *  - every torch.distributed.checkpoint fixture served --dtype auto holds,
@@ -25,8 +25,10 @@
 #include <unistd.h>
 
 #include "ckfs/folder.h"
+#include "ckfs/layouts.h"
 #include "ckfs/model.h"
-#include "ckfs/st.h"
+#include "ckfs/safetensors.h"
+#include "ckfs/weights.h"
 #include "test.h"
 #include "model_check.h"
 

@@ -21,8 +21,9 @@
 #include <unistd.h>
 
 #include "ckfs/folder.h"
+#include "ckfs/layouts.h"
 #include "ckfs/model.h"
-#include "ckfs/st.h"
+#include "ckfs/safetensors.h"
 #include "test.h"
 #include "model_check.h"
 

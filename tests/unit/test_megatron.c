@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Legacy Megatron per-rank checkpoints (src/model/megatron.c) on folders
+ * Legacy Megatron per-rank checkpoints (src/layouts/megatron.c) on folders
  * written by megatron-core 0.12.2 (tests/gen/make_megatron_fixtures.py):
  *  - every fixture served --dtype auto holds, tensor by tensor and bit for
  *    bit, the original Hugging Face weights (original/model.safetensors),
@@ -34,8 +34,9 @@
 #include <unistd.h>
 
 #include "ckfs/folder.h"
+#include "ckfs/layouts.h"
 #include "ckfs/model.h"
-#include "ckfs/st.h"
+#include "ckfs/safetensors.h"
 #include "test.h"
 #include "model_check.h"
 

@@ -16,8 +16,10 @@
 #include <unistd.h>
 
 #include "ckfs/folder.h"
+#include "ckfs/layouts.h"
 #include "ckfs/model.h"
-#include "ckfs/st.h"
+#include "ckfs/safetensors.h"
+#include "ckfs/weights.h"
 #include "test.h"
 
 static const struct ckfs_node *find_node(const struct ckfs_folder *f, const char *name)

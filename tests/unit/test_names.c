@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The name rule of torch state-dict keys (src/model/names.c):
+ * The name rule of torch state-dict keys (src/layouts/names.c):
  *  - the rule itself on key lists: wrapper segments removed anywhere,
  *    "module." only when every key has it, one warning counting the names
  *    changed, collisions and flat parameters refused with one line;
@@ -17,8 +17,8 @@
 #include <stdlib.h>
 
 #include "ckfs/model.h"
-#include "ckfs/st.h"
-#include "model/model_int.h"
+#include "ckfs/safetensors.h"
+#include "layouts/layouts.h"
 #include "test.h"
 #include "model_check.h"
 

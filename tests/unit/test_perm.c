@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "ckfs/folder.h"
+#include "ckfs/layouts.h"
 #include "ckfs/perm.h"
 #include "test.h"
 

@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * safetensors layout and reads of the virtual weight files
- * (include/ckfs/st.h). The header is rendered once at build; a read of any
+ * (include/ckfs/weights.h). The header is rendered once at build; a read of any
  * byte range copies header bytes and asks the model for the elements of
  * the tensors it overlaps, with partial elements at the edges read through
  * a small bounce buffer.
  */
-#include "ckfs/st.h"
+#include "ckfs/weights.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -415,35 +415,4 @@ enum ckfs_code ckfs_st_file_read(const struct ckfs_model *m,
 		off = f->offsets[i] + rel;
 	}
 	return CKFS_OK;
-}
-
-uint64_t ckfs_parse_size(const char *text)
-{
-	static const struct { const char *unit; double mult; } units[] = {
-		{ "KIB", 1024.0 }, { "MIB", 1048576.0 }, { "GIB", 1073741824.0 },
-		{ "TIB", 1099511627776.0 }, { "KB", 1e3 }, { "MB", 1e6 },
-		{ "GB", 1e9 }, { "TB", 1e12 }, { "B", 1.0 }, { "", 1.0 },
-	};
-	char *end;
-	double v = strtod(text, &end);
-	char unit[8];
-	size_t n = 0;
-
-	if (end == text || !(v > 0) || !isfinite(v))
-		return 0;
-	while (*end == ' ')
-		end++;
-	for (; *end && n < sizeof(unit) - 1; end++)
-		unit[n++] = (char)toupper((unsigned char)*end);
-	unit[n] = '\0';
-	if (*end)
-		return 0;
-	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
-		if (strcmp(unit, units[i].unit) == 0) {
-			double bytes = v * units[i].mult;
-			if (bytes < 1 || bytes > 9e18)
-				return 0;
-			return (uint64_t)bytes;
-		}
-	return 0;
 }

@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/model_int.h"
+#include "layouts/layouts.h"
 
 /* Segments that only wrappers register, anywhere in a key. */
 static const char *const wrapper_segments[] = {
@@ -210,4 +210,26 @@ enum ckfs_code ckfs_hf_names(struct ckfs_model *m, const char *label, const char
 			 which[0] ? ", " : "", "leading module.");
 	return ckfs_model_warn(m, err, "%zu of %zu tensor names carried torch wrapper names "
 			       "(%s), served without them", changed, n, which);
+}
+
+enum ckfs_code ckfs_model_drop_tied(struct ckfs_model *m, struct ckfs_error *err)
+{
+	size_t head = SIZE_MAX;
+	int has_embed = 0;
+
+	if (!m->tie_word_embeddings)
+		return CKFS_OK;
+	for (size_t i = 0; i < m->n_tensors; i++) {
+		if (strcmp(m->tensors[i].name, "model.embed_tokens.weight") == 0)
+			has_embed = 1;
+		else if (strcmp(m->tensors[i].name, "lm_head.weight") == 0)
+			head = i;
+	}
+	if (!has_embed || head == SIZE_MAX)
+		return CKFS_OK;
+	memmove(&m->tensors[head], &m->tensors[head + 1],
+		(m->n_tensors - head - 1) * sizeof(*m->tensors));
+	m->n_tensors--;
+	return ckfs_model_warn(m, err, "lm_head.weight dropped: tied to "
+			       "model.embed_tokens.weight (tie_word_embeddings)");
 }

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Folders that already hold Hugging Face safetensors weights: SRC,
- * SRC/huggingface or SRC/model/huggingface (layout.c picks the first) with
+ * SRC/huggingface or SRC/model/huggingface (detect.c picks the first) with
  * model.safetensors, or model.safetensors.index.json and its shards.
  * They are served as they are, through the same plan as every other
  * layout: each tensor is one chunk pointing at its bytes in its file, so
@@ -27,8 +27,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ckfs/st.h"
-#include "model/model_int.h"
+#include "ckfs/safetensors.h"
+#include "layouts/layouts.h"
 
 static enum ckfs_code nomem(struct ckfs_error *err)
 {

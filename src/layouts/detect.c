@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Which layout a checkpoint folder has, and the model's lifetime
- * (ckfs_model_open / ckfs_model_free). Detection looks at names only, in
+ * (ckfs_model_open). Detection looks at names only, in
  * this order, and the first match decides:
  *
  *   1. verl FSDP rank files: SRC/model_world_size_<W>_rank_<R>.pt (fsdp.c);
@@ -10,7 +10,7 @@
  *   3. Megatron dist_checkpointing (torch_dist): SRC/ckpt_contents.json
  *      naming a megatron_dist_checkpoint model, SRC/model/dist_ckpt/,
  *      SRC/dist_ckpt/, or SRC/metadata.json beside SRC/.metadata
- *      (mcore_dist.c);
+ *      (megatron_dist.c);
  *   4. torch.distributed.checkpoint: SRC/.metadata (dcp.c);
  *   5. Hugging Face weights: model.safetensors or
  *      model.safetensors.index.json in SRC, SRC/huggingface or
@@ -27,7 +27,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "model/model_int.h"
+#include "layouts/layouts.h"
 
 static enum ckfs_code nomem(struct ckfs_error *err)
 {
@@ -115,9 +115,9 @@ static enum ckfs_code dispatch(struct ckfs_model *m, const char *src,
 		m->layout = "megatron";
 		return ckfs_megatron_build(m, opt, err);
 	}
-	if (ckfs_mcore_dist_detect(m)) {
+	if (ckfs_megatron_dist_detect(m)) {
 		m->layout = "megatron-dist";
-		return ckfs_mcore_dist_build(m, opt, err);
+		return ckfs_megatron_dist_build(m, opt, err);
 	}
 	snprintf(path, sizeof(path), "%s/.metadata", m->src_dir);
 	if (ckfs_path_exists(path)) {
@@ -167,36 +167,4 @@ enum ckfs_code ckfs_model_open(const char *src, const struct ckfs_model_options 
 fail:
 	ckfs_model_free(m);
 	return rc;
-}
-
-void ckfs_model_free(struct ckfs_model *m)
-{
-	if (!m)
-		return;
-	for (size_t i = 0; i < m->n_sources; i++)
-		close(m->sources[i].fd);
-	ckfs_arena_release(&m->arena);
-	free(m);
-}
-
-enum ckfs_code ckfs_model_drop_tied(struct ckfs_model *m, struct ckfs_error *err)
-{
-	size_t head = SIZE_MAX;
-	int has_embed = 0;
-
-	if (!m->tie_word_embeddings)
-		return CKFS_OK;
-	for (size_t i = 0; i < m->n_tensors; i++) {
-		if (strcmp(m->tensors[i].name, "model.embed_tokens.weight") == 0)
-			has_embed = 1;
-		else if (strcmp(m->tensors[i].name, "lm_head.weight") == 0)
-			head = i;
-	}
-	if (!has_embed || head == SIZE_MAX)
-		return CKFS_OK;
-	memmove(&m->tensors[head], &m->tensors[head + 1],
-		(m->n_tensors - head - 1) * sizeof(*m->tensors));
-	m->n_tensors--;
-	return ckfs_model_warn(m, err, "lm_head.weight dropped: tied to "
-			       "model.embed_tokens.weight (tie_word_embeddings)");
 }

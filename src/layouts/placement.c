@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Where one rank's local tensor lands in the global tensor
- * (src/model/model_int.h). Each mesh dim's placement, in mesh order, cuts
+ * (src/layouts/layouts.h). Each mesh dim's placement, in mesh order, cuts
  * the current extent of one tensor dim the way DTensor does: Shard(d) keeps
  * piece c of n with torch.chunk sizes (ceil(L/n), trailing pieces may be
  * empty); _StridedShard(d, k) cuts the extent into k pieces first and keeps
@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/model_int.h"
+#include "layouts/layouts.h"
 
 #define MAX_CHUNKS_PER_ENTRY 4096 /* _StridedShard products stay tiny */
 #define MAX_PIECES 64             /* intervals per dim */

@@ -58,7 +58,8 @@
 #include <string.h>
 
 #include "ckfs/json.h"
-#include "model/model_int.h"
+#include "ckfs/units.h"
+#include "layouts/layouts.h"
 
 #define PATHMAX 4096
 
@@ -185,7 +186,7 @@ by_names:;
 	return 0;
 }
 
-int ckfs_mcore_dist_detect(const struct ckfs_model *m)
+int ckfs_megatron_dist_detect(const struct ckfs_model *m)
 {
 	struct where w;
 	return locate(m, &w);
@@ -496,23 +497,12 @@ static const struct {
 };
 #define N_REQUIRED_ALWAYS 6
 
-static char *dims_text(const int64_t *d, int n, char *buf, size_t size)
-{
-	size_t k = (size_t)snprintf(buf, size, "[");
-	for (int i = 0; i < n && k < size; i++)
-		k += (size_t)snprintf(buf + k, size - k, "%s%lld", i ? ", " : "", (long long)d[i]);
-	if (k < size)
-		snprintf(buf + k, size - k, "]");
-	return buf;
-}
-
 static enum ckfs_code bad_shape(struct ctx *c, const struct ckfs_tensor *r,
 				const char *want, struct ckfs_error *err)
 {
 	char got[256];
 	return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' has shape %s, expected %s "
-			 "from '%s'", c->md, r->name, dims_text(r->shape, r->ndim, got,
-								 sizeof(got)),
+			 "from '%s'", c->md, r->name, ckfs_format_dims(r->ndim, r->shape, "[", "]", got, sizeof(got)),
 			 want, c->m->config_path);
 }
 
@@ -772,7 +762,7 @@ static enum ckfs_code map_raw(struct ctx *c, const struct ckfs_tensor *r,
 		char got[256];
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' has shape %s: a layer axis "
 				 "of %lld, config.json '%s' says num_hidden_layers %lld", c->md,
-				 r->name, dims_text(r->shape, r->ndim, got, sizeof(got)),
+				 r->name, ckfs_format_dims(r->ndim, r->shape, "[", "]", got, sizeof(got)),
 				 r->ndim ? (long long)r->shape[0] : 0LL, c->m->config_path,
 				 (long long)c->a.n_layers);
 	}
@@ -886,7 +876,7 @@ static enum ckfs_code finish(struct ctx *c, const struct ckfs_model_options *opt
 	return CKFS_OK;
 }
 
-enum ckfs_code ckfs_mcore_dist_build(struct ckfs_model *m,
+enum ckfs_code ckfs_megatron_dist_build(struct ckfs_model *m,
 				     const struct ckfs_model_options *opt,
 				     struct ckfs_error *err)
 {

@@ -82,7 +82,7 @@
 
 #include "ckfs/json.h"
 #include "ckfs/limits.h"
-#include "model/model_int.h"
+#include "layouts/layouts.h"
 
 #define MAX_PAR 1024
 

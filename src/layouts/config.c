@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Files around the tensors (src/model/model_int.h): the Hugging Face
+ * Files around the tensors (src/layouts/layouts.h): the Hugging Face
  * config.json a model is served with (and who may read it, for the served
  * modes), the layout metadata files read whole, and the warnings a model
  * collects while it is opened.
@@ -13,7 +13,7 @@
 
 #include "ckfs/json.h"
 #include "ckfs/text.h"
-#include "model/model_int.h"
+#include "layouts/layouts.h"
 
 enum ckfs_code ckfs_model_warn(struct ckfs_model *m, struct ckfs_error *err,
 			       const char *fmt, ...)

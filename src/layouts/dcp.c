@@ -36,7 +36,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "model/model_int.h"
+#include "layouts/layouts.h"
 
 static enum ckfs_code nomem(struct ckfs_error *err)
 {
@@ -93,16 +93,6 @@ static int get_dims(const struct ckfs_pv *t, int64_t *dims, int *ndim)
 			return 0;
 	*ndim = (int)t->u.seq.n;
 	return 1;
-}
-
-static void dims_text(const int64_t *d, int n, char *buf, size_t size)
-{
-	size_t k = (size_t)snprintf(buf, size, "[");
-	for (int i = 0; i < n && k < size; i++)
-		k += (size_t)snprintf(buf + k, size - k, "%s%lld", i ? ", " : "",
-				      (long long)d[i]);
-	if (k < size)
-		snprintf(buf + k, size - k, "]");
 }
 
 /* ---- storage_data index ---- */
@@ -168,7 +158,7 @@ struct dcp {
 	size_t n_files;
 	const struct ckfs_pv *planner;  /* planner_data dict or NULL */
 	size_t *planner_order;          /* planner keys' indices sorted by key */
-	/* ckfs_dcp_read_raw (mcore_dist.c): the folder holding the files
+	/* ckfs_dcp_read_raw (megatron_dist.c): the folder holding the files
 	 * (m->src_dir otherwise), its name relative to SRC, the entries to
 	 * read, and what was left out. */
 	const char *dir, *rel_dir;
@@ -407,7 +397,7 @@ static enum ckfs_code chunk_of(struct dcp *d, const char *fqn, enum ckfs_dtype d
 		numel *= (uint64_t)si.sizes[k]; /* <= the global numel, checked */
 	if (numel == 0)
 		return CKFS_OK; /* an empty shard holds nothing */
-	dims_text(si.offsets, ndim, at, sizeof(at));
+	ckfs_format_dims(ndim, si.offsets, "[", "]", at, sizeof(at));
 	const struct item *it = find_item(d, fqn, ndim, si.offsets);
 	if (!it)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': no storage_data entry for "
@@ -444,8 +434,8 @@ static enum ckfs_code chunk_of(struct dcp *d, const char *fqn, enum ckfs_dtype d
 		same = e.local.shape[k] == si.sizes[k];
 	if (e.local.dtype != dtype || !same) {
 		char got[256], want[256];
-		dims_text(e.local.shape, e.local.ndim, got, sizeof(got));
-		dims_text(si.sizes, ndim, want, sizeof(want));
+		ckfs_format_dims(e.local.ndim, e.local.shape, "[", "]", got, sizeof(got));
+		ckfs_format_dims(ndim, si.sizes, "[", "]", want, sizeof(want));
 		rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': the item of '%s' at %s holds "
 			       "%s %s, .metadata declares %s %s", label, fqn, at,
 			       ckfs_dtype_torch_name(e.local.dtype), got,
@@ -669,7 +659,7 @@ static enum ckfs_code build(struct dcp *d, const char *bytes, size_t len,
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': no tensors%s", d->md_path,
 				 model_prefix ? " under 'model'" : "");
 
-	if (!d->raw) /* Megatron's sharded keys (mcore_dist.c) have no wrappers */
+	if (!d->raw) /* Megatron's sharded keys (megatron_dist.c) have no wrappers */
 		CKFS_TRY(hf_names(d, err));
 
 	/* Names must stay distinct after the prefix is removed. */

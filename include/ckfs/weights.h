@@ -12,18 +12,15 @@
  * state-dict order as huggingface_hub's split_torch_state_dict_into_shards
  * does, files are named model-0000K-of-0000N.safetensors and an index is
  * rendered as transformers' save_pretrained writes it.
- *
- * Also here: a reader of existing safetensors files (for ckfs verify).
  */
-#ifndef CKFS_ST_H
-#define CKFS_ST_H
+#ifndef CKFS_WEIGHTS_H
+#define CKFS_WEIGHTS_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "ckfs/arena.h"
 #include "ckfs/err.h"
-#include "ckfs/file.h"
 #include "ckfs/model.h"
 
 struct ckfs_st_file {
@@ -57,39 +54,5 @@ enum ckfs_code ckfs_st_file_read(const struct ckfs_model *m,
 				 size_t len, void *buf,
 				 struct ckfs_read_scratch *scratch,
 				 struct ckfs_error *err) CKFS_WARN_UNUSED;
-
-/* "5GB", "200MB", "1.5GiB", "1000" -> bytes, as huggingface_hub parses
- * sizes (KB/MB/GB decimal, KiB/MiB/GiB binary); 0 on error. */
-uint64_t ckfs_parse_size(const char *text);
-
-/* ---- reading existing safetensors files ---- */
-
-struct ckfs_st_entry {
-	const char *name;
-	enum ckfs_dtype dtype;
-	int ndim;
-	int64_t shape[CKFS_MAX_DIMS];
-	uint64_t begin, end;            /* absolute file offsets */
-	const char *file;               /* path of the file holding it */
-	int fd;
-};
-
-struct ckfs_st_set {
-	struct ckfs_arena arena;
-	size_t n_entries;
-	struct ckfs_st_entry *entries;  /* sorted by name */
-	int fds[4096];
-	size_t n_fds;
-};
-
-/* Open a folder's model.safetensors, or its index and every shard, under
- * the file policy pol (NULL: none), and validate them with the reference
- * loader's rules (src/st/reader.c). */
-enum ckfs_code ckfs_st_set_open(const char *dir, const struct ckfs_file_policy *pol,
-				struct ckfs_st_set *set,
-				struct ckfs_error *err) CKFS_WARN_UNUSED;
-void ckfs_st_set_release(struct ckfs_st_set *set);
-const struct ckfs_st_entry *ckfs_st_set_find(const struct ckfs_st_set *set,
-					     const char *name);
 
 #endif

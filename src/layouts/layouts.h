@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: MIT */
-/* Shared inside src/model only: helpers of the layout readers. */
-#ifndef CKFS_MODEL_INT_H
-#define CKFS_MODEL_INT_H
+/* Shared inside src/layouts only: helpers of the layout readers. */
+#ifndef CKFS_LAYOUTS_INT_H
+#define CKFS_LAYOUTS_INT_H
 
 #include "ckfs/json.h"
+#include "ckfs/layouts.h"
 #include "ckfs/model.h"
+#include "ckfs/units.h"
 #include "ckfs/torch.h"
 
 /* ---- config.c ---- */
@@ -70,7 +72,7 @@ enum ckfs_code ckfs_hf_names(struct ckfs_model *m, const char *label, const char
 			     const char **names, size_t n, bool in_memory,
 			     struct ckfs_error *err) CKFS_WARN_UNUSED;
 
-/* ---- layouts: layout.c detects, one builder per layout fills m ---- */
+/* ---- layouts: detect.c detects, one builder per layout fills m ---- */
 
 /* verl FSDP rank files (fsdp.c). */
 enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m,
@@ -93,7 +95,7 @@ struct ckfs_rank_file {
 	bool over_limit;         /* BAD because a number is too large */
 	char why[160];           /* the cause, for RESPELT and BAD */
 };
-/* Detection (layout.c) and the rank scan (fsdp.c) use this one parser. */
+/* Detection (detect.c) and the rank scan (fsdp.c) use this one parser. */
 enum ckfs_rank_name ckfs_fsdp_rank_file_name(const char *name, struct ckfs_rank_file *out);
 /* torch.distributed.checkpoint: SRC/.metadata and __R_I.distcp (dcp.c). */
 enum ckfs_code ckfs_dcp_build(struct ckfs_model *m,
@@ -107,7 +109,7 @@ enum ckfs_code ckfs_dcp_build_from(struct ckfs_model *m,
 /* The tensors of the DCP folder dir (SRC/rel_dir) under their FQNs, with
  * global shapes and chunks, into m->tensors: no renaming, config or tie
  * rule. FQNs keep() refuses are not read (*n_left_out counts them), bytes
- * entries are skipped (*n_bytes). For mcore_dist.c. */
+ * entries are skipped (*n_bytes). For megatron_dist.c. */
 enum ckfs_code ckfs_dcp_read_raw(struct ckfs_model *m, const char *dir, const char *rel_dir,
 				 const struct ckfs_model_options *opt,
 				 int (*keep)(const char *fqn), size_t *n_left_out,
@@ -120,9 +122,9 @@ enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
 				   struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Megatron-Core dist_checkpointing (torch_dist) folders as verl writes
  * them: SRC/dist_ckpt, SRC/model/dist_ckpt (ckpt_contents.json) or SRC
- * itself (mcore_dist.c). detect: one of them is there. */
-int ckfs_mcore_dist_detect(const struct ckfs_model *m);
-enum ckfs_code ckfs_mcore_dist_build(struct ckfs_model *m,
+ * itself (megatron_dist.c). detect: one of them is there. */
+int ckfs_megatron_dist_detect(const struct ckfs_model *m);
+enum ckfs_code ckfs_megatron_dist_build(struct ckfs_model *m,
 				     const struct ckfs_model_options *opt,
 				     struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Hugging Face safetensors weights in dir (SRC, SRC/huggingface or

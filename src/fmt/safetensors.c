@@ -2,7 +2,7 @@
 /*
  * Reader of existing safetensors folders (model.safetensors, or an index
  * and its shards): the weights of a Hugging Face folder served as they are
- * (src/model/hf.c), and the reference `ckfs verify` compares against.
+ * (src/layouts/hf.c), and the reference `ckfs verify` compares against.
  *
  * It accepts exactly what the reference loader (safetensors 0.7, which
  * safe_open, transformers and vLLM use) accepts, so that ckfs never serves
@@ -24,7 +24,7 @@
  * Files are opened under a file policy (include/ckfs/file.h) before any
  * byte of them is read.
  */
-#include "ckfs/st.h"
+#include "ckfs/safetensors.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

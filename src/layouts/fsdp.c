@@ -23,6 +23,7 @@
  * tie_word_embeddings and model.embed_tokens.weight exists.
  */
 #include "ckfs/model.h"
+#include "ckfs/units.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -36,7 +37,7 @@
 #include <unistd.h>
 
 #include "ckfs/log.h"
-#include "model/model_int.h"
+#include "layouts/layouts.h"
 
 /* ---- small helpers ---- */
 
@@ -423,19 +424,6 @@ static int same_shape(int n1, const int64_t *s1, int n2, const int64_t *s2)
 	return n1 == n2 && memcmp(s1, s2, sizeof(int64_t) * (size_t)n1) == 0;
 }
 
-/* "[8, 4]" (open "[" close "]"), cut to fit buf. */
-static const char *dims_text(int n, const int64_t *v, const char *open,
-			     const char *close, char *buf, size_t size)
-{
-	size_t k = (size_t)snprintf(buf, size, "%s", open);
-	for (int i = 0; i < n && k < size; i++)
-		k += (size_t)snprintf(buf + k, size - k, "%s%lld", i ? ", " : "",
-				      (long long)v[i]);
-	if (k < size)
-		snprintf(buf + k, size - k, "%s", close);
-	return buf;
-}
-
 static const char *placements_text(const struct ckfs_dtensor_info *di, char *buf,
 				   size_t size)
 {
@@ -495,18 +483,18 @@ static enum ckfs_code add_entry(struct acc *a, const struct ckfs_sd_entry *e,
 			return ckfs_fail(err, CKFS_E_INVALID,
 					 "tensor '%s': global shape %s on rank %d but %s "
 					 "on rank %d", e->key,
-					 dims_text(fi->ndim, fi->global_shape, "[", "]", x, sizeof(x)),
+					 ckfs_format_dims(fi->ndim, fi->global_shape, "[", "]", x, sizeof(x)),
 					 a->first_rank,
-					 dims_text(di->ndim, di->global_shape, "[", "]", y, sizeof(y)),
+					 ckfs_format_dims(di->ndim, di->global_shape, "[", "]", y, sizeof(y)),
 					 rank);
 		if (!same_shape(di->mesh_ndim, di->mesh_shape, fi->mesh_ndim,
 				fi->mesh_shape))
 			return ckfs_fail(err, CKFS_E_INVALID,
 					 "tensor '%s': device mesh %s on rank %d but %s "
 					 "on rank %d", e->key,
-					 dims_text(fi->mesh_ndim, fi->mesh_shape, "(", ")", x, sizeof(x)),
+					 ckfs_format_dims(fi->mesh_ndim, fi->mesh_shape, "(", ")", x, sizeof(x)),
 					 a->first_rank,
-					 dims_text(di->mesh_ndim, di->mesh_shape, "(", ")", y, sizeof(y)),
+					 ckfs_format_dims(di->mesh_ndim, di->mesh_shape, "(", ")", y, sizeof(y)),
 					 rank);
 		if (memcmp(di->placements, fi->placements,
 			   sizeof(di->placements[0]) * (size_t)di->mesh_ndim) != 0)
@@ -520,9 +508,9 @@ static enum ckfs_code add_entry(struct acc *a, const struct ckfs_sd_entry *e,
 			return ckfs_fail(err, CKFS_E_INVALID,
 					 "tensor '%s': the file is for mesh coordinate %s "
 					 "but rank %d is at %s in the device mesh", e->key,
-					 dims_text(di->mesh_ndim, di->coord, "(", ")", x, sizeof(x)),
+					 ckfs_format_dims(di->mesh_ndim, di->coord, "(", ")", x, sizeof(x)),
 					 rank,
-					 dims_text(di->mesh_ndim, coord, "(", ")", y, sizeof(y)));
+					 ckfs_format_dims(di->mesh_ndim, coord, "(", ")", y, sizeof(y)));
 	}
 	return ckfs_entry_chunks(e, coord, source, rank, &a->chunks, err);
 }
