@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Sub-commands of the ckfs binary; each returns the process exit status. */
+/* Sub-commands of the ckfs binary (each returns the process exit status),
+ * with their option tables (src/cli/options.h), and what they share. */
 #ifndef CKFS_CLI_H
 #define CKFS_CLI_H
 
@@ -13,6 +14,10 @@ int ckfs_cmd_verify(int argc, char **argv);
 int ckfs_cmd_mount(int argc, char **argv);
 int ckfs_cmd_umount(int argc, char **argv);
 int ckfs_cmd_stats(int argc, char **argv);
+
+struct cli_command;
+extern const struct cli_command ckfs_cmd_inspect_def, ckfs_cmd_export_def,
+	ckfs_cmd_verify_def, ckfs_cmd_mount_def, ckfs_cmd_umount_def, ckfs_cmd_stats_def;
 
 /* "bf16" | "fp16" | "fp32" | "auto" (and torch names) -> dtype; auto gives
  * CKFS_DTYPE_INVALID. Returns 0 on success, -1 for an unknown name. */
@@ -28,8 +33,5 @@ int ckfs_cli_usage_error(const char *cmd, const char *fmt, ...)
 void ckfs_cli_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* s escaped for printing (one of four rotating static buffers). */
 const char *ckfs_cli_shown(const char *s);
-
-/* Human-readable size ("1.5 GiB"). */
-void ckfs_format_bytes(double bytes, char *buf, size_t size);
 
 #endif

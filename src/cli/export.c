@@ -16,7 +16,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -36,6 +35,7 @@
 
 #include "cli/cli.h"
 #include "cli/export_dest.h"
+#include "cli/options.h"
 
 #define EXPORT_BLOCK (8u << 20)
 
@@ -296,194 +296,211 @@ static void parent_of(const char *path, char *out, size_t size)
 		*slash = '\0';
 }
 
-static void usage(FILE *to)
+struct export_args {
+	struct cli_common c;
+	bool force, quiet;
+	int threads;
+};
+
+static const struct cli_opt opt_force = {
+	OPT_FORCE, "force", 'f', NULL, NULL,
+	"replace DIR if it exists (a folder holding nothing the export reads), "
+	"once the new one is complete"
+};
+static const struct cli_opt opt_threads = {
+	OPT_EXPORT_THREADS, "threads", 0, NULL, "N",
+	"threads assembling the weights (default: the CPUs, at most 16)"
+};
+static const struct cli_opt opt_quiet = {
+	OPT_QUIET, "quiet", 'q', NULL, NULL, "no progress, warnings or summary"
+};
+
+static const struct cli_opt *const export_opts[] = {
+	&cli_opt_dtype, &cli_opt_max_shard_size, &cli_opt_config, &opt_force, &opt_threads,
+	&opt_quiet, &cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_log_level, NULL,
+};
+
+static int export_apply(void *ctx, const struct cli_opt *o, const char *value);
+
+const struct cli_command ckfs_cmd_export_def = {
+	.name = "export",
+	.args = "SRC DIR",
+	.n_args = 2,
+	.brief = "write the merged Hugging Face folder",
+	.about = "Write the merged Hugging Face folder of checkpoint SRC to DIR, the\n"
+		 "files the mount shows, byte for byte. DIR appears only once every\n"
+		 "file is written and synced. Group and others may read a file only\n"
+		 "where they may read every source it is made from (0644 and 0755 at\n"
+		 "most, less the umask).",
+	.opts = export_opts,
+	.run = ckfs_cmd_export,
+};
+
+static int export_apply(void *ctx, const struct cli_opt *o, const char *value)
 {
-	fputs("usage: ckfs export SRC DIR [--dtype bf16|fp16|fp32|auto]\n"
-	      "                   [--max-shard-size SIZE] [--config PATH] [--force]\n"
-	      "                   [--threads N] [--quiet] [--follow-symlinks] [--raw-names]\n"
-	      "Writes the merged Hugging Face folder of checkpoint SRC to DIR.\n"
-	      "Group and others may read a file only where they may read every\n"
-	      "source it is made from (0644 and 0755 at most, less the umask).\n"
-	      "Files whose symlinks lead outside SRC are refused unless\n"
-	      "--follow-symlinks. --raw-names serves Megatron keys without a\n"
-	      "Hugging Face name under their own names (per rank from mp_rank_*\n"
-	      "folders, whole from a dist_ckpt).\n", to);
+	struct export_args *a = ctx;
+	int rc = cli_apply_common(&ckfs_cmd_export_def, &a->c, o, value);
+
+	if (rc >= 0)
+		return rc;
+	switch (o->id) {
+	case OPT_FORCE: a->force = true; return 0;
+	case OPT_QUIET: a->quiet = true; return 0;
+	case OPT_EXPORT_THREADS:
+		a->threads = atoi(value);
+		if (a->threads < 1 || a->threads > 256)
+			return ckfs_cli_usage_error("export", "bad thread count '%s'", value);
+		return 0;
+	default:
+		return 0;
+	}
 }
 
-int ckfs_cmd_export(int argc, char **argv)
+/* Every file of f into the folder tmp, with the carried modes, synced. */
+static enum ckfs_code write_folder(const struct export_args *a, const struct ckfs_folder *f,
+				   const char *tmp, struct progress *prog,
+				   struct ckfs_error *err)
 {
-	static const struct option opts[] = {
-		{ "dtype", required_argument, NULL, 'd' },
-		{ "max-shard-size", required_argument, NULL, 's' },
-		{ "config", required_argument, NULL, 'c' },
-		{ "force", no_argument, NULL, 'f' },
-		{ "threads", required_argument, NULL, 't' },
-		{ "quiet", no_argument, NULL, 'q' },
-		{ "log-level", required_argument, NULL, 'l' },
-		{ "follow-symlinks", no_argument, NULL, 'F' },
-		{ "raw-names", no_argument, NULL, 'N' },
-		{ "help", no_argument, NULL, 'h' },
-		{ NULL, 0, NULL, 0 },
-	};
-	struct ckfs_model_options mopt = { .out_dtype = CKFS_DTYPE_BF16 };
-	struct ckfs_folder_options fopt = { 0 };
-	int force = 0, quiet = 0, threads = 0, c;
-	struct ckfs_error err;
-
-	ckfs_error_clear(&err);
-	optind = 1;
-	while ((c = getopt_long(argc, argv, "fqh", opts, NULL)) != -1) {
-		switch (c) {
-		case 'd':
-			if (ckfs_cli_parse_dtype(optarg, &mopt.out_dtype) != 0)
-				return ckfs_cli_usage_error("export", "unknown dtype '%s'", optarg);
-			break;
-		case 's':
-			if (!(fopt.max_shard_size = ckfs_parse_size(optarg)))
-				return ckfs_cli_usage_error("export", "bad size '%s'", optarg);
-			break;
-		case 'c': mopt.config_path = optarg; break;
-		case 'F': mopt.follow_symlinks = true; break;
-		case 'N': mopt.raw_names = true; break;
-		case 'f': force = 1; break;
-		case 'q': quiet = 1; break;
-		case 't':
-			threads = atoi(optarg);
-			if (threads < 1 || threads > 256)
-				return ckfs_cli_usage_error("export", "bad thread count '%s'", optarg);
-			break;
-		case 'l': {
-			int lv = ckfs_log_parse_level(optarg);
-			if (lv < 0)
-				return ckfs_cli_usage_error("export", "bad log level '%s'", optarg);
-			ckfs_log_set_level((enum ckfs_log_level)lv);
-			break;
-		}
-		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return 2;
-		}
-	}
-	if (argc - optind != 2)
-		return ckfs_cli_usage_error("export", "expected SRC and DIR");
-	const char *src = argv[optind];
-	char dst[PATH_MAX];
-	if (snprintf(dst, sizeof(dst), "%s", argv[optind + 1]) >= (int)sizeof(dst))
-		return ckfs_cli_usage_error("export", "DIR is too long");
-	/* "out/" is "out": the temporary folder goes beside it, not in it. */
-	for (size_t n = strlen(dst); n > 1 && dst[n - 1] == '/'; n--)
-		dst[n - 1] = '\0';
-	if (!threads) {
-		long n = sysconf(_SC_NPROCESSORS_ONLN);
-		threads = n < 1 ? 1 : n > 16 ? 16 : (int)n;
-	}
-
-	struct stat st;
-	int exists = lstat(dst, &st) == 0;
-	if (exists && !force) {
-		ckfs_fail(&err, CKFS_E_EXISTS, "'%s': already exists; use --force to "
-			  "replace it", dst);
-		return ckfs_cli_report(&err);
-	}
-	if (exists && !S_ISDIR(st.st_mode) && !S_ISLNK(st.st_mode)) {
-		ckfs_fail(&err, CKFS_E_INVALID, "'%s': not a folder; --force replaces only "
-			  "a folder", dst);
-		return ckfs_cli_report(&err);
-	}
-	struct ckfs_model *m = NULL;
-	struct ckfs_folder *f = NULL;
-	if (ckfs_model_open(src, &mopt, &m, &err) != CKFS_OK)
-		return ckfs_cli_report(&err);
-	for (size_t i = 0; i < m->n_warnings && !quiet; i++)
-		ckfs_cli_say("warning: %s", m->warnings[i]);
-	if (ckfs_folder_build(m, &fopt, &f, &err) != CKFS_OK ||
-	    ckfs_export_dest_check(dst, exists, m, f, &err) != CKFS_OK) {
-		ckfs_folder_free(f);
-		ckfs_model_free(m);
-		return ckfs_cli_report(&err);
-	}
-	ckfs_export_dest_clean(dst);
-
-	/* Room for DIR and the suffix: dst is shorter than PATH_MAX. */
-	char parent[PATH_MAX], tmp[PATH_MAX + 32], old[PATH_MAX + 32];
-	parent_of(dst, parent, sizeof(parent));
-	snprintf(tmp, sizeof(tmp), "%s.ckfs-tmp-%ld", dst, (long)getpid());
-	snprintf(old, sizeof(old), "%s.ckfs-old-%ld", dst, (long)getpid());
-	struct sigaction sa = { .sa_handler = on_signal };
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
-	sigaction(SIGHUP, &sa, NULL);
-
-	enum ckfs_code rc = CKFS_OK;
-	int made_tmp = 0, tmp_lock = -1, old_lock = -1;
 	struct export_modes em = { 0 };
 	mode_t process_umask = umask(0); /* read it (no threads yet) */
+	enum ckfs_code rc;
+
 	umask(process_umask);
-	if (mkdir(tmp, 0700) != 0) {
-		rc = ckfs_fail_errno(&err, "'%s': cannot create", tmp);
-		goto out;
-	}
-	made_tmp = 1;
-	/* Held until the end: a later export tells a live export's folder
-	 * from one a killed export left (export_dest.c). */
-	if ((tmp_lock = ckfs_export_dest_lock(tmp)) < 0) {
-		rc = ckfs_fail_errno(&err, "'%s': cannot lock", tmp);
-		goto out;
-	}
-	if ((rc = carry_modes(f, tmp, &em, &err)) != CKFS_OK)
-		goto out;
-	struct progress prog = { .enabled = !quiet && isatty(STDERR_FILENO) };
-	clock_gettime(CLOCK_MONOTONIC, &prog.start);
+	rc = carry_modes(f, tmp, &em, err);
+	prog->enabled = !a->quiet && isatty(STDERR_FILENO);
+	clock_gettime(CLOCK_MONOTONIC, &prog->start);
 	for (size_t i = 0; i < f->n_nodes; i++)
-		prog.total += f->nodes[i].size;
+		prog->total += f->nodes[i].size;
 	for (size_t i = 0; i < f->n_nodes && rc == CKFS_OK; i++)
-		rc = write_node(f, &f->nodes[i], tmp, &em, threads, &prog, &err);
-	if (prog.enabled)
+		rc = write_node(f, &f->nodes[i], tmp, &em, a->threads, prog, err);
+	if (prog->enabled)
 		fputc('\n', stderr);
 	if (rc == CKFS_OK && chmod(tmp, em.dir & ~process_umask) != 0)
-		rc = ckfs_fail_errno(&err, "'%s': cannot set its mode", tmp);
+		rc = ckfs_fail_errno(err, "'%s': cannot set its mode", tmp);
 	if (rc == CKFS_OK && sync_dir(tmp) != 0)
-		rc = ckfs_fail_errno(&err, "'%s': fsync failed", tmp);
-	if (rc != CKFS_OK)
-		goto out;
-	int replaced = 0;
+		rc = ckfs_fail_errno(err, "'%s': fsync failed", tmp);
+	free(em.files);
+	return rc;
+}
+
+/* Rename the written folder tmp to dst; with --force, the old dst is moved
+ * to `old` first (locked as this export's while it is there) and removed
+ * once the new one is in place. *placed tells tmp is gone. */
+static enum ckfs_code put_in_place(const char *tmp, const char *dst, const char *old,
+				   bool force, bool *placed, struct ckfs_error *err)
+{
+	char parent[PATH_MAX];
+	struct stat st;
+	int replaced = 0, old_lock = -1;
+	enum ckfs_code rc = CKFS_OK;
+
+	parent_of(dst, parent, sizeof(parent));
 	if (force && lstat(dst, &st) == 0) {
 		old_lock = S_ISDIR(st.st_mode) ? ckfs_export_dest_lock(dst) : -1;
 		if (rename(dst, old) != 0) {
-			rc = ckfs_fail_errno(&err, "'%s': cannot move aside", dst);
+			rc = ckfs_fail_errno(err, "'%s': cannot move aside", dst);
 			goto out;
 		}
 		replaced = 1;
 	}
 	if (rename(tmp, dst) != 0) {
-		rc = ckfs_fail_errno(&err, "'%s': cannot rename into place", dst);
+		rc = ckfs_fail_errno(err, "'%s': cannot rename into place", dst);
 		if (replaced)
 			rename(old, dst);
 		goto out;
 	}
-	made_tmp = 0;
+	*placed = true;
 	sync_dir(parent);
-	if (replaced) {
-		/* The old folder may hold files ckfs did not write. */
-		if (ckfs_export_dest_remove(old) != 0)
-			ckfs_cli_say("warning: could not remove '%s'", old);
-	}
-	if (!quiet) {
-		char a[32];
-		ckfs_format_bytes((double)prog.total, a, sizeof(a));
-		ckfs_cli_say("wrote %zu files (%s) to '%s' in %.2f s",
-			f->n_nodes, a, dst, since(&prog.start));
-	}
+	/* The old folder may hold files ckfs did not write. */
+	if (replaced && ckfs_export_dest_remove(old) != 0)
+		ckfs_cli_say("warning: could not remove '%s'", old);
 out:
-	free(em.files);
-	if (made_tmp)
+	if (old_lock >= 0)
+		close(old_lock);
+	return rc;
+}
+
+/* Build DIR.ckfs-tmp-PID beside dst from f, then put it in place. */
+static enum ckfs_code export_folder(const struct export_args *a, const struct ckfs_folder *f,
+				    const char *dst, struct ckfs_error *err)
+{
+	/* Room for DIR and the suffix: dst is shorter than PATH_MAX. */
+	char tmp[PATH_MAX + 32], old[PATH_MAX + 32];
+	struct progress prog = { 0 };
+	bool placed = false;
+	enum ckfs_code rc;
+
+	snprintf(tmp, sizeof(tmp), "%s.ckfs-tmp-%ld", dst, (long)getpid());
+	snprintf(old, sizeof(old), "%s.ckfs-old-%ld", dst, (long)getpid());
+	if (mkdir(tmp, 0700) != 0)
+		return ckfs_fail_errno(err, "'%s': cannot create", tmp);
+	/* Held until the end: a later export tells a live export's folder
+	 * from one a killed export left (export_dest.c). */
+	int tmp_lock = ckfs_export_dest_lock(tmp);
+	rc = tmp_lock < 0 ? ckfs_fail_errno(err, "'%s': cannot lock", tmp)
+			  : write_folder(a, f, tmp, &prog, err);
+	if (rc == CKFS_OK)
+		rc = put_in_place(tmp, dst, old, a->force, &placed, err);
+	if (!placed)
 		remove_tree(tmp, f);
 	if (tmp_lock >= 0)
 		close(tmp_lock);
-	if (old_lock >= 0)
-		close(old_lock);
+	if (rc == CKFS_OK && !a->quiet) {
+		char size[32];
+		ckfs_format_bytes((double)prog.total, size, sizeof(size));
+		ckfs_cli_say("wrote %zu files (%s) to '%s' in %.2f s", f->n_nodes, size, dst,
+			     since(&prog.start));
+	}
+	return rc;
+}
+
+int ckfs_cmd_export(int argc, char **argv)
+{
+	struct export_args a = { .c.model.out_dtype = CKFS_DTYPE_BF16 };
+	struct ckfs_model *m = NULL;
+	struct ckfs_folder *f = NULL;
+	struct ckfs_error err;
+	struct stat st;
+	char dst[PATH_MAX];
+	int first;
+
+	ckfs_error_clear(&err);
+	int rc = cli_parse(&ckfs_cmd_export_def, argc, argv, export_apply, &a, &first);
+	if (rc)
+		return rc < 0 ? 0 : rc;
+	const char *src = argv[first];
+	if (snprintf(dst, sizeof(dst), "%s", argv[first + 1]) >= (int)sizeof(dst))
+		return ckfs_cli_usage_error("export", "DIR is too long");
+	/* "out/" is "out": the temporary folder goes beside it, not in it. */
+	for (size_t n = strlen(dst); n > 1 && dst[n - 1] == '/'; n--)
+		dst[n - 1] = '\0';
+	if (!a.threads) {
+		long n = sysconf(_SC_NPROCESSORS_ONLN);
+		a.threads = n < 1 ? 1 : n > 16 ? 16 : (int)n;
+	}
+	int exists = lstat(dst, &st) == 0;
+	if (exists && !a.force)
+		ckfs_fail(&err, CKFS_E_EXISTS, "'%s': already exists; use --force to "
+			  "replace it", dst);
+	else if (exists && !S_ISDIR(st.st_mode) && !S_ISLNK(st.st_mode))
+		ckfs_fail(&err, CKFS_E_INVALID, "'%s': not a folder; --force replaces only "
+			  "a folder", dst);
+	else if (ckfs_model_open(src, &a.c.model, &m, &err) == CKFS_OK) {
+		for (size_t i = 0; i < m->n_warnings && !a.quiet; i++)
+			ckfs_cli_say("warning: %s", m->warnings[i]);
+		if (ckfs_folder_build(m, &a.c.folder, &f, &err) == CKFS_OK &&
+		    ckfs_export_dest_check(dst, exists, m, f, &err) == CKFS_OK) {
+			ckfs_export_dest_clean(dst);
+			struct sigaction sa = { .sa_handler = on_signal };
+			sigaction(SIGINT, &sa, NULL);
+			sigaction(SIGTERM, &sa, NULL);
+			sigaction(SIGHUP, &sa, NULL);
+			export_folder(&a, f, dst, &err);
+		}
+	}
 	ckfs_folder_free(f);
 	ckfs_model_free(m);
-	if (rc != CKFS_OK)
+	if (err.code != CKFS_OK)
 		return interrupted ? 130 : ckfs_cli_report(&err);
 	return 0;
 }

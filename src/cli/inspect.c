@@ -3,7 +3,6 @@
  * metadata only: layout, world size, mesh, ranks read, per-tensor table,
  * totals and warnings. */
 #include <cjson/cJSON.h>
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +12,7 @@
 #include "ckfs/model.h"
 #include "ckfs/units.h"
 #include "cli/cli.h"
+#include "cli/options.h"
 
 static uint64_t stored_bytes(const struct ckfs_tensor *t)
 {
@@ -180,58 +180,48 @@ static void print_text(const struct ckfs_model *m, const struct ckfs_folder *f)
 		printf("warning: %s\n", m->warnings[i]);
 }
 
+static const struct cli_opt *const inspect_opts[] = {
+	&cli_opt_json, &cli_opt_dtype, &cli_opt_max_shard_size, &cli_opt_config,
+	&cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_log_level, NULL,
+};
+
+const struct cli_command ckfs_cmd_inspect_def = {
+	.name = "inspect",
+	.args = "SRC",
+	.n_args = 1,
+	.brief = "describe a checkpoint (metadata only)",
+	.about = "Describe checkpoint SRC from its metadata alone: its layout, ranks and\n"
+		 "mesh, every tensor served (shape, stored and served dtype, placement,\n"
+		 "pieces) and the files of the folder.",
+	.opts = inspect_opts,
+	.run = ckfs_cmd_inspect,
+};
+
+static int inspect_apply(void *ctx, const struct cli_opt *o, const char *value)
+{
+	int rc = cli_apply_common(&ckfs_cmd_inspect_def, ctx, o, value);
+	return rc < 0 ? 0 : rc;
+}
+
 int ckfs_cmd_inspect(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		{ "json", no_argument, NULL, 'j' },
-		{ "dtype", required_argument, NULL, 'd' },
-		{ "max-shard-size", required_argument, NULL, 's' },
-		{ "config", required_argument, NULL, 'c' },
-		{ "follow-symlinks", no_argument, NULL, 'F' },
-		{ "raw-names", no_argument, NULL, 'N' },
-		{ "help", no_argument, NULL, 'h' },
-		{ NULL, 0, NULL, 0 },
-	};
-	struct ckfs_model_options mopt = { .out_dtype = CKFS_DTYPE_BF16 };
-	struct ckfs_folder_options fopt = { 0 };
-	struct ckfs_error err;
-	int json = 0, c;
-
-	ckfs_error_clear(&err);
-	optind = 1;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		switch (c) {
-		case 'j': json = 1; break;
-		case 'd':
-			if (ckfs_cli_parse_dtype(optarg, &mopt.out_dtype) != 0)
-				return ckfs_cli_usage_error("inspect", "unknown dtype '%s'", optarg);
-			break;
-		case 's':
-			if (!(fopt.max_shard_size = ckfs_parse_size(optarg)))
-				return ckfs_cli_usage_error("inspect", "bad size '%s'", optarg);
-			break;
-		case 'c': mopt.config_path = optarg; break;
-		case 'F': mopt.follow_symlinks = true; break;
-		case 'N': mopt.raw_names = true; break;
-		case 'h':
-			puts("usage: ckfs inspect SRC [--json] [--dtype D] [--max-shard-size S] [--config PATH]\n"
-			     "                    [--follow-symlinks] [--raw-names]");
-			return 0;
-		default: return 2;
-		}
-	}
-	if (argc - optind != 1)
-		return ckfs_cli_usage_error("inspect", "expected SRC");
+	struct cli_common c = { .model.out_dtype = CKFS_DTYPE_BF16 };
 	struct ckfs_model *m;
 	struct ckfs_folder *f;
-	if (ckfs_model_open(argv[optind], &mopt, &m, &err) != CKFS_OK)
+	struct ckfs_error err;
+	int first;
+
+	ckfs_error_clear(&err);
+	int rc = cli_parse(&ckfs_cmd_inspect_def, argc, argv, inspect_apply, &c, &first);
+	if (rc)
+		return rc < 0 ? 0 : rc;
+	if (ckfs_model_open(argv[first], &c.model, &m, &err) != CKFS_OK)
 		return ckfs_cli_report(&err);
-	if (ckfs_folder_build(m, &fopt, &f, &err) != CKFS_OK) {
+	if (ckfs_folder_build(m, &c.folder, &f, &err) != CKFS_OK) {
 		ckfs_model_free(m);
 		return ckfs_cli_report(&err);
 	}
-	int rc = 0;
-	if (json)
+	if (c.json)
 		rc = print_json(m, f);
 	else
 		print_text(m, f);

@@ -14,20 +14,7 @@
 #include "ckfs/log.h"
 #include "ckfs/text.h"
 #include "cli/cli.h"
-
-static const char usage_text[] =
-	"usage: ckfs <command> [options]\n"
-	"\n"
-	"  inspect SRC [--json]              describe a checkpoint (metadata only)\n"
-	"  export SRC DIR [options]          write the merged Hugging Face folder\n"
-	"  verify SRC --against DIR          compare a checkpoint with a HF folder\n"
-	"  mount SRC MNT [options]           serve the merged folder through FUSE\n"
-	"  umount [-z] MNT                   unmount (-z: lazily, while files are open)\n"
-	"  stats MNT                         counters of a running mount\n"
-	"\n"
-	"Common options: --dtype bf16|fp16|fp32|auto (default bf16),\n"
-	"  --max-shard-size SIZE (e.g. 5GB), --config PATH, --log-level LEVEL.\n"
-	"Run 'ckfs <command> --help' for details.\n";
+#include "cli/options.h"
 
 int ckfs_cli_parse_dtype(const char *name, enum ckfs_dtype *out)
 {
@@ -87,34 +74,44 @@ const char *ckfs_cli_shown(const char *s)
 	return b;
 }
 
+const struct cli_command *const ckfs_commands[] = {
+	&ckfs_cmd_inspect_def, &ckfs_cmd_export_def, &ckfs_cmd_verify_def,
+	&ckfs_cmd_mount_def, &ckfs_cmd_umount_def, &ckfs_cmd_stats_def, NULL,
+};
+
+static void usage(FILE *to)
+{
+	fputs("usage: ckfs <command> [options]\n\n", to);
+	for (const struct cli_command *const *c = ckfs_commands; *c; c++) {
+		char left[64];
+		snprintf(left, sizeof(left), "%s %s", (*c)->name, (*c)->args);
+		fprintf(to, "  %-24s %s\n", left, (*c)->brief);
+	}
+	fputs("\nRun 'ckfs <command> --help' for its options.\n", to);
+}
+
 int main(int argc, char **argv)
 {
 	const char *cmd = argc > 1 ? argv[1] : NULL;
 
 	if (!cmd || strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 ||
 	    strcmp(cmd, "help") == 0) {
-		fputs(usage_text, cmd ? stdout : stderr);
+		usage(cmd ? stdout : stderr);
 		return cmd ? 0 : 2;
 	}
 	if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
 		printf("ckfs %s\n", CKFS_VERSION);
 		return 0;
 	}
-	if (strcmp(cmd, "inspect") == 0)
-		return ckfs_cmd_inspect(argc - 1, argv + 1);
-	if (strcmp(cmd, "export") == 0)
-		return ckfs_cmd_export(argc - 1, argv + 1);
-	if (strcmp(cmd, "verify") == 0)
-		return ckfs_cmd_verify(argc - 1, argv + 1);
-	if (strcmp(cmd, "mount") == 0)
-		return ckfs_cmd_mount(argc - 1, argv + 1);
-	if (strcmp(cmd, "umount") == 0 || strcmp(cmd, "unmount") == 0)
+	for (const struct cli_command *const *c = ckfs_commands; *c; c++)
+		if (strcmp(cmd, (*c)->name) == 0)
+			return (*c)->run(argc - 1, argv + 1);
+	if (strcmp(cmd, "unmount") == 0)
 		return ckfs_cmd_umount(argc - 1, argv + 1);
-	if (strcmp(cmd, "stats") == 0)
-		return ckfs_cmd_stats(argc - 1, argv + 1);
 	if (cmd[0] != '-' && argc >= 3)
 		return ckfs_cmd_mount(argc, argv); /* mount.fuse3: ckfs SRC MNT -o ... */
 	ckfs_cli_say("unknown command '%s'", cmd);
-	fprintf(stderr, "\n%s", usage_text);
+	fputc('\n', stderr);
+	usage(stderr);
 	return 2;
 }

@@ -1,32 +1,25 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * ckfs mount | umount | stats: the command-line side of the FUSE front end
- * (src/fuse). Options come as long options or as -o keys, so the same
- * settings work from a shell, from /etc/fstab (mount.fuse3 runs
- * "ckfs SRC MNT -o OPTS") and from systemd units. -o keys that are not
- * ckfs's are libfuse mount options; options only meaningful to mount(8)
- * (noauto, nofail, x-systemd.*, ...) are ignored. The mount is always
- * read-only, so "rw" is ignored too.
+ * ckfs mount: the command-line side of the FUSE front end (src/fuse).
+ * Options come as long options or as -o keys, both from the one table
+ * below, so the same settings work from a shell, from /etc/fstab
+ * (mount.fuse3 runs "ckfs SRC MNT -o OPTS") and from systemd units. -o keys
+ * that are not ckfs's are libfuse mount options; options only meaningful
+ * to mount(8) (noauto, nofail, x-systemd.*, ...) are ignored. The mount is
+ * always read-only, so "rw" is ignored too.
  */
-#define FUSE_USE_VERSION 312
-
-#include <cjson/cJSON.h>
 #include <errno.h>
-#include <fuse_opt.h>
-#include <getopt.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mount.h>
-#include <sys/wait.h>
-#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "ckfs/log.h"
 #include "ckfs/units.h"
 
 #include "cli/cli.h"
+#include "cli/options.h"
 #include "fuse/fs.h"
 
 #define DEFAULT_CACHE_SIZE (1ull << 30)     /* 1 GiB */
@@ -35,48 +28,80 @@
 #define DEFAULT_READAHEAD 16                 /* slices: 64 MiB ahead */
 #define DEFAULT_KERNEL_READAHEAD_KB 1024     /* = max_read: whole requests */
 
-static void mount_usage(FILE *to)
-{
-	fputs("usage: ckfs mount [options] SRC MNT\n"
-	      "Serve the merged Hugging Face folder of checkpoint SRC at MNT (read-only).\n"
-	      "\n"
-	      "  -f, --foreground          stay in the foreground, log to stderr\n"
-	      "  -d, --debug               trace FUSE requests (implies -f)\n"
-	      "  -o OPT[,OPT...]           mount options: the keys below, and libfuse's\n"
-	      "                            (allow_other, allow_root, default_permissions,\n"
-	      "                            fsname=, subtype=, auto_unmount, noatime, ...)\n"
-	      "      --dtype T             bf16 (default), fp16, fp32 or auto      -o dtype=\n"
-	      "      --max-shard-size N    split weights into shards of N (e.g. 5GB)\n"
-	      "                                                           -o max_shard_size=\n"
-	      "      --cache-size N        slice cache budget (default 1GiB)  -o cache_size=\n"
-	      "      --threads N           FUSE worker threads (default 16); read-ahead\n"
-	      "                            workers: min(N, max(4, CPUs))     -o threads=\n"
-	      "      --readahead N         read-ahead window, in slices (default 16, 0 off)\n"
-	      "                                                                -o readahead=\n"
-	      "      --config PATH         config.json (or a folder holding one) -o config=\n"
-	      "      --follow-symlinks     serve files whose symlinks lead outside SRC\n"
-	      "                                                          -o follow_symlinks\n"
-	      "      --raw-names           serve Megatron keys without a Hugging Face\n"
-	      "                            name under their own names      -o raw_names\n"
-	      "      --log-level L         err|warning|notice|info|debug      -o log_level=\n"
-	      "  -o prefetch_threads=N, slice_size=N (power of two, default 4MiB),\n"
-	      "     kernel_readahead=N (the mount's read_ahead_kb when run as root,\n"
-	      "     default 1MiB; 0 keeps the kernel's 128KiB),\n"
-	      "     uid=N, gid=N (owner shown for all files; default: the mounting user),\n"
-	      "     umask=M (modes 0444/0555 less octal M whatever the sources allow,\n"
-	      "     e.g. umask=0222 to publish; default: each file shows no more than\n"
-	      "     its sources allow)\n"
-	      "\n"
-	      "Returns once the mount is ready (status 0) or has failed (status 1).\n"
-	      "See also: ckfs umount MNT, ckfs stats MNT.\n",
-	      to);
-}
-
-struct mount_parse {
-	struct ckfs_mount_options *mo;
-	char *fuse_opts;       /* user libfuse options, comma list */
+struct mount_args {
+	struct cli_common c;
+	struct ckfs_mount_options mo;
+	char *fuse_opts;       /* the user's libfuse options, comma list */
 	bool has_fsname, has_subtype, has_prefetch;
-	const char *config;
+};
+
+static const struct cli_opt opt_foreground = {
+	OPT_FOREGROUND, "foreground", 'f', NULL, NULL, "stay in the foreground, log to stderr"
+};
+static const struct cli_opt opt_debug = {
+	OPT_DEBUG, "debug", 'd', "debug", NULL, "trace FUSE requests (implies -f)"
+};
+static const struct cli_opt opt_options = {
+	OPT_MOUNT_OPTIONS, "options", 'o', NULL, "OPT[,OPT...]",
+	"mount options: every key shown as (-o ...) here, and libfuse's "
+	"(allow_other, allow_root, default_permissions, fsname=, subtype=, "
+	"auto_unmount, noatime, ...)"
+};
+static const struct cli_opt opt_cache_size = {
+	OPT_CACHE_SIZE, "cache-size", 0, "cache_size", "SIZE",
+	"slice cache budget (default 1GiB)"
+};
+static const struct cli_opt opt_threads = {
+	OPT_THREADS, "threads", 0, "threads", "N",
+	"FUSE worker threads (default 16); read-ahead workers: "
+	"min(N, max(4, CPUs)) unless prefetch_threads="
+};
+static const struct cli_opt opt_readahead = {
+	OPT_READAHEAD, "readahead", 0, "readahead", "N",
+	"read-ahead window, in slices (default 16, 0 off)"
+};
+static const struct cli_opt opt_prefetch_threads = {
+	OPT_PREFETCH_THREADS, NULL, 0, "prefetch_threads", "N", "read-ahead workers (0 off)"
+};
+static const struct cli_opt opt_slice_size = {
+	OPT_SLICE_SIZE, NULL, 0, "slice_size", "SIZE",
+	"cache slice, a power of two from 4KiB to 64MiB (default 4MiB)"
+};
+static const struct cli_opt opt_kernel_readahead = {
+	OPT_KERNEL_READAHEAD, NULL, 0, "kernel_readahead", "SIZE",
+	"the mount's read_ahead_kb when run as root (default 1MiB; "
+	"0 keeps the kernel's 128KiB)"
+};
+static const struct cli_opt opt_uid = {
+	OPT_UID, NULL, 0, "uid", "N", "owner shown for all files (default: the mounting user)"
+};
+static const struct cli_opt opt_gid = {
+	OPT_GID, NULL, 0, "gid", "N", "group shown for all files"
+};
+static const struct cli_opt opt_umask = {
+	OPT_UMASK, NULL, 0, "umask", "M",
+	"modes 0444/0555 less octal M whatever the sources allow (umask=0222 "
+	"publishes); default: no file shows more than its sources allow"
+};
+
+static const struct cli_opt *const mount_opts[] = {
+	&opt_foreground, &opt_debug, &opt_options, &cli_opt_dtype, &cli_opt_max_shard_size,
+	&opt_cache_size, &opt_threads, &opt_readahead, &cli_opt_config,
+	&cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_log_level,
+	&opt_prefetch_threads, &opt_slice_size, &opt_kernel_readahead, &opt_uid, &opt_gid,
+	&opt_umask, NULL,
+};
+
+const struct cli_command ckfs_cmd_mount_def = {
+	.name = "mount",
+	.args = "SRC MNT",
+	.n_args = 2,
+	.brief = "serve the merged folder through FUSE",
+	.about = "Serve the merged Hugging Face folder of checkpoint SRC at MNT\n"
+		 "(read-only). Returns once the mount is ready (status 0) or has\n"
+		 "failed (status 1). See also: ckfs umount MNT, ckfs stats MNT.",
+	.opts = mount_opts,
+	.run = ckfs_cmd_mount,
 };
 
 static int parse_count(const char *text, long lo, long hi, long *out)
@@ -113,10 +138,10 @@ static int is_pow2(uint64_t v)
 	return v && !(v & (v - 1));
 }
 
-/* One key[=value]: a ckfs setting, an option to ignore, or a libfuse mount
- * option. 0 on success, else the usage-error status. */
-static int apply_key(struct mount_parse *p, const char *key, const char *val,
-		     const char *whole)
+static int mount_apply(void *ctx, const struct cli_opt *o, const char *value);
+
+/* A mount(8) or libfuse key: ignored, or kept for libfuse. */
+static int other_key(struct mount_args *a, const char *key, const char *val, const char *whole)
 {
 	static const char *const ignored[] = {
 		"rw", "ro", "defaults", "auto", "noauto", "user", "users", "nouser",
@@ -132,119 +157,29 @@ static int apply_key(struct mount_parse *p, const char *key, const char *val,
 		"fsname", "subtype", "context", "fscontext", "defcontext", "rootcontext",
 		"user",
 	};
-	struct ckfs_mount_options *mo = p->mo;
-	long n;
+	int known = 0;
 
-#define NEED_VALUE()                                                             \
-	do {                                                                     \
-		if (!val || !*val)                                               \
-			return ckfs_cli_usage_error("mount", "option '%s' needs a value", \
-						    key);                        \
-	} while (0)
-
-	if (strcmp(key, "dtype") == 0) {
-		NEED_VALUE();
-		if (ckfs_cli_parse_dtype(val, &mo->model.out_dtype) != 0)
-			return ckfs_cli_usage_error("mount", "unknown dtype '%s'", val);
-	} else if (strcmp(key, "max_shard_size") == 0) {
-		NEED_VALUE();
-		if (!(mo->folder.max_shard_size = ckfs_parse_size(val)))
-			return ckfs_cli_usage_error("mount", "bad size '%s'", val);
-	} else if (strcmp(key, "cache_size") == 0) {
-		NEED_VALUE();
-		if (!(mo->cache_size = ckfs_parse_size(val)))
-			return ckfs_cli_usage_error("mount", "bad size '%s'", val);
-	} else if (strcmp(key, "slice_size") == 0) {
-		NEED_VALUE();
-		uint64_t v = ckfs_parse_size(val);
-		if (!is_pow2(v) || v < 4096 || v > (64u << 20))
-			return ckfs_cli_usage_error("mount", "slice size '%s' must be a power "
-						    "of two from 4KiB to 64MiB", val);
-		mo->slice_size = (size_t)v;
-	} else if (strcmp(key, "threads") == 0) {
-		NEED_VALUE();
-		if (parse_count(val, 1, 256, &n) != 0)
-			return ckfs_cli_usage_error("mount", "bad thread count '%s'", val);
-		mo->threads = (int)n;
-	} else if (strcmp(key, "prefetch_threads") == 0) {
-		NEED_VALUE();
-		if (parse_count(val, 0, 256, &n) != 0)
-			return ckfs_cli_usage_error("mount", "bad thread count '%s'", val);
-		mo->prefetch_threads = (int)n;
-		p->has_prefetch = true;
-	} else if (strcmp(key, "kernel_readahead") == 0) {
-		NEED_VALUE();
-		uint64_t v = strcmp(val, "0") == 0 ? 0 : ckfs_parse_size(val);
-		if ((v == 0 && strcmp(val, "0") != 0) || v % 1024 || v > (1u << 30))
-			return ckfs_cli_usage_error("mount", "kernel readahead '%s' must be "
-						    "whole KiB up to 1GiB, or 0", val);
-		mo->kernel_readahead_kb = (unsigned)(v / 1024);
-	} else if (strcmp(key, "readahead") == 0) {
-		NEED_VALUE();
-		if (parse_count(val, 0, 4096, &n) != 0)
-			return ckfs_cli_usage_error("mount", "bad read-ahead window '%s'", val);
-		mo->readahead = (int)n;
-	} else if (strcmp(key, "log_level") == 0) {
-		NEED_VALUE();
-		int lv = ckfs_log_parse_level(val);
-		if (lv < 0)
-			return ckfs_cli_usage_error("mount", "bad log level '%s'", val);
-		mo->log_level = (enum ckfs_log_level)lv;
-	} else if (strcmp(key, "config") == 0) {
-		NEED_VALUE();
-		p->config = val;
-	} else if (strcmp(key, "uid") == 0 || strcmp(key, "gid") == 0) {
-		NEED_VALUE();
-		if (parse_count(val, 0, INT32_MAX, &n) != 0)
-			return ckfs_cli_usage_error("mount", "bad %s '%s'", key, val);
-		if (key[0] == 'u') {
-			mo->uid = (uid_t)n;
-			mo->has_uid = true;
-		} else {
-			mo->gid = (gid_t)n;
-			mo->has_gid = true;
-		}
-	} else if (strcmp(key, "umask") == 0) {
-		NEED_VALUE();
-		if (parse_umask(val, &mo->umask) != 0)
-			return ckfs_cli_usage_error("mount", "bad umask '%s' (octal, 0 to 0777)",
-						    val);
-		mo->has_umask = true;
-	} else if (strcmp(key, "follow_symlinks") == 0 && !val) {
-		mo->model.follow_symlinks = true;
-	} else if (strcmp(key, "raw_names") == 0 && !val) {
-		mo->model.raw_names = true;
-	} else if (strcmp(key, "debug") == 0 && !val) {
-		mo->debug = true;
-		mo->foreground = true;
-	} else {
-		for (size_t i = 0; i < sizeof(ignored) / sizeof(ignored[0]); i++)
-			if (!val && strcmp(key, ignored[i]) == 0)
-				return 0;
-		if (strncmp(key, "x-", 2) == 0 || strcmp(key, "comment") == 0)
-			return 0; /* for mount(8) and systemd only */
-		int known = 0;
-		for (size_t i = 0; !known && i < sizeof(fuse_flags) / sizeof(fuse_flags[0]); i++)
-			known = !val && strcmp(key, fuse_flags[i]) == 0;
-		for (size_t i = 0; !known && i < sizeof(fuse_keys) / sizeof(fuse_keys[0]); i++)
-			known = val && strcmp(key, fuse_keys[i]) == 0;
-		if (!known)
-			return ckfs_cli_usage_error("mount", "unknown mount option '%s'", whole);
-		if (strcmp(key, "fsname") == 0)
-			p->has_fsname = true;
-		if (strcmp(key, "subtype") == 0)
-			p->has_subtype = true;
-		if (strcmp(key, "allow_other") == 0)
-			mo->allow_other = true;
-		if (fuse_opt_add_opt(&p->fuse_opts, whole) != 0)
-			return ckfs_cli_usage_error("mount", "out of memory");
-	}
+	for (size_t i = 0; i < sizeof(ignored) / sizeof(ignored[0]); i++)
+		if (!val && strcmp(key, ignored[i]) == 0)
+			return 0;
+	if (strncmp(key, "x-", 2) == 0 || strcmp(key, "comment") == 0)
+		return 0; /* for mount(8) and systemd only */
+	for (size_t i = 0; !known && i < sizeof(fuse_flags) / sizeof(fuse_flags[0]); i++)
+		known = !val && strcmp(key, fuse_flags[i]) == 0;
+	for (size_t i = 0; !known && i < sizeof(fuse_keys) / sizeof(fuse_keys[0]); i++)
+		known = val && strcmp(key, fuse_keys[i]) == 0;
+	if (!known)
+		return ckfs_cli_usage_error("mount", "unknown mount option '%s'", whole);
+	a->has_fsname |= strcmp(key, "fsname") == 0;
+	a->has_subtype |= strcmp(key, "subtype") == 0;
+	a->mo.allow_other |= strcmp(key, "allow_other") == 0;
+	if (ckfs_fuse_opts_add(&a->fuse_opts, whole, false) != 0)
+		return ckfs_cli_usage_error("mount", "out of memory");
 	return 0;
-#undef NEED_VALUE
 }
 
-/* A comma list as given to -o. */
-static int apply_option_list(struct mount_parse *p, const char *list)
+/* A comma list as given to -o: each key is ckfs's (the table) or not. */
+static int apply_option_list(struct mount_args *a, const char *list)
 {
 	char *copy = strdup(list), *save = NULL;
 	int rc = 0;
@@ -255,329 +190,177 @@ static int apply_option_list(struct mount_parse *p, const char *list)
 	     opt = strtok_r(NULL, ",", &save)) {
 		char whole[PATH_MAX + 64];
 		snprintf(whole, sizeof(whole), "%s", opt);
-		char *eq = strchr(opt, '=');
-		if (eq)
-			*eq = '\0';
-		rc = apply_key(p, opt, eq ? eq + 1 : NULL, whole);
+		char *val = strchr(opt, '=');
+		if (val)
+			*val++ = '\0';
+		const struct cli_opt *o = cli_find_key(&ckfs_cmd_mount_def, opt);
+		if (!o)
+			rc = other_key(a, opt, val, whole);
+		else if (o->arg && (!val || !*val))
+			rc = ckfs_cli_usage_error("mount", "option '%s' needs a value", opt);
+		else if (!o->arg && val)
+			rc = ckfs_cli_usage_error("mount", "option '%s' takes no value", opt);
+		else
+			rc = mount_apply(a, o, val);
 	}
 	free(copy);
 	return rc;
 }
 
-int ckfs_cmd_mount(int argc, char **argv)
+static int mount_apply(void *ctx, const struct cli_opt *o, const char *value)
 {
-	static const struct option opts[] = {
-		{ "foreground", no_argument, NULL, 'f' },
-		{ "debug", no_argument, NULL, 'd' },
-		{ "options", required_argument, NULL, 'o' },
-		{ "dtype", required_argument, NULL, 'D' },
-		{ "max-shard-size", required_argument, NULL, 'S' },
-		{ "cache-size", required_argument, NULL, 'C' },
-		{ "threads", required_argument, NULL, 'T' },
-		{ "readahead", required_argument, NULL, 'R' },
-		{ "config", required_argument, NULL, 'c' },
-		{ "log-level", required_argument, NULL, 'L' },
-		{ "follow-symlinks", no_argument, NULL, 'F' },
-		{ "raw-names", no_argument, NULL, 'N' },
-		{ "help", no_argument, NULL, 'h' },
-		{ NULL, 0, NULL, 0 },
-	};
-	struct ckfs_mount_options mo = {
-		.model = { .out_dtype = CKFS_DTYPE_BF16 },
-		.cache_size = DEFAULT_CACHE_SIZE,
-		.slice_size = DEFAULT_SLICE_SIZE,
-		.threads = DEFAULT_THREADS,
-		.readahead = DEFAULT_READAHEAD,
-		.kernel_readahead_kb = DEFAULT_KERNEL_READAHEAD_KB,
-		.log_level = CKFS_LOG_NOTICE,
-	};
-	struct mount_parse p = { .mo = &mo };
-	static const char *const long_keys[] = {
-		['D'] = "dtype", ['S'] = "max_shard_size", ['C'] = "cache_size",
-		['T'] = "threads", ['R'] = "readahead", ['c'] = "config",
-		['L'] = "log_level",
-	};
-	char src[PATH_MAX], mnt[PATH_MAX], config[PATH_MAX];
-	int c, rc = 2;
+	struct mount_args *a = ctx;
+	struct ckfs_mount_options *mo = &a->mo;
+	int rc = cli_apply_common(&ckfs_cmd_mount_def, &a->c, o, value);
+	uint64_t v;
+	long n;
 
-	optind = 1;
-	while ((c = getopt_long(argc, argv, "fdo:h", opts, NULL)) != -1) {
-		switch (c) {
-		case 'f':
-			mo.foreground = true;
-			break;
-		case 'd':
-			mo.debug = mo.foreground = true;
-			break;
-		case 'F':
-			mo.model.follow_symlinks = true;
-			break;
-		case 'N':
-			mo.model.raw_names = true;
-			break;
-		case 'o':
-			if ((rc = apply_option_list(&p, optarg)) != 0)
-				goto out;
-			break;
-		case 'D': case 'S': case 'C': case 'T': case 'R': case 'c': case 'L': {
-			char whole[PATH_MAX + 64];
-			snprintf(whole, sizeof(whole), "%s=%s", long_keys[c], optarg);
-			if ((rc = apply_key(&p, long_keys[c], optarg, whole)) != 0)
-				goto out;
-			break;
+	if (rc >= 0)
+		return rc;
+	switch (o->id) {
+	case OPT_FOREGROUND:
+		mo->foreground = true;
+		return 0;
+	case OPT_DEBUG:
+		mo->debug = mo->foreground = true;
+		return 0;
+	case OPT_MOUNT_OPTIONS:
+		return apply_option_list(a, value);
+	case OPT_CACHE_SIZE:
+		if (!(mo->cache_size = ckfs_parse_size(value)))
+			return ckfs_cli_usage_error("mount", "bad size '%s'", value);
+		return 0;
+	case OPT_SLICE_SIZE:
+		v = ckfs_parse_size(value);
+		if (!is_pow2(v) || v < 4096 || v > (64u << 20))
+			return ckfs_cli_usage_error("mount", "slice size '%s' must be a power "
+						    "of two from 4KiB to 64MiB", value);
+		mo->slice_size = (size_t)v;
+		return 0;
+	case OPT_THREADS:
+	case OPT_PREFETCH_THREADS:
+		if (parse_count(value, o->id == OPT_THREADS ? 1 : 0, 256, &n) != 0)
+			return ckfs_cli_usage_error("mount", "bad thread count '%s'", value);
+		*(o->id == OPT_THREADS ? &mo->threads : &mo->prefetch_threads) = (int)n;
+		a->has_prefetch |= o->id == OPT_PREFETCH_THREADS;
+		return 0;
+	case OPT_KERNEL_READAHEAD:
+		v = strcmp(value, "0") == 0 ? 0 : ckfs_parse_size(value);
+		if ((v == 0 && strcmp(value, "0") != 0) || v % 1024 || v > (1u << 30))
+			return ckfs_cli_usage_error("mount", "kernel readahead '%s' must be "
+						    "whole KiB up to 1GiB, or 0", value);
+		mo->kernel_readahead_kb = (unsigned)(v / 1024);
+		return 0;
+	case OPT_READAHEAD:
+		if (parse_count(value, 0, 4096, &n) != 0)
+			return ckfs_cli_usage_error("mount", "bad read-ahead window '%s'", value);
+		mo->readahead = (int)n;
+		return 0;
+	case OPT_UID:
+	case OPT_GID:
+		if (parse_count(value, 0, INT32_MAX, &n) != 0)
+			return ckfs_cli_usage_error("mount", "bad %s '%s'", o->key, value);
+		if (o->id == OPT_UID) {
+			mo->uid = (uid_t)n;
+			mo->has_uid = true;
+		} else {
+			mo->gid = (gid_t)n;
+			mo->has_gid = true;
 		}
-		case 'h':
-			mount_usage(stdout);
-			rc = 0;
-			goto out;
-		default:
-			mount_usage(stderr);
-			rc = 2;
-			goto out;
-		}
+		return 0;
+	case OPT_UMASK:
+		if (parse_umask(value, &mo->umask) != 0)
+			return ckfs_cli_usage_error("mount", "bad umask '%s' (octal, 0 to 0777)",
+						    value);
+		mo->has_umask = true;
+		return 0;
+	default:
+		return 0;
 	}
-	if (argc - optind != 2) {
-		rc = ckfs_cli_usage_error("mount", "expected SRC and MNT");
-		goto out;
+}
+
+/* The libfuse options: always read-only; requests of up to 1 MiB (max_read
+ * must also be set in the init handler); the kernel checks permissions
+ * from the modes carried from the sources (or umask=), which is what keeps
+ * allow_other from publishing files their sources keep private. */
+static int fuse_options(struct mount_args *a, char **out)
+{
+	char fsname[PATH_MAX + 16];
+
+	*out = NULL;
+	snprintf(fsname, sizeof(fsname), "fsname=%s", a->mo.src);
+	if (ckfs_fuse_opts_add(out, "ro,default_permissions", false) != 0 ||
+	    ckfs_fuse_opts_add(out, "max_read=1048576", false) != 0 ||
+	    (!a->has_subtype && ckfs_fuse_opts_add(out, "subtype=ckfs", false) != 0) ||
+	    (!a->has_fsname && ckfs_fuse_opts_add(out, fsname, true) != 0) ||
+	    (a->fuse_opts && ckfs_fuse_opts_add(out, a->fuse_opts, false) != 0)) {
+		free(*out);
+		*out = NULL;
+		ckfs_cli_say("out of memory");
+		return 1;
 	}
-	if (mo.cache_size < 2 * (uint64_t)mo.slice_size) {
-		rc = ckfs_cli_usage_error("mount", "cache size must be at least two slices "
-					  "(%zu bytes)", 2 * mo.slice_size);
-		goto out;
-	}
-	if (!p.has_prefetch) {
+	return 0;
+}
+
+/* Defaults that depend on other options, and the checks across them. */
+static int settle(struct mount_args *a)
+{
+	struct ckfs_mount_options *mo = &a->mo;
+
+	if (mo->cache_size < 2 * (uint64_t)mo->slice_size)
+		return ckfs_cli_usage_error("mount", "cache size must be at least two slices "
+					    "(%zu bytes)", 2 * mo->slice_size);
+	if (!a->has_prefetch) {
 		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
 		int cap = cpus > 4 ? (int)cpus : 4;
-		mo.prefetch_threads = mo.threads < cap ? mo.threads : cap;
+		mo->prefetch_threads = mo->threads < cap ? mo->threads : cap;
 	}
-	if (mo.debug)
-		mo.log_level = CKFS_LOG_DEBUG;
+	mo->log_level = mo->debug ? CKFS_LOG_DEBUG : ckfs_log_get_level();
+	mo->model = a->c.model;
+	mo->folder = a->c.folder;
+	return 0;
+}
 
+int ckfs_cmd_mount(int argc, char **argv)
+{
+	struct mount_args a = {
+		.c.model.out_dtype = CKFS_DTYPE_BF16,
+		.mo = {
+			.cache_size = DEFAULT_CACHE_SIZE,
+			.slice_size = DEFAULT_SLICE_SIZE,
+			.threads = DEFAULT_THREADS,
+			.readahead = DEFAULT_READAHEAD,
+			.kernel_readahead_kb = DEFAULT_KERNEL_READAHEAD_KB,
+		},
+	};
+	char src[PATH_MAX], mnt[PATH_MAX], config[PATH_MAX], *fo = NULL;
+	int first;
+
+	int rc = cli_parse(&ckfs_cmd_mount_def, argc, argv, mount_apply, &a, &first);
+	if (rc || (rc = settle(&a)) != 0)
+		goto out;
 	/* Absolute paths: the daemon works from "/", and the core re-checks
 	 * sources by path. */
-	const char *src_arg = argv[optind], *mnt_arg = argv[optind + 1];
-	mo.src = realpath(src_arg, src) ? src : src_arg;
+	const char *src_arg = argv[first], *mnt_arg = argv[first + 1];
+	a.mo.src = realpath(src_arg, src) ? src : src_arg;
 	if (strncmp(mnt_arg, "/dev/fd/", 8) == 0) {
-		mo.mountpoint = mnt_arg;
+		a.mo.mountpoint = mnt_arg;
 	} else if (ckfs_abs_path(mnt_arg, mnt, sizeof(mnt)) == 0) {
-		mo.mountpoint = mnt;
+		a.mo.mountpoint = mnt;
 	} else {
 		ckfs_cli_say("'%s': mount point does not exist", mnt_arg);
 		rc = 1;
 		goto out;
 	}
-	if (p.config)
-		mo.model.config_path = realpath(p.config, config) ? config : p.config;
-
-	/* Always read-only; requests of up to 1 MiB (max_read must also be
-	 * set in the init handler); the kernel checks permissions from the
-	 * modes carried from the sources (or umask=), which is what keeps
-	 * allow_other from publishing files their sources keep private. */
-	char *fo = NULL;
-	char fsname[PATH_MAX + 16];
-	snprintf(fsname, sizeof(fsname), "fsname=%s", mo.src);
-	if (fuse_opt_add_opt(&fo, "ro,default_permissions") != 0 ||
-	    fuse_opt_add_opt(&fo, "max_read=1048576") != 0 ||
-	    (!p.has_subtype && fuse_opt_add_opt(&fo, "subtype=ckfs") != 0) ||
-	    (!p.has_fsname && fuse_opt_add_opt_escaped(&fo, fsname) != 0) ||
-	    (p.fuse_opts && fuse_opt_add_opt(&fo, p.fuse_opts) != 0)) {
-		free(fo);
-		ckfs_cli_say("out of memory");
-		rc = 1;
+	if (a.mo.model.config_path)
+		a.mo.model.config_path = realpath(a.mo.model.config_path, config)
+						 ? config : a.mo.model.config_path;
+	if ((rc = fuse_options(&a, &fo)) != 0)
 		goto out;
-	}
-	mo.fuse_opts = fo;
-	rc = ckfs_fuse_run(&mo);
-	free(fo);
+	a.mo.fuse_opts = fo;
+	rc = ckfs_fuse_run(&a.mo);
 out:
-	free(p.fuse_opts);
-	return rc;
-}
-
-/* ---- umount ---- */
-
-static int is_fuse_type(const char *type)
-{
-	return strcmp(type, "fuse") == 0 || strncmp(type, "fuse.", 5) == 0;
-}
-
-/* Non-root: fusermount3 (setuid) unmounts mounts the user made. */
-static int run_fusermount(const char *mnt, int lazy)
-{
-	char *argv[6];
-	int argc = 0;
-	pid_t pid;
-	int st;
-
-	argv[argc++] = "fusermount3";
-	argv[argc++] = "-u";
-	if (lazy)
-		argv[argc++] = "-z";
-	argv[argc++] = "--";
-	argv[argc++] = (char *)mnt;
-	argv[argc] = NULL;
-	pid = fork();
-	if (pid < 0) {
-		ckfs_cli_say("cannot fork: %s", strerror(errno));
-		return 1;
-	}
-	if (pid == 0) {
-		execvp(argv[0], argv);
-		ckfs_cli_say("cannot run fusermount3: %s", strerror(errno));
-		_exit(127);
-	}
-	while (waitpid(pid, &st, 0) < 0)
-		if (errno != EINTR)
-			return 1;
-	return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
-}
-
-int ckfs_cmd_umount(int argc, char **argv)
-{
-	static const struct option opts[] = {
-		{ "lazy", no_argument, NULL, 'z' },
-		{ "help", no_argument, NULL, 'h' },
-		{ NULL, 0, NULL, 0 },
-	};
-	char mnt[PATH_MAX], type[128];
-	int lazy = 0, c;
-
-	optind = 1;
-	while ((c = getopt_long(argc, argv, "zh", opts, NULL)) != -1) {
-		switch (c) {
-		case 'z': lazy = 1; break;
-		case 'h':
-			fputs("usage: ckfs umount [-z|--lazy] MNT\n"
-			      "Unmount a ckfs mount. A busy mount (files open) is refused unless\n"
-			      "-z detaches it now and lets the daemon exit when the last file\n"
-			      "is closed. A dead mount (daemon killed) is cleaned up.\n", stdout);
-			return 0;
-		default:
-			return 2;
-		}
-	}
-	if (argc - optind != 1)
-		return ckfs_cli_usage_error("umount", "expected MNT");
-	const char *arg = argv[optind];
-	if (ckfs_abs_path(arg, mnt, sizeof(mnt)) != 0) {
-		ckfs_cli_say("'%s': %s", arg, strerror(errno));
-		return 1;
-	}
-	switch (ckfs_mountinfo_lookup(mnt, type, sizeof(type), NULL, 0)) {
-	case 0:
-		ckfs_cli_say("'%s': not mounted", arg);
-		return 1;
-	case 1:
-		if (!is_fuse_type(type)) {
-			ckfs_cli_say("'%s': not a ckfs mount (%s)", arg, type);
-			return 1;
-		}
-		break;
-	default:
-		break; /* cannot tell: let the kernel decide */
-	}
-	if (geteuid() != 0)
-		return run_fusermount(mnt, lazy);
-	if (umount2(mnt, lazy ? MNT_DETACH : 0) == 0)
-		return 0;
-	if (errno == EBUSY)
-		ckfs_cli_say("'%s': busy (files are open); 'ckfs umount -z %s' detaches it now",
-			     arg, arg);
-	else
-		ckfs_cli_say("'%s': cannot unmount: %s", arg, strerror(errno));
-	return 1;
-}
-
-/* ---- stats ---- */
-
-static double num(const cJSON *o, const char *key)
-{
-	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-	return cJSON_IsNumber(v) ? v->valuedouble : 0;
-}
-
-static const char *bytes(const cJSON *o, const char *key, char *buf, size_t size)
-{
-	ckfs_format_bytes(num(o, key), buf, size);
-	return buf;
-}
-
-static void print_stats(const cJSON *o)
-{
-	char a[32], b[32], s[32];
-	const cJSON *src = cJSON_GetObjectItemCaseSensitive(o, "source");
-	double hits = num(o, "hits"), misses = num(o, "misses");
-
-	printf("source          %s\n", cJSON_IsString(src) ? src->valuestring : "?");
-	printf("daemon pid      %.0f\n", num(o, "pid"));
-	printf("files           %.0f\n", num(o, "files"));
-	printf("uptime          %.1f s\n", num(o, "uptime_s"));
-	printf("cache           %s of %s in %.0f slices of %s\n",
-	       bytes(o, "bytes_cached", a, sizeof(a)), bytes(o, "budget", b, sizeof(b)),
-	       num(o, "slices_cached"), bytes(o, "slice_size", s, sizeof(s)));
-	printf("hits/misses     %.0f / %.0f (%.1f%% hits), %.0f waits, %.0f evictions\n",
-	       hits, misses, hits + misses > 0 ? 100.0 * hits / (hits + misses) : 0.0,
-	       num(o, "waits"), num(o, "evictions"));
-	printf("filled          %s in %.0f fills, %.0f failed, %.0f into recycled buffers\n",
-	       bytes(o, "bytes_filled", a, sizeof(a)), num(o, "fills"),
-	       num(o, "fill_errors"), num(o, "recycled"));
-	printf("read-ahead      %.0f sequential reads, %.0f slices queued, %.0f dropped, "
-	       "%.0f used\n",
-	       num(o, "readahead_sequential"), num(o, "prefetch_queued"),
-	       num(o, "prefetch_dropped"), num(o, "prefetch_hits"));
-	printf("served          %.0f reads, %s, %.0f opens, %.0f errors\n", num(o, "reads"),
-	       bytes(o, "bytes_read", a, sizeof(a)), num(o, "opens"), num(o, "errors"));
-	printf("source read     %s\n", bytes(o, "source_bytes_read", a, sizeof(a)));
-}
-
-int ckfs_cmd_stats(int argc, char **argv)
-{
-	static const struct option opts[] = {
-		{ "json", no_argument, NULL, 'j' },
-		{ "help", no_argument, NULL, 'h' },
-		{ NULL, 0, NULL, 0 },
-	};
-	int json = 0, c;
-
-	optind = 1;
-	while ((c = getopt_long(argc, argv, "jh", opts, NULL)) != -1) {
-		switch (c) {
-		case 'j': json = 1; break;
-		case 'h':
-			fputs("usage: ckfs stats [--json] MNT\n"
-			      "Counters of a running mount (slice cache, read-ahead, reads).\n",
-			      stdout);
-			return 0;
-		default:
-			return 2;
-		}
-	}
-	if (argc - optind != 1)
-		return ckfs_cli_usage_error("stats", "expected MNT");
-	const char *mnt = argv[optind];
-	char buf[65536];
-	ssize_t n = getxattr(mnt, CKFS_STATS_XATTR, buf, sizeof(buf) - 1);
-	if (n < 0) {
-		if (errno == ENODATA || errno == ENOTSUP)
-			ckfs_cli_say("'%s': not a ckfs mount", mnt);
-		else if (errno == ENOTCONN)
-			ckfs_cli_say("'%s': the daemon is gone (transport endpoint is not "
-				     "connected); run 'ckfs umount %s'", mnt, mnt);
-		else
-			ckfs_cli_say("'%s': %s", mnt, strerror(errno));
-		return 1;
-	}
-	buf[n] = '\0';
-	if (json) {
-		fputs(buf, stdout);
-		return 0;
-	}
-	cJSON *o = cJSON_Parse(buf);
-	if (!o) {
-		ckfs_cli_say("'%s': unreadable statistics", mnt);
-		return 1;
-	}
-	print_stats(o);
-	cJSON_Delete(o);
-	return 0;
+	free(fo);
+	free(a.fuse_opts);
+	return rc < 0 ? 0 : rc;
 }

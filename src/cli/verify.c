@@ -9,7 +9,6 @@
  * reference in bf16. Values are exact by default (bitwise, NaN equal to
  * NaN); --atol/--rtol compare |a - b| <= atol + rtol * |b|.
  */
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +20,7 @@
 #include "ckfs/safetensors.h"
 #include "ckfs/zip.h"
 #include "cli/cli.h"
+#include "cli/options.h"
 
 #define VERIFY_BLOCK (1u << 20) /* elements compared per step */
 
@@ -217,126 +217,164 @@ static int same_shape(const struct ckfs_tensor *t, const struct ckfs_st_entry *r
 	       memcmp(t->shape, r->shape, sizeof(int64_t) * (size_t)t->ndim) == 0;
 }
 
-int ckfs_cmd_verify(int argc, char **argv)
+struct verify_args {
+	struct cli_common c;
+	const char *against;
+	double atol, rtol;
+};
+
+static const struct cli_opt opt_against = {
+	OPT_AGAINST, "against", 0, NULL, "DIR", "the Hugging Face folder to compare with (required)"
+};
+static const struct cli_opt opt_atol = {
+	OPT_ATOL, "atol", 0, NULL, "A", "absolute tolerance (default 0: bit for bit)"
+};
+static const struct cli_opt opt_rtol = {
+	OPT_RTOL, "rtol", 0, NULL, "R", "relative tolerance: |a - b| <= A + R * |b|"
+};
+
+static const struct cli_opt *const verify_opts[] = {
+	&opt_against, &cli_opt_dtype, &opt_atol, &opt_rtol, &cli_opt_config,
+	&cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_log_level, NULL,
+};
+
+const struct cli_command ckfs_cmd_verify_def = {
+	.name = "verify",
+	.args = "SRC",
+	.n_args = 1,
+	.brief = "compare a checkpoint with a Hugging Face folder",
+	.about = "Compare what checkpoint SRC serves with the Hugging Face folder given\n"
+		 "by --against, as verl's `model_merger test` does: the same tensor\n"
+		 "names, shapes, dtypes and values (the reference cast to the output\n"
+		 "dtype); copies of a replicated tensor are compared across ranks too.",
+	.opts = verify_opts,
+	.run = ckfs_cmd_verify,
+};
+
+static int verify_apply(void *ctx, const struct cli_opt *o, const char *value)
 {
-	static const struct option opts[] = {
-		{ "against", required_argument, NULL, 'a' },
-		{ "dtype", required_argument, NULL, 'd' },
-		{ "atol", required_argument, NULL, 'A' },
-		{ "rtol", required_argument, NULL, 'R' },
-		{ "config", required_argument, NULL, 'c' },
-		{ "follow-symlinks", no_argument, NULL, 'F' },
-		{ "help", no_argument, NULL, 'h' },
-		{ NULL, 0, NULL, 0 },
-	};
-	struct ckfs_model_options mopt = { .out_dtype = CKFS_DTYPE_BF16 };
-	const char *against = NULL;
-	double atol = 0, rtol = 0;
-	struct ckfs_error err;
-	int c;
+	struct verify_args *a = ctx;
+	int rc = cli_apply_common(&ckfs_cmd_verify_def, &a->c, o, value);
+	char *end;
 
-	ckfs_error_clear(&err);
-	optind = 1;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		char *end;
-		switch (c) {
-		case 'a': against = optarg; break;
-		case 'd':
-			if (ckfs_cli_parse_dtype(optarg, &mopt.out_dtype) != 0)
-				return ckfs_cli_usage_error("verify", "unknown dtype '%s'", optarg);
-			break;
-		case 'A':
-		case 'R': {
-			double v = strtod(optarg, &end);
-			if (*end || !(v >= 0))
-				return ckfs_cli_usage_error("verify", "bad tolerance '%s'", optarg);
-			*(c == 'A' ? &atol : &rtol) = v;
-			break;
-		}
-		case 'c': mopt.config_path = optarg; break;
-		case 'F': mopt.follow_symlinks = true; break;
-		case 'h':
-			puts("usage: ckfs verify SRC --against HF_DIR [--dtype D] [--atol A] [--rtol R]\n"
-			     "                   [--config PATH] [--follow-symlinks]");
-			return 0;
-		default: return 2;
-		}
+	if (rc >= 0)
+		return rc;
+	if (o->id == OPT_AGAINST) {
+		a->against = value;
+		return 0;
 	}
-	if (argc - optind != 1 || !against)
-		return ckfs_cli_usage_error("verify", "expected SRC and --against DIR");
+	double v = strtod(value, &end);
+	if (*end || !(v >= 0))
+		return ckfs_cli_usage_error("verify", "bad tolerance '%s'", value);
+	*(o->id == OPT_ATOL ? &a->atol : &a->rtol) = v;
+	return 0;
+}
 
-	struct ckfs_model *m;
-	struct ckfs_st_set ref;
-	if (ckfs_model_open(argv[optind], &mopt, &m, &err) != CKFS_OK)
-		return ckfs_cli_report(&err);
-	if (ckfs_st_set_open(against, NULL, &ref, &err) != CKFS_OK) {
-		ckfs_model_free(m);
-		return ckfs_cli_report(&err);
-	}
+struct tally {
+	size_t missing, extra, bad, compared;
+	const char *worst;
+	double worst_diff;
+};
 
-	if (check_containers(m, &err) != CKFS_OK || check_copies(m, &err) != CKFS_OK) {
-		ckfs_st_set_release(&ref);
-		ckfs_model_free(m);
-		return ckfs_cli_report(&err);
+/* Names on one side only: each printed (the first few) and counted. */
+static enum ckfs_code compare_names(const struct ckfs_model *m, const struct ckfs_st_set *ref,
+				    struct tally *t, struct ckfs_error *err)
+{
+	bool *seen = calloc(ref->n_entries + 1, sizeof(*seen));
+
+	if (!seen)
+		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	for (size_t i = 0; i < m->n_tensors; i++) {
+		const struct ckfs_st_entry *r = ckfs_st_set_find(ref, m->tensors[i].name);
+		if (r)
+			seen[r - ref->entries] = true;
+		else if (t->missing++ < 10)
+			printf("missing in reference: %s\n", ckfs_cli_shown(m->tensors[i].name));
 	}
-	size_t missing = 0, extra = 0, bad = 0, compared = 0;
-	const char *worst = NULL;
-	double worst_diff = -1;
-	for (size_t i = 0; i < m->n_tensors; i++)
-		if (!ckfs_st_set_find(&ref, m->tensors[i].name)) {
-			if (missing++ < 10)
-				printf("missing in reference: %s\n", m->tensors[i].name);
-		}
-	for (size_t i = 0; i < ref.n_entries; i++) {
-		int found = 0;
-		for (size_t k = 0; k < m->n_tensors && !found; k++)
-			found = strcmp(m->tensors[k].name, ref.entries[i].name) == 0;
-		if (!found && extra++ < 10)
-			printf("not in checkpoint: %s\n", ref.entries[i].name);
-	}
+	for (size_t i = 0; i < ref->n_entries; i++)
+		if (!seen[i] && t->extra++ < 10)
+			printf("not in checkpoint: %s\n", ckfs_cli_shown(ref->entries[i].name));
+	free(seen);
+	return CKFS_OK;
+}
+
+/* Shapes and values of the tensors both sides hold. */
+static enum ckfs_code compare_values(const struct ckfs_model *m, const struct ckfs_st_set *ref,
+				     const struct verify_args *a, struct tally *tl,
+				     struct ckfs_error *err)
+{
 	for (size_t i = 0; i < m->n_tensors; i++) {
 		const struct ckfs_tensor *t = &m->tensors[i];
-		const struct ckfs_st_entry *r = ckfs_st_set_find(&ref, t->name);
+		const struct ckfs_st_entry *r = ckfs_st_set_find(ref, t->name);
 		struct tensor_result res;
 		if (!r)
 			continue;
-		compared++;
+		tl->compared++;
 		if (!same_shape(t, r)) {
-			if (bad++ < 20)
-				printf("shape differs: %s\n", t->name);
+			if (tl->bad++ < 20)
+				printf("shape differs: %s\n", ckfs_cli_shown(t->name));
 			continue;
 		}
 		if (r->dtype != t->out_dtype)
-			printf("note: %s is %s in the reference, compared as %s\n", t->name,
-			       ckfs_dtype_st_name(r->dtype), ckfs_dtype_st_name(t->out_dtype));
-		if (compare_tensor(m, t, r, atol, rtol, &res, &err) != CKFS_OK) {
-			ckfs_st_set_release(&ref);
-			ckfs_model_free(m);
-			return ckfs_cli_report(&err);
-		}
-		if (res.mismatches) {
-			if (bad++ < 20)
-				printf("values differ: %s: %llu of %llu elements, max |diff| %g "
-			       "at element %llu\n", t->name,
-			       (unsigned long long)res.mismatches,
-			       (unsigned long long)t->numel, res.max_diff,
-			       (unsigned long long)res.worst_index);
-			if (res.max_diff > worst_diff) {
-				worst_diff = res.max_diff;
-				worst = t->name;
-			}
+			printf("note: %s is %s in the reference, compared as %s\n",
+			       ckfs_cli_shown(t->name), ckfs_dtype_st_name(r->dtype),
+			       ckfs_dtype_st_name(t->out_dtype));
+		CKFS_TRY(compare_tensor(m, t, r, a->atol, a->rtol, &res, err));
+		if (!res.mismatches)
+			continue;
+		if (tl->bad++ < 20)
+			printf("values differ: %s: %llu of %llu elements, max |diff| %g at "
+			       "element %llu\n", ckfs_cli_shown(t->name),
+			       (unsigned long long)res.mismatches, (unsigned long long)t->numel,
+			       res.max_diff, (unsigned long long)res.worst_index);
+		if (res.max_diff > tl->worst_diff) {
+			tl->worst_diff = res.max_diff;
+			tl->worst = t->name;
 		}
 	}
-	int ok = !missing && !extra && !bad;
-	if (ok)
-		printf("verified %zu tensors against '%s': names, shapes, dtypes and "
-		       "values match%s\n", compared, against,
-		       atol == 0 && rtol == 0 ? " exactly" : " within tolerance");
-	else
-		printf("FAILED: %zu missing, %zu extra, %zu of %zu tensors differ%s%s%s\n",
-		       missing, extra, bad, compared, worst ? " (worst: " : "",
-		       worst ? worst : "", worst ? ")" : "");
+	return CKFS_OK;
+}
+
+static int report(const struct tally *t, const struct verify_args *a)
+{
+	if (!t->missing && !t->extra && !t->bad) {
+		printf("verified %zu tensors against '%s': names, shapes, dtypes and values "
+		       "match%s\n", t->compared, ckfs_cli_shown(a->against),
+		       a->atol == 0 && a->rtol == 0 ? " exactly" : " within tolerance");
+		return 0;
+	}
+	printf("FAILED: %zu missing, %zu extra, %zu of %zu tensors differ%s%s%s\n", t->missing,
+	       t->extra, t->bad, t->compared, t->worst ? " (worst: " : "",
+	       t->worst ? ckfs_cli_shown(t->worst) : "", t->worst ? ")" : "");
+	return 1;
+}
+
+int ckfs_cmd_verify(int argc, char **argv)
+{
+	struct verify_args a = { .c.model.out_dtype = CKFS_DTYPE_BF16 };
+	struct tally tally = { .worst_diff = -1 };
+	struct ckfs_model *m = NULL;
+	struct ckfs_st_set ref;
+	struct ckfs_error err;
+	int first;
+
+	ckfs_error_clear(&err);
+	int rc = cli_parse(&ckfs_cmd_verify_def, argc, argv, verify_apply, &a, &first);
+	if (rc)
+		return rc < 0 ? 0 : rc;
+	if (!a.against)
+		return ckfs_cli_usage_error("verify", "expected SRC and --against DIR");
+	if (ckfs_model_open(argv[first], &a.c.model, &m, &err) != CKFS_OK)
+		return ckfs_cli_report(&err);
+	if (ckfs_st_set_open(a.against, NULL, &ref, &err) != CKFS_OK) {
+		ckfs_model_free(m);
+		return ckfs_cli_report(&err);
+	}
+	if (check_containers(m, &err) == CKFS_OK && check_copies(m, &err) == CKFS_OK &&
+	    compare_names(m, &ref, &tally, &err) == CKFS_OK &&
+	    compare_values(m, &ref, &a, &tally, &err) == CKFS_OK)
+		rc = report(&tally, &a);
 	ckfs_st_set_release(&ref);
 	ckfs_model_free(m);
-	return ok ? 0 : 1;
+	return err.code != CKFS_OK ? ckfs_cli_report(&err) : rc;
 }

@@ -80,6 +80,10 @@ struct ckfs_mount_options {
  * Returns the process exit status.
  */
 int ckfs_fuse_run(const struct ckfs_mount_options *opt);
+/* Append opt to the comma list *list (libfuse's fuse_opt_add_opt; escape:
+ * commas and backslashes in opt escaped, for a value such as a path).
+ * 0, or -1 when out of memory. */
+int ckfs_fuse_opts_add(char **list, const char *opt, bool escape);
 
 /* The single mapping from ckfs codes to errno values. */
 int ckfs_err_to_errno(const struct ckfs_error *err);

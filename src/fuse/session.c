@@ -396,6 +396,11 @@ static int wait_ready(int fd, pid_t pid)
 	return 1;
 }
 
+int ckfs_fuse_opts_add(char **list, const char *opt, bool escape)
+{
+	return escape ? fuse_opt_add_opt_escaped(list, opt) : fuse_opt_add_opt(list, opt);
+}
+
 int ckfs_fuse_run(const struct ckfs_mount_options *opt)
 {
 	int fds[2];

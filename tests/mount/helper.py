@@ -310,7 +310,6 @@ def main(argv):
             del args[i : i + 2]
         return cmd_random(args[0], args[1], threads, count, direct)
     table = {"check": cmd_check, "mmap": cmd_mmap, "offsets": cmd_offsets,
-    table = {"check": cmd_check, "mmap": cmd_mmap, "offsets": cmd_offsets,
              "erofs": cmd_erofs, "stats": cmd_stats, "errno": cmd_errno, "deny": cmd_deny,
              "notify": cmd_notify, "hold": cmd_hold, "seqerr": cmd_seqerr}
     if cmd not in table:

@@ -1,0 +1,93 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Command-line options as data (git's parse-options is the model): each
+ * command declares its options once, in one table, and the parser, the
+ * mount's -o keys, --help (and the man page and shell completion made
+ * from the same tables) all come from it, so they cannot disagree.
+ */
+#ifndef CKFS_CLI_OPTIONS_H
+#define CKFS_CLI_OPTIONS_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "ckfs/folder.h"
+#include "ckfs/layouts.h"
+
+/* What an option sets; each command's apply() switches on it. */
+enum cli_opt_id {
+	/* options of several commands (cli_apply_common) */
+	OPT_DTYPE = 1, OPT_MAX_SHARD_SIZE, OPT_CONFIG, OPT_FOLLOW_SYMLINKS, OPT_RAW_NAMES,
+	OPT_LOG_LEVEL, OPT_JSON,
+	/* export */
+	OPT_FORCE, OPT_EXPORT_THREADS, OPT_QUIET,
+	/* verify */
+	OPT_AGAINST, OPT_ATOL, OPT_RTOL,
+	/* mount */
+	OPT_FOREGROUND, OPT_DEBUG, OPT_MOUNT_OPTIONS, OPT_CACHE_SIZE, OPT_THREADS,
+	OPT_READAHEAD, OPT_PREFETCH_THREADS, OPT_SLICE_SIZE, OPT_KERNEL_READAHEAD, OPT_UID,
+	OPT_GID, OPT_UMASK,
+	/* umount */
+	OPT_LAZY,
+};
+
+struct cli_opt {
+	enum cli_opt_id id;
+	const char *name;    /* long option without "--"; NULL: an -o key only */
+	char letter;         /* short option, 0: none */
+	const char *key;     /* the mount's -o key, NULL: none */
+	const char *arg;     /* the value's name in help ("T"); NULL: a flag */
+	const char *help;    /* one line; "\n" starts another */
+};
+
+struct cli_command {
+	const char *name;       /* "export" */
+	const char *args;       /* "SRC DIR" */
+	int n_args;             /* positional arguments it takes */
+	const char *brief;      /* one line for `ckfs --help` */
+	const char *about;      /* a paragraph for its --help */
+	const struct cli_opt *const *opts; /* NULL-terminated; --help is implied */
+	int (*run)(int argc, char **argv);
+};
+
+/* The commands, NULL-terminated (main.c), for `ckfs --help`, the man page
+ * and completion. */
+extern const struct cli_command *const ckfs_commands[];
+
+/* Options several commands share, declared once. */
+extern const struct cli_opt cli_opt_dtype, cli_opt_max_shard_size, cli_opt_config,
+	cli_opt_follow_symlinks, cli_opt_raw_names, cli_opt_log_level, cli_opt_json;
+
+/* apply(ctx, opt, value) for each option given (value NULL for a flag):
+ * 0, or the exit status to stop with (2 for a usage error, reported by
+ * the callback). */
+typedef int (*cli_apply_fn)(void *ctx, const struct cli_opt *opt, const char *value);
+
+/*
+ * Parse argv (argv[0] is the command's name) against cmd's table, calling
+ * apply for each option in order. Returns 0 with *first_arg the index of
+ * the first positional argument (exactly cmd->n_args of them);
+ * CLI_HELP_SHOWN after --help (exit 0); or the exit status to stop with
+ * (2 on a usage error, reported). So: rc = cli_parse(...); if (rc) return
+ * rc < 0 ? 0 : rc;
+ */
+#define CLI_HELP_SHOWN (-1)
+int cli_parse(const struct cli_command *cmd, int argc, char **argv, cli_apply_fn apply,
+	      void *ctx, int *first_arg);
+/* The option of cmd with -o key `key`, or NULL. */
+const struct cli_opt *cli_find_key(const struct cli_command *cmd, const char *key);
+/* cmd's --help text. */
+void cli_help(const struct cli_command *cmd, FILE *to);
+
+/* What the shared options set. */
+struct cli_common {
+	struct ckfs_model_options model;
+	struct ckfs_folder_options folder;
+	bool json;
+};
+/* Apply a shared option to c: 0, 2 (a bad value, reported), or -1 when o
+ * is not one of them. */
+int cli_apply_common(const struct cli_command *cmd, struct cli_common *c,
+		     const struct cli_opt *o, const char *value);
+
+#endif
