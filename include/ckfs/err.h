@@ -58,6 +58,10 @@ enum ckfs_code ckfs_fail(struct ckfs_error *err, enum ckfs_code code,
 enum ckfs_code ckfs_fail_errno(struct ckfs_error *err, const char *fmt, ...)
 	CKFS_PRINTF(2, 3);
 
+/* ckfs_fail(err, CKFS_E_NOMEM, "out of memory"): the one out-of-memory
+ * report. */
+enum ckfs_code ckfs_nomem(struct ckfs_error *err);
+
 /* Prepend "prefix: " to the recorded message (no-op when none). */
 void ckfs_error_prefix(struct ckfs_error *err, const char *fmt, ...)
 	CKFS_PRINTF(2, 3);

@@ -95,7 +95,7 @@ static void *worker(void *arg)
 
 	ckfs_error_clear(&err);
 	if (!buf) {
-		ckfs_fail(&err, CKFS_E_NOMEM, "out of memory");
+		ckfs_nomem(&err);
 		job_fail(j, &err);
 	}
 	while (buf && !atomic_load(&j->failed) && !interrupted) {
@@ -173,7 +173,7 @@ static enum ckfs_code carry_modes(const struct ckfs_folder *f, const char *tmp,
 	em->gid = st.st_gid;
 	em->files = calloc(f->n_nodes ? f->n_nodes : 1, sizeof(*em->files));
 	if (!em->files)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	CKFS_TRY(ckfs_owner_init(&owner, geteuid(), st.st_gid, err));
 	rc = ckfs_folder_modes(f, &owner, em->files, &root, err);
 	ckfs_owner_release(&owner);

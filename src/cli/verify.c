@@ -45,7 +45,7 @@ static enum ckfs_code compare_tensor(const struct ckfs_model *m,
 
 	memset(res, 0, sizeof(*res));
 	if (!a || !b || !raw) {
-		rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		rc = ckfs_nomem(err);
 		goto out;
 	}
 	for (uint64_t e = 0; e < t->numel && rc == CKFS_OK; e += VERIFY_BLOCK) {
@@ -162,7 +162,7 @@ static enum ckfs_code compare_copy(const struct ckfs_model *m, const struct ckfs
 	size_t es = ckfs_dtype_size(t->stored_dtype);
 	unsigned char *a = malloc(VERIFY_BLOCK * es), *b = malloc(VERIFY_BLOCK * es);
 	struct ckfs_read_scratch scratch = { 0 };
-	enum ckfs_code rc = a && b ? CKFS_OK : ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	enum ckfs_code rc = a && b ? CKFS_OK : ckfs_nomem(err);
 
 	*n_diff = 0;
 	for (uint64_t e = 0; rc == CKFS_OK && e < t->numel; e += VERIFY_BLOCK) {
@@ -283,7 +283,7 @@ static enum ckfs_code compare_names(const struct ckfs_model *m, const struct ckf
 	bool *seen = calloc(ref->n_entries + 1, sizeof(*seen));
 
 	if (!seen)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	for (size_t i = 0; i < m->n_tensors; i++) {
 		const struct ckfs_st_entry *r = ckfs_st_set_find(ref, m->tensors[i].name);
 		if (r)

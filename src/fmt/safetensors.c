@@ -144,7 +144,7 @@ static enum ckfs_code parse_entry(struct ckfs_st_set *set, const char *path,
 	e->begin = data + b;
 	e->end = data + en;
 	e->name = ckfs_arena_strdup(&set->arena, it->string);
-	return e->name ? CKFS_OK : ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	return e->name ? CKFS_OK : ckfs_nomem(err);
 }
 
 /* Data offsets contiguous from the data start, ending at end of file. */
@@ -155,7 +155,7 @@ static enum ckfs_code check_tiling(const char *path, struct ckfs_st_entry *v, si
 	enum ckfs_code rc = CKFS_OK;
 
 	if (!by)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	for (size_t i = 0; i < k; i++)
 		by[i] = &v[i];
 	qsort(by, k, sizeof(*by), cmp_begin);
@@ -194,7 +194,7 @@ static enum ckfs_code read_header(const char *path, int fd, uint64_t size, char 
 				 (unsigned long long)*hlen);
 	char *j = malloc(*hlen + 1);
 	if (!j)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	got = pread(fd, j, *hlen, 8);
 	if (got != (ssize_t)*hlen) {
 		free(j);
@@ -247,7 +247,7 @@ static enum ckfs_code read_file(struct ckfs_st_set *set, const struct ckfs_file_
 	CKFS_TRY(rc);
 	const char *fpath = ckfs_arena_strdup(&set->arena, path);
 	if (!fpath)
-		rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		rc = ckfs_nomem(err);
 	for (cJSON *it = root->child; it && rc == CKFS_OK; it = it->next) {
 		if (strcmp(it->string, "__metadata__") == 0) {
 			rc = check_metadata(path, it, err);
@@ -257,7 +257,7 @@ static enum ckfs_code read_file(struct ckfs_st_set *set, const struct ckfs_file_
 			size_t nc = *cap ? *cap * 2 : 256;
 			struct ckfs_st_entry *p = realloc(*arr, nc * sizeof(*p));
 			if (!p) {
-				rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+				rc = ckfs_nomem(err);
 				break;
 			}
 			*arr = p;
@@ -308,7 +308,7 @@ static enum ckfs_code read_shards(struct ckfs_st_set *set, const struct ckfs_fil
 	enum ckfs_code rc = CKFS_OK;
 
 	if (!by_name)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	memcpy(by_name, items, n_items * sizeof(*items));
 	qsort(by_name, n_items, sizeof(*by_name), cmp_item_name);
 	qsort(items, n_items, sizeof(*items), cmp_item_shard);
@@ -368,7 +368,7 @@ static enum ckfs_code read_index(struct ckfs_st_set *set, const struct ckfs_file
 	if (!cJSON_IsObject(wm))
 		rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': no weight_map", path);
 	else if (!(items = calloc((size_t)cJSON_GetArraySize(wm) + 1, sizeof(*items))))
-		rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		rc = ckfs_nomem(err);
 	for (cJSON *it = wm ? wm->child : NULL; it && rc == CKFS_OK; it = it->next) {
 		if (!cJSON_IsString(it) || !plain_file_name(it->valuestring))
 			rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': tensor '%s' has a bad "
@@ -416,7 +416,7 @@ enum ckfs_code ckfs_st_set_open(const char *dir, const struct ckfs_file_policy *
 	if (rc == CKFS_OK) {
 		set->entries = ckfs_arena_calloc(&set->arena, n + 1, sizeof(*arr));
 		if (!set->entries)
-			rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+			rc = ckfs_nomem(err);
 		else if (n)
 			memcpy(set->entries, arr, n * sizeof(*arr));
 		set->n_entries = n;

@@ -445,7 +445,7 @@ static enum ckfs_code decode_dtensor(struct ckfs_torch_file *tf,
 				 vlabel(tf), key);
 	di = ckfs_arena_alloc(&tf->arena, sizeof(*di));
 	if (!di)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	CKFS_TRY(decode_plain(tf, local, key, 0, &out->local, err));
 
 	/* Global shape: _rebuild_wrapper_subclass args (cls, dtype, size, ...),
@@ -498,7 +498,7 @@ static enum ckfs_code decode_sharded(struct ckfs_torch_file *tf,
 
 	si = ckfs_arena_alloc(&tf->arena, sizeof(*si));
 	if (!si)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	const struct ckfs_pv *size = tuple_item(wrap_args, 2);
 	if (!size)
 		size = attr(meta, "size");
@@ -686,7 +686,7 @@ static enum ckfs_code decode_dicts(struct ckfs_torch_file *tf,
 	tf->entries = ckfs_arena_calloc(&tf->arena, total + 1, sizeof(*tf->entries));
 	tf->part_end = ckfs_arena_calloc(&tf->arena, n_dicts, sizeof(size_t));
 	if (!tf->entries || !tf->part_end)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	for (size_t p = 0; p < n_dicts; p++) {
 		const struct ckfs_pv *d = dicts[p];
 		for (size_t i = 0; i < d->u.dict.n; i++) {

@@ -117,7 +117,7 @@ enum ckfs_code ckfs_render_config(const char *s, size_t n, const char *dtype_nam
 	size_t cap = n + 64 + (n_spans + 1) * (dl + 2);
 	char *o = malloc(cap + 1), *p = o;
 	if (!o)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	size_t from = 0;
 	if (n_spans == 0) {
 		/* Add the field first, in the file's own indentation style. */
@@ -198,7 +198,7 @@ static enum ckfs_code add_side_files(struct ckfs_folder *f, size_t *cap,
 		char *path = ckfs_arena_printf(&f->arena, "%s/%s", m->hf_dir, name);
 		if (!path) {
 			closedir(d);
-			return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+			return ckfs_nomem(err);
 		}
 		/* The symlink policy before anything else; then only regular
 		 * files are side files (folders, FIFOs, devices are skipped
@@ -212,7 +212,7 @@ static enum ckfs_code add_side_files(struct ckfs_folder *f, size_t *cap,
 				       m->hf_dir);
 		struct ckfs_node *n = &f->nodes[f->n_nodes];
 		if (rc == CKFS_OK && !(n->name = ckfs_arena_strdup(&f->arena, name)))
-			rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+			rc = ckfs_nomem(err);
 		if (rc == CKFS_OK)
 			rc = ckfs_source_open(&n->src, &m->policy, path, n->name, err);
 		if (rc != CKFS_OK) {
@@ -240,7 +240,7 @@ enum ckfs_code ckfs_folder_build(const struct ckfs_model *m,
 	size_t cap = 4096;
 
 	if (!f)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	ckfs_arena_init(&f->arena);
 	f->model = m;
 	for (size_t i = 0; i < m->n_sources; i++)
@@ -251,7 +251,7 @@ enum ckfs_code ckfs_folder_build(const struct ckfs_model *m,
 		goto fail;
 	f->nodes = ckfs_arena_calloc(&f->arena, cap, sizeof(*f->nodes));
 	if (!f->nodes) {
-		rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		rc = ckfs_nomem(err);
 		goto fail;
 	}
 	for (size_t i = 0; i < f->layout.n_files; i++) {
@@ -288,7 +288,7 @@ enum ckfs_code ckfs_folder_build(const struct ckfs_model *m,
 	cn->src.fd = -1;
 	free(cfg);
 	if (!cn->data) {
-		rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		rc = ckfs_nomem(err);
 		goto fail;
 	}
 	if ((rc = add_side_files(f, &cap, err)) != CKFS_OK)

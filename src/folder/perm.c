@@ -30,7 +30,7 @@ enum ckfs_code ckfs_owner_init(struct ckfs_owner *o, uid_t uid, gid_t gid,
 		return ckfs_fail_errno(err, "cannot list this process's groups");
 	o->groups = malloc(((size_t)n + 1) * sizeof(*o->groups));
 	if (!o->groups)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	n = getgroups(n, o->groups);
 	if (n < 0) {
 		ckfs_owner_release(o);
@@ -139,13 +139,13 @@ static enum ckfs_code memo_add(struct walk *w, const char *path, unsigned classe
 		size_t cap = w->cap ? w->cap * 2 : 64;
 		struct dir_memo *d = realloc(w->dirs, cap * sizeof(*d));
 		if (!d)
-			return ckfs_fail(w->err, CKFS_E_NOMEM, "out of memory");
+			return ckfs_nomem(w->err);
 		w->dirs = d;
 		w->cap = cap;
 	}
 	w->dirs[w->n_dirs].path = strdup(path);
 	if (!w->dirs[w->n_dirs].path)
-		return ckfs_fail(w->err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(w->err);
 	w->dirs[w->n_dirs++].classes = classes;
 	return CKFS_OK;
 }
@@ -236,7 +236,7 @@ static enum ckfs_code search_chain(struct walk *w, const char *dir, bool canonic
 		return ckfs_fail(w->err, CKFS_E_INVALID, "'%s': not an absolute path", dir);
 	prefix = malloc(n + 1);
 	if (!prefix)
-		return ckfs_fail(w->err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(w->err);
 	for (size_t end = 1; end <= n && rc == CKFS_OK; end++) {
 		if (end < n && dir[end] != '/')
 			continue;
@@ -393,7 +393,7 @@ enum ckfs_code ckfs_folder_modes(const struct ckfs_folder *f, const struct ckfs_
 	enum ckfs_code rc = CKFS_OK;
 
 	if (!cache)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	memset(cache, UNKNOWN, m->n_sources);
 	for (size_t i = 0; i < m->n_meta_files && rc == CKFS_OK; i++) {
 		unsigned c;

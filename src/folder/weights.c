@@ -152,7 +152,7 @@ static enum ckfs_code build_file(struct ckfs_st_layout *l, struct ckfs_st_file *
 	f->tensors = ckfs_arena_calloc(&l->arena, n + 1, sizeof(*f->tensors));
 	f->offsets = ckfs_arena_calloc(&l->arena, n + 1, sizeof(*f->offsets));
 	if (!f->name || !f->tensors || !f->offsets)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	memcpy(f->tensors, ts, n * sizeof(*ts));
 	qsort(f->tensors, n, sizeof(*f->tensors), cmp_st_order);
 	f->n_tensors = n;
@@ -176,7 +176,7 @@ static enum ckfs_code build_file(struct ckfs_st_layout *l, struct ckfs_st_file *
 		sb_put(&b, " ", 1);
 	if (b.failed) {
 		free(b.p);
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	}
 	if (b.len > CKFS_MAX_ST_HEADER) {
 		free(b.p);
@@ -188,7 +188,7 @@ static enum ckfs_code build_file(struct ckfs_st_layout *l, struct ckfs_st_file *
 	f->header = ckfs_arena_alloc(&l->arena, f->header_len);
 	if (!f->header) {
 		free(b.p);
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	}
 	uint64_t n_le = b.len; /* little-endian hosts only (checked at build) */
 	memcpy(f->header, &n_le, 8);
@@ -218,7 +218,7 @@ static enum ckfs_code render_index(struct ckfs_st_layout *l,
 	if (!names || !idx) {
 		free(names);
 		free(idx);
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	}
 	for (size_t i = 0; i < m->n_tensors; i++) {
 		total += ckfs_tensor_out_bytes(&m->tensors[i]);
@@ -249,12 +249,12 @@ static enum ckfs_code render_index(struct ckfs_st_layout *l,
 	free(idx);
 	if (b.failed) {
 		free(b.p);
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	}
 	l->index_json = ckfs_arena_strndup(&l->arena, b.p, b.len);
 	l->index_len = b.len;
 	free(b.p);
-	return l->index_json ? CKFS_OK : ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+	return l->index_json ? CKFS_OK : ckfs_nomem(err);
 }
 
 enum ckfs_code ckfs_st_layout_build(const struct ckfs_model *m,
@@ -270,7 +270,7 @@ enum ckfs_code ckfs_st_layout_build(const struct ckfs_model *m,
 	memset(l, 0, sizeof(*l));
 	ckfs_arena_init(&l->arena);
 	if (!shard_of || !buf) {
-		rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		rc = ckfs_nomem(err);
 		goto out;
 	}
 	/* huggingface_hub's greedy split in state-dict order: a tensor bigger
@@ -312,7 +312,7 @@ enum ckfs_code ckfs_st_layout_build(const struct ckfs_model *m,
 	l->n_files = n_shards;
 	l->files = ckfs_arena_calloc(&l->arena, n_shards, sizeof(*l->files));
 	if (!l->files) {
-		rc = ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		rc = ckfs_nomem(err);
 		goto out;
 	}
 	for (size_t s = 0; s < n_shards && rc == CKFS_OK; s++) {

@@ -108,7 +108,7 @@ static enum ckfs_code fill_slice(void *ctx, uint64_t file_id, uint64_t offset,
 	const struct ckfs_node *n = &fs->folder->nodes[file_id];
 	scratch = thread_scratch(fs);
 	if (!scratch)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	CKFS_TRY(ckfs_folder_read(fs->folder, n, offset, len, buf, &got, scratch, err));
 	if (got != len)
 		return ckfs_fail(err, CKFS_E_TRUNCATED,
@@ -130,7 +130,7 @@ static enum ckfs_code init_modes(struct ckfs_fs *fs, struct ckfs_error *err)
 
 	fs->node_modes = calloc(f->n_nodes ? f->n_nodes : 1, sizeof(*fs->node_modes));
 	if (!fs->node_modes)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	if (opt->has_umask) {
 		for (size_t i = 0; i < f->n_nodes; i++)
 			fs->node_modes[i] = 0444 & ~opt->umask;
@@ -179,7 +179,7 @@ enum ckfs_code ckfs_fs_init(struct ckfs_fs *fs, const struct ckfs_mount_options 
 	fs->err_logged_at = calloc(folder->n_nodes ? folder->n_nodes : 1,
 				   sizeof(*fs->err_logged_at));
 	if (!fs->err_logged_at)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 
 	int ra_threads = opt->readahead > 0 ? opt->prefetch_threads : 0;
 	int queue = opt->readahead * 8;
@@ -567,7 +567,7 @@ static void read_weights(fuse_req_t req, struct ckfs_fs *fs, struct ckfs_handle 
 		sl = calloc(count, sizeof(*sl));
 		iov = calloc(count, sizeof(*iov));
 		if (!sl || !iov) {
-			ckfs_fail(&err, CKFS_E_NOMEM, "out of memory");
+			ckfs_nomem(&err);
 			goto out;
 		}
 	}
@@ -634,7 +634,7 @@ static void ckfs_ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	size_t got = 0;
 	ckfs_error_clear(&err);
 	if (!buf || !scratch) {
-		ckfs_fail(&err, CKFS_E_NOMEM, "out of memory");
+		ckfs_nomem(&err);
 	} else if (ckfs_folder_read(fs->folder, n, (uint64_t)off, len, buf, &got, scratch,
 				    &err) == CKFS_OK) {
 		atomic_fetch_add(&fs->stats.bytes_read, got);

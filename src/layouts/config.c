@@ -28,7 +28,7 @@ enum ckfs_code ckfs_model_warn(struct ckfs_model *m, struct ckfs_error *err,
 	const char **w = ckfs_arena_calloc(&m->arena, m->n_warnings + 1, sizeof(*w));
 	char *copy = ckfs_arena_strdup(&m->arena, buf);
 	if (!w || !copy)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	if (m->n_warnings)
 		memcpy(w, m->warnings, m->n_warnings * sizeof(*w));
 	w[m->n_warnings++] = copy;
@@ -48,7 +48,7 @@ enum ckfs_code ckfs_model_read_meta(struct ckfs_model *m, const char *path, size
 	if (!list || !access.path) {
 		free(*out);
 		*out = NULL;
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	}
 	if (m->n_meta_files)
 		memcpy(list, m->meta_files, m->n_meta_files * sizeof(*list));
@@ -63,7 +63,7 @@ enum ckfs_code ckfs_model_load_config(struct ckfs_model *m, const char *config_o
 	char *hf = ckfs_arena_printf(&m->arena, "%s/huggingface", m->src_dir);
 
 	if (!hf)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	return ckfs_model_load_config_from(m, hf, config_opt, err);
 }
 
@@ -76,7 +76,7 @@ enum ckfs_code ckfs_model_load_config_from(struct ckfs_model *m, const char *hf,
 	size_t len;
 
 	if (!hf)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	if (ckfs_path_is_dir(hf)) {
 		CKFS_TRY(ckfs_file_check_policy(&m->policy, hf, err));
 		m->hf_dir = hf;
@@ -103,7 +103,7 @@ enum ckfs_code ckfs_model_load_config_from(struct ckfs_model *m, const char *hf,
 		path = ckfs_arena_printf(&m->arena, "%s/config.json", hf);
 	}
 	if (!path)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	struct ckfs_file_access access;
 	enum ckfs_code rc = ckfs_file_read_small(pol, path, CKFS_MAX_JSON_BYTES, &text, &len,
 						 &access, err);
@@ -135,7 +135,7 @@ enum ckfs_code ckfs_model_load_config_from(struct ckfs_model *m, const char *hf,
 	m->config_json = ckfs_arena_strndup(&m->arena, text, len);
 	free(text);
 	if (!m->config_json)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	m->config_len = len;
 	m->config_path = path;
 	m->config_access = access;

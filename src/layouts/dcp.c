@@ -38,11 +38,6 @@
 
 #include "layouts/layouts.h"
 
-static enum ckfs_code nomem(struct ckfs_error *err)
-{
-	return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
-}
-
 /* ---- pickle tree helpers ---- */
 
 /* Field of a dataclass object: its BUILD state dict, or the
@@ -187,7 +182,7 @@ static enum ckfs_code index_storage(struct dcp *d, const struct ckfs_pv *sd,
 	d->items = ckfs_arena_calloc(&d->tmp, n + 1, sizeof(*d->items));
 	names = ckfs_arena_calloc(&d->tmp, n + 1, sizeof(*names));
 	if (!d->items || !names)
-		return nomem(err);
+		return ckfs_nomem(err);
 	for (size_t i = 0; i < n; i++) {
 		const struct ckfs_pv *key = sd->u.dict.keys[i], *val = sd->u.dict.vals[i];
 		const struct ckfs_pv *fqn = field(key, "fqn"), *off = field(key, "offset");
@@ -232,7 +227,7 @@ static enum ckfs_code index_storage(struct dcp *d, const struct ckfs_pv *sd,
 	qsort(names, n, sizeof(*names), cmp_str_ptr);
 	d->files = ckfs_arena_calloc(&d->tmp, n + 1, sizeof(*d->files));
 	if (!d->files)
-		return nomem(err);
+		return ckfs_nomem(err);
 	for (size_t i = 0; i < n; i++)
 		if (i == 0 || strcmp(names[i], names[i - 1]) != 0)
 			d->files[d->n_files++] = (struct file){ names[i], -1 };
@@ -248,7 +243,7 @@ static enum ckfs_code index_storage(struct dcp *d, const struct ckfs_pv *sd,
 	d->m->world_size = max_rank + 1;
 	d->m->sources = ckfs_arena_calloc(&d->m->arena, d->n_files + 1,
 					  sizeof(*d->m->sources));
-	return d->m->sources ? CKFS_OK : nomem(err);
+	return d->m->sources ? CKFS_OK : ckfs_nomem(err);
 }
 
 static const struct item *find_item(const struct dcp *d, const char *fqn, int ndim,
@@ -279,7 +274,7 @@ static enum ckfs_code index_planner(struct dcp *d, const struct ckfs_pv *pd,
 				 "not a dict", d->md_path, ckfs_pv_kind_name(pd->kind));
 	d->planner_order = ckfs_arena_calloc(&d->tmp, pd->u.dict.n + 1, sizeof(size_t));
 	if (!d->planner_order)
-		return nomem(err);
+		return ckfs_nomem(err);
 	for (size_t i = 0; i < pd->u.dict.n; i++) {
 		const struct ckfs_pv *k = pd->u.dict.keys[i], *v = pd->u.dict.vals[i];
 		if (!k || k->kind != CKFS_PV_STR || !v ||
@@ -355,7 +350,7 @@ static enum ckfs_code open_file(struct dcp *d, size_t fi, struct ckfs_error *err
 	const char *rel = d->rel_dir ? ckfs_arena_printf(&m->arena, "%s/%s", d->rel_dir, f->rel)
 				     : ckfs_arena_strdup(&m->arena, f->rel);
 	if (!path || !rel)
-		return nomem(err);
+		return ckfs_nomem(err);
 	enum ckfs_code rc = ckfs_source_open(&m->sources[m->n_sources], &m->policy, path, rel,
 					     err);
 	if (rc == CKFS_E_NOTFOUND) {
@@ -517,7 +512,7 @@ static enum ckfs_code add_tensor(struct dcp *d, const char *fqn, const char *nam
 	if (rc == CKFS_OK) {
 		t->chunks = ckfs_arena_calloc(&m->arena, list.n + 1, sizeof(*t->chunks));
 		if (!t->chunks)
-			rc = nomem(err);
+			rc = ckfs_nomem(err);
 	}
 	if (rc == CKFS_OK) {
 		if (list.n)
@@ -548,7 +543,7 @@ static enum ckfs_code hf_names(struct dcp *d, struct ckfs_error *err)
 	const char **names = ckfs_arena_calloc(&d->tmp, m->n_tensors + 1, sizeof(*names));
 
 	if (!keys || !names)
-		return nomem(err);
+		return ckfs_nomem(err);
 	for (size_t i = 0; i < m->n_tensors; i++)
 		keys[i] = m->tensors[i].name;
 	CKFS_TRY(ckfs_hf_names(m, d->md_path, keys, names, m->n_tensors, true, err));
@@ -611,7 +606,7 @@ static enum ckfs_code build(struct dcp *d, const char *bytes, size_t len,
 	const char **byte_names = ckfs_arena_calloc(&d->tmp, 4, sizeof(char *));
 	m->tensors = ckfs_arena_calloc(&m->arena, n + 1, sizeof(*m->tensors));
 	if (!other || !byte_names || !m->tensors)
-		return nomem(err);
+		return ckfs_nomem(err);
 	for (size_t i = 0; i < n; i++) {
 		const struct ckfs_pv *k = sdm->u.dict.keys[i], *v = sdm->u.dict.vals[i];
 		if (!k || k->kind != CKFS_PV_STR || strlen(k->u.str.s) != k->u.str.len)
@@ -649,7 +644,7 @@ static enum ckfs_code build(struct dcp *d, const char *bytes, size_t len,
 			return model_prefix ? ckfs_fail(err, CKFS_E_FORMAT, "'%s': bad "
 							"planner_data path of '%s'",
 							d->md_path, fqn)
-					    : nomem(err);
+					    : ckfs_nomem(err);
 		if (strlen(name) > CKFS_MAX_NAME)
 			return ckfs_fail(err, CKFS_E_LIMIT, "'%s': name of '%s' too long",
 					 d->md_path, fqn);
@@ -666,7 +661,7 @@ static enum ckfs_code build(struct dcp *d, const char *bytes, size_t len,
 	const struct ckfs_tensor **by = ckfs_arena_calloc(&d->tmp, m->n_tensors,
 							  sizeof(*by));
 	if (!by)
-		return nomem(err);
+		return ckfs_nomem(err);
 	for (size_t i = 0; i < m->n_tensors; i++)
 		by[i] = &m->tensors[i];
 	qsort(by, m->n_tensors, sizeof(*by), cmp_tensor_name);
@@ -698,7 +693,7 @@ enum ckfs_code ckfs_dcp_build_from(struct ckfs_model *m,
 
 	ckfs_arena_init(&d.tmp);
 	d.md_path = ckfs_arena_printf(&m->arena, "%s/.metadata", m->src_dir);
-	enum ckfs_code rc = d.md_path ? build(&d, bytes, len, opt, err) : nomem(err);
+	enum ckfs_code rc = d.md_path ? build(&d, bytes, len, opt, err) : ckfs_nomem(err);
 	ckfs_arena_release(&d.tmp);
 	return rc;
 }
@@ -711,7 +706,7 @@ enum ckfs_code ckfs_dcp_build(struct ckfs_model *m, const struct ckfs_model_opti
 
 	path = ckfs_arena_printf(&m->arena, "%s/.metadata", m->src_dir);
 	if (!path)
-		return nomem(err);
+		return ckfs_nomem(err);
 	CKFS_TRY(ckfs_model_read_meta(m, path, CKFS_MAX_METADATA_BYTES, &bytes, &len, err));
 	enum ckfs_code rc = ckfs_dcp_build_from(m, opt, bytes, len, err);
 	free(bytes);
@@ -731,7 +726,7 @@ enum ckfs_code ckfs_dcp_read_raw(struct ckfs_model *m, const char *dir, const ch
 	d.md_path = ckfs_arena_printf(&m->arena, "%s/.metadata", dir);
 	enum ckfs_code rc = d.md_path ? ckfs_model_read_meta(m, d.md_path, CKFS_MAX_METADATA_BYTES,
 							     &bytes, &len, err)
-				      : nomem(err);
+				      : ckfs_nomem(err);
 	if (rc == CKFS_OK)
 		rc = build(&d, bytes, len, opt, err);
 	free(bytes);

@@ -29,11 +29,6 @@
 
 #include "layouts/layouts.h"
 
-static enum ckfs_code nomem(struct ckfs_error *err)
-{
-	return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
-}
-
 /* 1 when dir holds a name of an FSDP rank file (well spelt or not: the
  * FSDP reader refuses the badly spelt ones), 0 when not, -1 (errno set)
  * when it cannot be listed. */
@@ -126,7 +121,7 @@ static enum ckfs_code dispatch(struct ckfs_model *m, const char *src,
 	}
 	const char *hf = find_hf_weights(m, &oom);
 	if (oom)
-		return nomem(err);
+		return ckfs_nomem(err);
 	if (hf) {
 		m->layout = "hf";
 		return ckfs_hf_build(m, opt, hf, err);
@@ -141,7 +136,7 @@ enum ckfs_code ckfs_model_open(const char *src, const struct ckfs_model_options 
 	enum ckfs_code rc;
 
 	if (!m)
-		return nomem(err);
+		return ckfs_nomem(err);
 	ckfs_arena_init(&m->arena);
 	m->layout = "unknown";
 	m->policy.follow_symlinks = opt->follow_symlinks;
@@ -156,7 +151,7 @@ enum ckfs_code ckfs_model_open(const char *src, const struct ckfs_model_options 
 	m->src_dir = m->policy.root = abs ? ckfs_arena_strdup(&m->arena, abs) : NULL;
 	free(abs);
 	if (!m->src_dir) {
-		rc = abs ? nomem(err) : ckfs_fail_errno(err, "'%s': cannot resolve", src);
+		rc = abs ? ckfs_nomem(err) : ckfs_fail_errno(err, "'%s': cannot resolve", src);
 		goto fail;
 	}
 	if ((rc = dispatch(m, src, opt, err)) != CKFS_OK ||

@@ -41,11 +41,6 @@
 
 /* ---- small helpers ---- */
 
-static enum ckfs_code nomem(struct ckfs_error *err)
-{
-	return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
-}
-
 /* ---- rank file names ---- */
 
 /* One number of a rank file name, [s, s + len): its value (saturated past
@@ -260,7 +255,7 @@ static enum ckfs_code list_rank_names(struct ckfs_model *m, struct rank_scan *rs
 			size_t c = cap ? cap * 2 : 16;
 			struct rank_name *p = realloc(rs->names, c * sizeof(*p));
 			if (!p) {
-				rc = nomem(err);
+				rc = ckfs_nomem(err);
 				break;
 			}
 			rs->names = p;
@@ -269,7 +264,7 @@ static enum ckfs_code list_rank_names(struct ckfs_model *m, struct rank_scan *rs
 		struct rank_name *rn = &rs->names[rs->n_names];
 		*rn = (struct rank_name){ strdup(de->d_name), rf.ws, rf.rank, kind };
 		if (!rn->name)
-			rc = nomem(err);
+			rc = ckfs_nomem(err);
 		else
 			rs->n_names++;
 	}
@@ -296,7 +291,7 @@ static enum ckfs_code check_rank_names(struct ckfs_model *m, struct rank_scan *r
 		}
 	struct rank_name *by_value = malloc(rs->n_names * sizeof(*by_value));
 	if (!by_value)
-		return nomem(err);
+		return ckfs_nomem(err);
 	memcpy(by_value, rs->names, rs->n_names * sizeof(*by_value));
 	qsort(by_value, rs->n_names, sizeof(*by_value), cmp_rank_value);
 	enum ckfs_code rc = CKFS_OK;
@@ -363,7 +358,7 @@ static enum ckfs_code scan_ranks(struct ckfs_model *m, struct rank_scan *rs,
 	CKFS_TRY(choose_world_size(m, rs, cfg_ws, err));
 	rs->present = calloc((size_t)rs->world_size, 1);
 	if (!rs->present)
-		return nomem(err);
+		return ckfs_nomem(err);
 	for (size_t i = 0; i < rs->n_names; i++) {
 		const struct rank_name *rn = &rs->names[i];
 		if (rn->ws != rs->world_size)
@@ -395,7 +390,7 @@ static enum ckfs_code open_source(struct ckfs_model *m, long rank,
 	const char *path = ckfs_arena_printf(&m->arena, "%s/%s", m->src_dir, name);
 	const char *rel = ckfs_arena_strdup(&m->arena, name);
 	if (!path || !rel)
-		return nomem(err);
+		return ckfs_nomem(err);
 	enum ckfs_code rc = ckfs_source_open(&m->sources[m->n_sources], &m->policy, path,
 					     rel, err);
 	if (rc == CKFS_E_NOTFOUND) {
@@ -600,7 +595,7 @@ static enum ckfs_code mesh_positions(struct ckfs_model *m, const struct ckfs_dte
 			continue;
 		m->mesh_dim_names[i] = ckfs_arena_strdup(&m->arena, mesh->mesh_dim_names[i]);
 		if (!m->mesh_dim_names[i])
-			return nomem(err);
+			return ckfs_nomem(err);
 	}
 	return CKFS_OK;
 }
@@ -655,7 +650,7 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 	m->sources = ckfs_arena_calloc(&m->arena, (size_t)m->world_size,
 				       sizeof(*m->sources));
 	if (!m->sources) {
-		rc = nomem(err);
+		rc = ckfs_nomem(err);
 		goto out;
 	}
 	/* Every rank file is opened, and every one is read below: the
@@ -683,7 +678,7 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 	keys = calloc(n_keys, sizeof(*keys));
 	names = calloc(n_keys, sizeof(*names));
 	if (!keys || !names) {
-		rc = nomem(err);
+		rc = ckfs_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < n_keys; i++)
@@ -700,7 +695,7 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 	ranks = calloc(n_read, sizeof(*ranks));
 	coords = calloc(n_read, sizeof(*coords));
 	if (!ranks || !coords) {
-		rc = nomem(err);
+		rc = ckfs_nomem(err);
 		goto out;
 	}
 	if (mesh) {
@@ -712,7 +707,7 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 	}
 	m->ranks_read = ckfs_arena_calloc(&m->arena, n_read, sizeof(int));
 	if (!m->ranks_read) {
-		rc = nomem(err);
+		rc = ckfs_nomem(err);
 		goto out;
 	}
 	m->n_ranks_read = n_read;
@@ -721,7 +716,7 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 	accs = calloc(n_keys, sizeof(*accs));
 	order = calloc(n_keys, sizeof(*order));
 	if (!accs || !order) {
-		rc = nomem(err);
+		rc = ckfs_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < n_keys; i++)
@@ -798,7 +793,7 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 					copy->key = ckfs_arena_strdup(&m->arena, e->key);
 				if (!copy || !copy->key || (e->dtensor && !dcopy) ||
 				    (e->sharded && !scopy)) {
-					rc = nomem(err);
+					rc = ckfs_nomem(err);
 					break;
 				}
 				copy->dtensor = dcopy;
@@ -824,7 +819,7 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 	/* Output tensors in rank 0's order. */
 	m->tensors = ckfs_arena_calloc(&m->arena, n_keys, sizeof(*m->tensors));
 	if (!m->tensors) {
-		rc = nomem(err);
+		rc = ckfs_nomem(err);
 		goto out;
 	}
 	int drop_lm_head = 0;
@@ -873,7 +868,7 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 		t->chunks = ckfs_arena_calloc(&m->arena, accs[i].chunks.n + 1,
 					      sizeof(*t->chunks));
 		if (!t->chunks || !t->placement) {
-			rc = nomem(err);
+			rc = ckfs_nomem(err);
 			goto out;
 		}
 		if (accs[i].chunks.n)
@@ -884,7 +879,7 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 			t->copies = ckfs_arena_calloc(&m->arena, accs[i].copies.n,
 						      sizeof(*t->copies));
 			if (!t->copies) {
-				rc = nomem(err);
+				rc = ckfs_nomem(err);
 				goto out;
 			}
 			memcpy(t->copies, accs[i].copies.v,

@@ -30,11 +30,6 @@
 #include "ckfs/safetensors.h"
 #include "layouts/layouts.h"
 
-static enum ckfs_code nomem(struct ckfs_error *err)
-{
-	return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
-}
-
 static int cmp_file_then_pos(const void *a, const void *b)
 {
 	const struct ckfs_st_entry *x = *(const struct ckfs_st_entry *const *)a;
@@ -62,7 +57,7 @@ static enum ckfs_code source_of(struct ckfs_model *m, const struct ckfs_st_entry
 	const char *path = ckfs_arena_strdup(&m->arena, e->file);
 	const char *name = ckfs_arena_strdup(&m->arena, rel);
 	if (!path || !name)
-		return nomem(err);
+		return ckfs_nomem(err);
 	int fd = fcntl(e->fd, F_DUPFD_CLOEXEC, 0);
 	if (fd < 0)
 		return ckfs_fail_errno(err, "'%s': cannot keep open", path);
@@ -88,7 +83,7 @@ static enum ckfs_code add_tensor(struct ckfs_model *m, const struct ckfs_st_entr
 	CKFS_TRY(source_of(m, e, &src, err));
 	t->name = ckfs_arena_strdup(&m->arena, e->name);
 	if (!t->name)
-		return nomem(err);
+		return ckfs_nomem(err);
 	t->stored_dtype = e->dtype;
 	t->out_dtype = opt->out_dtype == CKFS_DTYPE_INVALID ? e->dtype : opt->out_dtype;
 	t->ndim = e->ndim;
@@ -116,7 +111,7 @@ static enum ckfs_code add_tensor(struct ckfs_model *m, const struct ckfs_st_entr
 	if (rc == CKFS_OK) {
 		t->chunks = ckfs_arena_calloc(&m->arena, list.n + 1, sizeof(*t->chunks));
 		if (!t->chunks)
-			rc = nomem(err);
+			rc = ckfs_nomem(err);
 		else if (list.n)
 			memcpy(t->chunks, list.v, list.n * sizeof(*t->chunks));
 		t->n_chunks = (uint32_t)list.n;
@@ -136,7 +131,7 @@ static enum ckfs_code hf_names(struct ckfs_model *m, const char *label, struct c
 {
 	const char **keys = calloc(m->n_tensors + 1, sizeof(*keys));
 	const char **names = calloc(m->n_tensors + 1, sizeof(*names));
-	enum ckfs_code rc = keys && names ? CKFS_OK : nomem(err);
+	enum ckfs_code rc = keys && names ? CKFS_OK : ckfs_nomem(err);
 
 	for (size_t i = 0; rc == CKFS_OK && i < m->n_tensors; i++)
 		keys[i] = m->tensors[i].name;
@@ -171,7 +166,7 @@ enum ckfs_code ckfs_hf_build(struct ckfs_model *m, const struct ckfs_model_optio
 	m->tensors = ckfs_arena_calloc(&m->arena, set.n_entries, sizeof(*m->tensors));
 	m->sources = ckfs_arena_calloc(&m->arena, set.n_fds + 1, sizeof(*m->sources));
 	if (!order || !m->tensors || !m->sources) {
-		rc = nomem(err);
+		rc = ckfs_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < set.n_entries; i++)
@@ -183,7 +178,7 @@ enum ckfs_code ckfs_hf_build(struct ckfs_model *m, const struct ckfs_model_optio
 	if (rc == CKFS_OK) {
 		/* messages name the one weight file, or the index naming them */
 		char *index = ckfs_arena_printf(&m->arena, "%s/model.safetensors.index.json", dir);
-		rc = !index ? nomem(err)
+		rc = !index ? ckfs_nomem(err)
 			    : hf_names(m, m->n_sources == 1 ? m->sources[0].path : index, err);
 	}
 	if (rc == CKFS_OK)

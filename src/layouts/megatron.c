@@ -86,11 +86,6 @@
 
 #define MAX_PAR 1024
 
-static enum ckfs_code nomem(struct ckfs_error *err)
-{
-	return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
-}
-
 /* ---- folder names ---- */
 
 /* "mp_rank_DD[_DDD[_DDD]]": the number of fields (1 to 3) into v[], 0 when
@@ -185,7 +180,7 @@ static struct out *new_out(struct ctx *c, const char *name, const char *placemen
 		size_t cap = c->cap_outs ? 2 * c->cap_outs : 64;
 		struct out *v = realloc(c->outs, cap * sizeof(*v));
 		if (!v) {
-			nomem(err);
+			ckfs_nomem(err);
 			return NULL;
 		}
 		c->outs = v;
@@ -195,7 +190,7 @@ static struct out *new_out(struct ctx *c, const char *name, const char *placemen
 	memset(o, 0, sizeof(*o));
 	o->name = ckfs_arena_strdup(&c->m->arena, name);
 	if (!o->name) {
-		nomem(err);
+		ckfs_nomem(err);
 		return NULL;
 	}
 	o->placement = placement;
@@ -831,13 +826,13 @@ static enum ckfs_code value_config(struct ctx *c, struct ckfs_error *err)
 		char *text = ok ? cJSON_Print(j) : NULL;
 		if (!text) {
 			cJSON_Delete(j);
-			return nomem(err);
+			return ckfs_nomem(err);
 		}
 		m->config_json = ckfs_arena_strdup(&m->arena, text);
 		m->config_len = strlen(text);
 		free(text);
 		if (!m->config_json)
-			rc = nomem(err);
+			rc = ckfs_nomem(err);
 		else
 			rc = ckfs_model_warn(m, err, "output_layer.weight is a value head [1, "
 					     "%lld]: served as score.weight, config.json "
@@ -876,7 +871,7 @@ static enum ckfs_code open_rank(struct ctx *c, int r, struct ckfs_error *err)
 	const char *path = ckfs_arena_printf(&m->arena, "%s/%s", m->src_dir, rel);
 	const char *name = ckfs_arena_strdup(&m->arena, rel);
 	if (!path || !name)
-		return nomem(err);
+		return ckfs_nomem(err);
 	enum ckfs_code rc = ckfs_source_open(&m->sources[m->n_sources], &m->policy, path, name,
 					     err);
 	if (rc == CKFS_E_NOTFOUND) {
@@ -974,7 +969,7 @@ static enum ckfs_code scan_dirs(struct ctx *c, struct ckfs_error *err)
 			cap = cap ? 2 * cap : 16;
 			long(*nv)[3] = realloc(c->names, cap * sizeof(*nv));
 			if (!nv) {
-				nomem(err);
+				ckfs_nomem(err);
 				goto fail;
 			}
 			c->names = nv;
@@ -1122,7 +1117,7 @@ static enum ckfs_code plan_whole(struct ctx *c, struct ckfs_error *err)
 	c->dense_e = ckfs_arena_calloc(a, (size_t)(c->pp * c->tp), sizeof(int));
 	c->expert_t = ckfs_arena_calloc(a, (size_t)(c->pp * c->ep), sizeof(int));
 	if (!c->dense_e || !c->expert_t)
-		return nomem(err);
+		return ckfs_nomem(err);
 	for (int k = 0; k < c->pp * c->tp; k++)
 		c->dense_e[k] = -1;
 	for (int k = 0; k < c->pp * c->ep; k++)
@@ -1323,7 +1318,7 @@ enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
 	c.experts_seen = calloc((size_t)c.n_layers + 1, sizeof(int));
 	if (!m->sources || !m->ranks_read || !c.state || !c.src || !c.files ||
 	    !c.experts_seen) {
-		rc = nomem(err);
+		rc = ckfs_nomem(err);
 		goto out;
 	}
 	for (size_t k = 0; k < c.n_names; k++)
@@ -1358,7 +1353,7 @@ enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
 	m->stage_layers = ckfs_arena_calloc(&m->arena, (size_t)(c.vpp * c.pp),
 					    sizeof(int));
 	if (!m->stage_layers) {
-		rc = nomem(err);
+		rc = ckfs_nomem(err);
 		goto out;
 	}
 	long layer0 = 0;
@@ -1426,7 +1421,7 @@ enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
 
 	m->tensors = ckfs_arena_calloc(&m->arena, c.n_outs + 1, sizeof(*m->tensors));
 	if (!m->tensors) {
-		rc = nomem(err);
+		rc = ckfs_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < c.n_outs; i++) {
@@ -1453,7 +1448,7 @@ enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
 		t->chunks = ckfs_arena_calloc(&m->arena, o->chunks.n + 1,
 					      sizeof(*t->chunks));
 		if (!t->chunks) {
-			rc = nomem(err);
+			rc = ckfs_nomem(err);
 			goto out;
 		}
 		memcpy(t->chunks, o->chunks.v, o->chunks.n * sizeof(*t->chunks));

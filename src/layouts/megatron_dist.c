@@ -63,11 +63,6 @@
 
 #define PATHMAX 4096
 
-static enum ckfs_code nomem(struct ckfs_error *err)
-{
-	return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
-}
-
 /* ---- where the checkpoint is ---- */
 
 struct where {
@@ -310,7 +305,7 @@ static struct out *new_out(struct ctx *c, const char *name, const char *placemen
 		size_t cap = c->cap ? 2 * c->cap : 64;
 		struct out *v = realloc(c->outs, cap * sizeof(*v));
 		if (!v) {
-			nomem(err);
+			ckfs_nomem(err);
 			return NULL;
 		}
 		c->outs = v;
@@ -319,7 +314,7 @@ static struct out *new_out(struct ctx *c, const char *name, const char *placemen
 	struct out *o = &c->outs[c->n_outs];
 	memset(o, 0, sizeof(*o));
 	if (!(o->name = ckfs_arena_strdup(&c->m->arena, name))) {
-		nomem(err);
+		ckfs_nomem(err);
 		return NULL;
 	}
 	o->placement = placement;
@@ -847,7 +842,7 @@ static enum ckfs_code finish(struct ctx *c, const struct ckfs_model_options *opt
 
 	m->tensors = ckfs_arena_calloc(&m->arena, c->n_outs + 1, sizeof(*m->tensors));
 	if (!m->tensors)
-		return nomem(err);
+		return ckfs_nomem(err);
 	m->n_tensors = 0;
 	for (size_t k = 0; k < c->n_outs; k++) {
 		struct out *o = &c->outs[k];
@@ -864,7 +859,7 @@ static enum ckfs_code finish(struct ctx *c, const struct ckfs_model_options *opt
 		t->n_chunks = (uint32_t)o->chunks.n;
 		t->chunks = ckfs_arena_calloc(&m->arena, o->chunks.n + 1, sizeof(*t->chunks));
 		if (!t->chunks)
-			return nomem(err);
+			return ckfs_nomem(err);
 		if (o->chunks.n)
 			memcpy(t->chunks, o->chunks.v, o->chunks.n * sizeof(*t->chunks));
 		if (ckfs_plan_validate_tensor(m, t, err) != CKFS_OK) {
@@ -889,7 +884,7 @@ enum ckfs_code ckfs_megatron_dist_build(struct ckfs_model *m,
 	c.m = m;
 	c.raw_names = opt->raw_names;
 	if (!w)
-		return nomem(err);
+		return ckfs_nomem(err);
 	if (!locate(m, w)) {
 		free(w);
 		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': no Megatron dist_ckpt folder",
@@ -911,7 +906,7 @@ enum ckfs_code ckfs_megatron_dist_build(struct ckfs_model *m,
 	c.md = ckfs_arena_printf(&m->arena, "%s/.metadata", w->dist);
 	const char *dist = ckfs_arena_strdup(&m->arena, w->dist);
 	if (!hf || !c.md || !dist) {
-		rc = nomem(err);
+		rc = ckfs_nomem(err);
 		goto out;
 	}
 	if ((rc = ckfs_model_load_config_from(m, hf, opt->config_path, err)) != CKFS_OK ||

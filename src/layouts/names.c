@@ -112,7 +112,7 @@ static enum ckfs_code check_collisions(const char *label, const char *const *key
 	enum ckfs_code rc = CKFS_OK;
 
 	if (!order)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	for (size_t i = 0; i < n; i++)
 		order[i] = i;
 	qsort_r(order, n, sizeof(*order), cmp_by_name, names);
@@ -178,7 +178,7 @@ enum ckfs_code ckfs_hf_names(struct ckfs_model *m, const char *label, const char
 	for (size_t i = 0; i < n; i++) {
 		char *out = ckfs_arena_alloc(&m->arena, strlen(keys[i]) + 1);
 		if (!out)
-			return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+			return ckfs_nomem(err);
 		strip_wrappers(keys[i], out, &seen);
 		names[i] = out;
 		ddp &= strncmp(out, ddp_prefix, sizeof(ddp_prefix) - 1) == 0;

@@ -26,7 +26,7 @@ enum ckfs_code ckfs_chunk_list_push(struct ckfs_chunk_list *a, const struct ckfs
 		size_t cap = a->cap ? a->cap * 2 : 4;
 		struct ckfs_chunk *p = realloc(a->v, cap * sizeof(*p));
 		if (!p)
-			return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+			return ckfs_nomem(err);
 		a->v = p;
 		a->cap = cap;
 	}

@@ -108,7 +108,7 @@ enum ckfs_code ckfs_plan_validate_names(const struct ckfs_model *m,
 	enum ckfs_code rc = CKFS_OK;
 
 	if (!by)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	for (size_t i = 0; i < m->n_tensors; i++)
 		by[i] = &m->tensors[i];
 	qsort(by, m->n_tensors, sizeof(*by), cmp_name);

@@ -132,7 +132,7 @@ static enum ckfs_code window_open(const struct ckfs_model *m, uint32_t src,
 	}
 	unsigned char *buf = scratch_get(scratch, len);
 	if (!buf)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	w->p = buf;
 	return read_exact(m, src, buf, len, pos, err);
 }
@@ -244,7 +244,7 @@ static enum ckfs_code read_strided(const struct ckfs_model *m,
 	unsigned char elem[8];
 
 	if (!buf)
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	while (count) {
 		uint64_t n = count < per ? count : per;
 		size_t span = (size_t)((n - 1) * step + in);

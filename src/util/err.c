@@ -65,6 +65,11 @@ enum ckfs_code ckfs_fail_errno(struct ckfs_error *err, const char *fmt, ...)
 	return code;
 }
 
+enum ckfs_code ckfs_nomem(struct ckfs_error *err)
+{
+	return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+}
+
 void ckfs_error_prefix(struct ckfs_error *err, const char *fmt, ...)
 {
 	char raw[512], prefix[512], old[sizeof(err->msg)];

@@ -127,7 +127,7 @@ enum ckfs_code ckfs_file_read_small(const struct ckfs_file_policy *pol, const ch
 	char *buf = malloc((size_t)st.st_size + 1);
 	if (!buf) {
 		close(fd);
-		return ckfs_fail(err, CKFS_E_NOMEM, "out of memory");
+		return ckfs_nomem(err);
 	}
 	size_t done = 0;
 	while (done < (size_t)st.st_size) {
