@@ -40,7 +40,8 @@ How verl is run, and what is patched (all forced by the CPU; nothing changes wha
   * load_fsdp_model_to_gpu (called by FSDPEngine.save_checkpoint) builds the device "cpu:cpu" for
     FSDP1: no-op (the model already lives on the CPU).
   * HFModelConfig asks transformers for flash_attention_2: override_config sets attn_implementation
-    "sdpa" (verl's override_config is a runtime setting and is not serialised into config.json).
+    "sdpa". verl's checkpoint manager serialises it: huggingface/config.json says
+    "attn_implementation": "sdpa" where a GPU run says "flash_attention_2"; the merger drops the key.
   * use_remove_padding=False and use_torch_compile=False (flash-attn varlen patches and inductor are
     GPU-only); they change no saved tensor.
   * Training steps: verl's forward_backward_batch needs its rollout TensorDict; here each step calls
@@ -61,6 +62,14 @@ How verl is run, and what is patched (all forced by the CPU; nothing changes wha
     seeds, independent of the rank and of torch's RNG), so fp32 master weights do not sit on bf16
     values and the merger's rounding is exercised. Spawned ranks seed torch from the case name.
   * Rank files record the tensors' location as "cpu" (on GPUs FSDP2 files say "cuda:N").
+
+Not patched, and so kept as verl 0.9.1 does it: verl's hf_processor() supports no Gemma3Processor
+("Unsupported processor type", caught, processor None), so the Gemma 3 checkpoint and merger output
+carry the tokenizer files but no processor_config.json.
+
+Reproducibility: the same command line rewrites byte-identical files. With another command line
+(--only, --out) only the cached hash integers pickled with DeviceMesh / DTensorSpec and the zip's
+.data/serialization_id change in model_world_size_*.pt; tensors and every other file stay identical.
 """
 
 from __future__ import annotations
