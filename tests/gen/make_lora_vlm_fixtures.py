@@ -67,9 +67,10 @@ Not patched, and so kept as verl 0.9.1 does it: verl's hf_processor() supports n
 ("Unsupported processor type", caught, processor None), so the Gemma 3 checkpoint and merger output
 carry the tokenizer files but no processor_config.json.
 
-Reproducibility: the same command line rewrites byte-identical files. With another command line
-(--only, --out) only the cached hash integers pickled with DeviceMesh / DTensorSpec and the zip's
-.data/serialization_id change in model_world_size_*.pt; tensors and every other file stay identical.
+Reproducibility: the same generator source and command line rewrite byte-identical files. Any other
+command line (--only, --out) or an edited generator shifts the heap, and then only the cached hash
+integers pickled with DeviceMesh / DTensorSpec (and the zip's .data/serialization_id) change in
+model_*.pt / optim_*.pt; tensors and every other file stay identical.
 """
 
 from __future__ import annotations
