@@ -67,10 +67,11 @@ Not patched, and so kept as verl 0.9.1 does it: verl's hf_processor() supports n
 ("Unsupported processor type", caught, processor None), so the Gemma 3 checkpoint and merger output
 carry the tokenizer files but no processor_config.json.
 
-Reproducibility: the same generator source and command line rewrite byte-identical files. Any other
-command line (--only, --out) or an edited generator shifts the heap, and then only the cached hash
-integers pickled with DeviceMesh / DTensorSpec (and the zip's .data/serialization_id) change in
-model_*.pt / optim_*.pt; tensors and every other file stay identical.
+Reproducibility: tensors and every file other than model_*.pt / optim_*.pt are identical on every
+run. Those two also pickle cached hash integers of DeviceMesh / DTensorSpec (plus the zip's
+.data/serialization_id), which depend on the heap layout: the same command run twice in the same
+environment rewrote them byte-identically (checked with --only qwen3_moe_fsdp2_w2), while another
+command line or an edited generator changes those integers only.
 """
 
 from __future__ import annotations
