@@ -602,6 +602,20 @@ static enum ckfs_code mesh_positions(struct ckfs_model *m, const struct ckfs_dte
 
 /* ---- assembly ---- */
 
+/* What the build holds while it reads the ranks. */
+struct build {
+	struct ckfs_model *m;
+	const struct ckfs_model_options *opt;
+	struct rank_scan rs;
+	struct ckfs_torch_file first;   /* rank 0's file, open to the end */
+	size_t n_keys;
+	const char **keys, **names;     /* rank 0's keys, their HF names */
+	size_t *order;                  /* key indices sorted by key */
+	struct acc *accs;               /* one per key */
+	long *ranks;                    /* global rank at each mesh position */
+	int64_t (*coords)[CKFS_MAX_DIMS];
+};
+
 static int cmp_key(const void *a, const void *b, void *ctx)
 {
 	const struct ckfs_torch_file *tf = ctx;
@@ -627,286 +641,269 @@ static const char *describe_placement(struct ckfs_model *m,
 	return ckfs_arena_strdup(&m->arena, buf);
 }
 
+/* Every rank file opened, and rank 0's read. Every one is read later:
+ * the merged tensors need some, the others hold copies (plain tensors,
+ * HSDP replicas) that must agree, and a checkpoint missing one is
+ * incomplete whatever verl would have read. */
+static enum ckfs_code open_ranks(struct build *b, struct ckfs_error *err)
+{
+	struct ckfs_model *m = b->m;
+
+	CKFS_TRY(scan_ranks(m, &b->rs, err));
+	CKFS_TRY(ckfs_model_load_config(m, b->opt->config_path, err));
+	m->sources = ckfs_arena_calloc(&m->arena, (size_t)m->world_size, sizeof(*m->sources));
+	if (!m->sources)
+		return ckfs_nomem(err);
+	for (long r = 0; r < m->world_size; r++) {
+		uint32_t src;
+		CKFS_TRY(open_source(m, r, &src, err));
+	}
+	CKFS_TRY(ckfs_torch_open(&b->first, m->sources[0].fd, m->sources[0].path, err));
+	b->n_keys = b->first.n_entries;
+	if (b->n_keys == 0)
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': the state dict is empty",
+				 m->sources[0].path);
+	return CKFS_OK;
+}
+
+/* Hugging Face names of rank 0's keys (wrappers removed), and the keys
+ * sorted for the other ranks' lookups (as stored). */
+static enum ckfs_code index_keys(struct build *b, struct ckfs_error *err)
+{
+	const char *path = b->m->sources[0].path;
+
+	b->keys = calloc(b->n_keys, sizeof(*b->keys));
+	b->names = calloc(b->n_keys, sizeof(*b->names));
+	b->accs = calloc(b->n_keys, sizeof(*b->accs));
+	b->order = calloc(b->n_keys, sizeof(*b->order));
+	if (!b->keys || !b->names || !b->accs || !b->order)
+		return ckfs_nomem(err);
+	for (size_t i = 0; i < b->n_keys; i++) {
+		b->keys[i] = b->first.entries[i].key;
+		b->order[i] = i;
+	}
+	CKFS_TRY(ckfs_hf_names(b->m, path, b->keys, b->names, b->n_keys, true, err));
+	qsort_r(b->order, b->n_keys, sizeof(*b->order), cmp_key, &b->first);
+	for (size_t i = 1; i < b->n_keys; i++)
+		if (strcmp(b->keys[b->order[i]], b->keys[b->order[i - 1]]) == 0)
+			return ckfs_fail(err, CKFS_E_FORMAT, "'%s': duplicate key '%s'", path,
+					 b->keys[b->order[i]]);
+	return CKFS_OK;
+}
+
+/* The global rank and mesh coordinate of every position, from the mesh
+ * of rank 0's first DTensor (none: every rank at its own position). */
+static enum ckfs_code place_ranks(struct build *b, struct ckfs_error *err)
+{
+	struct ckfs_model *m = b->m;
+	const struct ckfs_dtensor_info *mesh = NULL;
+	size_t n = (size_t)m->world_size;
+
+	for (size_t i = 0; i < b->n_keys && !mesh; i++)
+		if (b->first.entries[i].kind == CKFS_ENTRY_DTENSOR)
+			mesh = b->first.entries[i].dtensor;
+	b->ranks = calloc(n, sizeof(*b->ranks));
+	b->coords = calloc(n, sizeof(*b->coords));
+	m->ranks_read = ckfs_arena_calloc(&m->arena, n, sizeof(int));
+	if (!b->ranks || !b->coords || !m->ranks_read)
+		return ckfs_nomem(err);
+	if (mesh)
+		CKFS_TRY(mesh_positions(m, mesh, 0, b->ranks, b->coords, err));
+	else
+		for (size_t i = 0; i < n; i++)
+			b->ranks[i] = (long)i;
+	m->n_ranks_read = n;
+	return CKFS_OK;
+}
+
+/* Index of rank 0's key equal to key, or SIZE_MAX. */
+static size_t find_key(const struct build *b, const char *key)
+{
+	size_t lo = 0, hi = b->n_keys;
+
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		int c = strcmp(b->keys[b->order[mid]], key);
+		if (c == 0)
+			return b->order[mid];
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return SIZE_MAX;
+}
+
+/* A copy of e's metadata in m's arena: it outlives the rank's file. */
+static const struct ckfs_sd_entry *keep_entry(struct ckfs_model *m,
+					      const struct ckfs_sd_entry *e)
+{
+	struct ckfs_sd_entry *copy = ckfs_arena_alloc(&m->arena, sizeof(*copy));
+
+	if (!copy)
+		return NULL;
+	*copy = *e;
+	copy->key = ckfs_arena_strdup(&m->arena, e->key);
+	if (e->dtensor) {
+		struct ckfs_dtensor_info *d = ckfs_arena_alloc(&m->arena, sizeof(*d));
+		if (!d)
+			return NULL;
+		*d = *e->dtensor;
+		for (int k = 0; k < CKFS_MAX_DIMS; k++)
+			d->mesh_dim_names[k] = NULL;
+		copy->dtensor = d;
+	}
+	if (e->sharded) {
+		struct ckfs_sharded_info *sh = ckfs_arena_alloc(&m->arena, sizeof(*sh));
+		if (!sh)
+			return NULL;
+		*sh = *e->sharded;
+		copy->sharded = sh;
+	}
+	return copy->key ? copy : NULL;
+}
+
+/* The entries of tf, the file of mesh position p, each checked against
+ * rank 0's and added to its key's chunks (or copies). */
+static enum ckfs_code add_rank(struct build *b, size_t p, const struct ckfs_torch_file *tf,
+			       struct ckfs_error *err)
+{
+	struct ckfs_model *m = b->m;
+	uint32_t src = (uint32_t)b->ranks[p]; /* sources are opened in rank order */
+	const char *path = m->sources[src].path;
+
+	for (size_t i = 0; i < tf->n_entries; i++) {
+		const struct ckfs_sd_entry *e = &tf->entries[i];
+		size_t k = find_key(b, e->key);
+		if (k == SIZE_MAX)
+			return ckfs_fail(err, CKFS_E_INVALID, "'%s': tensor '%s' is not in rank "
+					 "0's state dict", path, e->key);
+		struct acc *a = &b->accs[k];
+		if (a->n_ranks_seen != (int)p)
+			return ckfs_fail(err, CKFS_E_FORMAT, "'%s': duplicate key '%s'", path,
+					 e->key);
+		if (!a->first) {
+			a->first = e;
+			a->first_rank = (int)b->ranks[p];
+		}
+		if (add_entry(a, e, (int)b->ranks[p], b->coords[p], src, err) != CKFS_OK) {
+			ckfs_error_prefix(err, "'%s'", path);
+			return err->code;
+		}
+		if (a->first == e && !(a->first = keep_entry(m, e)))
+			return ckfs_nomem(err);
+	}
+	/* Keys of rank 0 this rank lacks (extra ones failed above). */
+	for (size_t k = 0; k < b->n_keys; k++)
+		if (b->accs[k].n_ranks_seen != (int)p + 1)
+			return ckfs_fail(err, CKFS_E_INVALID, "'%s': tensor '%s' of rank 0's "
+					 "state dict is missing", path, b->keys[k]);
+	return CKFS_OK;
+}
+
+static enum ckfs_code read_ranks(struct build *b, struct ckfs_error *err)
+{
+	for (size_t p = 0; p < b->m->n_ranks_read; p++) {
+		const struct ckfs_source *s = &b->m->sources[b->ranks[p]];
+		struct ckfs_torch_file other;
+		b->m->ranks_read[p] = (int)b->ranks[p];
+		if (b->ranks[p] == 0) {
+			CKFS_TRY(add_rank(b, p, &b->first, err));
+			continue;
+		}
+		CKFS_TRY(ckfs_torch_open(&other, s->fd, s->path, err));
+		enum ckfs_code rc = add_rank(b, p, &other, err);
+		ckfs_torch_close(&other);
+		CKFS_TRY(rc);
+	}
+	return CKFS_OK;
+}
+
+/* Copy a chunk list into m's arena (n + 1 entries, never NULL). */
+static struct ckfs_chunk *arena_chunks(struct ckfs_model *m, const struct ckfs_chunk_list *l)
+{
+	struct ckfs_chunk *v = ckfs_arena_calloc(&m->arena, l->n + 1, sizeof(*v));
+
+	if (v && l->n)
+		memcpy(v, l->v, l->n * sizeof(*v));
+	return v;
+}
+
+/* Output tensor t from key i's accumulated chunks. */
+static enum ckfs_code make_tensor(struct build *b, size_t i, struct ckfs_tensor *t,
+				  struct ckfs_error *err)
+{
+	struct ckfs_model *m = b->m;
+	const struct acc *a = &b->accs[i];
+	const struct ckfs_sd_entry *e = a->first;
+
+	/* e->key is the arena copy of keys[i], which dies with rank 0's file */
+	t->name = b->names[i] == b->keys[i] ? e->key : b->names[i];
+	t->stored_dtype = a->dtype;
+	t->out_dtype = b->opt->out_dtype == CKFS_DTYPE_INVALID ? t->stored_dtype
+								: b->opt->out_dtype;
+	const int64_t *shape = e->kind == CKFS_ENTRY_DTENSOR  ? e->dtensor->global_shape
+			       : e->kind == CKFS_ENTRY_SHARDED ? e->sharded->global_shape
+							       : e->local.shape;
+	t->ndim = e->kind == CKFS_ENTRY_DTENSOR  ? e->dtensor->ndim
+		  : e->kind == CKFS_ENTRY_SHARDED ? e->sharded->ndim
+						  : e->local.ndim;
+	memcpy(t->shape, shape, sizeof(t->shape));
+	t->numel = 1;
+	for (int k = 0; k < t->ndim; k++)
+		if (__builtin_mul_overflow(t->numel, (uint64_t)t->shape[k], &t->numel))
+			return ckfs_fail(err, CKFS_E_FORMAT, "tensor '%s': shape overflows",
+					 t->name);
+	if (t->stored_dtype == CKFS_DTYPE_INVALID && t->numel)
+		return ckfs_fail(err, CKFS_E_FORMAT, "tensor '%s': no dtype (no rank holds "
+				 "data)", t->name);
+	t->placement = describe_placement(m, e);
+	t->n_chunks = (uint32_t)a->chunks.n;
+	t->chunks = arena_chunks(m, &a->chunks);
+	t->n_copies = (uint32_t)a->copies.n;
+	t->copies = a->copies.n ? arena_chunks(m, &a->copies) : NULL;
+	if (!t->chunks || !t->placement || (a->copies.n && !t->copies))
+		return ckfs_nomem(err);
+	if (ckfs_plan_validate_tensor(m, t, err) != CKFS_OK) {
+		ckfs_error_prefix(err, "'%s'", m->src_dir);
+		return err->code;
+	}
+	return CKFS_OK;
+}
+
+/* Output tensors in rank 0's order, then verl's tie rule. */
+static enum ckfs_code make_tensors(struct build *b, struct ckfs_error *err)
+{
+	struct ckfs_model *m = b->m;
+
+	m->tensors = ckfs_arena_calloc(&m->arena, b->n_keys, sizeof(*m->tensors));
+	if (!m->tensors)
+		return ckfs_nomem(err);
+	for (size_t i = 0; i < b->n_keys; i++, m->n_tensors++)
+		CKFS_TRY(make_tensor(b, i, &m->tensors[i], err));
+	return ckfs_model_drop_tied(m, err);
+}
+
 enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_options *opt,
 			       struct ckfs_error *err)
 {
-	struct rank_scan rs;
-	struct ckfs_torch_file first;
-	struct acc *accs = NULL;
-	size_t *order = NULL, n_keys = 0;
-	const char **keys = NULL, **names = NULL;
-	long *ranks = NULL;
-	int64_t (*coords)[CKFS_MAX_DIMS] = NULL;
-	size_t n_read = 0;
+	struct build b = { .m = m, .opt = opt };
 	enum ckfs_code rc;
-	uint32_t src0;
 
-	memset(&first, 0, sizeof(first));
-	rc = scan_ranks(m, &rs, err);
-	if (rc == CKFS_OK)
-		rc = ckfs_model_load_config(m, opt->config_path, err);
-	if (rc != CKFS_OK)
-		goto out;
-	m->sources = ckfs_arena_calloc(&m->arena, (size_t)m->world_size,
-				       sizeof(*m->sources));
-	if (!m->sources) {
-		rc = ckfs_nomem(err);
-		goto out;
+	if ((rc = open_ranks(&b, err)) == CKFS_OK && (rc = index_keys(&b, err)) == CKFS_OK &&
+	    (rc = place_ranks(&b, err)) == CKFS_OK && (rc = read_ranks(&b, err)) == CKFS_OK)
+		rc = make_tensors(&b, err);
+	for (size_t i = 0; b.accs && i < b.n_keys; i++) {
+		free(b.accs[i].chunks.v);
+		free(b.accs[i].copies.v);
 	}
-	/* Every rank file is opened, and every one is read below: the
-	 * merged tensors need some, the others hold copies (plain tensors,
-	 * HSDP replicas) that must agree, and a checkpoint missing one is
-	 * incomplete whatever verl would have read. */
-	for (long r = 0; r < m->world_size; r++) {
-		uint32_t src;
-		if ((rc = open_source(m, r, &src, err)) != CKFS_OK)
-			goto out;
-	}
-	src0 = 0;
-	if ((rc = ckfs_torch_open(&first, m->sources[src0].fd,
-				  m->sources[src0].path, err)) != CKFS_OK)
-		goto out;
-	n_keys = first.n_entries;
-	if (n_keys == 0) {
-		rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': the state dict is empty",
-			       m->sources[src0].path);
-		goto out;
-	}
-
-	/* Hugging Face names of rank 0's keys (wrappers removed); the other
-	 * ranks' keys are matched as stored. */
-	keys = calloc(n_keys, sizeof(*keys));
-	names = calloc(n_keys, sizeof(*names));
-	if (!keys || !names) {
-		rc = ckfs_nomem(err);
-		goto out;
-	}
-	for (size_t i = 0; i < n_keys; i++)
-		keys[i] = first.entries[i].key;
-	if ((rc = ckfs_hf_names(m, m->sources[src0].path, keys, names, n_keys, true, err)) != CKFS_OK)
-		goto out;
-
-	/* The mesh, from the first DTensor. */
-	const struct ckfs_dtensor_info *mesh = NULL;
-	for (size_t i = 0; i < n_keys && !mesh; i++)
-		if (first.entries[i].kind == CKFS_ENTRY_DTENSOR)
-			mesh = first.entries[i].dtensor;
-	n_read = (size_t)m->world_size;
-	ranks = calloc(n_read, sizeof(*ranks));
-	coords = calloc(n_read, sizeof(*coords));
-	if (!ranks || !coords) {
-		rc = ckfs_nomem(err);
-		goto out;
-	}
-	if (mesh) {
-		if ((rc = mesh_positions(m, mesh, src0, ranks, coords, err)) != CKFS_OK)
-			goto out;
-	} else {
-		for (size_t i = 0; i < n_read; i++)
-			ranks[i] = (long)i;
-	}
-	m->ranks_read = ckfs_arena_calloc(&m->arena, n_read, sizeof(int));
-	if (!m->ranks_read) {
-		rc = ckfs_nomem(err);
-		goto out;
-	}
-	m->n_ranks_read = n_read;
-
-	/* Keys of rank 0, sorted for lookups from the other ranks. */
-	accs = calloc(n_keys, sizeof(*accs));
-	order = calloc(n_keys, sizeof(*order));
-	if (!accs || !order) {
-		rc = ckfs_nomem(err);
-		goto out;
-	}
-	for (size_t i = 0; i < n_keys; i++)
-		order[i] = i;
-	qsort_r(order, n_keys, sizeof(*order), cmp_key, &first);
-	for (size_t i = 1; i < n_keys; i++)
-		if (strcmp(first.entries[order[i]].key, first.entries[order[i - 1]].key) == 0) {
-			rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': duplicate key '%s'",
-				       m->sources[src0].path,
-				       first.entries[order[i]].key);
-			goto out;
-		}
-
-	for (size_t r = 0; r < n_read; r++) {
-		struct ckfs_torch_file other, *tf = &first;
-		uint32_t src = (uint32_t)ranks[r]; /* sources are opened in rank order */
-		m->ranks_read[r] = (int)ranks[r];
-		if (ranks[r] != 0) {
-			rc = ckfs_torch_open(&other, m->sources[src].fd,
-					     m->sources[src].path, err);
-			if (rc != CKFS_OK)
-				goto out;
-			tf = &other;
-		}
-		for (size_t i = 0; i < tf->n_entries && rc == CKFS_OK; i++) {
-			const struct ckfs_sd_entry *e = &tf->entries[i];
-			size_t lo = 0, hi = n_keys, k = SIZE_MAX;
-			while (lo < hi) {
-				size_t mid = (lo + hi) / 2;
-				int c = strcmp(first.entries[order[mid]].key, e->key);
-				if (c == 0) {
-					k = order[mid];
-					break;
-				}
-				if (c < 0)
-					lo = mid + 1;
-				else
-					hi = mid;
-			}
-			if (k == SIZE_MAX) {
-				rc = ckfs_fail(err, CKFS_E_INVALID,
-					       "'%s': tensor '%s' is not in rank 0's "
-					       "state dict", m->sources[src].path, e->key);
-				break;
-			}
-			if (!accs[k].first) {
-				accs[k].first = e;
-				accs[k].first_rank = (int)ranks[r];
-			}
-			if (accs[k].n_ranks_seen != (int)r) {
-				rc = ckfs_fail(err, CKFS_E_FORMAT,
-					       "'%s': duplicate key '%s'",
-					       m->sources[src].path, e->key);
-				break;
-			}
-			rc = add_entry(&accs[k], e, (int)ranks[r], coords[r], src, err);
-			if (rc != CKFS_OK)
-				ckfs_error_prefix(err, "'%s'", m->sources[src].path);
-			if (rc == CKFS_OK && accs[k].first == e) {
-				/* Keep the first entry's metadata past close. */
-				struct ckfs_sd_entry *copy =
-					ckfs_arena_alloc(&m->arena, sizeof(*copy));
-				struct ckfs_dtensor_info *dcopy = NULL;
-				struct ckfs_sharded_info *scopy = NULL;
-				if (copy)
-					*copy = *e;
-				if (copy && e->dtensor &&
-				    (dcopy = ckfs_arena_alloc(&m->arena, sizeof(*dcopy))))
-					*dcopy = *e->dtensor;
-				if (copy && e->sharded &&
-				    (scopy = ckfs_arena_alloc(&m->arena, sizeof(*scopy))))
-					*scopy = *e->sharded;
-				if (copy)
-					copy->key = ckfs_arena_strdup(&m->arena, e->key);
-				if (!copy || !copy->key || (e->dtensor && !dcopy) ||
-				    (e->sharded && !scopy)) {
-					rc = ckfs_nomem(err);
-					break;
-				}
-				copy->dtensor = dcopy;
-				copy->sharded = scopy;
-				for (int d = 0; d < CKFS_MAX_DIMS && dcopy; d++)
-					dcopy->mesh_dim_names[d] = NULL;
-				accs[k].first = copy;
-			}
-		}
-		/* Keys of rank 0 this rank lacks (extra ones failed above). */
-		for (size_t k = 0; rc == CKFS_OK && k < n_keys; k++)
-			if (accs[k].n_ranks_seen != (int)r + 1)
-				rc = ckfs_fail(err, CKFS_E_INVALID,
-					       "'%s': tensor '%s' of rank 0's state dict "
-					       "is missing", m->sources[src].path,
-					       first.entries[k].key);
-		if (tf != &first)
-			ckfs_torch_close(&other);
-		if (rc != CKFS_OK)
-			goto out;
-	}
-
-	/* Output tensors in rank 0's order. */
-	m->tensors = ckfs_arena_calloc(&m->arena, n_keys, sizeof(*m->tensors));
-	if (!m->tensors) {
-		rc = ckfs_nomem(err);
-		goto out;
-	}
-	int drop_lm_head = 0;
-	if (m->tie_word_embeddings) {
-		int has_embed = 0, has_head = 0;
-		for (size_t i = 0; i < n_keys; i++) {
-			has_embed |= strcmp(names[i], "model.embed_tokens.weight") == 0;
-			has_head |= strcmp(names[i], "lm_head.weight") == 0;
-		}
-		drop_lm_head = has_embed && has_head;
-	}
-	for (size_t i = 0; i < n_keys; i++) {
-		const struct ckfs_sd_entry *e = accs[i].first;
-		struct ckfs_tensor *t = &m->tensors[m->n_tensors];
-		if (drop_lm_head && strcmp(names[i], "lm_head.weight") == 0)
-			continue;
-		/* e->key is the arena copy of keys[i], which dies with rank 0's file */
-		t->name = names[i] == keys[i] ? e->key : names[i];
-		t->stored_dtype = accs[i].dtype;
-		t->out_dtype = opt->out_dtype == CKFS_DTYPE_INVALID ? t->stored_dtype
-								    : opt->out_dtype;
-		if (e->kind == CKFS_ENTRY_DTENSOR) {
-			t->ndim = e->dtensor->ndim;
-			memcpy(t->shape, e->dtensor->global_shape, sizeof(t->shape));
-		} else if (e->kind == CKFS_ENTRY_SHARDED) {
-			t->ndim = e->sharded->ndim;
-			memcpy(t->shape, e->sharded->global_shape, sizeof(t->shape));
-		} else {
-			t->ndim = e->local.ndim;
-			memcpy(t->shape, e->local.shape, sizeof(t->shape));
-		}
-		t->numel = 1;
-		for (int k = 0; k < t->ndim; k++)
-			if (__builtin_mul_overflow(t->numel, (uint64_t)t->shape[k], &t->numel)) {
-				rc = ckfs_fail(err, CKFS_E_FORMAT,
-					       "tensor '%s': shape overflows", t->name);
-				goto out;
-			}
-		if (t->stored_dtype == CKFS_DTYPE_INVALID && t->numel) {
-			rc = ckfs_fail(err, CKFS_E_FORMAT, "tensor '%s': no dtype (no "
-				       "rank holds data)", t->name);
-			goto out;
-		}
-		t->placement = describe_placement(m, e);
-		t->n_chunks = (uint32_t)accs[i].chunks.n;
-		t->chunks = ckfs_arena_calloc(&m->arena, accs[i].chunks.n + 1,
-					      sizeof(*t->chunks));
-		if (!t->chunks || !t->placement) {
-			rc = ckfs_nomem(err);
-			goto out;
-		}
-		if (accs[i].chunks.n)
-			memcpy(t->chunks, accs[i].chunks.v,
-			       accs[i].chunks.n * sizeof(*t->chunks));
-		if (accs[i].copies.n) {
-			t->n_copies = (uint32_t)accs[i].copies.n;
-			t->copies = ckfs_arena_calloc(&m->arena, accs[i].copies.n,
-						      sizeof(*t->copies));
-			if (!t->copies) {
-				rc = ckfs_nomem(err);
-				goto out;
-			}
-			memcpy(t->copies, accs[i].copies.v,
-			       accs[i].copies.n * sizeof(*t->copies));
-		}
-		if ((rc = ckfs_plan_validate_tensor(m, t, err)) != CKFS_OK) {
-			ckfs_error_prefix(err, "'%s'", m->src_dir);
-			goto out;
-		}
-		m->n_tensors++;
-	}
-	if (drop_lm_head)
-		rc = ckfs_model_warn(m, err, "lm_head.weight dropped: tied to "
-				 "model.embed_tokens.weight (tie_word_embeddings)");
-out:
-	if (accs)
-		for (size_t i = 0; i < n_keys; i++) {
-			free(accs[i].chunks.v);
-			free(accs[i].copies.v);
-		}
-	free(accs);
-	free(order);
-	free(keys);
-	free(names);
-	free(ranks);
-	free(coords);
-	rank_scan_release(&rs);
-	ckfs_torch_close(&first);
+	free(b.accs);
+	free(b.order);
+	free(b.keys);
+	free(b.names);
+	free(b.ranks);
+	free(b.coords);
+	rank_scan_release(&b.rs);
+	ckfs_torch_close(&b.first);
 	return rc;
 }
