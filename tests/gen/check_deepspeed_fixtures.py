@@ -467,6 +467,73 @@ def layout_checks(name):
     return lines
 
 
+def round_robin(names, ws):
+    """DeepSpeed's _round_robin_reorder: bucket i % ws, buckets in order, each in module order."""
+    return [n for b in range(ws) for i, n in enumerate(names) if i % ws == b]
+
+
+def _shape(m0, name):
+    return next(s[name] for s in m0["param_shapes"] if name in s)
+
+
+def order_checks(name):
+    """Where the flat order comes from, and what the Trainer's model.safetensors holds."""
+    root = os.path.join(FIXTURES, name)
+    ck = Checkpoint(root)
+    with open(os.path.join(root, "oracle", "case.json")) as f:
+        spec = json.load(f)["case"]
+    m0, lines = ck.m0, []
+    module_names = list(m0["module"])
+    aliases = set(m0["shared_params"])
+    frozen = set(m0["frozen_param_shapes"] or {})
+    flat_names = [n for shapes in m0["param_shapes"] for n in shapes]
+    trainable_in_module_order = [n for n in module_names if n not in aliases and n in flat_names]
+    if spec["round_robin_gradients"]:
+        assert len(m0["param_shapes"]) == 1
+        assert flat_names == round_robin(trainable_in_module_order, ck.ws), name
+        lines.append(f"param_shapes = round_robin(module order, {ck.ws})")
+    elif spec["trainer"]:
+        groups = [list(s) for s in m0["param_shapes"]]
+        assert sorted(sum(groups, [])) == sorted(trainable_in_module_order)
+        for g in groups:
+            assert g == [n for n in trainable_in_module_order if n in g], name
+        nd = groups[1] if len(groups) > 1 else []
+        assert all(n.endswith(".bias") or "norm" in n for n in nd), nd
+        assert not any(n.endswith(".bias") or "norm" in n for n in groups[0]), groups[0]
+        lines.append(f"param_shapes: {len(groups)} groups (weight decay: {len(groups[0])} params, none: "
+                     f"{len(nd)} = biases and norms), each in module order")
+    else:
+        assert flat_names == trainable_in_module_order, name
+        lines.append("param_shapes = trainable params in module (state_dict) order, aliases left out")
+    if frozen:
+        assert list(m0["frozen_param_shapes"]) == [n for n in module_names if n in frozen], name
+        lines.append("frozen_param_shapes: frozen params in module order")
+    st = os.path.join(root, "model.safetensors")
+    if os.path.exists(st):
+        hf = read_safetensors(st)
+        for k, (dt, arr) in hf.items():
+            t = m0["module"][k]
+            assert dt == dtype_name(t.dtype) and np.array_equal(bits(arr.reshape(-1)), t.flat()), k
+        lines.append(f"model.safetensors = the {len(hf)} module tensors of the model states "
+                     f"({'tied alias dropped' if aliases and not (aliases & set(hf)) else 'all names'})")
+    if ck.stage == 3 and spec["sub_group_size"]:
+        # sub-groups: params in order, closed when the summed partition numel reaches the size
+        want, cur, acc = [], [], 0
+        for n in flat_names:
+            cur.append(n)
+            acc += -(-math.prod(_shape(m0, n)) // ck.ws)
+            if acc >= spec["sub_group_size"] or n == flat_names[-1]:
+                want.append(cur)
+                cur, acc = [], 0
+        assert [list(s) for s in m0["param_shapes"]] == want, name
+        lines.append(f"sub-groups split where the summed ceil(numel/ws) reaches {spec['sub_group_size']}: "
+                     f"{[len(g) for g in want]} params")
+    if ck.stage == 3:
+        kinds = {m0["module"][k].dtype for k in module_names}
+        lines.append(f"zero3 placeholders: {sorted(kinds)}")
+    return lines
+
+
 def dump(name):
     ck = Checkpoint(os.path.join(FIXTURES, name))
 
@@ -506,7 +573,7 @@ def main():
     for n in names:
         print(f"{n}: " + "; ".join(check_case(n)), flush=True)
         if a.layout:
-            for line in layout_checks(n):
+            for line in layout_checks(n) + order_checks(n):
                 print("    " + line)
     return 0
 
