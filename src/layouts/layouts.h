@@ -72,6 +72,105 @@ enum ckfs_code ckfs_hf_names(struct ckfs_model *m, const char *label, const char
 			     const char **names, size_t n, bool in_memory,
 			     struct ckfs_error *err) CKFS_WARN_UNUSED;
 
+/* ---- outputs.c: output tensors under construction ---- */
+
+/* A tensor a reader cuts from its sources, as it collects its chunks. The
+ * sort keys are for readers that order their outputs (megatron_dist.c). */
+struct ckfs_out {
+	const char *name;          /* arena string of the model */
+	const char *placement;     /* for inspect */
+	enum ckfs_dtype dtype;     /* CKFS_DTYPE_INVALID until a chunk sets it */
+	int ndim;
+	int64_t shape[CKFS_MAX_DIMS];
+	struct ckfs_chunk_list chunks;
+	int group;                 /* sort keys */
+	long layer;
+	int order;
+};
+struct ckfs_outs {
+	struct ckfs_out *v;
+	size_t n, cap;
+};
+/* A new output appended to l (its name copied into m's arena): NULL with
+ * err set when out of memory. Pointers into l move on the next add. */
+struct ckfs_out *ckfs_outs_add(struct ckfs_model *m, struct ckfs_outs *l, const char *name,
+			       const char *placement, int ndim, const int64_t *shape,
+			       enum ckfs_dtype dtype, struct ckfs_error *err);
+void ckfs_outs_release(struct ckfs_outs *l);
+/* l's outputs as m's tensors, in l's order, each validated
+ * (ckfs_plan_validate_tensor; a failure is prefixed with label). */
+enum ckfs_code ckfs_outs_to_model(struct ckfs_model *m, const struct ckfs_outs *l,
+				  enum ckfs_dtype out_dtype, const char *label,
+				  struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/* ---- megatron_vocab.c: what both Megatron readers share ---- */
+
+/* The model config.json describes, as the Megatron readers need it. */
+struct ckfs_megatron_arch {
+	int64_t hidden, nh, nkv, head_dim, ffn, vocab, n_layers;
+	int64_t n_experts;   /* num_experts or num_local_experts; 0: dense */
+	int64_t expert_ffn;  /* an expert's width (moe_intermediate_size;
+			      * Mixtral: intermediate_size) */
+	int64_t shared_ffn;  /* shared_expert_intermediate_size (Qwen2-MoE) */
+	bool mixtral;        /* block_sparse_moe.gate, experts.{e}.w1 w3 w2 */
+	bool qwen2_moe;      /* mlp.shared_expert.*, mlp.shared_expert_gate */
+};
+/* Read from m's config.json; integer values must be whole numbers from 0
+ * to 2^31, and the attention shape complete and consistent. */
+enum ckfs_code ckfs_megatron_arch(const struct ckfs_model *m, struct ckfs_megatron_arch *a,
+				  struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* config.json's key for an expert's width, for messages. */
+const char *ckfs_megatron_expert_width_key(const struct ckfs_megatron_arch *a);
+
+/* What a layer-local Megatron key is. */
+enum ckfs_megatron_part {
+	MG_REPLICATED,       /* whole on every TP rank: norms, biases, router */
+	MG_ROW,              /* row-parallel: split on its last dim over TP */
+	MG_QKV,              /* fused [q; k; v] per query group */
+	MG_FC1,              /* SwiGLU [gate; up] */
+	MG_ROUTER,           /* the MoE router (TP-replicated), named per model */
+	MG_SHARED_FC1,       /* the shared expert's (Qwen2-MoE) [gate; up], */
+	MG_SHARED_ROW,       /* its fc2 */
+	MG_SHARED_REPLICATED,/* and its gate */
+};
+/* Output order slots inside a layer past those of the dense keys: the
+ * router, the shared expert, then three per expert. */
+enum { MG_ORDER_ROUTER = 18, MG_ORDER_SHARED = 20, MG_ORDER_EXPERTS = 32 };
+struct ckfs_megatron_key {
+	const char *mg;      /* after "decoder.layers.<N>." */
+	const char *hf;      /* the Hugging Face name after "model.layers.<N>." (MG_QKV:
+			      * "weight"/"bias"; MG_FC1 and MG_SHARED_FC1: the module) */
+	enum ckfs_megatron_part part;
+	int order;           /* slot inside the layer (a QKV takes 3, fc1 2) */
+};
+/* The entry for a layer-local suffix, or NULL when it is not one ckfs maps
+ * for this model. */
+const struct ckfs_megatron_key *ckfs_megatron_layer_entry(const struct ckfs_megatron_arch *a,
+							  const char *rest);
+/* "decoder.layers.<N>.<rest>" (*layer = N) or, stacked, "decoder.layers.
+ * <rest>" (*layer = -1): 1; 0 for other keys. */
+int ckfs_megatron_layer_key(const char *key, long *layer, const char **rest);
+/* The Hugging Face name of a key outside the layers (embedding, final
+ * norm, output layer), or NULL. */
+const char *ckfs_megatron_top_name(const char *key);
+/* The Hugging Face name of part `part` of key k in `layer` (MG_QKV: 0 q,
+ * 1 k, 2 v; MG_FC1, MG_SHARED_FC1: 0 gate, 1 up; else 0). */
+void ckfs_megatron_name(const struct ckfs_megatron_arch *a, long layer,
+			const struct ckfs_megatron_key *k, int part, char *out, size_t cap);
+/* Expert `expert` of `layer`: which 0 gate (w1), 1 up (w3), 2 down (w2). */
+void ckfs_megatron_expert_name(const struct ckfs_megatron_arch *a, long layer, int64_t expert,
+			       int which, char *out, size_t cap);
+/* Keys not understood: the first few listed for the error. */
+struct ckfs_megatron_unknown {
+	char list[1024];
+	size_t n;
+};
+void ckfs_megatron_unknown(struct ckfs_megatron_unknown *u, const char *key);
+/* CKFS_OK when none, else the error naming `where` and the keys. */
+enum ckfs_code ckfs_megatron_unknown_fail(const struct ckfs_megatron_unknown *u,
+					  const char *where,
+					  struct ckfs_error *err) CKFS_WARN_UNUSED;
+
 /* ---- layouts: detect.c detects, one builder per layout fills m ---- */
 
 /* verl FSDP rank files (fsdp.c). */

@@ -135,15 +135,6 @@ int ckfs_megatron_detect(const char *src_dir)
 
 /* ---- output tensors under construction ---- */
 
-struct out {
-	const char *name;
-	const char *placement;
-	enum ckfs_dtype dtype;
-	int ndim;
-	int64_t shape[CKFS_MAX_DIMS];
-	struct ckfs_chunk_list chunks;
-};
-
 /* A rank folder of the [ep][pp][tp] grid the names span. */
 enum { R_ABSENT, R_PRESENT, R_OPEN };
 
@@ -156,55 +147,30 @@ struct ctx {
 	int *dense_e;                  /* [pp][tp]: EP rank the dense part is read from */
 	int *expert_t;                 /* [pp][ep]: TP rank whole experts are read from */
 	int tp, pp, vpp, ep;
+	int n;                         /* tp * pp * ep: the [ep][pp][tp] grid */
 	int etp;                       /* expert tensor parallel size: 1 or TP */
 	int fields;                    /* numbers in the folder names: 1 to 3 */
 	long (*names)[3];              /* the numbers of each rank folder */
 	size_t n_names;
-	/* config */
-	int64_t hidden, nh, nkv, head_dim, vocab, n_layers;
-	int64_t n_experts, expert_ffn; /* 0 when config.json has none */
-	int mixtral, qwen2_moe;
+	struct ckfs_megatron_arch a;   /* config.json */
 	int value_head;                /* output_layer is [1, H] */
 	int *experts_seen;             /* per global layer: expert fc1 served */
 	size_t n_raw;
-	struct out *outs;
-	size_t n_outs, cap_outs;
-	char unknown[1024];
-	size_t n_unknown;
+	struct ckfs_outs outs;
+	struct ckfs_megatron_unknown unknown;
 };
 
-static struct out *new_out(struct ctx *c, const char *name, const char *placement,
-			   int ndim, const int64_t *shape, struct ckfs_error *err)
+static struct ckfs_out *new_out(struct ctx *c, const char *name, const char *placement,
+				int ndim, const int64_t *shape, struct ckfs_error *err)
 {
-	if (c->n_outs == c->cap_outs) {
-		size_t cap = c->cap_outs ? 2 * c->cap_outs : 64;
-		struct out *v = realloc(c->outs, cap * sizeof(*v));
-		if (!v) {
-			ckfs_nomem(err);
-			return NULL;
-		}
-		c->outs = v;
-		c->cap_outs = cap;
-	}
-	struct out *o = &c->outs[c->n_outs];
-	memset(o, 0, sizeof(*o));
-	o->name = ckfs_arena_strdup(&c->m->arena, name);
-	if (!o->name) {
-		ckfs_nomem(err);
-		return NULL;
-	}
-	o->placement = placement;
-	o->dtype = CKFS_DTYPE_INVALID;
-	o->ndim = ndim;
-	for (int k = 0; k < ndim; k++)
-		o->shape[k] = shape[k];
-	c->n_outs++;
-	return o;
+	/* The dtype comes with the first slice (add_slice). */
+	return ckfs_outs_add(c->m, &c->outs, name, placement, ndim, shape, CKFS_DTYPE_INVALID,
+			     err);
 }
 
 /* Rows [lo, lo + n) along dim of entry e (rank file src) placed at global
  * offset goff (goff[dim] is the first row's global index). */
-static enum ckfs_code add_slice(struct ctx *c, struct out *o,
+static enum ckfs_code add_slice(struct ctx *c, struct ckfs_out *o,
 				const struct ckfs_sd_entry *e, uint32_t src, int rank,
 				int dim, int64_t lo, int64_t n, const int64_t *goff,
 				struct ckfs_error *err)
@@ -233,14 +199,6 @@ static enum ckfs_code add_slice(struct ctx *c, struct out *o,
 		for (int k = 0; k < o->ndim; k++)
 			o->chunks.v[i].offset[k] += goff[k];
 	return CKFS_OK;
-}
-
-static void note_unknown(struct ctx *c, const char *key)
-{
-	size_t l = strlen(c->unknown);
-	if (c->n_unknown++ < 8)
-		snprintf(c->unknown + l, sizeof(c->unknown) - l, "%s'%s'",
-			 l ? ", " : "", key);
 }
 
 /* Rank files are numbered (e·PP + p)·TP + t; e < 0 names the folder TP
@@ -292,7 +250,7 @@ static enum ckfs_code replicated_e(struct ctx *c, const char *name, int e, int t
 	const struct ckfs_sd_entry *x = entry_at_e(c, e, t, p, i);
 	int r = rank_of_e(c, e, t, p);
 	int64_t goff[CKFS_MAX_DIMS] = { 0 };
-	struct out *o = new_out(c, name, placement, x->local.ndim, x->local.shape, err);
+	struct ckfs_out *o = new_out(c, name, placement, x->local.ndim, x->local.shape, err);
 
 	if (!o)
 		return err->code;
@@ -344,7 +302,7 @@ static enum ckfs_code concat_e(struct ctx *c, const char *name, struct span s, i
 	shape[dim] = 0;
 	for (int t = s.t0; t < s.t0 + s.nt; t++)
 		shape[dim] += entry_at_e(c, s.e, t, p, i)->local.shape[dim];
-	struct out *o = new_out(c, name, dim == 0 ? "Shard(0)" : "Shard(1)",
+	struct ckfs_out *o = new_out(c, name, dim == 0 ? "Shard(0)" : "Shard(1)",
 				e0->local.ndim, shape, err);
 	if (!o)
 		return err->code;
@@ -373,13 +331,13 @@ static enum ckfs_code vocab_rows(struct ctx *c, const char *name, int p, size_t 
 
 	for (int t = 0; t < c->tp; t++)
 		rows += entry_at(c, t, p, i)->local.shape[0];
-	if (c->vocab > 0 && rows != c->vocab)
+	if (c->a.vocab > 0 && rows != c->a.vocab)
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' has %lld rows over "
 				 "%d TP rank%s, config.json says vocab_size %lld (a missing "
 				 "TP rank? padded vocabularies are not supported)",
 				 c->m->sources[src_of(c, 0, p)].path,
 				 entry_at(c, 0, p, i)->key, (long long)rows, c->tp,
-				 c->tp == 1 ? "" : "s", (long long)c->vocab);
+				 c->tp == 1 ? "" : "s", (long long)c->a.vocab);
 	return concat(c, name, p, i, 0, err);
 }
 
@@ -408,7 +366,7 @@ static enum ckfs_code split_fc1(struct ctx *c, const char *gate_name, const char
 			int64_t goff[CKFS_MAX_DIMS] = { 0 };
 			int r = rank_of_e(c, s.e, t, p);
 			goff[0] = (t - s.t0) * half;
-			CKFS_TRY(add_slice(c, &c->outs[c->n_outs - 2 + h],
+			CKFS_TRY(add_slice(c, &c->outs.v[c->outs.n - 2 + h],
 					   entry_at_e(c, s.e, t, p, i), src_at(c, r), r, 0,
 					   h * half, half, goff, err));
 		}
@@ -416,13 +374,12 @@ static enum ckfs_code split_fc1(struct ctx *c, const char *gate_name, const char
 }
 
 /* linear_qkv.{weight,bias} -> q_proj / k_proj / v_proj. */
-static enum ckfs_code split_qkv(struct ctx *c, const char *pre, const char *kind, int p,
-				size_t i, struct ckfs_error *err)
+static enum ckfs_code split_qkv(struct ctx *c, long layer, const struct ckfs_megatron_key *k,
+				int p, size_t i, struct ckfs_error *err)
 {
 	const struct ckfs_sd_entry *e0 = entry_at(c, 0, p, i);
 	const char *path = c->m->sources[src_of(c, 0, p)].path;
-	int64_t d = c->head_dim, r = c->nh / c->nkv, gp = c->nkv / c->tp;
-	static const char *const part[3] = { "q_proj", "k_proj", "v_proj" };
+	int64_t d = c->a.head_dim, r = c->a.nh / c->a.nkv, gp = c->a.nkv / c->tp;
 	char name[CKFS_MAX_NAME];
 
 	if (e0->local.ndim < 1 || e0->local.shape[0] != gp * (r + 2) * d)
@@ -433,12 +390,12 @@ static enum ckfs_code split_qkv(struct ctx *c, const char *pre, const char *kind
 				 path, e0->key, (long long)e0->local.shape[0],
 				 (long long)(gp * (r + 2) * d), (long long)gp,
 				 (long long)r, (long long)d, c->tp);
-	size_t first = c->n_outs;
+	size_t first = c->outs.n;
 	for (int h = 0; h < 3; h++) {
 		int64_t shape[CKFS_MAX_DIMS];
 		memcpy(shape, e0->local.shape, sizeof(shape));
-		shape[0] = (h == 0 ? c->nh : c->nkv) * d;
-		snprintf(name, sizeof(name), "%sself_attn.%s.%s", pre, part[h], kind);
+		shape[0] = (h == 0 ? c->a.nh : c->a.nkv) * d;
+		ckfs_megatron_name(&c->a, layer, k, h, name, sizeof(name));
 		if (!new_out(c, name, "Shard(0) of qkv", e0->local.ndim, shape, err))
 			return err->code;
 	}
@@ -448,90 +405,22 @@ static enum ckfs_code split_qkv(struct ctx *c, const char *pre, const char *kind
 			const struct ckfs_sd_entry *e = entry_at(c, t, p, i);
 			int64_t goff[CKFS_MAX_DIMS] = { 0 };
 			goff[0] = g * r * d;
-			CKFS_TRY(add_slice(c, &c->outs[first], e, src_of(c, t, p),
+			CKFS_TRY(add_slice(c, &c->outs.v[first], e, src_of(c, t, p),
 					   rank_of(c, t, p), 0, base, r * d, goff, err));
 			goff[0] = g * d;
-			CKFS_TRY(add_slice(c, &c->outs[first + 1], e, src_of(c, t, p),
+			CKFS_TRY(add_slice(c, &c->outs.v[first + 1], e, src_of(c, t, p),
 					   rank_of(c, t, p), 0, base + r * d, d, goff, err));
-			CKFS_TRY(add_slice(c, &c->outs[first + 2], e, src_of(c, t, p),
+			CKFS_TRY(add_slice(c, &c->outs.v[first + 2], e, src_of(c, t, p),
 					   rank_of(c, t, p), 0, base + (r + 1) * d, d, goff,
 					   err));
 		}
 	return CKFS_OK;
 }
 
-/* Layer-local suffixes; a "%s" in hf is the MoE block's HF name
- * ("mlp" or Mixtral's "block_sparse_moe"), "%S" the shared expert's. */
-enum kind { K_REPL, K_ROW, K_QKV, K_FC1 };
-static const struct {
-	const char *mg, *hf;
-	enum kind kind;
-} layer_map[] = {
-	{ "input_layernorm.weight", "input_layernorm.weight", K_REPL },
-	{ "input_layernorm.bias", "input_layernorm.bias", K_REPL },
-	{ "self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight", K_REPL },
-	{ "self_attention.linear_qkv.layer_norm_bias", "input_layernorm.bias", K_REPL },
-	{ "self_attention.linear_qkv.weight", "weight", K_QKV },
-	{ "self_attention.linear_qkv.bias", "bias", K_QKV },
-	{ "self_attention.q_layernorm.weight", "self_attn.q_norm.weight", K_REPL },
-	{ "self_attention.k_layernorm.weight", "self_attn.k_norm.weight", K_REPL },
-	{ "self_attention.linear_proj.weight", "self_attn.o_proj.weight", K_ROW },
-	{ "self_attention.linear_proj.bias", "self_attn.o_proj.bias", K_REPL },
-	{ "pre_mlp_layernorm.weight", "post_attention_layernorm.weight", K_REPL },
-	{ "pre_mlp_layernorm.bias", "post_attention_layernorm.bias", K_REPL },
-	{ "mlp.linear_fc1.layer_norm_weight", "post_attention_layernorm.weight", K_REPL },
-	{ "mlp.linear_fc1.layer_norm_bias", "post_attention_layernorm.bias", K_REPL },
-	{ "mlp.linear_fc1.weight", "mlp.%s.weight", K_FC1 },
-	{ "mlp.linear_fc2.weight", "mlp.down_proj.weight", K_ROW },
-	{ "mlp.linear_fc2.bias", "mlp.down_proj.bias", K_REPL },
-	{ "mlp.router.weight", "%s.gate.weight", K_REPL },
-	{ "mlp.router.expert_bias", "%s.gate.e_score_correction_bias", K_REPL },
-	{ "mlp.shared_experts.gate_weight", "mlp.shared_expert_gate.weight", K_REPL },
-	{ "mlp.shared_experts.linear_fc1.weight", "%S.%s.weight", K_FC1 },
-	{ "mlp.shared_experts.linear_fc2.weight", "%S.down_proj.weight", K_ROW },
-};
-
-/* "decoder.layers.<N>.<rest>": N and rest; 0 when key is not one. */
-static int layer_key(const char *key, long *n, const char **rest)
+/* "decoder.layers.<N>.<rest>": per-rank files number every layer. */
+static int numbered_layer(const char *key, long *n, const char **rest)
 {
-	static const char pfx[] = "decoder.layers.";
-	char *end;
-
-	if (strncmp(key, pfx, sizeof(pfx) - 1) != 0 ||
-	    !isdigit((unsigned char)key[sizeof(pfx) - 1]))
-		return 0;
-	*n = strtol(key + sizeof(pfx) - 1, &end, 10);
-	if (*end != '.' || *n < 0 || *n > 100000)
-		return 0;
-	*rest = end + 1;
-	return 1;
-}
-
-/* pre + hf with %s -> arg and %S -> the shared expert's module name
- * (all short: the result fits CKFS_MAX_NAME, truncated otherwise). */
-static void hf_name(const struct ctx *c, char *out, size_t cap, const char *pre,
-		    const char *hf, const char *arg)
-{
-	size_t n = 0;
-
-	out[0] = 0;
-	for (const char *s = pre; *s && n + 1 < cap; s++)
-		out[n++] = *s;
-	for (const char *s = hf; *s && n + 1 < cap; s++) {
-		const char *ins = NULL;
-		if (s[0] == '%' && s[1] == 's')
-			ins = arg;
-		else if (s[0] == '%' && s[1] == 'S')
-			ins = c->qwen2_moe ? "mlp.shared_expert" : "mlp.shared_experts";
-		if (!ins) {
-			out[n++] = *s;
-			continue;
-		}
-		for (; *ins && n + 1 < cap; ins++)
-			out[n++] = *ins;
-		s++;
-	}
-	out[n] = 0;
+	return ckfs_megatron_layer_key(key, n, rest) && *n >= 0;
 }
 
 /* Expert weights: SequentialMLP "mlp.experts.local_experts.<i>.linear_fcF.weight"
@@ -563,19 +452,13 @@ static int expert_key(const char *rest, int *fc, long *i)
 	return *end == 0 && *i >= 0 && *i < 1000000;
 }
 
-/* The expert width config.json names, for messages. */
-static const char *ffn_key(const struct ctx *c)
-{
-	return c->mixtral ? "intermediate_size" : "moe_intermediate_size";
-}
-
 /* Expert fc1 [2·F/ETP, H] or fc2 [H, F/ETP] as the expert tensor parallel
  * size decided from the first rank file says (decide_etp). */
 static enum ckfs_code check_expert_shape(struct ctx *c, const struct ckfs_sd_entry *x,
 					 int fc, const char *path, struct ckfs_error *err)
 {
 	int dim = fc == 1 ? 0 : 1;
-	int64_t want = (fc == 1 ? 2 * c->expert_ffn : c->expert_ffn) / c->etp;
+	int64_t want = (fc == 1 ? 2 * c->a.expert_ffn : c->a.expert_ffn) / c->etp;
 
 	if (x->local.ndim == 2 && x->local.shape[dim] == want)
 		return CKFS_OK;
@@ -584,7 +467,7 @@ static enum ckfs_code check_expert_shape(struct ctx *c, const struct ckfs_sd_ent
 			 "expert weights: mixed checkpoints?)", path, x->key,
 			 x->local.ndim == 2 ? (long long)x->local.shape[dim] : -1LL,
 			 fc == 1 ? "rows" : "columns", (long long)want,
-			 fc == 1 ? "2 x " : "", (long long)c->expert_ffn,
+			 fc == 1 ? "2 x " : "", (long long)c->a.expert_ffn,
 			 c->etp > 1 ? " / TP" : "", c->etp);
 }
 
@@ -593,41 +476,33 @@ static enum ckfs_code map_expert(struct ctx *c, const char *key, long gl, int fc
 				 int p, size_t idx, struct ckfs_error *err)
 {
 	const char *path = c->m->sources[src_of(c, 0, p)].path;
-	char pre[96], gate[CKFS_MAX_NAME], up[CKFS_MAX_NAME];
+	char gate[CKFS_MAX_NAME], up[CKFS_MAX_NAME];
 
-	if (c->n_experts <= 0)
+	if (c->a.n_experts <= 0)
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' is an expert weight but "
 				 "config.json names no experts (num_experts / "
 				 "num_local_experts)", path, key);
-	int64_t local = c->n_experts / c->ep;
+	int64_t local = c->a.n_experts / c->ep;
 	if (i >= local)
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' is local expert %ld, but "
 				 "%lld experts over EP=%d leave %lld per rank (a missing "
-				 "EP rank?)", path, key, i, (long long)c->n_experts, c->ep,
+				 "EP rank?)", path, key, i, (long long)c->a.n_experts, c->ep,
 				 (long long)local);
-	if (c->expert_ffn > 0)
+	if (c->a.expert_ffn > 0)
 		CKFS_TRY(check_expert_shape(c, entry_at(c, 0, p, idx), fc, path, err));
 	for (int e = 0; e < c->ep; e++) {
 		int64_t g = e * local + i;
 		struct span s = expert_span(c, e, p);
-		if (c->mixtral)
-			snprintf(pre, sizeof(pre), "model.layers.%ld.block_sparse_moe.experts."
-				 "%lld.", gl, (long long)g);
-		else
-			snprintf(pre, sizeof(pre), "model.layers.%ld.mlp.experts.%lld.", gl,
-				 (long long)g);
 		if (fc == 2) {
-			snprintf(gate, sizeof(gate), "%s%s", pre,
-				 c->mixtral ? "w2.weight" : "down_proj.weight");
+			ckfs_megatron_expert_name(&c->a, gl, g, 2, gate, sizeof(gate));
 			CKFS_TRY(concat_e(c, gate, s, p, idx, 1, err));
 			continue;
 		}
-		snprintf(gate, sizeof(gate), "%s%s", pre,
-			 c->mixtral ? "w1.weight" : "gate_proj.weight");
-		snprintf(up, sizeof(up), "%s%s", pre, c->mixtral ? "w3.weight" : "up_proj.weight");
+		ckfs_megatron_expert_name(&c->a, gl, g, 0, gate, sizeof(gate));
+		ckfs_megatron_expert_name(&c->a, gl, g, 1, up, sizeof(up));
 		CKFS_TRY(split_fc1(c, gate, up, s, p, idx, err));
 	}
-	if (fc == 1 && gl < c->n_layers)
+	if (fc == 1 && gl < c->a.n_layers)
 		c->experts_seen[gl] += c->ep;
 	return CKFS_OK;
 }
@@ -643,7 +518,7 @@ static enum ckfs_code raw_key(struct ctx *c, const char *key, long gl, int p, si
 	const char *rest;
 	long j;
 
-	if (gl >= 0 && layer_key(key, &j, &rest))
+	if (gl >= 0 && numbered_layer(key, &j, &rest))
 		snprintf(base, sizeof(base), "decoder.layers.%ld.%s", gl, rest);
 	else
 		snprintf(base, sizeof(base), "%s", key);
@@ -667,24 +542,49 @@ static enum ckfs_code unknown_key(struct ctx *c, const char *key, long gl, int p
 {
 	if (c->opt->raw_names)
 		return raw_key(c, key, gl, p, i, err);
-	note_unknown(c, key);
+	ckfs_megatron_unknown(&c->unknown, key);
 	return CKFS_OK;
+}
+
+/* One key of a layer: TP-merged by what the shared vocabulary says it is. */
+static enum ckfs_code map_layer_key(struct ctx *c, const struct ckfs_megatron_key *k, long gl,
+				    int p, size_t i, struct ckfs_error *err)
+{
+	char name[CKFS_MAX_NAME], up[CKFS_MAX_NAME];
+
+	switch (k->part) {
+	case MG_QKV:
+		return split_qkv(c, gl, k, p, i, err);
+	case MG_FC1:
+	case MG_SHARED_FC1:
+		ckfs_megatron_name(&c->a, gl, k, 0, name, sizeof(name));
+		ckfs_megatron_name(&c->a, gl, k, 1, up, sizeof(up));
+		return split_fc1(c, name, up, dense_span(c), p, i, err);
+	case MG_ROW:
+	case MG_SHARED_ROW: /* row-parallel: TP ranks hold column blocks */
+		ckfs_megatron_name(&c->a, gl, k, 0, name, sizeof(name));
+		return concat(c, name, p, i, 1, err);
+	default:
+		ckfs_megatron_name(&c->a, gl, k, 0, name, sizeof(name));
+		return replicated(c, name, p, i, err);
+	}
 }
 
 static enum ckfs_code map_key(struct ctx *c, int p, size_t i, long layer0,
 			      int *dropped_head, struct ckfs_error *err)
 {
 	const char *key = entry_at(c, 0, p, i)->key;
+	const char *top = ckfs_megatron_top_name(key);
+	const struct ckfs_megatron_key *k;
 	const char *rest;
 	long j, ei;
 	int fc;
-	char pre[64], name[CKFS_MAX_NAME];
 
-	if (strcmp(key, "embedding.word_embeddings.weight") == 0)
-		return vocab_rows(c, "model.embed_tokens.weight", p, i, err);
-	if (strcmp(key, "output_layer.weight") == 0) {
+	if (top && strcmp(top, "model.embed_tokens.weight") == 0)
+		return vocab_rows(c, top, p, i, err);
+	if (top && strcmp(top, "lm_head.weight") == 0) {
 		const struct ckfs_sd_entry *e0 = entry_at(c, 0, p, i);
-		if (e0->local.ndim == 2 && e0->local.shape[0] == 1 && c->vocab > 1) {
+		if (e0->local.ndim == 2 && e0->local.shape[0] == 1 && c->a.vocab > 1) {
 			/* A critic's value head: replicated over TP (check_tp_alike
 			 * made every rank's shape [1, H]). */
 			c->value_head = 1;
@@ -694,94 +594,33 @@ static enum ckfs_code map_key(struct ctx *c, int p, size_t i, long layer0,
 			*dropped_head = 1;
 			return CKFS_OK;
 		}
-		return vocab_rows(c, "lm_head.weight", p, i, err);
+		return vocab_rows(c, top, p, i, err);
 	}
-	if (strcmp(key, "decoder.final_layernorm.weight") == 0)
-		return replicated(c, "model.norm.weight", p, i, err);
-	if (strcmp(key, "decoder.final_layernorm.bias") == 0)
-		return replicated(c, "model.norm.bias", p, i, err);
-	if (!layer_key(key, &j, &rest))
+	if (top) /* the final norm */
+		return replicated(c, top, p, i, err);
+	if (!numbered_layer(key, &j, &rest))
 		return unknown_key(c, key, -1, p, i, err);
 	if (expert_key(rest, &fc, &ei))
 		return map_expert(c, key, layer0 + j, fc, ei, p, i, err);
-	snprintf(pre, sizeof(pre), "model.layers.%ld.", layer0 + j);
-	for (size_t k = 0; k < sizeof(layer_map) / sizeof(layer_map[0]); k++) {
-		const char *moe = c->mixtral ? "block_sparse_moe" : "mlp";
-		if (strcmp(rest, layer_map[k].mg) != 0)
-			continue;
-		switch (layer_map[k].kind) {
-		case K_REPL:
-			hf_name(c, name, sizeof(name), pre, layer_map[k].hf, moe);
-			return replicated(c, name, p, i, err);
-		case K_ROW:
-			hf_name(c, name, sizeof(name), pre, layer_map[k].hf, moe);
-			return concat(c, name, p, i, 1, err);
-		case K_QKV:
-			return split_qkv(c, pre, layer_map[k].hf, p, i, err);
-		case K_FC1: {
-			char up[CKFS_MAX_NAME];
-			hf_name(c, name, sizeof(name), pre, layer_map[k].hf, "gate_proj");
-			hf_name(c, up, sizeof(up), pre, layer_map[k].hf, "up_proj");
-			return split_fc1(c, name, up, dense_span(c), p, i, err);
-		}
-		}
-	}
-	return unknown_key(c, key, layer0 + j, p, i, err);
+	if (!(k = ckfs_megatron_layer_entry(&c->a, rest)))
+		return unknown_key(c, key, layer0 + j, p, i, err);
+	return map_layer_key(c, k, layer0 + j, p, i, err);
 }
 
 /* ---- config ---- */
 
-static int64_t cfg_int(cJSON *j, const char *name, int64_t dflt)
-{
-	cJSON *v = cJSON_GetObjectItemCaseSensitive(j, name);
-	return cJSON_IsNumber(v) ? (int64_t)v->valuedouble : dflt;
-}
-
-static enum ckfs_code read_arch(struct ctx *c, struct ckfs_error *err)
-{
-	cJSON *j;
-
-	CKFS_TRY(ckfs_json_parse(c->m->config_path, c->m->config_json, c->m->config_len,
-				 &j, err));
-	c->hidden = cfg_int(j, "hidden_size", 0);
-	c->nh = cfg_int(j, "num_attention_heads", 0);
-	c->nkv = cfg_int(j, "num_key_value_heads", c->nh);
-	c->head_dim = cfg_int(j, "head_dim", c->nh > 0 ? c->hidden / c->nh : 0);
-	c->vocab = cfg_int(j, "vocab_size", 0);
-	c->n_layers = cfg_int(j, "num_hidden_layers", 0);
-	c->n_experts = cfg_int(j, "num_experts", cfg_int(j, "num_local_experts", 0));
-	cJSON *arch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "architectures"), 0);
-	const char *a = cJSON_IsString(arch) ? arch->valuestring : "";
-	c->mixtral = strncmp(a, "Mixtral", 7) == 0;
-	c->qwen2_moe = strncmp(a, "Qwen2Moe", 8) == 0;
-	/* Mixtral's experts are intermediate_size wide, Qwen-MoE's
-	 * moe_intermediate_size. */
-	c->expert_ffn = cfg_int(j, c->mixtral ? "intermediate_size" : "moe_intermediate_size", 0);
-	cJSON_Delete(j);
-	if (c->hidden <= 0 || c->nh <= 0 || c->nkv <= 0 || c->head_dim <= 0 ||
-	    c->nh % c->nkv)
-		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': needs hidden_size, "
-				 "num_attention_heads (a multiple of num_key_value_heads) "
-				 "for a Megatron checkpoint", c->m->config_path);
-	if (c->n_layers < 0 || c->n_layers > 100000 || c->n_experts < 0 ||
-	    c->n_experts > 1000000)
-		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': num_hidden_layers or the "
-				 "number of experts out of range", c->m->config_path);
-	return CKFS_OK;
-}
-
 static enum ckfs_code check_tp_divides(struct ctx *c, struct ckfs_error *err)
 {
-	if (c->nkv % c->tp)
+	if (c->a.nkv % c->tp)
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': num_key_value_heads "
 				 "%lld is not a multiple of TP %d (Megatron-Core needs "
 				 "num_query_groups %% TP == 0; replicated KV heads are "
 				 "not supported)", c->m->src_dir,
-				 (long long)c->nkv, c->tp);
-	if (c->ep > 1 && (c->n_experts <= 0 || c->n_experts % c->ep))
+				 (long long)c->a.nkv, c->tp);
+	if (c->ep > 1 && (c->a.n_experts <= 0 || c->a.n_experts % c->ep))
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': %lld experts in config.json "
 				 "cannot be split over EP=%d rank folders", c->m->src_dir,
-				 (long long)c->n_experts, c->ep);
+				 (long long)c->a.n_experts, c->ep);
 	return CKFS_OK;
 }
 
@@ -836,12 +675,12 @@ static enum ckfs_code value_config(struct ctx *c, struct ckfs_error *err)
 		else
 			rc = ckfs_model_warn(m, err, "output_layer.weight is a value head [1, "
 					     "%lld]: served as score.weight, config.json "
-					     "architectures %s", (long long)c->hidden, cls);
+					     "architectures %s", (long long)c->a.hidden, cls);
 	} else if (strstr(name, "ForTokenClassification") == NULL) {
 		rc = ckfs_model_warn(m, err, "output_layer.weight is a value head [1, %lld]: "
 				     "served as score.weight; config.json names '%s', not a "
 				     "*ForCausalLM class, and is served unchanged",
-				     (long long)c->hidden, name);
+				     (long long)c->a.hidden, name);
 	}
 	cJSON_Delete(j);
 	return rc;
@@ -1013,7 +852,7 @@ static int rank_of_name(const struct ctx *c, const long v[3])
  * moves nothing. */
 static void decide_ep(struct ctx *c)
 {
-	if (c->fields != 2 || c->pp < 2 || c->n_experts <= 0)
+	if (c->fields != 2 || c->pp < 2 || c->a.n_experts <= 0)
 		return;
 	for (int r = c->tp; r < c->tp * c->pp; r++) {
 		const struct ckfs_torch_file *f = &c->files[r];
@@ -1098,9 +937,9 @@ static enum ckfs_code check_whole_pairs(struct ctx *c, struct ckfs_error *err)
 				 "parallel size 1 by config.json's %s %lld) in the "
 				 "folder of TP rank %d and EP rank %d, which megatron-core "
 				 "never pairs at TP=%d EP=%d: ambiguous (experts split "
-				 "over TP, %s %lld?)", path_of(c, r), ffn_key(c),
-				 (long long)c->expert_ffn, t, e, c->tp, c->ep, ffn_key(c),
-				 (long long)c->expert_ffn * c->tp);
+				 "over TP, %s %lld?)", path_of(c, r), ckfs_megatron_expert_width_key(&c->a),
+				 (long long)c->a.expert_ffn, t, e, c->tp, c->ep, ckfs_megatron_expert_width_key(&c->a),
+				 (long long)c->a.expert_ffn * c->tp);
 	}
 	return CKFS_OK;
 }
@@ -1170,7 +1009,7 @@ static const struct ckfs_sd_entry *first_expert_fc1(const struct ctx *c, int r,
 		const char *rest;
 		long j, ei;
 		int fc;
-		if (!layer_key(f->entries[i].key, &j, &rest) || !expert_key(rest, &fc, &ei))
+		if (!numbered_layer(f->entries[i].key, &j, &rest) || !expert_key(rest, &fc, &ei))
 			continue;
 		if (ei + 1 > *n_local)
 			*n_local = ei + 1;
@@ -1185,7 +1024,7 @@ static const struct ckfs_sd_entry *first_expert_fc1(const struct ctx *c, int r,
 static enum ckfs_code decide_etp(struct ctx *c, const struct ckfs_sd_entry *x, int r,
 				 struct ckfs_error *err)
 {
-	int64_t rows = x->local.ndim == 2 ? x->local.shape[0] : -1, f = c->expert_ffn;
+	int64_t rows = x->local.ndim == 2 ? x->local.shape[0] : -1, f = c->a.expert_ffn;
 
 	c->etp = 1;
 	if (c->tp == 1)
@@ -1193,7 +1032,7 @@ static enum ckfs_code decide_etp(struct ctx *c, const struct ckfs_sd_entry *x, i
 	if (f <= 0)
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': config.json has no %s, so "
 				 "whether '%s' is a whole expert or its TP shard cannot "
-				 "be told", path_of(c, r), ffn_key(c), x->key);
+				 "be told", path_of(c, r), ckfs_megatron_expert_width_key(&c->a), x->key);
 	if (rows == 2 * f)
 		return CKFS_OK;
 	c->etp = c->tp;
@@ -1203,7 +1042,7 @@ static enum ckfs_code decide_etp(struct ctx *c, const struct ckfs_sd_entry *x, i
 			 "2 x %s %lld (whole experts, expert tensor parallel size 1) "
 			 "or 2 x %lld / TP %d (experts split over TP): other expert "
 			 "tensor parallel sizes are not supported", path_of(c, r),
-			 x->key, (long long)rows, ffn_key(c), (long long)f,
+			 x->key, (long long)rows, ckfs_megatron_expert_width_key(&c->a), (long long)f,
 			 (long long)f, c->tp);
 }
 
@@ -1212,17 +1051,17 @@ static enum ckfs_code decide_etp(struct ctx *c, const struct ckfs_sd_entry *x, i
 static enum ckfs_code check_ep_complete(struct ctx *c, long n_local, int r,
 					struct ckfs_error *err)
 {
-	int64_t ep = n_local > 0 ? c->n_experts / n_local : 0;
+	int64_t ep = n_local > 0 ? c->a.n_experts / n_local : 0;
 
-	if (n_local <= 0 || c->n_experts % n_local)
+	if (n_local <= 0 || c->a.n_experts % n_local)
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': %ld local experts per layer "
 				 "do not divide config.json's %lld experts", path_of(c, r),
-				 n_local, (long long)c->n_experts);
+				 n_local, (long long)c->a.n_experts);
 	if (ep < c->ep)
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s/model': the folder names give "
 				 "EP=%d, but each folder holds %ld of config.json's %lld "
 				 "experts per layer (EP=%lld): mixed checkpoints?",
-				 c->m->src_dir, c->ep, n_local, (long long)c->n_experts,
+				 c->m->src_dir, c->ep, n_local, (long long)c->a.n_experts,
 				 (long long)ep);
 	if (ep > c->ep) {
 		char ranks[64];
@@ -1236,7 +1075,7 @@ static enum ckfs_code check_ep_complete(struct ctx *c, long n_local, int r,
 				 "the experts of EP rank%s: each folder holds %ld of "
 				 "config.json's %lld experts per layer (EP=%lld), the "
 				 "folder names give EP=%d", c->m->src_dir, ranks, n_local,
-				 (long long)c->n_experts, (long long)ep, c->ep);
+				 (long long)c->a.n_experts, (long long)ep, c->ep);
 	}
 	return CKFS_OK;
 }
@@ -1270,7 +1109,7 @@ static enum ckfs_code plan_ranks(struct ctx *c, struct ckfs_error *err)
 					 path_of(c, r), x->key, (long long)x->local.shape[0],
 					 path_of(c, ref_r), (long long)ref->local.shape[0]);
 	}
-	if (!ref || c->n_experts <= 0)
+	if (!ref || c->a.n_experts <= 0)
 		return check_grid(c, err);
 	CKFS_TRY(decide_etp(c, ref, ref_r, err));
 	CKFS_TRY(check_ep_complete(c, n_local, ref_r, err));
@@ -1286,194 +1125,156 @@ static const struct ckfs_torch_file *ref_file(struct ctx *c)
 	return &c->files[rank_of(c, 0, 0)];
 }
 
+/* Config, the rank folders (every one that exists opened and read), EP
+ * and ETP decided, the virtual-pipeline chunks counted. */
+static enum ckfs_code open_ranks(struct ctx *c, struct ckfs_error *err)
+{
+	struct ckfs_model *m = c->m;
+	char path[4096];
+
+	CKFS_TRY(scan_dirs(c, err));
+	snprintf(path, sizeof(path), "%s/hf_config_and_tokenizer", m->src_dir);
+	const char *hf = ckfs_path_is_dir(path)
+				 ? ckfs_arena_strdup(&m->arena, path)
+				 : ckfs_arena_printf(&m->arena, "%s/huggingface", m->src_dir);
+	CKFS_TRY(ckfs_model_load_config_from(m, hf, c->opt->config_path, err));
+	CKFS_TRY(ckfs_megatron_arch(m, &c->a, err));
+	if (c->fields != 2)
+		CKFS_TRY(check_tp_divides(c, err));
+	c->n = c->tp * c->pp * c->ep;
+	m->sources = ckfs_arena_calloc(&m->arena, (size_t)c->n, sizeof(*m->sources));
+	m->ranks_read = ckfs_arena_calloc(&m->arena, (size_t)c->n, sizeof(int));
+	c->state = ckfs_arena_calloc(&m->arena, (size_t)c->n, 1);
+	c->src = ckfs_arena_calloc(&m->arena, (size_t)c->n, sizeof(int));
+	c->files = calloc((size_t)c->n, sizeof(*c->files));
+	c->experts_seen = calloc((size_t)c->a.n_layers + 1, sizeof(int));
+	if (!m->sources || !m->ranks_read || !c->state || !c->src || !c->files ||
+	    !c->experts_seen)
+		return ckfs_nomem(err);
+	for (size_t k = 0; k < c->n_names; k++)
+		c->state[rank_of_name(c, c->names[k])] = R_PRESENT;
+	for (int r = 0; r < c->n; r++) {
+		if (c->state[r] == R_ABSENT)
+			continue;
+		CKFS_TRY(open_rank(c, r, err));
+		m->ranks_read[m->n_ranks_read++] = r;
+	}
+	decide_ep(c);
+	if (c->fields == 2)
+		CKFS_TRY(check_tp_divides(c, err));
+	CKFS_TRY(plan_ranks(c, err));
+	m->world_size = (int)m->n_ranks_read;
+	m->tp_size = c->tp;
+	m->pp_size = c->pp;
+	m->ep_size = c->ep;
+	const char *ref_path = path_of(c, rank_of(c, 0, 0));
+	c->vpp = (int)ref_file(c)->n_parts;
+	for (int r = 0; r < c->n; r++)
+		if (c->state[r] == R_OPEN && (int)c->files[r].n_parts != c->vpp)
+			return ckfs_fail(err, CKFS_E_INVALID, "'%s': %zu virtual-pipeline "
+					 "chunks, '%s' has %d (mismatched checkpoints)",
+					 path_of(c, r), c->files[r].n_parts, ref_path, c->vpp);
+	m->vpp_size = c->vpp;
+	m->stage_layers = ckfs_arena_calloc(&m->arena, (size_t)(c->vpp * c->pp), sizeof(int));
+	return m->stage_layers ? CKFS_OK : ckfs_nomem(err);
+}
+
+/* The decoder layers of chunk v of stage p: 0 .. *nl - 1, none missing. */
+static enum ckfs_code count_layers(struct ctx *c, int v, int p, long *nl,
+				   struct ckfs_error *err)
+{
+	const struct ckfs_torch_file *f = &c->files[rank_of(c, 0, p)];
+	size_t lo = v ? f->part_end[v - 1] : 0, hi = f->part_end[v];
+	unsigned char *seen;
+	const char *rest;
+	long j;
+
+	*nl = 0;
+	for (size_t i = lo; i < hi; i++)
+		if (numbered_layer(f->entries[i].key, &j, &rest) && j + 1 > *nl)
+			*nl = j + 1;
+	if (!(seen = calloc((size_t)*nl + 1, 1)))
+		return ckfs_nomem(err);
+	for (size_t i = lo; i < hi; i++)
+		if (numbered_layer(f->entries[i].key, &j, &rest))
+			seen[j] = 1;
+	for (j = 0; j < *nl && seen[j]; j++)
+		;
+	free(seen);
+	if (j < *nl)
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': chunk %d has decoder layers up "
+				 "to %ld but none numbered %ld",
+				 c->m->sources[rank_of(c, 0, p)].path, v, *nl - 1, j);
+	return CKFS_OK;
+}
+
+/* Every key of every chunk, VPP outer, PP inner: its layers take the next
+ * global numbers. */
+static enum ckfs_code map_chunks(struct ctx *c, int *dropped_head, struct ckfs_error *err)
+{
+	long layer0 = 0;
+
+	for (int v = 0; v < c->vpp; v++)
+		for (int p = 0; p < c->pp; p++) {
+			const struct ckfs_torch_file *f = &c->files[rank_of(c, 0, p)];
+			size_t lo = v ? f->part_end[v - 1] : 0, hi = f->part_end[v];
+			long nl;
+			CKFS_TRY(check_tp_alike(c, p, lo, hi, v, err));
+			CKFS_TRY(count_layers(c, v, p, &nl, err));
+			c->m->stage_layers[v * c->pp + p] = (int)nl;
+			for (size_t i = lo; i < hi; i++)
+				CKFS_TRY(map_key(c, p, i, layer0, dropped_head, err));
+			layer0 += nl;
+		}
+	if (layer0 != c->a.n_layers)
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': %ld decoder layers over TP=%d "
+				 "PP=%d VPP=%d, config.json says num_hidden_layers %lld (a "
+				 "missing pipeline stage?)", c->m->src_dir, layer0, c->tp, c->pp,
+				 c->vpp, (long long)c->a.n_layers);
+	CKFS_TRY(ckfs_megatron_unknown_fail(&c->unknown, c->m->src_dir, err));
+	for (long l = 0; l < c->a.n_layers; l++)
+		if (c->experts_seen[l] && c->experts_seen[l] != c->a.n_experts)
+			return ckfs_fail(err, CKFS_E_INVALID, "'%s': layer %ld has %d experts "
+					 "over EP=%d, config.json says %lld (a missing EP "
+					 "rank?)", c->m->src_dir, l, c->experts_seen[l], c->ep,
+					 (long long)c->a.n_experts);
+	return CKFS_OK;
+}
+
+/* The warnings of a model that opened. */
+static enum ckfs_code report(struct ctx *c, int dropped_head, struct ckfs_error *err)
+{
+	struct ckfs_model *m = c->m;
+
+	if (c->value_head)
+		CKFS_TRY(value_config(c, err));
+	if (dropped_head)
+		CKFS_TRY(ckfs_model_warn(m, err, "output_layer.weight dropped: tied to "
+					 "model.embed_tokens.weight (tie_word_embeddings)"));
+	if (c->n_raw)
+		CKFS_TRY(ckfs_model_warn(m, err, "%zu Megatron keys without a Hugging Face "
+					 "name served raw, per rank (--raw-names)", c->n_raw));
+	if (ref_file(c)->n_skipped)
+		CKFS_TRY(ckfs_model_warn(m, err, "%zu _extra_state entries skipped per rank "
+					 "(Transformer Engine metadata)",
+					 ref_file(c)->n_skipped));
+	return CKFS_OK;
+}
+
 enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
 				   const struct ckfs_model_options *opt,
 				   struct ckfs_error *err)
 {
-	struct ctx c;
-	enum ckfs_code rc;
-	char path[4096];
-	const char *hf;
-	int n = 0;
-
-	memset(&c, 0, sizeof(c));
-	c.m = m;
-	c.opt = opt;
-	if ((rc = scan_dirs(&c, err)) != CKFS_OK)
-		goto out;
-	snprintf(path, sizeof(path), "%s/hf_config_and_tokenizer", m->src_dir);
-	hf = ckfs_path_is_dir(path) ? ckfs_arena_strdup(&m->arena, path)
-				    : ckfs_arena_printf(&m->arena, "%s/huggingface", m->src_dir);
-	if ((rc = ckfs_model_load_config_from(m, hf, opt->config_path, err)) != CKFS_OK ||
-	    (rc = read_arch(&c, err)) != CKFS_OK ||
-	    (c.fields != 2 && (rc = check_tp_divides(&c, err)) != CKFS_OK))
-		goto out;
-
-	n = c.tp * c.pp * c.ep;
-	m->sources = ckfs_arena_calloc(&m->arena, (size_t)n, sizeof(*m->sources));
-	m->ranks_read = ckfs_arena_calloc(&m->arena, (size_t)n, sizeof(int));
-	c.state = ckfs_arena_calloc(&m->arena, (size_t)n, 1);
-	c.src = ckfs_arena_calloc(&m->arena, (size_t)n, sizeof(int));
-	c.files = calloc((size_t)n, sizeof(*c.files));
-	c.experts_seen = calloc((size_t)c.n_layers + 1, sizeof(int));
-	if (!m->sources || !m->ranks_read || !c.state || !c.src || !c.files ||
-	    !c.experts_seen) {
-		rc = ckfs_nomem(err);
-		goto out;
-	}
-	for (size_t k = 0; k < c.n_names; k++)
-		c.state[rank_of_name(&c, c.names[k])] = R_PRESENT;
-	for (int r = 0; r < n; r++) {
-		if (c.state[r] == R_ABSENT)
-			continue;
-		if ((rc = open_rank(&c, r, err)) != CKFS_OK)
-			goto out;
-		m->ranks_read[m->n_ranks_read++] = r;
-	}
-	decide_ep(&c);
-	if (c.fields == 2 && (rc = check_tp_divides(&c, err)) != CKFS_OK)
-		goto out;
-	if ((rc = plan_ranks(&c, err)) != CKFS_OK)
-		goto out;
-	m->world_size = (int)m->n_ranks_read;
-	m->tp_size = c.tp;
-	m->pp_size = c.pp;
-	m->ep_size = c.ep;
-	const struct ckfs_torch_file *ref = ref_file(&c);
-	const char *ref_path = path_of(&c, rank_of(&c, 0, 0));
-	c.vpp = (int)ref->n_parts;
-	for (int r = 0; r < n; r++)
-		if (c.state[r] == R_OPEN && (int)c.files[r].n_parts != c.vpp) {
-			rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': %zu virtual-pipeline "
-				       "chunks, '%s' has %d (mismatched checkpoints)",
-				       path_of(&c, r), c.files[r].n_parts, ref_path, c.vpp);
-			goto out;
-		}
-	m->vpp_size = c.vpp;
-	m->stage_layers = ckfs_arena_calloc(&m->arena, (size_t)(c.vpp * c.pp),
-					    sizeof(int));
-	if (!m->stage_layers) {
-		rc = ckfs_nomem(err);
-		goto out;
-	}
-	long layer0 = 0;
+	struct ctx c = { .m = m, .opt = opt };
 	int dropped_head = 0;
-	rc = CKFS_OK;
-	for (int v = 0; v < c.vpp && rc == CKFS_OK; v++)
-		for (int p = 0; p < c.pp && rc == CKFS_OK; p++) {
-			const struct ckfs_torch_file *f = &c.files[rank_of(&c, 0, p)];
-			size_t lo = v ? f->part_end[v - 1] : 0, hi = f->part_end[v];
-			long nl = 0;
-			if ((rc = check_tp_alike(&c, p, lo, hi, v, err)) != CKFS_OK)
-				break;
-			for (size_t i = lo; i < hi; i++) {
-				long j;
-				const char *rest;
-				if (layer_key(f->entries[i].key, &j, &rest) && j + 1 > nl)
-					nl = j + 1;
-			}
-			/* Every local layer 0 .. nl-1 present (no gaps). */
-			for (long j = 0; j < nl && rc == CKFS_OK; j++) {
-				int seen = 0;
-				for (size_t i = lo; i < hi && !seen; i++) {
-					long jj;
-					const char *rest;
-					seen = layer_key(f->entries[i].key, &jj, &rest) && jj == j;
-				}
-				if (!seen)
-					rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': chunk %d has "
-						       "decoder layers up to %ld but none "
-						       "numbered %ld",
-						       m->sources[rank_of(&c, 0, p)].path,
-						       v, nl - 1, j);
-			}
-			if (rc != CKFS_OK)
-				break;
-			m->stage_layers[v * c.pp + p] = (int)nl;
-			for (size_t i = lo; i < hi && rc == CKFS_OK; i++)
-				rc = map_key(&c, p, i, layer0, &dropped_head, err);
-			layer0 += nl;
-		}
-	if (rc != CKFS_OK)
-		goto out;
-	if (c.n_layers > 0 && layer0 != c.n_layers) {
-		rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': %ld decoder layers over TP=%d "
-			       "PP=%d VPP=%d, config.json says num_hidden_layers %lld (a "
-			       "missing pipeline stage?)", m->src_dir, layer0, c.tp, c.pp,
-			       c.vpp, (long long)c.n_layers);
-		goto out;
-	}
-	if (c.n_unknown) {
-		rc = ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': %zu Megatron keys not "
-			       "understood (--raw-names serves them under their own "
-			       "names): %s%s", m->src_dir,
-			       c.n_unknown, c.unknown, c.n_unknown > 8 ? ", ..." : "");
-		goto out;
-	}
-	for (long l = 0; l < c.n_layers; l++)
-		if (c.experts_seen[l] && c.experts_seen[l] != c.n_experts) {
-			rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': layer %ld has %d experts "
-				       "over EP=%d, config.json says %lld (a missing EP "
-				       "rank?)", m->src_dir, l, c.experts_seen[l], c.ep,
-				       (long long)c.n_experts);
-			goto out;
-		}
+	enum ckfs_code rc;
 
-	m->tensors = ckfs_arena_calloc(&m->arena, c.n_outs + 1, sizeof(*m->tensors));
-	if (!m->tensors) {
-		rc = ckfs_nomem(err);
-		goto out;
-	}
-	for (size_t i = 0; i < c.n_outs; i++) {
-		struct out *o = &c.outs[i];
-		struct ckfs_tensor *t = &m->tensors[m->n_tensors];
-		for (size_t k = 0; k < m->n_tensors; k++)
-			if (strcmp(m->tensors[k].name, o->name) == 0) {
-				rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': tensor '%s' "
-					       "comes from two Megatron keys",
-					       m->src_dir, o->name);
-				goto out;
-			}
-		t->name = o->name;
-		t->placement = o->placement;
-		t->stored_dtype = o->dtype;
-		t->out_dtype = opt->out_dtype == CKFS_DTYPE_INVALID ? o->dtype
-								    : opt->out_dtype;
-		t->ndim = o->ndim;
-		memcpy(t->shape, o->shape, sizeof(t->shape));
-		t->numel = 1;
-		for (int k = 0; k < t->ndim; k++)
-			t->numel *= (uint64_t)t->shape[k];
-		t->n_chunks = (uint32_t)o->chunks.n;
-		t->chunks = ckfs_arena_calloc(&m->arena, o->chunks.n + 1,
-					      sizeof(*t->chunks));
-		if (!t->chunks) {
-			rc = ckfs_nomem(err);
-			goto out;
-		}
-		memcpy(t->chunks, o->chunks.v, o->chunks.n * sizeof(*t->chunks));
-		if ((rc = ckfs_plan_validate_tensor(m, t, err)) != CKFS_OK) {
-			ckfs_error_prefix(err, "'%s'", m->src_dir);
-			goto out;
-		}
-		m->n_tensors++;
-	}
-	if (c.value_head)
-		rc = value_config(&c, err);
-	if (rc == CKFS_OK && dropped_head)
-		rc = ckfs_model_warn(m, err, "output_layer.weight dropped: tied to "
-				     "model.embed_tokens.weight (tie_word_embeddings)");
-	if (rc == CKFS_OK && c.n_raw)
-		rc = ckfs_model_warn(m, err, "%zu Megatron keys without a Hugging Face "
-				     "name served raw, per rank (--raw-names)", c.n_raw);
-	if (rc == CKFS_OK && ref->n_skipped)
-		rc = ckfs_model_warn(m, err, "%zu _extra_state entries skipped per "
-				     "rank (Transformer Engine metadata)", ref->n_skipped);
-out:
-	for (size_t i = 0; i < c.n_outs; i++)
-		free(c.outs[i].chunks.v);
-	free(c.outs);
-	for (int r = 0; c.files && c.state && r < n; r++)
+	if ((rc = open_ranks(&c, err)) == CKFS_OK &&
+	    (rc = map_chunks(&c, &dropped_head, err)) == CKFS_OK &&
+	    (rc = ckfs_outs_to_model(m, &c.outs, opt->out_dtype, m->src_dir, err)) == CKFS_OK)
+		rc = report(&c, dropped_head, err);
+	ckfs_outs_release(&c.outs);
+	for (int r = 0; c.files && c.state && r < c.n; r++)
 		if (c.state[r] == R_OPEN)
 			ckfs_torch_close(&c.files[r]);
 	free(c.files);

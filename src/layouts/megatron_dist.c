@@ -215,116 +215,33 @@ static enum ckfs_code check_backend(struct ckfs_model *m, const struct where *w,
 	return rc;
 }
 
-/* ---- config ---- */
-
-struct arch {
-	int64_t hidden, nh, nkv, head_dim, ffn, vocab, n_layers;
-	/* MoE: experts, their and the shared expert's intermediate size */
-	int64_t n_experts, moe_ffn, shared_ffn;
-	int mixtral;    /* HF names block_sparse_moe.gate / experts.{e}.w1 w3 w2 */
-	int qwen2_moe;  /* shared expert: mlp.shared_expert.*, shared_expert_gate */
-};
-
-static int64_t cfg_int(cJSON *j, const char *name, int64_t dflt)
-{
-	cJSON *v = cJSON_GetObjectItemCaseSensitive(j, name);
-	/* sizes past 2^31 are not real configs; keeps products in int64 */
-	return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 2147483648.0
-		       ? (int64_t)v->valuedouble : dflt;
-}
-
-static enum ckfs_code read_arch(const struct ckfs_model *m, struct arch *a,
-				struct ckfs_error *err)
-{
-	cJSON *j;
-
-	CKFS_TRY(ckfs_json_parse(m->config_path, m->config_json, m->config_len, &j, err));
-	a->hidden = cfg_int(j, "hidden_size", 0);
-	a->nh = cfg_int(j, "num_attention_heads", 0);
-	a->nkv = cfg_int(j, "num_key_value_heads", a->nh);
-	a->head_dim = cfg_int(j, "head_dim", a->nh > 0 ? a->hidden / a->nh : 0);
-	a->ffn = cfg_int(j, "intermediate_size", 0);
-	a->vocab = cfg_int(j, "vocab_size", 0);
-	a->n_layers = cfg_int(j, "num_hidden_layers", 0);
-	a->n_experts = cfg_int(j, "num_experts", cfg_int(j, "num_local_experts", 0));
-	a->moe_ffn = cfg_int(j, "moe_intermediate_size", a->ffn);
-	a->shared_ffn = cfg_int(j, "shared_expert_intermediate_size", 0);
-	cJSON *archs = cJSON_GetObjectItemCaseSensitive(j, "architectures");
-	cJSON *arch0 = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
-	const char *arch = cJSON_IsString(arch0) ? arch0->valuestring : NULL;
-	a->mixtral = arch && strncmp(arch, "Mixtral", 7) == 0;
-	a->qwen2_moe = arch && strncmp(arch, "Qwen2Moe", 8) == 0;
-	cJSON_Delete(j);
-	if (a->hidden <= 0 || a->nh <= 0 || a->nkv <= 0 || a->head_dim <= 0 ||
-	    a->n_layers <= 0)
-		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': needs hidden_size, "
-				 "num_attention_heads, num_key_value_heads and "
-				 "num_hidden_layers for a Megatron checkpoint", m->config_path);
-	if (a->nh % a->nkv)
-		return ckfs_fail(err, CKFS_E_INVALID, "'%s': num_attention_heads %lld is "
-				 "not a multiple of num_key_value_heads %lld", m->config_path,
-				 (long long)a->nh, (long long)a->nkv);
-	return CKFS_OK;
-}
-
 /* ---- output tensors ---- */
 
 enum { G_EMBED, G_LAYER, G_NORM, G_HEAD, G_RAW };
 
-struct out {
-	const char *name;
-	const char *placement;
-	int group;
-	long layer;
-	int order;
-	enum ckfs_dtype dtype;
-	int ndim;
-	int64_t shape[CKFS_MAX_DIMS];
-	struct ckfs_chunk_list chunks;
-};
-
 struct ctx {
 	struct ckfs_model *m;
 	const char *md;              /* .metadata path, for messages */
-	struct arch a;
-	struct out *outs;
-	size_t n_outs, cap;
-	char unknown[1024];
-	size_t n_unknown;
+	struct ckfs_megatron_arch a;
+	struct ckfs_outs outs;
+	struct ckfs_megatron_unknown unknown;
 	int dropped_head;
 	bool raw_names;              /* --raw-names: serve unknown keys as stored */
 	const struct ckfs_tensor *last_raw; /* served raw already */
 	size_t n_raw;
 };
 
-static struct out *new_out(struct ctx *c, const char *name, const char *placement,
-			   int group, long layer, int order, int ndim, const int64_t *shape,
-			   enum ckfs_dtype dtype, struct ckfs_error *err)
+static struct ckfs_out *new_out(struct ctx *c, const char *name, const char *placement,
+				int group, long layer, int order, int ndim, const int64_t *shape,
+				enum ckfs_dtype dtype, struct ckfs_error *err)
 {
-	if (c->n_outs == c->cap) {
-		size_t cap = c->cap ? 2 * c->cap : 64;
-		struct out *v = realloc(c->outs, cap * sizeof(*v));
-		if (!v) {
-			ckfs_nomem(err);
-			return NULL;
-		}
-		c->outs = v;
-		c->cap = cap;
+	struct ckfs_out *o = ckfs_outs_add(c->m, &c->outs, name, placement, ndim, shape, dtype,
+					   err);
+	if (o) {
+		o->group = group;
+		o->layer = layer;
+		o->order = order;
 	}
-	struct out *o = &c->outs[c->n_outs];
-	memset(o, 0, sizeof(*o));
-	if (!(o->name = ckfs_arena_strdup(&c->m->arena, name))) {
-		ckfs_nomem(err);
-		return NULL;
-	}
-	o->placement = placement;
-	o->group = group;
-	o->layer = layer;
-	o->order = order;
-	o->dtype = dtype;
-	o->ndim = ndim;
-	memcpy(o->shape, shape, sizeof(int64_t) * (size_t)ndim);
-	c->n_outs++;
 	return o;
 }
 
@@ -334,7 +251,7 @@ static struct out *new_out(struct ctx *c, const char *name, const char *placemen
  * (layer and expert axes, n[k] == 1) are removed. Each raw chunk meeting the box
  * gives one chunk: its file position moves by the skipped elements.
  */
-static enum ckfs_code add_box(struct out *o, const struct ckfs_tensor *r,
+static enum ckfs_code add_box(struct ckfs_out *o, const struct ckfs_tensor *r,
 			      const int64_t *lo, const int64_t *n, const int64_t *dst,
 			      int ndrop, struct ckfs_error *err)
 {
@@ -378,7 +295,7 @@ static enum ckfs_code add_box(struct out *o, const struct ckfs_tensor *r,
 /* Rows [row0, row0 + rows) of r with its first nfix dims fixed at fix[]
  * and dropped (the layer axis when stacked, then an expert axis) -> o at
  * output row dst_row. */
-static enum ckfs_code add_rows(struct out *o, const struct ckfs_tensor *r, int nfix,
+static enum ckfs_code add_rows(struct ckfs_out *o, const struct ckfs_tensor *r, int nfix,
 			       const int64_t *fix, int64_t row0, int64_t rows, int64_t dst_row,
 			       struct ckfs_error *err)
 {
@@ -396,19 +313,12 @@ static enum ckfs_code add_rows(struct out *o, const struct ckfs_tensor *r, int n
 }
 
 /* Rows of layer `layer` (s = 1: r has a layer axis). */
-static enum ckfs_code layer_rows(struct out *o, const struct ckfs_tensor *r, int s, long layer,
+static enum ckfs_code layer_rows(struct ckfs_out *o, const struct ckfs_tensor *r, int s, long layer,
 				 int64_t row0, int64_t rows, int64_t dst_row,
 				 struct ckfs_error *err)
 {
 	int64_t fix[1] = { layer };
 	return add_rows(o, r, s, fix, row0, rows, dst_row, err);
-}
-
-static void note_unknown(struct ctx *c, const char *key)
-{
-	size_t l = strlen(c->unknown);
-	if (c->n_unknown++ < 8)
-		snprintf(c->unknown + l, sizeof(c->unknown) - l, "%s'%s'", l ? ", " : "", key);
 }
 
 /*
@@ -422,14 +332,14 @@ static enum ckfs_code unknown_key(struct ctx *c, const struct ckfs_tensor *r,
 	int64_t lo[CKFS_MAX_DIMS] = { 0 }, dst[CKFS_MAX_DIMS] = { 0 };
 
 	if (!c->raw_names) {
-		note_unknown(c, r->name);
+		ckfs_megatron_unknown(&c->unknown, r->name);
 		return CKFS_OK;
 	}
 	if (c->last_raw == r)
 		return CKFS_OK;
 	c->last_raw = r;
 	c->n_raw++;
-	struct out *o = new_out(c, r->name, "raw", G_RAW, 0, 0, r->ndim, r->shape,
+	struct ckfs_out *o = new_out(c, r->name, "raw", G_RAW, 0, 0, r->ndim, r->shape,
 				r->stored_dtype, err);
 	if (!o)
 		return err->code;
@@ -438,45 +348,10 @@ static enum ckfs_code unknown_key(struct ctx *c, const struct ckfs_tensor *r,
 
 /* ---- the mapping ---- */
 
-enum kind { K_WHOLE, K_QKV, K_FC1, K_ROUTER, K_EXPERT_FC1, K_EXPERT_FC2, K_SHARED };
-
-/* Output order slots inside a layer past those of layer_map: the router,
- * the shared expert (Qwen2-MoE), then 3 per expert. */
-enum { O_ROUTER = 18, O_SHARED = 19, O_EXPERTS = 32 };
-
-/* Layer suffixes; order = the output order inside a layer (HF's module
- * order), qkv and fc1 taking consecutive slots. */
-static const struct {
-	const char *mg, *hf;
-	enum kind kind;
-	int order;
-} layer_map[] = {
-	{ "self_attention.linear_qkv.weight", "weight", K_QKV, 0 },
-	{ "self_attention.linear_qkv.bias", "bias", K_QKV, 1 },
-	{ "self_attention.linear_proj.weight", "self_attn.o_proj.weight", K_WHOLE, 6 },
-	{ "self_attention.linear_proj.bias", "self_attn.o_proj.bias", K_WHOLE, 7 },
-	{ "self_attention.q_layernorm.weight", "self_attn.q_norm.weight", K_WHOLE, 8 },
-	{ "self_attention.k_layernorm.weight", "self_attn.k_norm.weight", K_WHOLE, 9 },
-	{ "mlp.linear_fc1.weight", "weight", K_FC1, 10 },
-	{ "mlp.linear_fc2.weight", "mlp.down_proj.weight", K_WHOLE, 12 },
-	{ "mlp.linear_fc2.bias", "mlp.down_proj.bias", K_WHOLE, 13 },
-	{ "input_layernorm.weight", "input_layernorm.weight", K_WHOLE, 14 },
-	{ "self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight", K_WHOLE, 14 },
-	{ "input_layernorm.bias", "input_layernorm.bias", K_WHOLE, 15 },
-	{ "self_attention.linear_qkv.layer_norm_bias", "input_layernorm.bias", K_WHOLE, 15 },
-	{ "pre_mlp_layernorm.weight", "post_attention_layernorm.weight", K_WHOLE, 16 },
-	{ "mlp.linear_fc1.layer_norm_weight", "post_attention_layernorm.weight", K_WHOLE, 16 },
-	{ "pre_mlp_layernorm.bias", "post_attention_layernorm.bias", K_WHOLE, 17 },
-	{ "mlp.linear_fc1.layer_norm_bias", "post_attention_layernorm.bias", K_WHOLE, 17 },
-	{ "mlp.router.weight", NULL, K_ROUTER, O_ROUTER },
-	{ "mlp.experts.experts.linear_fc1.weight", NULL, K_EXPERT_FC1, O_EXPERTS },
-	{ "mlp.experts.experts.linear_fc2.weight", NULL, K_EXPERT_FC2, O_EXPERTS },
-	{ "mlp.shared_experts.linear_fc1.weight", NULL, K_SHARED, O_SHARED },
-	{ "mlp.shared_experts.linear_fc2.weight", "mlp.shared_expert.down_proj.weight", K_SHARED,
-	  O_SHARED + 2 },
-	{ "mlp.shared_experts.gate_weight", "mlp.shared_expert_gate.weight", K_SHARED,
-	  O_SHARED + 3 },
-};
+/* The grouped experts' keys (an expert axis after the layer axis): dist_ckpt
+ * only; the other layer keys are the shared vocabulary's. */
+static const char expert_fc1_key[] = "mlp.experts.experts.linear_fc1.weight";
+static const char expert_fc2_key[] = "mlp.experts.experts.linear_fc2.weight";
 
 /* Slots every layer must fill: q k v (weights), o, the two norms, and
  * either the dense MLP (gate, up, down) or a router (and every expert). */
@@ -506,7 +381,7 @@ static enum ckfs_code map_whole(struct ctx *c, const struct ckfs_tensor *r, int 
 				long layer, const char *name, int order,
 				struct ckfs_error *err)
 {
-	struct out *o = new_out(c, name, s ? "layer of stack" : "whole", G_LAYER, layer,
+	struct ckfs_out *o = new_out(c, name, s ? "layer of stack" : "whole", G_LAYER, layer,
 				order, r->ndim - s, r->shape + s, r->stored_dtype, err);
 	if (!o)
 		return err->code;
@@ -516,14 +391,13 @@ static enum ckfs_code map_whole(struct ctx *c, const struct ckfs_tensor *r, int 
 }
 
 static enum ckfs_code map_qkv(struct ctx *c, const struct ckfs_tensor *r, int s,
-			      long layer, const char *kind, int order,
+			      long layer, const struct ckfs_megatron_key *k,
 			      struct ckfs_error *err)
 {
-	const struct arch *a = &c->a;
+	const struct ckfs_megatron_arch *a = &c->a;
 	int64_t q = a->nh / a->nkv, d = a->head_dim, g_rows, rows;
-	static const char *const part[3] = { "q_proj", "k_proj", "v_proj" };
 	char name[CKFS_MAX_NAME], want[128];
-	int is_w = strcmp(kind, "weight") == 0;
+	int is_w = strcmp(k->hf, "weight") == 0;
 
 	if (__builtin_mul_overflow(q + 2, d, &g_rows) ||
 	    __builtin_mul_overflow(a->nkv, g_rows, &rows))
@@ -537,20 +411,19 @@ static enum ckfs_code map_qkv(struct ctx *c, const struct ckfs_tensor *r, int s,
 			 (long long)a->nkv, (long long)q, (long long)d);
 		return bad_shape(c, r, want, err);
 	}
-	size_t first = c->n_outs;
+	size_t first = c->outs.n;
 	for (int h = 0; h < 3; h++) {
 		int64_t shape[2] = { (h == 0 ? a->nh : a->nkv) * d, a->hidden };
-		snprintf(name, sizeof(name), "model.layers.%ld.self_attn.%s.%s", layer, part[h],
-			 kind);
-		if (!new_out(c, name, "rows of qkv", G_LAYER, layer, order + 2 * h, 1 + is_w,
+		ckfs_megatron_name(a, layer, k, h, name, sizeof(name));
+		if (!new_out(c, name, "rows of qkv", G_LAYER, layer, k->order + 2 * h, 1 + is_w,
 			     shape, r->stored_dtype, err))
 			return err->code;
 	}
 	for (int64_t g = 0; g < a->nkv; g++) {
 		int64_t base = g * g_rows;
-		CKFS_TRY(layer_rows(&c->outs[first], r, s, layer, base, q * d, g * q * d, err));
-		CKFS_TRY(layer_rows(&c->outs[first + 1], r, s, layer, base + q * d, d, g * d, err));
-		CKFS_TRY(layer_rows(&c->outs[first + 2], r, s, layer, base + (q + 1) * d, d, g * d,
+		CKFS_TRY(layer_rows(&c->outs.v[first], r, s, layer, base, q * d, g * q * d, err));
+		CKFS_TRY(layer_rows(&c->outs.v[first + 1], r, s, layer, base + q * d, d, g * d, err));
+		CKFS_TRY(layer_rows(&c->outs.v[first + 2], r, s, layer, base + (q + 1) * d, d, g * d,
 				  err));
 	}
 	return CKFS_OK;
@@ -559,10 +432,9 @@ static enum ckfs_code map_qkv(struct ctx *c, const struct ckfs_tensor *r, int s,
 /* SwiGLU fc1 [gate; up] of the dense MLP (mlp) or the shared expert
  * (mlp.shared_expert) -> <module>.gate_proj / up_proj. */
 static enum ckfs_code map_fc1(struct ctx *c, const struct ckfs_tensor *r, int s,
-			      long layer, int order, const char *module, int64_t ffn,
+			      long layer, const struct ckfs_megatron_key *k, int64_t ffn,
 			      const char *ffn_key, struct ckfs_error *err)
 {
-	static const char *const part[2] = { "gate_proj", "up_proj" };
 	char name[CKFS_MAX_NAME], want[160];
 
 	if (r->ndim != s + 2 || r->shape[s + 1] != c->a.hidden || r->shape[s] % 2 ||
@@ -574,10 +446,9 @@ static enum ckfs_code map_fc1(struct ctx *c, const struct ckfs_tensor *r, int s,
 	}
 	int64_t half = r->shape[s] / 2, shape[2] = { half, c->a.hidden };
 	for (int h = 0; h < 2; h++) {
-		snprintf(name, sizeof(name), "model.layers.%ld.%s.%s.weight", layer, module,
-			 part[h]);
-		struct out *o = new_out(c, name, "half of fc1", G_LAYER, layer, order + h, 2,
-					shape, r->stored_dtype, err);
+		ckfs_megatron_name(&c->a, layer, k, h, name, sizeof(name));
+		struct ckfs_out *o = new_out(c, name, "half of fc1", G_LAYER, layer, k->order + h,
+					     2, shape, r->stored_dtype, err);
 		if (!o)
 			return err->code;
 		CKFS_TRY(layer_rows(o, r, s, layer, h * half, half, 0, err));
@@ -590,39 +461,32 @@ static enum ckfs_code map_fc1(struct ctx *c, const struct ckfs_tensor *r, int s,
 static enum ckfs_code map_experts(struct ctx *c, const struct ckfs_tensor *r, int s,
 				  long layer, int fc1, struct ckfs_error *err)
 {
-	const struct arch *a = &c->a;
-	static const char *const qwen[3] = { "gate_proj", "up_proj", "down_proj" };
-	static const char *const mixtral[3] = { "w1", "w3", "w2" };
-	int64_t rows = fc1 ? 2 * a->moe_ffn : a->hidden, cols = fc1 ? a->hidden : a->moe_ffn;
+	const struct ckfs_megatron_arch *a = &c->a;
+	int64_t rows = fc1 ? 2 * a->expert_ffn : a->hidden, cols = fc1 ? a->hidden : a->expert_ffn;
 	char name[CKFS_MAX_NAME], want[200];
 
-	if (a->n_experts <= 0 || a->moe_ffn <= 0 || r->ndim != s + 3 ||
+	if (a->n_experts <= 0 || a->expert_ffn <= 0 || r->ndim != s + 3 ||
 	    r->shape[s] != a->n_experts || r->shape[s + 1] != rows || r->shape[s + 2] != cols) {
 		snprintf(want, sizeof(want), "%s[num_experts %lld, %lld, %lld] (%s, expert "
 			 "intermediate size %lld)", s ? "[layers, ...] with " : "",
 			 (long long)a->n_experts, (long long)rows, (long long)cols,
 			 fc1 ? "[gate; up] x hidden_size" : "hidden_size x intermediate",
-			 (long long)a->moe_ffn);
+			 (long long)a->expert_ffn);
 		return bad_shape(c, r, want, err);
 	}
 	for (int64_t e = 0; e < a->n_experts; e++) {
 		int64_t fix[2] = { layer, e };
 		for (int h = fc1 ? 0 : 2; h < (fc1 ? 2 : 3); h++) {
-			int64_t shape[2] = { h == 2 ? a->hidden : a->moe_ffn,
-					     h == 2 ? a->moe_ffn : a->hidden };
-			if (a->mixtral)
-				snprintf(name, sizeof(name), "model.layers.%ld.block_sparse_moe."
-					 "experts.%lld.%s.weight", layer, (long long)e, mixtral[h]);
-			else
-				snprintf(name, sizeof(name), "model.layers.%ld.mlp.experts.%lld."
-					 "%s.weight", layer, (long long)e, qwen[h]);
-			struct out *o = new_out(c, name, h == 2 ? "expert of stack"
+			int64_t shape[2] = { h == 2 ? a->hidden : a->expert_ffn,
+					     h == 2 ? a->expert_ffn : a->hidden };
+			ckfs_megatron_expert_name(a, layer, e, h, name, sizeof(name));
+			struct ckfs_out *o = new_out(c, name, h == 2 ? "expert of stack"
 							       : "half of expert fc1",
-						G_LAYER, layer, O_EXPERTS + (int)e * 3 + h, 2,
+						G_LAYER, layer, MG_ORDER_EXPERTS + (int)e * 3 + h, 2,
 						shape, r->stored_dtype, err);
 			if (!o)
 				return err->code;
-			CKFS_TRY(add_rows(o, r, s + 1, s ? fix : fix + 1, h == 1 ? a->moe_ffn : 0,
+			CKFS_TRY(add_rows(o, r, s + 1, s ? fix : fix + 1, h == 1 ? a->expert_ffn : 0,
 					  shape[0], 0, err));
 		}
 	}
@@ -642,9 +506,31 @@ static enum ckfs_code map_vocab(struct ctx *c, const struct ckfs_tensor *r, cons
 			 (long long)c->a.vocab, (long long)c->a.hidden);
 		return bad_shape(c, r, want, err);
 	}
-	struct out *o = new_out(c, name, r->n_chunks > 1 ? "chunks(dim 0)" : "whole", group,
+	struct ckfs_out *o = new_out(c, name, r->n_chunks > 1 ? "chunks(dim 0)" : "whole", group,
 				0, 0, 2, r->shape, r->stored_dtype, err);
 	return o ? add_rows(o, r, 0, NULL, 0, r->shape[0], 0, err) : err->code;
+}
+
+/* The router [E, H] (or its expert bias [E]). */
+static enum ckfs_code map_router(struct ctx *c, const struct ckfs_tensor *r, int s,
+				 long layer, const struct ckfs_megatron_key *k,
+				 struct ckfs_error *err)
+{
+	char name[CKFS_MAX_NAME];
+	int weight = k->order == MG_ORDER_ROUTER;
+
+	if (c->a.n_experts <= 0 || r->ndim != s + 1 + weight || r->shape[s] != c->a.n_experts ||
+	    (weight && r->shape[s + 1] != c->a.hidden)) {
+		char hidden[48] = "";
+		if (weight)
+			snprintf(hidden, sizeof(hidden), ", hidden_size %lld", (long long)c->a.hidden);
+		snprintf(name, sizeof(name), "%s[num_experts %lld%s] (num_experts or "
+			 "num_local_experts)", s ? "[layers, ...] with " : "",
+			 (long long)c->a.n_experts, hidden);
+		return bad_shape(c, r, name, err);
+	}
+	ckfs_megatron_name(&c->a, layer, k, 0, name, sizeof(name));
+	return map_whole(c, r, s, layer, name, k->order, err);
 }
 
 static enum ckfs_code map_layer(struct ctx *c, const struct ckfs_tensor *r, long layer,
@@ -653,68 +539,25 @@ static enum ckfs_code map_layer(struct ctx *c, const struct ckfs_tensor *r, long
 	char name[CKFS_MAX_NAME];
 	int s = stacked ? 1 : 0;
 
-	for (size_t k = 0; k < sizeof(layer_map) / sizeof(layer_map[0]); k++) {
-		if (strcmp(rest, layer_map[k].mg) != 0)
-			continue;
-		switch (layer_map[k].kind) {
-		case K_WHOLE:
-			snprintf(name, sizeof(name), "model.layers.%ld.%s", layer, layer_map[k].hf);
-			return map_whole(c, r, s, layer, name, layer_map[k].order, err);
-		case K_QKV:
-			return map_qkv(c, r, s, layer, layer_map[k].hf, layer_map[k].order, err);
-		case K_FC1:
-			return map_fc1(c, r, s, layer, layer_map[k].order, "mlp", c->a.ffn,
-				       "intermediate_size", err);
-		case K_ROUTER:
-			if (c->a.n_experts <= 0 || r->ndim != s + 2 ||
-			    r->shape[s] != c->a.n_experts || r->shape[s + 1] != c->a.hidden) {
-				snprintf(name, sizeof(name), "%s[num_experts %lld, hidden_size "
-					 "%lld] (num_experts or num_local_experts)",
-					 s ? "[layers, ...] with " : "",
-					 (long long)c->a.n_experts, (long long)c->a.hidden);
-				return bad_shape(c, r, name, err);
-			}
-			snprintf(name, sizeof(name), "model.layers.%ld.%s", layer,
-				 c->a.mixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
-			return map_whole(c, r, s, layer, name, layer_map[k].order, err);
-		case K_EXPERT_FC1:
-		case K_EXPERT_FC2:
-			return map_experts(c, r, s, layer, layer_map[k].kind == K_EXPERT_FC1, err);
-		case K_SHARED:
-			if (!c->a.qwen2_moe)
-				break; /* DeepSeek's shared_experts names: not yet */
-			if (!layer_map[k].hf)
-				return map_fc1(c, r, s, layer, layer_map[k].order,
-					       "mlp.shared_expert", c->a.shared_ffn,
-					       "shared_expert_intermediate_size", err);
-			snprintf(name, sizeof(name), "model.layers.%ld.%s", layer, layer_map[k].hf);
-			return map_whole(c, r, s, layer, name, layer_map[k].order, err);
-		}
-		break;
+	if (strcmp(rest, expert_fc1_key) == 0 || strcmp(rest, expert_fc2_key) == 0)
+		return map_experts(c, r, s, layer, strcmp(rest, expert_fc1_key) == 0, err);
+	const struct ckfs_megatron_key *k = ckfs_megatron_layer_entry(&c->a, rest);
+	if (!k)
+		return unknown_key(c, r, err);
+	switch (k->part) {
+	case MG_QKV:
+		return map_qkv(c, r, s, layer, k, err);
+	case MG_FC1:
+		return map_fc1(c, r, s, layer, k, c->a.ffn, "intermediate_size", err);
+	case MG_SHARED_FC1:
+		return map_fc1(c, r, s, layer, k, c->a.shared_ffn,
+			       "shared_expert_intermediate_size", err);
+	case MG_ROUTER:
+		return map_router(c, r, s, layer, k, err);
+	default: /* whole: the TP merge is already in the global tensor */
+		ckfs_megatron_name(&c->a, layer, k, 0, name, sizeof(name));
+		return map_whole(c, r, s, layer, name, k->order, err);
 	}
-	return unknown_key(c, r, err);
-}
-
-/* "decoder.layers.<N>.<rest>" (per-layer key) or "decoder.layers.<rest>"
- * (stacked): 1 with *n = N or -1; 0 for other keys. */
-static int layer_key(const char *key, long *n, const char **rest)
-{
-	static const char pfx[] = "decoder.layers.";
-	const char *p = key + sizeof(pfx) - 1;
-	char *end;
-
-	if (strncmp(key, pfx, sizeof(pfx) - 1) != 0)
-		return 0;
-	if (!isdigit((unsigned char)*p)) {
-		*n = -1;
-		*rest = p;
-		return 1;
-	}
-	*n = strtol(p, &end, 10);
-	if (*end != '.' || *n < 0 || *n > 1000000)
-		return 0;
-	*rest = end + 1;
-	return 1;
 }
 
 static enum ckfs_code map_raw(struct ctx *c, const struct ckfs_tensor *r,
@@ -723,27 +566,27 @@ static enum ckfs_code map_raw(struct ctx *c, const struct ckfs_tensor *r,
 	const char *rest;
 	long n;
 
-	if (strcmp(r->name, "embedding.word_embeddings.weight") == 0)
-		return map_vocab(c, r, "model.embed_tokens.weight", G_EMBED, err);
-	if (strcmp(r->name, "output_layer.weight") == 0) {
+	const char *top = ckfs_megatron_top_name(r->name);
+	if (top && strcmp(top, "model.embed_tokens.weight") == 0)
+		return map_vocab(c, r, top, G_EMBED, err);
+	if (top && strcmp(top, "lm_head.weight") == 0) {
 		if (c->m->tie_word_embeddings) {
 			c->dropped_head = 1;
 			return CKFS_OK;
 		}
-		return map_vocab(c, r, "lm_head.weight", G_HEAD, err);
+		return map_vocab(c, r, top, G_HEAD, err);
 	}
-	int norm_w = strcmp(r->name, "decoder.final_layernorm.weight") == 0;
-	if (norm_w || strcmp(r->name, "decoder.final_layernorm.bias") == 0) {
-		struct out *o = new_out(c, norm_w ? "model.norm.weight" : "model.norm.bias",
-					"whole", G_NORM, 0, norm_w ? 0 : 1, r->ndim, r->shape,
-					r->stored_dtype, err);
+	if (top) { /* the final norm's weight or bias */
+		int bias = strcmp(top, "model.norm.bias") == 0;
+		struct ckfs_out *o = new_out(c, top, "whole", G_NORM, 0, bias, r->ndim, r->shape,
+					     r->stored_dtype, err);
 		if (!o)
 			return err->code;
 		if (r->ndim != 1 || r->shape[0] != c->a.hidden)
 			return bad_shape(c, r, "[hidden_size]", err);
 		return add_rows(o, r, 0, NULL, 0, r->shape[0], 0, err);
 	}
-	if (!layer_key(r->name, &n, &rest))
+	if (!ckfs_megatron_layer_key(r->name, &n, &rest))
 		return unknown_key(c, r, err);
 	if (n >= 0) {
 		if (n >= c->a.n_layers)
@@ -762,9 +605,9 @@ static enum ckfs_code map_raw(struct ctx *c, const struct ckfs_tensor *r,
 				 (long long)c->a.n_layers);
 	}
 	for (long l = 0; l < c->a.n_layers; l++) {
-		size_t before = c->n_unknown, raw_before = c->n_raw;
+		size_t before = c->unknown.n, raw_before = c->n_raw;
 		CKFS_TRY(map_layer(c, r, l, 1, rest, err));
-		if (c->n_unknown != before || c->n_raw != raw_before)
+		if (c->unknown.n != before || c->n_raw != raw_before)
 			break; /* listed, or served whole, once: not per layer */
 	}
 	return CKFS_OK;
@@ -772,7 +615,7 @@ static enum ckfs_code map_raw(struct ctx *c, const struct ckfs_tensor *r,
 
 static int cmp_out(const void *x, const void *y)
 {
-	const struct out *a = x, *b = y;
+	const struct ckfs_out *a = x, *b = y;
 
 	if (a->group != b->group)
 		return a->group < b->group ? -1 : 1;
@@ -794,26 +637,26 @@ static enum ckfs_code finish(struct ctx *c, const struct ckfs_model_options *opt
 {
 	struct ckfs_model *m = c->m;
 
-	qsort(c->outs, c->n_outs, sizeof(*c->outs), cmp_out);
-	for (size_t i = 1; i < c->n_outs; i++)
-		if (strcmp(c->outs[i].name, c->outs[i - 1].name) == 0)
+	qsort(c->outs.v, c->outs.n, sizeof(*c->outs.v), cmp_out);
+	for (size_t i = 1; i < c->outs.n; i++)
+		if (strcmp(c->outs.v[i].name, c->outs.v[i - 1].name) == 0)
 			return ckfs_fail(err, CKFS_E_INVALID, "'%s': tensor '%s' comes from "
-					 "two Megatron keys", c->md, c->outs[i].name);
+					 "two Megatron keys", c->md, c->outs.v[i].name);
 	/* Every layer complete; embedding, final norm and (untied) head. */
 	size_t i = 0;
 	int have[3] = { 0 };
-	while (i < c->n_outs && c->outs[i].group < G_LAYER)
+	while (i < c->outs.n && c->outs.v[i].group < G_LAYER)
 		i++;
 	for (long l = 0; l < c->a.n_layers; l++) {
 		unsigned seen = 0;
 		int64_t n_expert_outs = 0;
-		for (; i < c->n_outs && c->outs[i].group == G_LAYER && c->outs[i].layer == l; i++) {
-			if (c->outs[i].order < O_EXPERTS)
-				seen |= 1u << c->outs[i].order;
+		for (; i < c->outs.n && c->outs.v[i].group == G_LAYER && c->outs.v[i].layer == l; i++) {
+			if (c->outs.v[i].order < MG_ORDER_EXPERTS)
+				seen |= 1u << c->outs.v[i].order;
 			else
 				n_expert_outs++;
 		}
-		int moe = (seen >> O_ROUTER) & 1;
+		int moe = (seen >> MG_ORDER_ROUTER) & 1;
 		size_t n_req = moe ? N_REQUIRED_ALWAYS : sizeof(required) / sizeof(required[0]);
 		for (size_t k = 0; k < n_req; k++)
 			if (!(seen & (1u << required[k].order)))
@@ -826,10 +669,10 @@ static enum ckfs_code finish(struct ctx *c, const struct ckfs_model_options *opt
 					 "linear_fc2)", c->md, l, (long long)n_expert_outs,
 					 (long long)(3 * c->a.n_experts));
 	}
-	for (size_t k = 0; k < c->n_outs; k++) {
-		have[0] |= c->outs[k].group == G_EMBED;
-		have[1] |= c->outs[k].group == G_NORM;
-		have[2] |= c->outs[k].group == G_HEAD;
+	for (size_t k = 0; k < c->outs.n; k++) {
+		have[0] |= c->outs.v[k].group == G_EMBED;
+		have[1] |= c->outs.v[k].group == G_NORM;
+		have[2] |= c->outs.v[k].group == G_HEAD;
 	}
 	if (!have[0] || !have[1])
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': no %s", c->md,
@@ -840,35 +683,7 @@ static enum ckfs_code finish(struct ctx *c, const struct ckfs_model_options *opt
 				 "'%s' does not tie the embeddings (tie_word_embeddings)",
 				 c->md, m->config_path);
 
-	m->tensors = ckfs_arena_calloc(&m->arena, c->n_outs + 1, sizeof(*m->tensors));
-	if (!m->tensors)
-		return ckfs_nomem(err);
-	m->n_tensors = 0;
-	for (size_t k = 0; k < c->n_outs; k++) {
-		struct out *o = &c->outs[k];
-		struct ckfs_tensor *t = &m->tensors[m->n_tensors];
-		t->name = o->name;
-		t->placement = o->placement;
-		t->stored_dtype = o->dtype;
-		t->out_dtype = opt->out_dtype == CKFS_DTYPE_INVALID ? o->dtype : opt->out_dtype;
-		t->ndim = o->ndim;
-		memcpy(t->shape, o->shape, sizeof(t->shape));
-		t->numel = 1;
-		for (int d = 0; d < t->ndim; d++)
-			t->numel *= (uint64_t)t->shape[d]; /* a box of a checked raw tensor */
-		t->n_chunks = (uint32_t)o->chunks.n;
-		t->chunks = ckfs_arena_calloc(&m->arena, o->chunks.n + 1, sizeof(*t->chunks));
-		if (!t->chunks)
-			return ckfs_nomem(err);
-		if (o->chunks.n)
-			memcpy(t->chunks, o->chunks.v, o->chunks.n * sizeof(*t->chunks));
-		if (ckfs_plan_validate_tensor(m, t, err) != CKFS_OK) {
-			ckfs_error_prefix(err, "'%s'", c->md);
-			return err->code;
-		}
-		m->n_tensors++;
-	}
-	return CKFS_OK;
+	return ckfs_outs_to_model(m, &c->outs, opt->out_dtype, c->md, err);
 }
 
 enum ckfs_code ckfs_megatron_dist_build(struct ckfs_model *m,
@@ -910,7 +725,7 @@ enum ckfs_code ckfs_megatron_dist_build(struct ckfs_model *m,
 		goto out;
 	}
 	if ((rc = ckfs_model_load_config_from(m, hf, opt->config_path, err)) != CKFS_OK ||
-	    (rc = read_arch(m, &c.a, err)) != CKFS_OK)
+	    (rc = ckfs_megatron_arch(m, &c.a, err)) != CKFS_OK)
 		goto out;
 	rc = ckfs_dcp_read_raw(m, dist, w->rel[0] ? w->rel : NULL, opt, keep_model,
 			       &left_out, &n_bytes, err);
@@ -920,12 +735,8 @@ enum ckfs_code ckfs_megatron_dist_build(struct ckfs_model *m,
 		rc = map_raw(&c, &m->tensors[i], err);
 	if (rc != CKFS_OK)
 		goto out;
-	if (c.n_unknown) {
-		rc = ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': %zu Megatron keys not "
-			       "understood: %s%s (--raw-names serves them as stored)", c.md,
-			       c.n_unknown, c.unknown, c.n_unknown > 8 ? ", ..." : "");
+	if ((rc = ckfs_megatron_unknown_fail(&c.unknown, c.md, err)) != CKFS_OK)
 		goto out;
-	}
 	if ((rc = finish(&c, opt, err)) != CKFS_OK)
 		goto out;
 	if (c.dropped_head)
@@ -940,9 +751,7 @@ enum ckfs_code ckfs_megatron_dist_build(struct ckfs_model *m,
 		rc = ckfs_model_warn(m, err, "%zu Megatron keys without a Hugging Face name "
 				     "served as stored (--raw-names)", c.n_raw);
 out:
-	for (size_t i = 0; i < c.n_outs; i++)
-		free(c.outs[i].chunks.v);
-	free(c.outs);
+	ckfs_outs_release(&c.outs);
 	free(w);
 	return rc;
 }

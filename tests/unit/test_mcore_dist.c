@@ -191,6 +191,13 @@ static void test_broken(void)
 			 "printf '{\"contents\": {}, \"contents\": {}}' > \"$D/ckpt_contents.json\"",
 			 CKFS_E_FORMAT, "/ckpt_contents.json': key 'contents' appears twice in one "
 			 "object", NULL);
+	/* Sizes that are not whole numbers, or out of range. */
+	expect_broken_in("qwen2_tp2", "", "sed -i 's/\"hidden_size\": 64/\"hidden_size\": 64.5/' " CFG,
+			 CKFS_E_FORMAT, "config.json': hidden_size is not a whole number from 0 "
+			 "to 2^31", NULL);
+	expect_broken_in("qwen2_tp2", "", "sed -i 's/\"num_hidden_layers\": 4/\"num_hidden_layers\": "
+			 "-4/' " CFG, CKFS_E_FORMAT, "config.json': num_hidden_layers is not a "
+			 "whole number from 0 to 2^31", NULL);
 	/* SRC = dist_ckpt without --config. */
 	expect_broken_in("qwen2_tp2", "/dist_ckpt", "true", CKFS_E_NOTFOUND,
 			 "/dist_ckpt/huggingface/config.json': not found; pass --config", NULL);

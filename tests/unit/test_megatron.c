@@ -239,9 +239,9 @@ static void test_broken(void)
 		      CKFS_E_INVALID, "mp_rank_01/model.pt': ", "mismatched TP sizes");
 	expect_broken("cp " MG "/broken/unknown_key_rank0.pt \"$D/model/mp_rank_00/model.pt\" && "
 		      "cp " MG "/broken/unknown_key_rank0.pt \"$D/model/mp_rank_01/model.pt\"",
-		      CKFS_E_UNSUPPORTED, "1 Megatron keys not understood (--raw-names serves "
-		      "them under their own names): "
-		      "'decoder.layers.0.self_attention.linear_kv_down_proj.weight'", NULL);
+		      CKFS_E_UNSUPPORTED, "1 Megatron keys not understood: "
+		      "'decoder.layers.0.self_attention.linear_kv_down_proj.weight' (--raw-names "
+		      "serves them under their own names)", NULL);
 	expect_broken("cp " MG "/broken/dict_rank0.pt \"$D/model/mp_rank_00/model.pt\"",
 		      CKFS_E_FORMAT, "mp_rank_00/model.pt': data.pkl holds a dict, not a "
 		      "list of state dicts", NULL);
@@ -260,9 +260,15 @@ static void test_broken(void)
 			 "\"$D/hf_config_and_tokenizer/config.json\"", CKFS_E_UNSUPPORTED,
 			 "num_key_value_heads 1 is not a multiple of TP 2", NULL);
 	expect_broken("sed -i 's/\"num_key_value_heads\": 2/\"num_key_value_heads\": 3/' "
+		      "\"$D/hf_config_and_tokenizer/config.json\"", CKFS_E_INVALID,
+		      "config.json': num_attention_heads 4 is not a multiple of "
+		      "num_key_value_heads 3", NULL);
+	/* A size that is not a whole number is not read as one (the shared
+	 * config reading, megatron_vocab.c). */
+	expect_broken("sed -i 's/\"num_key_value_heads\": 2/\"num_key_value_heads\": 2.5/' "
 		      "\"$D/hf_config_and_tokenizer/config.json\"", CKFS_E_FORMAT,
-		      "config.json': needs hidden_size, num_attention_heads (a multiple of "
-		      "num_key_value_heads)", NULL);
+		      "config.json': num_key_value_heads is not a whole number from 0 to 2^31",
+		      NULL);
 	/* Expert parallelism: one EP rank folder gone (mp_rank_TT_EEE names). */
 	expect_broken_in("qwen2_moe_tp2_ep2", "rm -r \"$D/model/mp_rank_01_001\"",
 			 CKFS_E_NOTFOUND, "/model/mp_rank_01_001/model.pt': not found (TP rank "

@@ -1,0 +1,231 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * What the two Megatron readers share (megatron.c, per-rank files;
+ * megatron_dist.c, dist_checkpointing): the model config.json describes,
+ * Megatron-Core's GPT key names and the Hugging Face names they stand for,
+ * and the keys not understood. Each reader keeps only its own geometry:
+ * where a key's shards are and how they are cut.
+ */
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layouts/layouts.h"
+
+/* ---- config.json ---- */
+
+/* An integer config value: absent (*v = dflt), or a whole number from 0
+ * up to 2^31 (sizes past that are not real configs, and products of them
+ * stay inside int64). Anything else is refused: a config that says
+ * hidden_size 64.5 is not one ckfs understands. */
+static enum ckfs_code config_int(const struct ckfs_model *m, cJSON *j, const char *key,
+				 int64_t dflt, int64_t *v, struct ckfs_error *err)
+{
+	const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, key);
+
+	*v = dflt;
+	if (!x || cJSON_IsNull(x))
+		return CKFS_OK;
+	if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble >= 2147483648.0 ||
+	    x->valuedouble != (double)(int64_t)x->valuedouble)
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': %s is not a whole number from 0 "
+				 "to 2^31", m->config_path, key);
+	*v = (int64_t)x->valuedouble;
+	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_megatron_arch(const struct ckfs_model *m, struct ckfs_megatron_arch *a,
+				  struct ckfs_error *err)
+{
+	enum ckfs_code rc;
+	cJSON *j;
+
+	memset(a, 0, sizeof(*a));
+	CKFS_TRY(ckfs_json_parse(m->config_path, m->config_json, m->config_len, &j, err));
+	const cJSON *archs = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+	const cJSON *arch0 = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
+	const char *arch = cJSON_IsString(arch0) ? arch0->valuestring : "";
+	a->mixtral = strncmp(arch, "Mixtral", 7) == 0;
+	a->qwen2_moe = strncmp(arch, "Qwen2Moe", 8) == 0;
+	int64_t local_experts = 0;
+	if ((rc = config_int(m, j, "hidden_size", 0, &a->hidden, err)) == CKFS_OK &&
+	    (rc = config_int(m, j, "num_attention_heads", 0, &a->nh, err)) == CKFS_OK &&
+	    (rc = config_int(m, j, "num_key_value_heads", a->nh, &a->nkv, err)) == CKFS_OK &&
+	    (rc = config_int(m, j, "head_dim", a->nh > 0 ? a->hidden / a->nh : 0, &a->head_dim,
+			     err)) == CKFS_OK &&
+	    (rc = config_int(m, j, "intermediate_size", 0, &a->ffn, err)) == CKFS_OK &&
+	    (rc = config_int(m, j, "vocab_size", 0, &a->vocab, err)) == CKFS_OK &&
+	    (rc = config_int(m, j, "num_hidden_layers", 0, &a->n_layers, err)) == CKFS_OK &&
+	    (rc = config_int(m, j, "num_local_experts", 0, &local_experts, err)) == CKFS_OK &&
+	    (rc = config_int(m, j, "num_experts", local_experts, &a->n_experts, err)) == CKFS_OK &&
+	    (rc = config_int(m, j, "shared_expert_intermediate_size", 0, &a->shared_ffn,
+			     err)) == CKFS_OK)
+		/* Mixtral's experts are intermediate_size wide, the others'
+		 * moe_intermediate_size (0 when absent: no width is guessed). */
+		rc = config_int(m, j, ckfs_megatron_expert_width_key(a), 0, &a->expert_ffn,
+				err);
+	cJSON_Delete(j);
+	CKFS_TRY(rc);
+	if (a->hidden <= 0 || a->nh <= 0 || a->nkv <= 0 || a->head_dim <= 0 || a->n_layers <= 0)
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': needs hidden_size, "
+				 "num_attention_heads, num_key_value_heads and "
+				 "num_hidden_layers for a Megatron checkpoint", m->config_path);
+	if (a->nh % a->nkv)
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': num_attention_heads %lld is not a "
+				 "multiple of num_key_value_heads %lld", m->config_path,
+				 (long long)a->nh, (long long)a->nkv);
+	return CKFS_OK;
+}
+
+const char *ckfs_megatron_expert_width_key(const struct ckfs_megatron_arch *a)
+{
+	return a->mixtral ? "intermediate_size" : "moe_intermediate_size";
+}
+
+/* ---- names ---- */
+
+/* Layer-local suffixes, in Hugging Face's module order (the output order
+ * inside a layer: qkv and the fc1 halves take consecutive slots). */
+static const struct ckfs_megatron_key layer_keys[] = {
+	{ "self_attention.linear_qkv.weight", "weight", MG_QKV, 0 },
+	{ "self_attention.linear_qkv.bias", "bias", MG_QKV, 1 },
+	{ "self_attention.linear_proj.weight", "self_attn.o_proj.weight", MG_ROW, 6 },
+	{ "self_attention.linear_proj.bias", "self_attn.o_proj.bias", MG_REPLICATED, 7 },
+	{ "self_attention.q_layernorm.weight", "self_attn.q_norm.weight", MG_REPLICATED, 8 },
+	{ "self_attention.k_layernorm.weight", "self_attn.k_norm.weight", MG_REPLICATED, 9 },
+	{ "mlp.linear_fc1.weight", "mlp", MG_FC1, 10 },
+	{ "mlp.linear_fc2.weight", "mlp.down_proj.weight", MG_ROW, 12 },
+	{ "mlp.linear_fc2.bias", "mlp.down_proj.bias", MG_REPLICATED, 13 },
+	{ "input_layernorm.weight", "input_layernorm.weight", MG_REPLICATED, 14 },
+	{ "self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight",
+	  MG_REPLICATED, 14 },
+	{ "input_layernorm.bias", "input_layernorm.bias", MG_REPLICATED, 15 },
+	{ "self_attention.linear_qkv.layer_norm_bias", "input_layernorm.bias", MG_REPLICATED,
+	  15 },
+	{ "pre_mlp_layernorm.weight", "post_attention_layernorm.weight", MG_REPLICATED, 16 },
+	{ "mlp.linear_fc1.layer_norm_weight", "post_attention_layernorm.weight", MG_REPLICATED,
+	  16 },
+	{ "pre_mlp_layernorm.bias", "post_attention_layernorm.bias", MG_REPLICATED, 17 },
+	{ "mlp.linear_fc1.layer_norm_bias", "post_attention_layernorm.bias", MG_REPLICATED,
+	  17 },
+	{ "mlp.router.weight", "gate.weight", MG_ROUTER, MG_ORDER_ROUTER },
+	{ "mlp.router.expert_bias", "gate.e_score_correction_bias", MG_ROUTER,
+	  MG_ORDER_ROUTER + 1 },
+	{ "mlp.shared_experts.linear_fc1.weight", "mlp.shared_expert", MG_SHARED_FC1,
+	  MG_ORDER_SHARED },
+	{ "mlp.shared_experts.linear_fc2.weight", "mlp.shared_expert.down_proj.weight",
+	  MG_SHARED_ROW, MG_ORDER_SHARED + 2 },
+	{ "mlp.shared_experts.gate_weight", "mlp.shared_expert_gate.weight",
+	  MG_SHARED_REPLICATED, MG_ORDER_SHARED + 3 },
+};
+
+const struct ckfs_megatron_key *ckfs_megatron_layer_entry(const struct ckfs_megatron_arch *a,
+							  const char *rest)
+{
+	for (size_t k = 0; k < sizeof(layer_keys) / sizeof(layer_keys[0]); k++) {
+		const struct ckfs_megatron_key *e = &layer_keys[k];
+		if (strcmp(rest, e->mg) != 0)
+			continue;
+		/* Shared experts: Qwen2-MoE's names only (DeepSeek's
+		 * shared_experts are not read yet). */
+		if ((e->part == MG_SHARED_FC1 || e->part == MG_SHARED_ROW ||
+		     e->part == MG_SHARED_REPLICATED) && !a->qwen2_moe)
+			return NULL;
+		return e;
+	}
+	return NULL;
+}
+
+int ckfs_megatron_layer_key(const char *key, long *layer, const char **rest)
+{
+	static const char pfx[] = "decoder.layers.";
+	const char *p = key + sizeof(pfx) - 1;
+	char *end;
+
+	if (strncmp(key, pfx, sizeof(pfx) - 1) != 0)
+		return 0;
+	if (!isdigit((unsigned char)*p)) {
+		*layer = -1;
+		*rest = p;
+		return 1;
+	}
+	*layer = strtol(p, &end, 10);
+	if (*end != '.' || *layer < 0 || *layer > 1000000)
+		return 0;
+	*rest = end + 1;
+	return 1;
+}
+
+const char *ckfs_megatron_top_name(const char *key)
+{
+	static const char *const names[][2] = {
+		{ "embedding.word_embeddings.weight", "model.embed_tokens.weight" },
+		{ "output_layer.weight", "lm_head.weight" },
+		{ "decoder.final_layernorm.weight", "model.norm.weight" },
+		{ "decoder.final_layernorm.bias", "model.norm.bias" },
+	};
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (strcmp(key, names[i][0]) == 0)
+			return names[i][1];
+	return NULL;
+}
+
+void ckfs_megatron_name(const struct ckfs_megatron_arch *a, long layer,
+			const struct ckfs_megatron_key *k, int part, char *out, size_t cap)
+{
+	static const char *const qkv[3] = { "q_proj", "k_proj", "v_proj" };
+	static const char *const fc1[2] = { "gate_proj", "up_proj" };
+
+	switch (k->part) {
+	case MG_QKV:
+		snprintf(out, cap, "model.layers.%ld.self_attn.%s.%s", layer, qkv[part], k->hf);
+		break;
+	case MG_FC1:
+	case MG_SHARED_FC1:
+		snprintf(out, cap, "model.layers.%ld.%s.%s.weight", layer, k->hf, fc1[part]);
+		break;
+	case MG_ROUTER:
+		snprintf(out, cap, "model.layers.%ld.%s.%s", layer,
+			 a->mixtral ? "block_sparse_moe" : "mlp", k->hf);
+		break;
+	default:
+		snprintf(out, cap, "model.layers.%ld.%s", layer, k->hf);
+		break;
+	}
+}
+
+void ckfs_megatron_expert_name(const struct ckfs_megatron_arch *a, long layer, int64_t expert,
+			       int which, char *out, size_t cap)
+{
+	static const char *const qwen[3] = { "gate_proj", "up_proj", "down_proj" };
+	static const char *const mixtral[3] = { "w1", "w3", "w2" };
+
+	if (a->mixtral)
+		snprintf(out, cap, "model.layers.%ld.block_sparse_moe.experts.%lld.%s.weight",
+			 layer, (long long)expert, mixtral[which]);
+	else
+		snprintf(out, cap, "model.layers.%ld.mlp.experts.%lld.%s.weight", layer,
+			 (long long)expert, qwen[which]);
+}
+
+/* ---- keys not understood ---- */
+
+void ckfs_megatron_unknown(struct ckfs_megatron_unknown *u, const char *key)
+{
+	size_t l = strlen(u->list);
+
+	if (u->n++ < 8)
+		snprintf(u->list + l, sizeof(u->list) - l, "%s'%s'", l ? ", " : "", key);
+}
+
+enum ckfs_code ckfs_megatron_unknown_fail(const struct ckfs_megatron_unknown *u,
+					  const char *where, struct ckfs_error *err)
+{
+	if (!u->n)
+		return CKFS_OK;
+	return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': %zu Megatron keys not understood: "
+			 "%s%s (--raw-names serves them under their own names)", where, u->n,
+			 u->list, u->n > 8 ? ", ..." : "");
+}

@@ -1,0 +1,84 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Output tensors under construction (src/layouts/layouts.h): readers that
+ * cut their source tensors into other tensors (Megatron's fused QKV and
+ * gate/up, expert stacks) collect each output's chunks here, then hand
+ * the list to the model as validated tensors.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "layouts/layouts.h"
+
+struct ckfs_out *ckfs_outs_add(struct ckfs_model *m, struct ckfs_outs *l, const char *name,
+			       const char *placement, int ndim, const int64_t *shape,
+			       enum ckfs_dtype dtype, struct ckfs_error *err)
+{
+	if (l->n == l->cap) {
+		size_t cap = l->cap ? 2 * l->cap : 64;
+		struct ckfs_out *v = realloc(l->v, cap * sizeof(*v));
+		if (!v) {
+			ckfs_nomem(err);
+			return NULL;
+		}
+		l->v = v;
+		l->cap = cap;
+	}
+	struct ckfs_out *o = &l->v[l->n];
+	memset(o, 0, sizeof(*o));
+	if (!(o->name = ckfs_arena_strdup(&m->arena, name))) {
+		ckfs_nomem(err);
+		return NULL;
+	}
+	o->placement = placement;
+	o->dtype = dtype;
+	o->ndim = ndim;
+	memcpy(o->shape, shape, sizeof(int64_t) * (size_t)ndim);
+	l->n++;
+	return o;
+}
+
+void ckfs_outs_release(struct ckfs_outs *l)
+{
+	for (size_t i = 0; i < l->n; i++)
+		free(l->v[i].chunks.v);
+	free(l->v);
+	memset(l, 0, sizeof(*l));
+}
+
+enum ckfs_code ckfs_outs_to_model(struct ckfs_model *m, const struct ckfs_outs *l,
+				  enum ckfs_dtype out_dtype, const char *label,
+				  struct ckfs_error *err)
+{
+	m->tensors = ckfs_arena_calloc(&m->arena, l->n + 1, sizeof(*m->tensors));
+	if (!m->tensors)
+		return ckfs_nomem(err);
+	m->n_tensors = 0;
+	for (size_t k = 0; k < l->n; k++) {
+		const struct ckfs_out *o = &l->v[k];
+		struct ckfs_tensor *t = &m->tensors[m->n_tensors];
+		t->name = o->name;
+		t->placement = o->placement;
+		t->stored_dtype = o->dtype;
+		t->out_dtype = out_dtype == CKFS_DTYPE_INVALID ? o->dtype : out_dtype;
+		t->ndim = o->ndim;
+		memcpy(t->shape, o->shape, sizeof(t->shape));
+		t->numel = 1;
+		for (int d = 0; d < t->ndim; d++)
+			if (__builtin_mul_overflow(t->numel, (uint64_t)t->shape[d], &t->numel))
+				return ckfs_fail(err, CKFS_E_FORMAT, "tensor '%s': shape "
+						 "overflows", t->name);
+		t->n_chunks = (uint32_t)o->chunks.n;
+		t->chunks = ckfs_arena_calloc(&m->arena, o->chunks.n + 1, sizeof(*t->chunks));
+		if (!t->chunks)
+			return ckfs_nomem(err);
+		if (o->chunks.n)
+			memcpy(t->chunks, o->chunks.v, o->chunks.n * sizeof(*t->chunks));
+		if (ckfs_plan_validate_tensor(m, t, err) != CKFS_OK) {
+			ckfs_error_prefix(err, "'%s'", label);
+			return err->code;
+		}
+		m->n_tensors++;
+	}
+	return CKFS_OK;
+}
