@@ -39,28 +39,36 @@ int ckfs_cli_report(const struct ckfs_error *err)
 	return 1;
 }
 
+/* fmt's message, escaped as every message is (include/ckfs/text.h). */
+CKFS_PRINTF(3, 0)
+static void escaped(char *line, size_t size, const char *fmt, va_list ap)
+{
+	char raw[2048];
+
+	vsnprintf(raw, sizeof(raw), fmt, ap);
+	ckfs_text_escape(line, size, raw);
+}
+
 int ckfs_cli_usage_error(const char *cmd, const char *fmt, ...)
 {
-	char raw[2048], line[2048];
+	char line[2048];
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(raw, sizeof(raw), fmt, ap);
+	escaped(line, sizeof(line), fmt, ap);
 	va_end(ap);
-	ckfs_text_escape(line, sizeof(line), raw);
 	fprintf(stderr, "ckfs %s: %s\nTry 'ckfs %s --help'.\n", cmd, line, cmd);
 	return 2;
 }
 
 void ckfs_cli_say(const char *fmt, ...)
 {
-	char raw[2048], line[2048];
+	char line[2048];
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(raw, sizeof(raw), fmt, ap);
+	escaped(line, sizeof(line), fmt, ap);
 	va_end(ap);
-	ckfs_text_escape(line, sizeof(line), raw);
 	fprintf(stderr, "ckfs: %s\n", line);
 }
 
