@@ -87,7 +87,8 @@ static const struct cli_opt opt_umask = {
 static const struct cli_opt *const mount_opts[] = {
 	&opt_foreground, &opt_debug, &opt_options, &cli_opt_dtype, &cli_opt_max_shard_size,
 	&opt_cache_size, &opt_threads, &opt_readahead, &cli_opt_config,
-	&cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_log_level,
+	&cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_lora, &cli_opt_base,
+	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_log_level,
 	&opt_prefetch_threads, &opt_slice_size, &opt_kernel_readahead, &opt_uid, &opt_gid,
 	&opt_umask, NULL,
 };
@@ -333,7 +334,7 @@ int ckfs_cmd_mount(int argc, char **argv)
 			.kernel_readahead_kb = DEFAULT_KERNEL_READAHEAD_KB,
 		},
 	};
-	char src[PATH_MAX], mnt[PATH_MAX], config[PATH_MAX], *fo = NULL;
+	char src[PATH_MAX], mnt[PATH_MAX], config[PATH_MAX], base[PATH_MAX], *fo = NULL;
 	int first;
 
 	int rc = cli_parse(&ckfs_cmd_mount_def, argc, argv, mount_apply, &a, &first);
@@ -355,6 +356,9 @@ int ckfs_cmd_mount(int argc, char **argv)
 	if (a.mo.model.config_path)
 		a.mo.model.config_path = realpath(a.mo.model.config_path, config)
 						 ? config : a.mo.model.config_path;
+	if (a.mo.model.base_path)
+		a.mo.model.base_path = realpath(a.mo.model.base_path, base)
+					       ? base : a.mo.model.base_path;
 	if ((rc = fuse_options(&a, &fo)) != 0)
 		goto out;
 	a.mo.fuse_opts = fo;
