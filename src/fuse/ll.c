@@ -295,8 +295,12 @@ static void fill_stat(const struct ckfs_fs *fs, fuse_ino_t ino, struct stat *st)
 	st->st_mtim = fs->folder->mtime;
 	st->st_ctim = fs->folder->mtime;
 	if (!n || n->kind == CKFS_NODE_DIR) {
+		const size_t *list = n ? n->children : fs->folder->top;
+		size_t n_list = n ? n->n_children : fs->folder->n_top;
 		st->st_mode = S_IFDIR | (n ? fs->node_modes[ino - 2] : fs->root_mode);
-		st->st_nlink = 2;
+		st->st_nlink = 2; /* and one per folder inside: find(1) counts on it */
+		for (size_t i = 0; i < n_list; i++)
+			st->st_nlink += fs->folder->nodes[list[i]].kind == CKFS_NODE_DIR;
 		st->st_size = 4096;
 		st->st_blocks = 8;
 		return;

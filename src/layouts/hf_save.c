@@ -167,20 +167,20 @@ enum ckfs_code ckfs_hf_save_name(const struct ckfs_model *m, const char *name, b
 static enum ckfs_code rename_all(struct ckfs_model *m, struct ckfs_error *err)
 {
 	const struct vlm *v = vlm_of(m);
-	bool held = false;
+	const char *first_held = NULL;
 	char buf[1024];
 
-	for (size_t i = 0; i < m->n_tensors; i++)
-		held |= ckfs_hf_held_as_vlm(m->tensors[i].name);
+	for (size_t i = 0; i < m->n_tensors && !first_held; i++)
+		if (ckfs_hf_held_as_vlm(m->tensors[i].name))
+			first_held = m->tensors[i].name;
+	if (first_held && !v)
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s' is a vision-language "
+				 "model's name held in memory, and ckfs does not know how "
+				 "transformers saves model_type %s", m->src_dir, first_held,
+				 m->model_type ? m->model_type : "(none)");
 	for (size_t i = 0; i < m->n_tensors; i++) {
 		struct ckfs_tensor *t = &m->tensors[i];
-		if (held && !v)
-			return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s' is a "
-					 "vision-language model's name held in memory, and ckfs "
-					 "does not know how transformers saves model_type %s",
-					 m->src_dir, t->name,
-					 m->model_type ? m->model_type : "(none)");
-		CKFS_TRY(ckfs_hf_save_name(m, t->name, held, buf, sizeof(buf), err));
+		CKFS_TRY(ckfs_hf_save_name(m, t->name, first_held != NULL, buf, sizeof(buf), err));
 		if (strcmp(buf, t->name) != 0 && !(t->name = ckfs_arena_strdup(&m->arena, buf)))
 			return ckfs_nomem(err);
 	}
@@ -264,8 +264,11 @@ static enum ckfs_code split_experts(struct ckfs_model *m, struct ckfs_error *err
 		const struct ckfs_tensor *t = &m->tensors[i];
 		if (!is_fused_stack(t->name))
 			continue;
-		if (!x || ends_with(t->name, "_bias") ||
-		    (!ends_with(t->name, gate_up_suffix) && !ends_with(t->name, down_suffix)))
+		if (ends_with(t->name, "_bias"))
+			return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s' is a fused expert "
+					 "bias, and ckfs does not know how transformers saves "
+					 "those", m->src_dir, t->name);
+		if (!x || (!ends_with(t->name, gate_up_suffix) && !ends_with(t->name, down_suffix)))
 			return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s' is a fused expert "
 					 "stack, and ckfs does not know how transformers saves "
 					 "those of model_type %s", m->src_dir, t->name,

@@ -239,10 +239,7 @@ static enum ckfs_code read_meta(struct split *s, struct ckfs_error *err)
 		return ckfs_nomem(err);
 	if (!ckfs_path_exists(path))
 		return ckfs_model_warn(m, err, "no lora_train_meta.json: r %lld from the "
-				       "adapter weights, lora_alpha %s", (long long)l->r,
-				       s->opt->lora_alpha ? "from --lora-alpha"
-							  : "0 as verl writes it (pass "
-							    "--lora-alpha to set it)");
+				       "adapter weights", (long long)l->r);
 	CKFS_TRY(ckfs_model_read_meta(m, path, CKFS_MAX_JSON_BYTES, &text, &len, err));
 	enum ckfs_code rc = ckfs_json_parse_object(path, text, len, &j, err);
 	free(text);
@@ -287,9 +284,10 @@ static enum ckfs_code settle_config(struct split *s, struct ckfs_error *err)
 				 "(lora_train_meta.json): --lora=fuse needs it; pass "
 				 "--lora-alpha N as trained", m->src_dir);
 	if (l->alpha == 0)
-		CKFS_TRY(ckfs_model_warn(m, err, "lora_alpha is 0 in adapter_config.json, as "
-					 "verl writes it when lora_train_meta.json does not "
-					 "record it: the adapter does nothing until it is set"));
+		CKFS_TRY(ckfs_model_warn(m, err, "lora_alpha is not recorded: 0 in "
+					 "adapter_config.json, as verl writes it, and the adapter "
+					 "does nothing until it is set (pass --lora-alpha N as "
+					 "trained)"));
 	return CKFS_OK;
 }
 
