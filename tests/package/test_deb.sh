@@ -219,3 +219,4 @@ if ! diff -u "$WORK/before" "$WORK/after" >"$WORK/diff"; then
 	fail "the root's files differ from before the install (diff above)"
 fi
 say "PASS: nothing of the package is left, and the root's file list is as before"
+echo "package_deb: 1 passed, 0 failed"
