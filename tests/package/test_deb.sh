@@ -19,7 +19,9 @@
 #      the root's file list as it was before the install.
 # Usage: test_deb.sh BUILD_DIR. Exit 0 pass, 1 fail, 77 only when this
 # machine cannot run it at all (not root, no /dev/fuse), saying why.
-set -euo pipefail
+set -Eeuo pipefail
+# Whatever fails unchecked still says where (never a silent exit).
+trap 'printf "test_deb: FAIL: line %s: %s\n" "$LINENO" "$BASH_COMMAND" >&2' ERR
 
 BUILD=$(cd "${1:?usage: test_deb.sh BUILD_DIR}" && pwd)
 CKFS_ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -89,10 +91,13 @@ depends=$(dpkg-deb -f "$DEB" Depends)
 say "Depends: $depends"
 grep -qE '(^|, )fuse3(,|$| )' <<<"$depends" || fail "Depends lacks fuse3"
 for lib in $(objdump -p "$BUILD/ckfs" | awk '$1 == "NEEDED" { print $2 }'); do
-	path=$(ldconfig -p | awk -v l="$lib" '$1 == l { print $NF; exit }')
+	# (awk reads every line: an early exit would kill the writer with SIGPIPE)
+	path=$(ldconfig -p | awk -v l="$lib" '$1 == l && !p { p = $NF } END { print p }')
 	[ -n "$path" ] || fail "the binary needs $lib, which ldconfig does not know"
-	pkg=$(dpkg -S "$(readlink -f "$path")" 2>/dev/null | head -1 | cut -d: -f1) ||
-		pkg=$(dpkg -S "$path" | head -1 | cut -d: -f1)
+	pkg=$(dpkg -S "$(readlink -f "$path")" 2>/dev/null | awk -F: 'NR == 1 { print $1 }') || pkg=
+	[ -n "$pkg" ] || pkg=$(dpkg -S "$path" 2>/dev/null | awk -F: 'NR == 1 { print $1 }') ||
+		fail "no package ships $path ($lib)"
+	[ -n "$pkg" ] || fail "no package ships $path ($lib)"
 	grep -qE "(^|, )$pkg( |,|$)" <<<"$depends" || fail "Depends lacks $pkg (for $lib)"
 done
 
@@ -172,7 +177,8 @@ mkdir -p /mnt/merged
 ckfs mount /srv/ckpt /mnt/merged 2>/tmp/mount.log || { cat /tmp/mount.log; fail "ckfs mount failed"; }
 cmp /mnt/merged/model.safetensors /srv/expected/model.safetensors ||
 	fail "the mounted model.safetensors differs from verl's"
-ckfs stats --prometheus /mnt/merged | grep -q '^ckfs_read_bytes_total{mountpoint="/mnt/merged"} [1-9]' ||
+metrics=$(ckfs stats --prometheus /mnt/merged) || fail "ckfs stats --prometheus failed"
+grep -q '^ckfs_read_bytes_total{mountpoint="/mnt/merged"} [1-9]' <<<"$metrics" ||
 	fail "ckfs stats --prometheus shows no bytes read"
 ckfs umount /mnt/merged || fail "ckfs umount failed"
 say "ckfs mount: model.safetensors byte-identical to verl's merger output; unmounted"
