@@ -62,7 +62,7 @@ const struct cli_opt cli_opt_json = {
 	OPT_JSON, "json", 'j', NULL, NULL, "print JSON"
 };
 
-static const struct cli_opt opt_help = { 0, "help", 'h', NULL, NULL, "show this help" };
+const struct cli_opt cli_opt_help = { 0, "help", 'h', NULL, NULL, "show this help" };
 
 static size_t count(const struct cli_command *cmd)
 {
@@ -200,7 +200,7 @@ void cli_help(const struct cli_command *cmd, FILE *to)
 	fprintf(to, "usage: ckfs %s [options] %s\n%s\n\nOptions:\n", cmd->name, cmd->args,
 		cmd->about);
 	for (const struct cli_opt *const *p = cmd->opts;; p++) {
-		const struct cli_opt *o = *p ? *p : &opt_help;
+		const struct cli_opt *o = *p ? *p : &cli_opt_help;
 		if (!o->name) {
 			keys_only = 1;
 		} else {

@@ -29,6 +29,9 @@ enum cli_opt_id {
 	OPT_GID, OPT_UMASK,
 	/* umount */
 	OPT_LAZY,
+	/* stats */
+	OPT_PROMETHEUS,
+	OPT_ID_END /* one past the last */
 };
 
 struct cli_opt {
@@ -58,6 +61,8 @@ extern const struct cli_command *const ckfs_commands[];
 extern const struct cli_opt cli_opt_dtype, cli_opt_max_shard_size, cli_opt_config,
 	cli_opt_follow_symlinks, cli_opt_raw_names, cli_opt_log_level, cli_opt_json,
 	cli_opt_lora, cli_opt_base, cli_opt_lora_alpha, cli_opt_rslora;
+/* -h, --help: implied in every command (after its table). */
+extern const struct cli_opt cli_opt_help;
 
 /* apply(ctx, opt, value) for each option given (value NULL for a flag):
  * 0, or the exit status to stop with (2 for a usage error, reported by
