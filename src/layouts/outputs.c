@@ -97,7 +97,8 @@ enum ckfs_code ckfs_tensor_cut(struct ckfs_model *m, const struct ckfs_tensor *r
 	if (rc == CKFS_OK && (!out->name || !out->chunks))
 		rc = ckfs_nomem(err);
 	if (rc == CKFS_OK) {
-		memcpy(out->chunks, l.v, l.n * sizeof(*l.v));
+		if (l.n)
+			memcpy(out->chunks, l.v, l.n * sizeof(*l.v));
 		out->n_chunks = (uint32_t)l.n;
 		out->placement = r->placement;
 		out->stored_dtype = r->stored_dtype;

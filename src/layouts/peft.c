@@ -403,10 +403,14 @@ static enum ckfs_code take_tensors(struct ckfs_model *m, struct ckfs_model *b,
 		if (!ts[i].chunks || !ts[i].copies)
 			return ckfs_nomem(err);
 	}
-	memcpy(src, m->sources, m->n_sources * sizeof(*src));
-	memcpy(src + m->n_sources, b->sources, b->n_sources * sizeof(*src));
-	memcpy(meta, m->meta_files, m->n_meta_files * sizeof(*meta));
-	memcpy(meta + m->n_meta_files, b->meta_files, b->n_meta_files * sizeof(*meta));
+	if (m->n_sources) /* (memcpy from NULL is undefined, even of 0 bytes) */
+		memcpy(src, m->sources, m->n_sources * sizeof(*src));
+	if (b->n_sources)
+		memcpy(src + m->n_sources, b->sources, b->n_sources * sizeof(*src));
+	if (m->n_meta_files)
+		memcpy(meta, m->meta_files, m->n_meta_files * sizeof(*meta));
+	if (b->n_meta_files)
+		memcpy(meta + m->n_meta_files, b->meta_files, b->n_meta_files * sizeof(*meta));
 	size_t n_meta = m->n_meta_files + b->n_meta_files;
 	if (b->config_path)
 		meta[n_meta++] = b->config_access;
