@@ -11,6 +11,27 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/*
+ * A hot loop built for AVX2 and AVX-512 too, the best picked at load time,
+ * and vectorised (gcc's -O2 cost model often declines to), without fused
+ * multiply-adds the source does not write: results are the same bytes on
+ * every machine. Not under TSan: the load-time resolver runs instrumented
+ * before the TSan runtime is up and crashes every program at start.
+ */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
+	!defined(__SANITIZE_THREAD__)
+#define CKFS_VECTOR_CLONES                                                            \
+	__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) \
+	__attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic",          \
+				"fp-contract=off")))
+#elif defined(__GNUC__) && !defined(__clang__)
+#define CKFS_VECTOR_CLONES                                                            \
+	__attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic",          \
+				"fp-contract=off")))
+#else
+#define CKFS_VECTOR_CLONES
+#endif
+
 enum ckfs_dtype {
 	CKFS_DTYPE_INVALID = 0,
 	CKFS_DTYPE_F64,
@@ -55,6 +76,9 @@ void ckfs_convert(enum ckfs_dtype to, void *dst, enum ckfs_dtype from,
 /* Scalar helpers, exposed for tests. */
 uint16_t ckfs_f32_to_bf16(uint32_t bits);
 uint16_t ckfs_f32_to_f16(uint32_t bits);
+/* torch's float -> float8_e4m3fn: round to nearest even, subnormals kept,
+ * 480 and above, Inf and NaN to NaN (0x7F) with the sign kept. */
+uint8_t ckfs_f32_to_f8e4m3(uint32_t bits);
 uint32_t ckfs_f16_to_f32(uint16_t h);
 uint32_t ckfs_bf16_to_f32(uint16_t h);
 double ckfs_dtype_load_double(enum ckfs_dtype t, const void *p);

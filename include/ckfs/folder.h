@@ -81,16 +81,28 @@ enum ckfs_code ckfs_folder_read(const struct ckfs_folder *f,
 				struct ckfs_read_scratch *scratch,
 				struct ckfs_error *err) CKFS_WARN_UNUSED;
 
+/* What config.json is rendered with. */
+struct ckfs_config_edits {
+	const char *dtype;          /* the dtype keys' value ("bfloat16") */
+	const char *model_type;     /* per-model rules; NULL when unknown */
+	const char *quantization;   /* a JSON object for "quantization_config";
+				     * NULL: none added */
+};
+
 /*
  * config.json for the output (config_json.c): the source text with the
- * dtype keys of the top level and of its sub-configs set to dtype_name,
- * attn_implementation dropped, and for Qwen2-VL / Qwen2.5-VL (model_type,
- * NULL when unknown) the top-level token ids; everything else byte for
- * byte. Returns a malloc'd NUL-terminated string.
+ * dtype keys of the top level and of its sub-configs set to e->dtype,
+ * attn_implementation dropped, for Qwen2-VL / Qwen2.5-VL the top-level
+ * token ids dropped, and e->quantization as "quantization_config";
+ * everything else byte for byte. Returns a malloc'd NUL-terminated string.
  */
-enum ckfs_code ckfs_render_config(const char *json, size_t len, const char *dtype_name,
-				  const char *model_type, char **out, size_t *out_len,
+enum ckfs_code ckfs_render_config(const char *json, size_t len, const struct ckfs_config_edits *e,
+				  char **out, size_t *out_len,
 				  struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* quantization_config for --dtype fp8: block-wise e4m3 with dynamic
+ * activations, the modules left unquantized listed (malloc'd). */
+enum ckfs_code ckfs_fp8_quantization_json(const char *const *unconverted, size_t n, char **out,
+					  struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /* lora_adapter/adapter_config.json (adapter.c): peft's LoraConfig as verl
  * writes it. Returns a malloc'd NUL-terminated string. */

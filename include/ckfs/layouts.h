@@ -16,7 +16,9 @@
 #include "ckfs/model.h"
 
 struct ckfs_model_options {
-	/* Output dtype; CKFS_DTYPE_INVALID keeps each tensor as stored. */
+	/* Output dtype; CKFS_DTYPE_INVALID keeps each tensor as stored;
+	 * CKFS_DTYPE_F8_E4M3 is --dtype fp8 (block-quantized linear weights,
+	 * bf16 for the rest: src/layouts/fp8.c). */
 	enum ckfs_dtype out_dtype;
 	/* --config: a config.json, or a folder holding one; NULL for the
 	 * checkpoint's huggingface/config.json. */
@@ -37,6 +39,10 @@ struct ckfs_model_options {
 	const char *base_path;
 	int64_t lora_alpha;
 	bool rslora;
+	/* --fp8-skip: weights --dtype fp8 leaves unquantized, a POSIX extended
+	 * regular expression against the served names; NULL for the default
+	 * (vision towers; src/layouts/fp8.c). */
+	const char *fp8_skip;
 };
 
 /* Open SRC: a verl actor/critic folder (FSDP rank files, legacy Megatron

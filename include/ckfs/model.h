@@ -23,6 +23,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <sys/types.h>
 #include <time.h>
@@ -79,6 +80,46 @@ struct ckfs_tensor {
 	/* --lora=fuse: the LoRA pair added to this (base) tensor on read;
 	 * NULL for plain tensors. */
 	struct ckfs_lora_pair *lora;
+	/* --dtype fp8: the block quantization this tensor is the values
+	 * (out_dtype F8_E4M3) or the scales (fp8_scales, F32, no chunks) of;
+	 * NULL for other tensors. */
+	struct ckfs_fp8 *fp8;
+	bool fp8_scales;
+};
+
+/*
+ * Block-wise FP8 of a 2-D weight W [rows, cols] (src/model/fp8.c): per
+ * block of CKFS_FP8_BLOCK x CKFS_FP8_BLOCK (partial at the edges) a scale
+ * s = amax(|block|) / 448 (1 for an all-zero block), and values
+ * float8_e4m3fn(clamp(W / s, -448, 448)). The scales of a block row are
+ * computed on the first read that needs them, from the whole block row,
+ * and kept: a later read of any rows in it reads only those rows.
+ */
+#define CKFS_FP8_BLOCK 128
+struct ckfs_fp8 {
+	const struct ckfs_tensor *values; /* the weight, served as F8_E4M3 */
+	int64_t rows, cols, block_rows, block_cols;
+	float *scales;                  /* block_rows x block_cols */
+	_Atomic unsigned char *ready;   /* per block row: unknown, being
+					 * computed, set (fp8.c) */
+	pthread_mutex_t lock;           /* guards the states' changes */
+	pthread_cond_t done;            /* a block row was computed */
+};
+
+/* Block rows quantized whole and kept for the reads that want them
+ * (fp8.c): up to CKFS_FP8_KEPT block rows and CKFS_FP8_KEPT_BYTES, least
+ * recently used first out. */
+#define CKFS_FP8_KEPT 1024
+#define CKFS_FP8_KEPT_BYTES (128u << 20)
+struct ckfs_fp8_kept {
+	pthread_mutex_t lock;
+	uint64_t clock, bytes;
+	struct {
+		const struct ckfs_fp8 *q;
+		int64_t block_row;
+		unsigned char *bytes;   /* malloc'd; NULL: a free slot */
+		uint64_t size, used;
+	} slot[CKFS_FP8_KEPT];
 };
 
 /*
@@ -155,6 +196,13 @@ struct ckfs_model {
 	const char *model_type;         /* config.json's; NULL when absent */
 	/* A LoRA actor's adapter; NULL for other models. */
 	struct ckfs_lora *lora;
+	/* --dtype fp8: one per quantized weight (src/layouts/fp8.c), and the
+	 * modules left unquantized, as transformers names them. */
+	struct ckfs_fp8 *fp8;
+	size_t n_fp8;
+	const char **fp8_unconverted;
+	size_t n_fp8_unconverted;
+	struct ckfs_fp8_kept *fp8_kept;
 	/* --base: the model the base weights were taken from (its sources
 	 * moved into m's); freed with m. */
 	struct ckfs_model *base;
@@ -202,6 +250,8 @@ struct ckfs_read_scratch {
 	void *buf;                      /* bounce buffer */
 	size_t cap;
 	float *fused;                   /* fused LoRA reads (fuse.c) */
+	float *fp8;                     /* fp8 block rows (fp8.c) */
+	size_t fp8_cap;                 /* in elements */
 };
 void ckfs_read_scratch_release(struct ckfs_read_scratch *s);
 
@@ -216,6 +266,12 @@ enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
 				struct ckfs_read_scratch *scratch,
 				struct ckfs_error *err) CKFS_WARN_UNUSED;
 
+/* Internal to src/model: the read of an fp8 tensor (values or scales,
+ * fp8.c), called by ckfs_tensor_read. */
+enum ckfs_code ckfs_fp8_read(const struct ckfs_model *m, const struct ckfs_tensor *t,
+			     uint64_t first, uint64_t count, void *dst,
+			     struct ckfs_read_scratch *scratch,
+			     struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Internal to src/model: the read of a tensor with a LoRA pair (fuse.c),
  * called by ckfs_tensor_read. */
 enum ckfs_code ckfs_lora_read(const struct ckfs_model *m, const struct ckfs_tensor *t,

@@ -88,7 +88,7 @@ static const struct cli_opt *const mount_opts[] = {
 	&opt_foreground, &opt_debug, &opt_options, &cli_opt_dtype, &cli_opt_max_shard_size,
 	&opt_cache_size, &opt_threads, &opt_readahead, &cli_opt_config,
 	&cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_lora, &cli_opt_base,
-	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_log_level,
+	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_fp8_skip, &cli_opt_log_level,
 	&opt_prefetch_threads, &opt_slice_size, &opt_kernel_readahead, &opt_uid, &opt_gid,
 	&opt_umask, NULL,
 };

@@ -13,8 +13,9 @@
 
 const struct cli_opt cli_opt_dtype = {
 	OPT_DTYPE, "dtype", 0, "dtype", "T",
-	"output dtype: bf16 (default, as verl's merger), fp16, fp32, or auto "
-	"(each tensor as stored)"
+	"output dtype: bf16 (default, as verl's merger), fp16, fp32, auto "
+	"(each tensor as stored), or fp8 (linear weights block-quantized to "
+	"float8_e4m3fn with their scales, the rest bf16)"
 };
 const struct cli_opt cli_opt_max_shard_size = {
 	OPT_MAX_SHARD_SIZE, "max-shard-size", 0, "max_shard_size", "SIZE",
@@ -53,6 +54,11 @@ const struct cli_opt cli_opt_lora_alpha = {
 const struct cli_opt cli_opt_rslora = {
 	OPT_RSLORA, "rslora", 0, "rslora", NULL,
 	"the adapter was trained with rsLoRA: scale alpha / sqrt(r), not alpha / r"
+};
+const struct cli_opt cli_opt_fp8_skip = {
+	OPT_FP8_SKIP, "fp8-skip", 0, "fp8_skip", "REGEX",
+	"with --dtype fp8, weights whose names match REGEX (POSIX extended) stay "
+	"bf16; default: the vision tower and multimodal projector"
 };
 const struct cli_opt cli_opt_log_level = {
 	OPT_LOG_LEVEL, "log-level", 0, "log_level", "LEVEL",
@@ -285,6 +291,9 @@ int cli_apply_common(const struct cli_command *cmd, struct cli_common *c,
 	}
 	case OPT_RSLORA:
 		c->model.rslora = true;
+		return 0;
+	case OPT_FP8_SKIP:
+		c->model.fp8_skip = value;
 		return 0;
 	default:
 		return -1;

@@ -12,7 +12,10 @@
  *    override_config saves into the checkpoint, not part of the model;
  *  - Qwen2-VL and Qwen2.5-VL lose their top-level bos_token_id,
  *    eos_token_id and pad_token_id (their config class keeps those in
- *    text_config only).
+ *    text_config only);
+ *  - with --dtype fp8, "quantization_config" says so (its value replaced
+ *    in place, or the key added first), as transformers'
+ *    FineGrainedFP8Config and vLLM read it.
  *
  * Everything else is kept byte for byte. Keys are compared as JSON reads
  * them ("dt\u0079pe" is "dtype"), so no key escapes an edit by its spelling.
@@ -82,9 +85,9 @@ struct object {
 	size_t n;
 };
 
-/* The members of the object whose '{' is s[open]. */
-static enum ckfs_code scan_object(const char *s, size_t n, size_t open, struct object *o,
-				  struct ckfs_error *err)
+/* The members of the object whose '{' is s[open] (scan_object). */
+static enum ckfs_code scan_members(const char *s, size_t n, size_t open, struct object *o,
+				   struct ckfs_error *err)
 {
 	size_t i = open + 1, cap = 0;
 
@@ -125,6 +128,20 @@ static enum ckfs_code scan_object(const char *s, size_t n, size_t open, struct o
 	}
 	o->close = i;
 	return CKFS_OK;
+}
+
+/* The members of the object whose '{' is s[open]; o->v is the caller's to
+ * free on success, and freed on failure. */
+static enum ckfs_code scan_object(const char *s, size_t n, size_t open, struct object *o,
+				  struct ckfs_error *err)
+{
+	enum ckfs_code rc = scan_members(s, n, open, o, err);
+
+	if (rc != CKFS_OK) {
+		free(o->v);
+		o->v = NULL;
+	}
+	return rc;
 }
 
 /* Is the key of mb, decoded as JSON, want? Only the escapes a key of
@@ -190,10 +207,15 @@ static void put(struct out *o, const char *s, size_t n)
 	o->p[o->len] = '\0';
 }
 
+static void put_str(struct out *o, const char *s)
+{
+	put(o, s, strlen(s));
+}
+
 static void put_dtype(struct out *o, const char *dtype)
 {
 	put(o, "\"", 1);
-	put(o, dtype, strlen(dtype));
+	put_str(o, dtype);
 	put(o, "\"", 1);
 }
 
@@ -218,9 +240,10 @@ static enum ckfs_code put_sub_config(struct out *o, const char *s, size_t n, siz
 }
 
 /* Top-level keys the served file leaves out. */
-static int dropped(const char *s, const struct member *mb, const char *model_type)
+static int dropped(const char *s, const struct member *mb, const struct ckfs_config_edits *e)
 {
 	static const char *const token_ids[] = { "bos_token_id", "eos_token_id", "pad_token_id" };
+	const char *model_type = e->model_type;
 	int qwen2_vl = model_type && (strcmp(model_type, "qwen2_vl") == 0 ||
 				      strcmp(model_type, "qwen2_5_vl") == 0);
 
@@ -233,24 +256,32 @@ static int dropped(const char *s, const struct member *mb, const char *model_typ
 }
 
 static enum ckfs_code render(struct out *o, const char *s, size_t n, const struct object *top,
-			     const char *dtype, const char *model_type, struct ckfs_error *err)
+			     const struct ckfs_config_edits *e, struct ckfs_error *err)
 {
+	const char *dtype = e->dtype;
 	size_t kept = 0, done = 0;
-	int has_dtype = 0;
+	int has_dtype = 0, has_quant = 0;
 
 	for (size_t k = 0; k < top->n; k++) {
 		has_dtype |= is_dtype_key(s, &top->v[k]);
-		kept += !dropped(s, &top->v[k], model_type);
+		has_quant |= key_is(s, &top->v[k], "quantization_config");
+		kept += !dropped(s, &top->v[k], e);
 	}
 	put(o, s, top->open + 1);
-	if (!has_dtype) { /* first, in the file's own indentation style */
-		put(o, "\n  \"torch_dtype\": ", 18);
+	/* Added keys go first, in the file's own indentation style. */
+	if (!has_dtype) {
+		put_str(o, "\n  \"torch_dtype\": ");
 		put_dtype(o, dtype);
+		put(o, ",", kept || e->quantization ? 1 : 0);
+	}
+	if (e->quantization && !has_quant) {
+		put_str(o, "\n  \"quantization_config\": ");
+		put_str(o, e->quantization);
 		put(o, ",", kept ? 1 : 0);
 	}
 	for (size_t k = 0; k < top->n; k++) {
 		const struct member *mb = &top->v[k];
-		if (dropped(s, mb, model_type))
+		if (dropped(s, mb, e))
 			continue;
 		/* What leads up to the key: the spacing before the object's
 		 * first member, else the comma and spacing before this one. */
@@ -260,6 +291,8 @@ static enum ckfs_code render(struct out *o, const char *s, size_t n, const struc
 		put(o, s + mb->key, mb->val - mb->key);
 		if (is_dtype_key(s, mb))
 			put_dtype(o, dtype);
+		else if (e->quantization && key_is(s, mb, "quantization_config"))
+			put_str(o, e->quantization);
 		else if (s[mb->val] == '{')
 			CKFS_TRY(put_sub_config(o, s, n, mb->val, mb->val_end, dtype, err));
 		else
@@ -273,9 +306,8 @@ static enum ckfs_code render(struct out *o, const char *s, size_t n, const struc
 	return CKFS_OK;
 }
 
-enum ckfs_code ckfs_render_config(const char *s, size_t n, const char *dtype,
-				  const char *model_type, char **out, size_t *out_len,
-				  struct ckfs_error *err)
+enum ckfs_code ckfs_render_config(const char *s, size_t n, const struct ckfs_config_edits *e,
+				  char **out, size_t *out_len, struct ckfs_error *err)
 {
 	struct object top;
 	struct out o = { 0 };
@@ -284,7 +316,7 @@ enum ckfs_code ckfs_render_config(const char *s, size_t n, const char *dtype,
 	if (i >= n || s[i] != '{')
 		return ckfs_fail(err, CKFS_E_FORMAT, "config.json is not a JSON object");
 	CKFS_TRY(scan_object(s, n, i, &top, err));
-	enum ckfs_code rc = render(&o, s, n, &top, dtype, model_type, err);
+	enum ckfs_code rc = render(&o, s, n, &top, e, err);
 	free(top.v);
 	if (rc == CKFS_OK && o.failed)
 		rc = ckfs_nomem(err);
@@ -296,5 +328,47 @@ enum ckfs_code ckfs_render_config(const char *s, size_t n, const char *dtype,
 	}
 	*out = o.p;
 	*out_len = o.len;
+	return CKFS_OK;
+}
+
+/* A JSON string as json.dumps(ensure_ascii=False) writes it. */
+static void put_string(struct out *o, const char *s)
+{
+	char esc[8];
+
+	put(o, "\"", 1);
+	for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+		if (*c == '"' || *c == '\\') {
+			esc[0] = '\\';
+			esc[1] = (char)*c;
+			put(o, esc, 2);
+		} else if (*c < 0x20) {
+			snprintf(esc, sizeof(esc), "\\u%04x", *c);
+			put(o, esc, 6);
+		} else {
+			put(o, (const char *)c, 1);
+		}
+	}
+	put(o, "\"", 1);
+}
+
+enum ckfs_code ckfs_fp8_quantization_json(const char *const *unconverted, size_t n, char **out,
+					  struct ckfs_error *err)
+{
+	struct out o = { 0 };
+
+	put_str(&o, "{\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", "
+		    "\"modules_to_not_convert\": [");
+	for (size_t i = 0; i < n; i++) {
+		if (i)
+			put(&o, ", ", 2);
+		put_string(&o, unconverted[i]);
+	}
+	put_str(&o, "], \"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}");
+	if (o.failed) {
+		free(o.p);
+		return ckfs_nomem(err);
+	}
+	*out = o.p;
 	return CKFS_OK;
 }

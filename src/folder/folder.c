@@ -42,9 +42,12 @@ static int ts_newer(struct timespec a, struct timespec b)
 }
 
 /* The dtype config.json should announce: the output dtype, or with
- * --dtype auto the stored dtype of the first floating tensor. */
+ * --dtype auto the stored dtype of the first floating tensor; with
+ * --dtype fp8, bf16, the dtype of what is not quantized. */
 static const char *config_dtype(const struct ckfs_model *m)
 {
+	if (m->n_fp8)
+		return "bfloat16";
 	for (size_t i = 0; i < m->n_tensors; i++)
 		if (ckfs_dtype_is_float(m->tensors[i].out_dtype))
 			return ckfs_dtype_torch_name(m->tensors[i].out_dtype);
@@ -177,12 +180,19 @@ static enum ckfs_code add_model(struct ckfs_folder *f, const struct ckfs_folder_
 		CKFS_TRY(add_rendered(f, "model.safetensors.index.json", index,
 				      f->layout.index_len, NULL, &f->layout, err));
 	}
-	if (ckfs_render_config(m->config_json, m->config_len, config_dtype(m), m->model_type,
-			       &text, &len, err) != CKFS_OK) {
+	struct ckfs_config_edits e = { config_dtype(m), m->model_type, NULL };
+	char *quant = NULL;
+	if (m->n_fp8)
+		CKFS_TRY(ckfs_fp8_quantization_json(m->fp8_unconverted, m->n_fp8_unconverted,
+						    &quant, err));
+	e.quantization = quant;
+	enum ckfs_code rc = ckfs_render_config(m->config_json, m->config_len, &e, &text, &len,
+					       err);
+	free(quant);
+	if (rc != CKFS_OK) {
 		ckfs_error_prefix(err, "'%s'", m->config_path);
 		return err->code;
-	}
-	CKFS_TRY(add_rendered(f, "config.json", text, len, &m->config_access, NULL, err));
+	}	CKFS_TRY(add_rendered(f, "config.json", text, len, &m->config_access, NULL, err));
 	return add_side_files(f, err);
 }
 

@@ -338,6 +338,8 @@ static enum ckfs_code tensor_classes(struct walk *w, const struct ckfs_model *m,
 		CKFS_TRY(source_classes(w, m, t->chunks[k].source, cache, &c));
 		*out &= c;
 	}
+	if (t->fp8_scales && *out) /* computed from the weight */
+		CKFS_TRY(tensor_classes(w, m, t->fp8->values, cache, out));
 	if (t->lora && *out)
 		CKFS_TRY(tensor_classes(w, m, t->lora->a, cache, out));
 	if (t->lora && *out)

@@ -142,9 +142,19 @@ static int cmp_st_order(const void *a, const void *b)
 	return strcmp(x->name, y->name);
 }
 
+static int cmp_name_order(const void *a, const void *b)
+{
+	const struct ckfs_tensor *x = *(const struct ckfs_tensor *const *)a;
+	const struct ckfs_tensor *y = *(const struct ckfs_tensor *const *)b;
+
+	return strcmp(x->name, y->name);
+}
+
+/* by_name: data in name order rather than save_file's dtype order (fp8:
+ * each weight beside its scales). */
 static enum ckfs_code build_file(struct ckfs_st_layout *l, struct ckfs_st_file *f,
 				 const char *name, const struct ckfs_tensor **ts,
-				 size_t n, bool metadata, struct ckfs_error *err)
+				 size_t n, bool metadata, bool by_name, struct ckfs_error *err)
 {
 	struct sbuf b = { 0 };
 	uint64_t off = 0;
@@ -155,7 +165,7 @@ static enum ckfs_code build_file(struct ckfs_st_layout *l, struct ckfs_st_file *
 	if (!f->name || !f->tensors || !f->offsets)
 		return ckfs_nomem(err);
 	memcpy(f->tensors, ts, n * sizeof(*ts));
-	qsort(f->tensors, n, sizeof(*f->tensors), cmp_st_order);
+	qsort(f->tensors, n, sizeof(*f->tensors), by_name ? cmp_name_order : cmp_st_order);
 	f->n_tensors = n;
 
 	sb_str(&b, metadata ? "{\"__metadata__\":{\"format\":\"pt\"}" : "{");
@@ -328,7 +338,7 @@ enum ckfs_code ckfs_st_layout_build(const struct ckfs_model *m,
 		else
 			snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors",
 				 s + 1, n_shards);
-		rc = build_file(l, &l->files[s], name, buf, k, true, err);
+		rc = build_file(l, &l->files[s], name, buf, k, true, m->n_fp8 > 0, err);
 	}
 	if (rc == CKFS_OK && n_shards > 1)
 		rc = render_index(l, m, shard_of, err);
@@ -361,7 +371,7 @@ enum ckfs_code ckfs_st_layout_single(const struct ckfs_tensor *ts, size_t n, con
 	}
 	if (rc == CKFS_OK) {
 		l->n_files = 1;
-		rc = build_file(l, &l->files[0], name, buf, n, false, err);
+		rc = build_file(l, &l->files[0], name, buf, n, false, false, err);
 	}
 	free(buf);
 	if (rc != CKFS_OK)

@@ -168,6 +168,7 @@ enum ckfs_code ckfs_model_open(const char *src, const struct ckfs_model_options 
 	}
 	if ((rc = dispatch(m, src, opt, err)) != CKFS_OK ||
 	    (rc = check_base_option(m, opt, err)) != CKFS_OK ||
+	    (rc = ckfs_fp8_select(m, opt, err)) != CKFS_OK ||
 	    (rc = ckfs_plan_validate_names(m, err)) != CKFS_OK)
 		goto fail;
 	*out = m;

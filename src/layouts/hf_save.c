@@ -162,6 +162,35 @@ enum ckfs_code ckfs_hf_save_name(const struct ckfs_model *m, const char *name, b
 	return CKFS_OK;
 }
 
+enum ckfs_code ckfs_hf_memory_name(const struct ckfs_model *m, const char *disk, char *out,
+				   size_t cap, struct ckfs_error *err)
+{
+	const struct vlm *v = vlm_of(m);
+	const struct experts *e = experts_of(m);
+	const char *from = "", *rest = disk;
+	char tmp[1024];
+
+	/* the longest prefix of the model_type's written forms */
+	for (size_t k = 0; v && k < 4 && v->rules[k].from; k++)
+		if (starts_with(disk, v->rules[k].to) && strlen(v->rules[k].to) > (size_t)(rest - disk)) {
+			from = v->rules[k].from;
+			rest = disk + strlen(v->rules[k].to);
+		}
+	int n = snprintf(tmp, sizeof(tmp), "%s%s", from, rest);
+	const char *blk = NULL;
+	char mod[64];
+	if (e && strcmp(e->module, "mlp") != 0) {
+		snprintf(mod, sizeof(mod), ".%s.", e->module);
+		blk = strstr(tmp, mod);
+	}
+	if (n >= 0 && (size_t)n < sizeof(tmp))
+		n = blk ? snprintf(out, cap, "%.*s.mlp.%s", (int)(blk - tmp), tmp, blk + strlen(mod))
+			: snprintf(out, cap, "%s", tmp);
+	if (n < 0 || (size_t)n >= cap)
+		return ckfs_fail(err, CKFS_E_LIMIT, "'%s': name '%s' is too long", m->src_dir, disk);
+	return CKFS_OK;
+}
+
 /* Every name under its name on disk (vision-language prefixes, Mixtral's
  * block); names of a model_type ckfs has no rule for are refused. */
 static enum ckfs_code rename_all(struct ckfs_model *m, struct ckfs_error *err)

@@ -102,6 +102,10 @@ enum ckfs_code ckfs_hf_save_names(struct ckfs_model *m, const struct ckfs_model_
 enum ckfs_code ckfs_hf_save_name(const struct ckfs_model *m, const char *name, bool held,
 				 char *out, size_t cap, struct ckfs_error *err) CKFS_WARN_UNUSED;
 int ckfs_hf_held_as_vlm(const char *name);
+/* The reverse: the name transformers 5 holds a module or tensor written as
+ * disk by (for quantization_config's module lists). */
+enum ckfs_code ckfs_hf_memory_name(const struct ckfs_model *m, const char *disk, char *out,
+				   size_t cap, struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Does m hold PEFT names (base_model.model. or lora_)? */
 int ckfs_peft_names(const struct ckfs_model *m);
 /* A LoRA actor's tensors split into base (renamed) and adapter (m->lora);
@@ -112,6 +116,16 @@ enum ckfs_code ckfs_peft_split(struct ckfs_model *m, const struct ckfs_model_opt
  * base weight, and with --lora=fuse attached to it. */
 enum ckfs_code ckfs_peft_finish(struct ckfs_model *m, const struct ckfs_model_options *opt,
 				struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/* ---- fp8.c ---- */
+
+/* --dtype fp8: the weights served block-quantized, their scale tensors and
+ * the modules left as they are (m->fp8_unconverted); and, with any dtype
+ * but auto, a checkpoint already block-quantized refused. */
+enum ckfs_code ckfs_fp8_select(struct ckfs_model *m, const struct ckfs_model_options *opt,
+			       struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The default of --fp8-skip. */
+extern const char ckfs_fp8_default_skip[];
 
 /* ---- outputs.c: output tensors under construction ---- */
 

@@ -73,8 +73,7 @@ static enum ckfs_code pair_load(const struct ckfs_model *m, struct ckfs_lora_pai
 enum { COL_BLOCK = 64 };
 
 /* w[j] += scale * sum_k B[row][k] * A[k][c0 + j] for j < len. */
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-__attribute__((optimize("tree-vectorize", "fp-contract=off")))
+CKFS_VECTOR_CLONES
 static void add_row_delta(float *restrict w, const float *restrict a,
 			  const float *restrict brow, int64_t r, int64_t in, int64_t c0,
 			  size_t len, float scale)

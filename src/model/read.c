@@ -34,9 +34,12 @@ void ckfs_read_scratch_release(struct ckfs_read_scratch *s)
 {
 	free(s->buf);
 	free(s->fused);
+	free(s->fp8);
 	s->buf = NULL;
 	s->fused = NULL;
+	s->fp8 = NULL;
 	s->cap = 0;
+	s->fp8_cap = 0;
 }
 
 static void *scratch_get(struct ckfs_read_scratch *s, size_t n)
@@ -457,6 +460,8 @@ enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
 	if (first > t->numel || count > t->numel - first)
 		return ckfs_fail(err, CKFS_E_INVALID,
 				 "read past the end of tensor '%s'", t->name);
+	if (t->fp8)
+		return ckfs_fp8_read(m, t, first, count, dst, scratch, err);
 	if (t->lora)
 		return ckfs_lora_read(m, t, first, count, dst, scratch, err);
 	if (t->ndim == 0)

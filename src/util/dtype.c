@@ -244,6 +244,31 @@ double ckfs_dtype_load_double(enum ckfs_dtype t, const void *p)
 	}
 }
 
+uint8_t ckfs_f32_to_f8e4m3(uint32_t bits)
+{
+	const uint32_t sign = bits & 0x80000000u;
+	uint32_t u = bits ^ sign;
+	uint8_t r;
+
+	if (u >= 0x43F00000u) { /* 480 and up, Inf, NaN: e4m3fn has no Inf */
+		r = 0x7F;
+	} else if (u < (121u << 23)) {
+		/* Below the smallest normal (2^-6): the float addition rounds
+		 * to the subnormal grid, to nearest even, as c10 does. */
+		const float magic = 16384.0f; /* 2^14: bits 141 << 23 */
+		float f;
+		memcpy(&f, &u, 4);
+		f += magic;
+		memcpy(&u, &f, 4);
+		r = (uint8_t)(u - (141u << 23));
+	} else {
+		uint32_t odd = (u >> 20) & 1u;
+		u += ((uint32_t)(7 - 127) << 23) + 0x7FFFFu + odd;
+		r = (uint8_t)(u >> 20);
+	}
+	return r | (uint8_t)(sign >> 24);
+}
+
 /* Store a value given as float; for wide or integer targets use the exact
  * source value instead (see convert_generic). */
 static void store_from_float(enum ckfs_dtype t, unsigned char *p, float f)
@@ -252,6 +277,7 @@ static void store_from_float(enum ckfs_dtype t, unsigned char *p, float f)
 	case CKFS_DTYPE_F32: memcpy(p, &f, 4); break;
 	case CKFS_DTYPE_BF16: { uint16_t h = ckfs_f32_to_bf16(f32_bits(f)); memcpy(p, &h, 2); break; }
 	case CKFS_DTYPE_F16: { uint16_t h = ckfs_f32_to_f16(f32_bits(f)); memcpy(p, &h, 2); break; }
+	case CKFS_DTYPE_F8_E4M3: p[0] = ckfs_f32_to_f8e4m3(f32_bits(f)); break;
 	default: break;
 	}
 }
@@ -280,14 +306,7 @@ static void negate_in_place(enum ckfs_dtype t, unsigned char *p)
  * explicitly, and on x86-64 also built for AVX2 and AVX-512 with the best
  * picked at load time (2.3x the SSE2 loop's speed on AVX-512 hardware).
  */
-#if defined(__GNUC__) && !defined(__clang__)
-/* Not under TSan: the load-time resolver runs instrumented before the
- * TSan runtime is up and crashes every program at start. */
-#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
-__attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic")))
-#endif
+CKFS_VECTOR_CLONES
 static void f32_to_bf16_block(uint16_t *restrict dst, const uint32_t *restrict src,
 			      size_t n)
 {
@@ -321,7 +340,7 @@ static void convert_generic(enum ckfs_dtype to, unsigned char *dst,
 			d[0] = 0xC0;
 			d[1] = 0x7F;
 		} else if (to == CKFS_DTYPE_F32 || to == CKFS_DTYPE_BF16 ||
-			   to == CKFS_DTYPE_F16) {
+			   to == CKFS_DTYPE_F16 || to == CKFS_DTYPE_F8_E4M3) {
 			store_from_float(to, d, load_float(from, s));
 		} else if (to == CKFS_DTYPE_F64) {
 			double v = ckfs_dtype_load_double(from, s);

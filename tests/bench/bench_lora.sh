@@ -24,31 +24,18 @@ mkdir -p "$DIR" "$MNT"
 	"$PY" "$ROOT/tests/gen/make_bench_checkpoint.py" "$SRC" --shape qwen2.5-0.5b --lora "$R"
 cat "$SRC"/model_world_size_8_rank_*.pt >/dev/null # sources in the page cache
 
-# one_read MODE: "wall_s cpu_s" of the first cat of model.safetensors
-one_read() {
-	"$CKFS" mount "$SRC" "$MNT" --lora="$1" 2>/dev/null
-	local pid t0 t1 ticks
-	pid=$("$CKFS" stats --json "$MNT" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
-	t0=$(date +%s.%N)
-	cat "$MNT/model.safetensors" >/dev/null
-	t1=$(date +%s.%N)
-	ticks=$(awk '{print $14 + $15}' "/proc/$pid/stat")
-	"$CKFS" umount "$MNT"
-	echo "$(echo "$t1 - $t0" | bc) $(echo "scale=3; $ticks / $(getconf CLK_TCK)" | bc)"
-}
-
-median() { sort -n | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
+. "$ROOT/tests/bench/first_read.sh"
 
 : >"$DIR/lora-base.txt"
 : >"$DIR/lora-fuse.txt"
 for i in $(seq "$RUNS"); do
-	one_read base >>"$DIR/lora-base.txt"
-	one_read fuse >>"$DIR/lora-fuse.txt"
+	first_read model.safetensors --lora=base >>"$DIR/lora-base.txt"
+	first_read model.safetensors --lora=fuse >>"$DIR/lora-fuse.txt"
 done
-bw=$(cut -d' ' -f1 "$DIR/lora-base.txt" | median)
-bc_=$(cut -d' ' -f2 "$DIR/lora-base.txt" | median)
-fw=$(cut -d' ' -f1 "$DIR/lora-fuse.txt" | median)
-fc=$(cut -d' ' -f2 "$DIR/lora-fuse.txt" | median)
+bw=$(col_median 1 "$DIR/lora-base.txt")
+bc_=$(col_median 2 "$DIR/lora-base.txt")
+fw=$(col_median 1 "$DIR/lora-fuse.txt")
+fc=$(col_median 2 "$DIR/lora-fuse.txt")
 size=$("$CKFS" inspect --json --lora=fuse "$SRC" |
 	"$PY" -c 'import json,sys; print(json.load(sys.stdin)["totals"]["output_bytes"])')
 printf 'LoRA fused on read (r %s, %s runs each, interleaved; medians)\n' "$R" "$RUNS"

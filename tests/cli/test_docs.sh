@@ -60,11 +60,11 @@ complete_line() { # LINE
 # Options of `ckfs CMD --help`: "-x", "--long" from the option column.
 help_options() { # CMD
 	"$CKFS" "$1" --help | awk '/^  +-/ && !/^  -o [a-z_]+/ { sub(/^ +/, ""); print }' |
-		grep -oE '^(-[a-zA-Z], )?--[a-z-]+' | tr ',' '\n' | sed 's/^ *//'
+		grep -oE '^(-[a-zA-Z], )?--[a-z0-9-]+' | tr ',' '\n' | sed 's/^ *//'
 }
 # -o keys of `ckfs CMD --help`: "(-o key...)" after a long option, "-o key..." alone.
 help_keys() { # CMD
-	"$CKFS" "$1" --help | grep -oE '(^  -o |\(-o )[a-z_]+' | sed 's/.*-o //'
+	"$CKFS" "$1" --help | grep -oE '(^  -o |\(-o )[a-z0-9_]+' | sed 's/.*-o //'
 }
 
 man_commands=$(grep -oE '^ckfs [a-z]+' "$WORK/man.txt" | sort -u | cut -d' ' -f2)

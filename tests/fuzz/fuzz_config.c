@@ -15,10 +15,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	size_t n, m;
 
 	ckfs_error_clear(&err);
-	if (ckfs_render_config((const char *)data, size, "bfloat16", "qwen2_vl", &out, &n, &err) != CKFS_OK)
+	struct ckfs_config_edits e = { "bfloat16", "qwen2_vl", "{\"quant_method\": \"fp8\"}" };
+
+	if (ckfs_render_config((const char *)data, size, &e, &out, &n, &err) != CKFS_OK)
 		return 0;
 	ckfs_error_clear(&err);
-	if (ckfs_render_config(out, n, "bfloat16", "qwen2_vl", &again, &m, &err) != CKFS_OK ||
+	if (ckfs_render_config(out, n, &e, &again, &m, &err) != CKFS_OK ||
 	    m != n || memcmp(out, again, n) != 0)
 		abort(); /* rendering must be idempotent */
 	free(out);

@@ -45,7 +45,7 @@ CONVERSIONS = [
     ("f32", "bf16"), ("f32", "f16"), ("f16", "bf16"), ("bf16", "f16"), ("f64", "bf16"), ("f64", "f16"),
     ("f64", "f32"), ("bf16", "f32"), ("f16", "f32"), ("i64", "bf16"), ("i32", "bf16"), ("i16", "bf16"),
     ("i8", "bf16"), ("u8", "bf16"), ("bool", "bf16"), ("f8_e4m3", "bf16"), ("f8_e5m2", "bf16"),
-    ("f8_e4m3", "f32"), ("f32", "f32"),
+    ("f8_e4m3", "f32"), ("f32", "f32"), ("f32", "f8_e4m3"),
 ]
 
 
@@ -199,10 +199,25 @@ def bits_of(t):
         {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[n])
 
 
+def f8_e4m3_probes():
+    """f32 values around every float8_e4m3fn value: each one, the midpoints
+    between neighbours (ties), and one f32 ulp either side of those."""
+    vals = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    v = np.sort(np.unique(vals[torch.isfinite(vals)].numpy().astype(np.float32)))
+    mids = ((v[:-1].astype(np.float64) + v[1:]) / 2).astype(np.float32)
+    probes = np.concatenate([v, mids, np.float32([464.0, 480.0, 496.0, 512.0, 1e-30])])
+    bits = probes.view(np.uint32)
+    near = np.concatenate([bits, bits + np.uint32(1), bits - np.uint32(1)])
+    return near.view(np.float32)
+
+
 def compute_all():
     res = {}
     for f, t in CONVERSIONS:
-        src = to_torch(f, source(f))
+        srcv = source(f)
+        if (f, t) == ("f32", "f8_e4m3"):
+            srcv = np.concatenate([srcv, f8_e4m3_probes()])
+        src = to_torch(f, srcv)
         dst = src.to(TYPES[t][0])
         res[(f, t)] = (src, dst)
     return res

@@ -74,7 +74,8 @@ class _Mounts:
 
     def close(self):
         for mnt in self.points.values():
-            subprocess.run([ckfs_bin(), "umount", str(mnt)], capture_output=True, timeout=60)
+            # -z: a model loaded from the mount may still hold a mapping
+            subprocess.run([ckfs_bin(), "umount", "-z", str(mnt)], capture_output=True, timeout=60)
 
 
 @pytest.fixture(scope="module")

@@ -14,21 +14,27 @@
 #include "ckfs/folder.h"
 #include "test.h"
 
-static void expect_render_as(const char *model_type, const char *in, const char *want)
+static void expect_render_with(const char *model_type, const char *quant, const char *in,
+			       const char *want)
 {
 	struct ckfs_error err;
 	char *out = NULL;
 	size_t n = 0;
 
 	ckfs_error_clear(&err);
-	CHECK_EQ_INT(ckfs_render_config(in, strlen(in), "bfloat16", model_type, &out, &n, &err),
-		     CKFS_OK);
+	struct ckfs_config_edits e = { "bfloat16", model_type, quant };
+	CHECK_EQ_INT(ckfs_render_config(in, strlen(in), &e, &out, &n, &err), CKFS_OK);
 	CHECK_EQ_STR(out, want);
 	CHECK_EQ_INT(n, strlen(want));
 	cJSON *j = cJSON_Parse(out);
 	CHECK(j != NULL); /* still JSON */
 	cJSON_Delete(j);
 	free(out);
+}
+
+static void expect_render_as(const char *model_type, const char *in, const char *want)
+{
+	expect_render_with(model_type, NULL, in, want);
 }
 
 static void expect_render(const char *in, const char *want)
@@ -97,10 +103,28 @@ static void test_dropped_keys(void)
 			 "\"pad_token_id\": 0}");
 }
 
+/* --dtype fp8: quantization_config added first, or its value replaced in
+ * place (so rendering the output again changes nothing). */
+static void test_quantization(void)
+{
+	const char *q = "{\"quant_method\": \"fp8\"}";
+
+	expect_render_with("qwen2", q, "{\n  \"dtype\": \"float32\",\n  \"a\": 1\n}",
+			   "{\n  \"quantization_config\": {\"quant_method\": \"fp8\"},\n  "
+			   "\"dtype\": \"bfloat16\",\n  \"a\": 1\n}");
+	expect_render_with("qwen2", q, "{\"a\": 1, \"quantization_config\": {\"bits\": 4}, "
+			   "\"dtype\": null}",
+			   "{\"a\": 1, \"quantization_config\": {\"quant_method\": \"fp8\"}, "
+			   "\"dtype\": \"bfloat16\"}");
+	expect_render_with("qwen2", q, "{}", "{\n  \"torch_dtype\": \"bfloat16\",\n  "
+			   "\"quantization_config\": {\"quant_method\": \"fp8\"}}");
+}
+
 int main(void)
 {
 	RUN(test_dtype_values_replaced_in_place);
 	RUN(test_sub_configs);
 	RUN(test_dropped_keys);
+	RUN(test_quantization);
 	return test_summary();
 }

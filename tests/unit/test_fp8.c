@@ -1,0 +1,210 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * --dtype fp8 (src/layouts/fp8.c chooses, src/model/fp8.c computes) against
+ * the torch reference quantizer's bytes (tests/gen/make_fp8_expected.py:
+ * fp32 and bf16 sources, partial edge blocks, NaN of both signs, Inf, an
+ * all-zero block, subnormals, huge values; two FSDP checkpoints): every
+ * quantized weight and its scales, bit for bit,
+ *  - read whole, values before scales and scales before values;
+ *  - read in odd pieces from the end backwards, so a block row's scales
+ *    are first computed for a read of a few of its rows;
+ *  - read by four threads at once, each in its own order (TSan in CI);
+ * and every other tensor served as bf16.
+ */
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ckfs/layouts.h"
+#include "ckfs/model.h"
+#include "ckfs/safetensors.h"
+#include "test.h"
+#include "model_check.h"
+
+#define FIX CKFS_FIXTURES
+
+struct fp8_case {
+	const char *src;        /* under tests/fixtures */
+	const char *expected;   /* tests/fixtures/fp8/expected_<name>.safetensors */
+};
+
+static const struct fp8_case cases[] = {
+	{ "fp8/edge_fp32", "edge_fp32" },
+	{ "fp8/edge_bf16", "edge_bf16" },
+	{ "fsdp/qwen2_fsdp2_w2", "qwen2_fsdp2_w2" },
+	{ "fsdp/llama_bf16_fsdp2_w2", "llama_bf16_fsdp2_w2" },
+};
+
+static struct ckfs_model *open_fp8(const struct fp8_case *c)
+{
+	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_F8_E4M3 };
+	struct ckfs_model *m = NULL;
+	struct ckfs_error err;
+	char src[512];
+
+	snprintf(src, sizeof(src), FIX "/%s", c->src);
+	ckfs_error_clear(&err);
+	if (ckfs_model_open(src, &opt, &m, &err) != CKFS_OK) {
+		fprintf(stderr, "%s: %s\n", c->src, err.msg);
+		CHECK(0);
+	}
+	return m;
+}
+
+static int open_expected(const struct fp8_case *c, struct ckfs_st_set *ref)
+{
+	const char *dir = test_tmp_dir("fp8", c->expected);
+	struct ckfs_error err;
+
+	test_sh("rm -rf '%s' && mkdir -p '%s' && ln -s '" FIX "/fp8/expected_%s.safetensors' "
+		"'%s/model.safetensors'", dir, dir, c->expected, dir);
+	ckfs_error_clear(&err);
+	if (ckfs_st_set_open(dir, NULL, ref, &err) != CKFS_OK) {
+		fprintf(stderr, "%s: %s\n", c->expected, err.msg);
+		CHECK(0);
+		return 0;
+	}
+	return 1;
+}
+
+static const struct ckfs_tensor *find(const struct ckfs_model *m, const char *name)
+{
+	for (size_t i = 0; i < m->n_tensors; i++)
+		if (strcmp(m->tensors[i].name, name) == 0)
+			return &m->tensors[i];
+	return NULL;
+}
+
+/* Elements [first, first + count) of t equal the reference's, read in
+ * pieces of `piece` elements from the last piece back to the first. */
+static int same_backwards(const struct ckfs_model *m, const struct ckfs_tensor *t,
+			  const unsigned char *want, uint64_t piece,
+			  struct ckfs_read_scratch *s)
+{
+	size_t es = ckfs_dtype_size(t->out_dtype);
+	unsigned char *got = malloc(t->numel * es + 1);
+	struct ckfs_error err;
+	int ok = 1;
+
+	ckfs_error_clear(&err);
+	for (uint64_t end = t->numel; end > 0 && ok;) {
+		uint64_t first = end > piece ? end - piece : 0;
+		ok = ckfs_tensor_read(m, t, first, end - first, got + first * es, s, &err) == CKFS_OK;
+		end = first;
+	}
+	ok = ok && memcmp(got, want, t->numel * es) == 0;
+	free(got);
+	return ok;
+}
+
+/* Every entry of ref, read from m in the given order of kinds: scales
+ * first or values first; whole (piece 0) or in pieces backwards. */
+static void check_case_order(const struct fp8_case *c, int scales_first, uint64_t piece)
+{
+	struct ckfs_model *m = open_fp8(c);
+	struct ckfs_st_set ref;
+	struct ckfs_read_scratch s = { 0 };
+
+	if (!m || !open_expected(c, &ref)) {
+		ckfs_model_free(m);
+		return;
+	}
+	for (int pass = 0; pass < 2; pass++)
+		for (size_t i = 0; i < ref.n_entries; i++) {
+			const struct ckfs_st_entry *e = &ref.entries[i];
+			int is_scale = strstr(e->name, "_scale_inv") != NULL;
+			if (is_scale != (pass == 0 ? scales_first : !scales_first))
+				continue;
+			const struct ckfs_tensor *t = find(m, e->name);
+			CHECK(t != NULL);
+			if (!t)
+				continue;
+			CHECK_EQ_INT(t->out_dtype, e->dtype);
+			size_t bytes = e->end - e->begin;
+			unsigned char *want = malloc(bytes + 1);
+			CHECK(pread(e->fd, want, bytes, (off_t)e->begin) == (ssize_t)bytes);
+			if (!same_backwards(m, t, want, piece ? piece : t->numel, &s)) {
+				fprintf(stderr, "%s: %s differs (scales first %d, piece %llu)\n", c->src,
+					e->name, scales_first, (unsigned long long)piece);
+				CHECK(0);
+			}
+			free(want);
+		}
+	/* everything else: bf16 */
+	for (size_t i = 0; i < m->n_tensors; i++)
+		if (!m->tensors[i].fp8)
+			CHECK_EQ_INT(m->tensors[i].out_dtype, CKFS_DTYPE_BF16);
+	CHECK_EQ_INT(m->n_fp8 * 2, ref.n_entries);
+	ckfs_read_scratch_release(&s);
+	ckfs_st_set_release(&ref);
+	ckfs_model_free(m);
+}
+
+static void test_bit_identical(void)
+{
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		check_case_order(&cases[i], 0, 0);
+		check_case_order(&cases[i], 1, 0);
+		check_case_order(&cases[i], 0, 977);  /* a few rows, across blocks */
+		check_case_order(&cases[i], 0, 7);
+	}
+}
+
+struct reader {
+	const struct ckfs_model *m;
+	const struct ckfs_st_set *ref;
+	int order;
+	int bad;
+};
+
+static void *read_all(void *arg)
+{
+	struct reader *r = arg;
+	struct ckfs_read_scratch s = { 0 };
+	size_t n = r->ref->n_entries;
+
+	for (size_t k = 0; k < n; k++) {
+		const struct ckfs_st_entry *e = &r->ref->entries[r->order & 1 ? n - 1 - k : k];
+		const struct ckfs_tensor *t = find(r->m, e->name);
+		size_t bytes = e->end - e->begin;
+		unsigned char *want = malloc(bytes + 1);
+		if (!t || pread(e->fd, want, bytes, (off_t)e->begin) != (ssize_t)bytes ||
+		    !same_backwards(r->m, t, want, 301 + 100 * (uint64_t)r->order, &s))
+			r->bad++;
+		free(want);
+	}
+	ckfs_read_scratch_release(&s);
+	return NULL;
+}
+
+static void test_threads(void)
+{
+	const struct fp8_case *c = &cases[0];
+	struct ckfs_model *m = open_fp8(c);
+	struct ckfs_st_set ref;
+	struct reader r[4];
+	pthread_t tid[4];
+
+	if (!m || !open_expected(c, &ref)) {
+		ckfs_model_free(m);
+		return;
+	}
+	for (int i = 0; i < 4; i++) {
+		r[i] = (struct reader){ .m = m, .ref = &ref, .order = i };
+		CHECK(pthread_create(&tid[i], NULL, read_all, &r[i]) == 0);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(tid[i], NULL);
+		CHECK_EQ_INT(r[i].bad, 0);
+	}
+	ckfs_st_set_release(&ref);
+	ckfs_model_free(m);
+}
+
+int main(void)
+{
+	RUN(test_bit_identical);
+	RUN(test_threads);
+	test_tmp_cleanup();
+	return test_summary();
+}
