@@ -41,12 +41,6 @@ static const char *const projections[] = {
 const char ckfs_fp8_default_skip[] =
 	"(^|\\.)(visual|vision_tower|vision_model|multi_modal_projector|audio_tower)\\.";
 
-static int ends_with(const char *s, const char *sfx)
-{
-	size_t n = strlen(s), k = strlen(sfx);
-	return n >= k && strcmp(s + n - k, sfx) == 0;
-}
-
 /* The module of a weight: its name less the last component, into out. */
 static const char *module_of(const char *name, char *out, size_t cap)
 {
@@ -60,7 +54,7 @@ static int is_projection(const char *name)
 	char mod[1024];
 	const char *last;
 
-	if (!ends_with(name, ".weight"))
+	if (!ckfs_ends_with(name, ".weight"))
 		return 0;
 	module_of(name, mod, sizeof(mod));
 	last = strrchr(mod, '.') ? strrchr(mod, '.') + 1 : mod;
@@ -87,7 +81,7 @@ static const char *quantized_scale(const struct ckfs_model *m)
 	for (size_t i = 0; i < m->n_tensors; i++) {
 		const struct ckfs_tensor *t = &m->tensors[i];
 		f8 |= t->stored_dtype == CKFS_DTYPE_F8_E4M3 || t->stored_dtype == CKFS_DTYPE_F8_E5M2;
-		if (!scale && (ends_with(t->name, "_scale_inv") || ends_with(t->name, "weight_scale")))
+		if (!scale && (ckfs_ends_with(t->name, "_scale_inv") || ckfs_ends_with(t->name, "weight_scale")))
 			scale = t->name;
 	}
 	return f8 ? scale : NULL;
@@ -111,8 +105,8 @@ static enum ckfs_code list_unconverted(struct ckfs_model *m, struct ckfs_error *
 	v[n++] = "lm_head";
 	for (size_t i = 0; i < m->n_tensors; i++) {
 		const struct ckfs_tensor *t = &m->tensors[i];
-		if (t->fp8 || t->ndim < 2 || (!ends_with(t->name, ".weight") &&
-					      !ends_with(t->name, "_proj")))
+		if (t->fp8 || t->ndim < 2 || (!ckfs_ends_with(t->name, ".weight") &&
+					      !ckfs_ends_with(t->name, "_proj")))
 			continue;
 		module_of(t->name, mod, sizeof(mod));
 		CKFS_TRY(ckfs_hf_memory_name(m, mod, mem, sizeof(mem), err));

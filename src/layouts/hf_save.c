@@ -73,17 +73,6 @@ static const struct experts experts[] = {
 static const char gate_up_suffix[] = ".mlp.experts.gate_up_proj";
 static const char down_suffix[] = ".mlp.experts.down_proj";
 
-static int starts_with(const char *s, const char *p)
-{
-	return strncmp(s, p, strlen(p)) == 0;
-}
-
-static int ends_with(const char *s, const char *sfx)
-{
-	size_t n = strlen(s), k = strlen(sfx);
-	return n >= k && strcmp(s + n - k, sfx) == 0;
-}
-
 static const struct vlm *vlm_of(const struct ckfs_model *m)
 {
 	for (size_t i = 0; m->model_type && i < sizeof(vlms) / sizeof(vlms[0]); i++)
@@ -103,7 +92,7 @@ static const struct experts *experts_of(const struct ckfs_model *m)
 int ckfs_hf_held_as_vlm(const char *name)
 {
 	for (size_t i = 0; i < sizeof(vlm_prefixes) / sizeof(vlm_prefixes[0]); i++)
-		if (starts_with(name, vlm_prefixes[i]))
+		if (ckfs_starts_with(name, vlm_prefixes[i]))
 			return 1;
 	return 0;
 }
@@ -111,8 +100,8 @@ int ckfs_hf_held_as_vlm(const char *name)
 static int is_fused_stack(const char *name)
 {
 	return ckfs_name_has_segment(name, "experts") &&
-	       (ends_with(name, ".gate_up_proj") || ends_with(name, ".down_proj") ||
-		ends_with(name, ".gate_up_proj_bias") || ends_with(name, ".down_proj_bias"));
+	       (ckfs_ends_with(name, ".gate_up_proj") || ckfs_ends_with(name, ".down_proj") ||
+		ckfs_ends_with(name, ".gate_up_proj_bias") || ckfs_ends_with(name, ".down_proj_bias"));
 }
 
 /* name on disk, into out (cap bytes): the vision-language prefix rule,
@@ -127,7 +116,7 @@ static int disk_name(const struct ckfs_model *m, const struct vlm *v, const char
 
 	if (v) {
 		size_t k = 0;
-		while (k < 4 && v->rules[k].from && !starts_with(name, v->rules[k].from))
+		while (k < 4 && v->rules[k].from && !ckfs_starts_with(name, v->rules[k].from))
 			k++;
 		if (k == 4 || !v->rules[k].from)
 			return 0;
@@ -172,7 +161,7 @@ enum ckfs_code ckfs_hf_memory_name(const struct ckfs_model *m, const char *disk,
 
 	/* the longest prefix of the model_type's written forms */
 	for (size_t k = 0; v && k < 4 && v->rules[k].from; k++)
-		if (starts_with(disk, v->rules[k].to) && strlen(v->rules[k].to) > (size_t)(rest - disk)) {
+		if (ckfs_starts_with(disk, v->rules[k].to) && strlen(v->rules[k].to) > (size_t)(rest - disk)) {
 			from = v->rules[k].from;
 			rest = disk + strlen(v->rules[k].to);
 		}
@@ -261,7 +250,7 @@ static enum ckfs_code split_stack(struct ckfs_model *m, const struct experts *x,
 				  const struct ckfs_tensor *t, struct ckfs_tensor *out, size_t *n,
 				  struct ckfs_error *err)
 {
-	int down = ends_with(t->name, down_suffix);
+	int down = ckfs_ends_with(t->name, down_suffix);
 	size_t plen = strlen(t->name) - strlen(down ? down_suffix : gate_up_suffix);
 	const struct ckfs_tensor *gu = down ? find_stack(m, t->name, plen, gate_up_suffix) : t;
 	const struct ckfs_tensor *dn = down ? t : find_stack(m, t->name, plen, down_suffix);
@@ -293,11 +282,11 @@ static enum ckfs_code split_experts(struct ckfs_model *m, struct ckfs_error *err
 		const struct ckfs_tensor *t = &m->tensors[i];
 		if (!is_fused_stack(t->name))
 			continue;
-		if (ends_with(t->name, "_bias"))
+		if (ckfs_ends_with(t->name, "_bias"))
 			return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s' is a fused expert "
 					 "bias, and ckfs does not know how transformers saves "
 					 "those", m->src_dir, t->name);
-		if (!x || (!ends_with(t->name, gate_up_suffix) && !ends_with(t->name, down_suffix)))
+		if (!x || (!ckfs_ends_with(t->name, gate_up_suffix) && !ckfs_ends_with(t->name, down_suffix)))
 			return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s' is a fused expert "
 					 "stack, and ckfs does not know how transformers saves "
 					 "those of model_type %s", m->src_dir, t->name,

@@ -3,6 +3,8 @@
 #ifndef CKFS_LAYOUTS_INT_H
 #define CKFS_LAYOUTS_INT_H
 
+#include <string.h>
+
 #include "ckfs/json.h"
 #include "ckfs/layouts.h"
 #include "ckfs/model.h"
@@ -83,6 +85,16 @@ enum ckfs_code ckfs_hf_names(struct ckfs_model *m, const char *label, const char
 
 /* Does the dotted name have a segment equal to seg? */
 int ckfs_name_has_segment(const char *name, const char *seg);
+/* Does s begin with prefix, end with suffix? */
+static inline int ckfs_starts_with(const char *s, const char *prefix)
+{
+	return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+static inline int ckfs_ends_with(const char *s, const char *suffix)
+{
+	size_t n = strlen(s), k = strlen(suffix);
+	return n >= k && strcmp(s + n - k, suffix) == 0;
+}
 
 /* ---- hf_save.c, peft.c: names held in memory, as verl's merger saves them ---- */
 

@@ -52,17 +52,6 @@ struct split {
 	size_t n_modules;
 };
 
-static int starts_with(const char *s, const char *p)
-{
-	return strncmp(s, p, strlen(p)) == 0;
-}
-
-static int ends_with(const char *s, const char *sfx)
-{
-	size_t n = strlen(s), k = strlen(sfx);
-	return n >= k && strcmp(s + n - k, sfx) == 0;
-}
-
 /* s with every `from` replaced by `to` (as Python's str.replace), in m's
  * arena; NULL when out of memory. */
 static char *replace_all(struct ckfs_model *m, const char *s, const char *from, const char *to)
@@ -88,7 +77,7 @@ static char *replace_all(struct ckfs_model *m, const char *s, const char *from, 
 int ckfs_peft_names(const struct ckfs_model *m)
 {
 	for (size_t i = 0; i < m->n_tensors; i++)
-		if (starts_with(m->tensors[i].name, peft_prefix) ||
+		if (ckfs_starts_with(m->tensors[i].name, peft_prefix) ||
 		    strstr(m->tensors[i].name, "lora_"))
 			return 1;
 	return 0;
@@ -101,9 +90,9 @@ static enum ckfs_code add_adapter(struct split *s, struct ckfs_tensor *t,
 {
 	static const char *const tails[2] = { ".lora_A.default.weight", ".lora_B.default.weight" };
 	const char *name = t->name;
-	int which = ends_with(name, tails[0]) ? 0 : ends_with(name, tails[1]) ? 1 : -1;
+	int which = ckfs_ends_with(name, tails[0]) ? 0 : ckfs_ends_with(name, tails[1]) ? 1 : -1;
 
-	if (which < 0 || !starts_with(name, peft_prefix) ||
+	if (which < 0 || !ckfs_starts_with(name, peft_prefix) ||
 	    strlen(name) <= PEFT_PREFIX_LEN + strlen(tails[which]))
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s' is a LoRA tensor ckfs "
 				 "does not read: only lora_A and lora_B weights of the "
@@ -133,7 +122,7 @@ static enum ckfs_code rename_base(struct split *s, struct ckfs_tensor *t,
 					       "modules_to_save", "base_model" };
 	const char *name = t->name;
 
-	if (!starts_with(name, peft_prefix))
+	if (!ckfs_starts_with(name, peft_prefix))
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' is outside the PEFT "
 				 "model (base_model.model.) the other tensors are in",
 				 s->m->src_dir, name);
