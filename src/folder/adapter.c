@@ -13,68 +13,15 @@
 #include <string.h>
 
 #include "ckfs/folder.h"
+#include "ckfs/strbuf.h"
 
-struct text {
-	char *p;
-	size_t len, cap;
-	int failed;
-};
-
-static void put(struct text *t, const char *s)
+static void put_key(struct ckfs_strbuf *t, const char *key, const char *raw_value)
 {
-	size_t n = strlen(s);
-
-	if (t->failed)
-		return;
-	if (t->len + n + 1 > t->cap) {
-		size_t cap = t->cap ? t->cap : 2048;
-		while (cap < t->len + n + 1)
-			cap *= 2;
-		char *p = realloc(t->p, cap);
-		if (!p) {
-			t->failed = 1;
-			return;
-		}
-		t->p = p;
-		t->cap = cap;
-	}
-	memcpy(t->p + t->len, s, n + 1);
-	t->len += n;
-}
-
-/* A JSON string as json.dump(ensure_ascii=False) writes it. */
-static void put_string(struct text *t, const char *s)
-{
-	char esc[8];
-
-	put(t, "\"");
-	for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-		switch (*c) {
-		case '"': put(t, "\\\""); break;
-		case '\\': put(t, "\\\\"); break;
-		case '\n': put(t, "\\n"); break;
-		case '\r': put(t, "\\r"); break;
-		case '\t': put(t, "\\t"); break;
-		case '\b': put(t, "\\b"); break;
-		case '\f': put(t, "\\f"); break;
-		default:
-			if (*c < 0x20)
-				snprintf(esc, sizeof(esc), "\\u%04x", *c);
-			else
-				snprintf(esc, sizeof(esc), "%c", *c);
-			put(t, esc);
-		}
-	}
-	put(t, "\"");
-}
-
-static void put_key(struct text *t, const char *key, const char *raw_value)
-{
-	put(t, ",\n    \"");
-	put(t, key);
-	put(t, "\": ");
+	ckfs_strbuf_str(t, ",\n    \"");
+	ckfs_strbuf_str(t, key);
+	ckfs_strbuf_str(t, "\": ");
 	if (raw_value)
-		put(t, raw_value);
+		ckfs_strbuf_str(t, raw_value);
 }
 
 /* peft 0.21.2's defaults after target_modules, in its order. */
@@ -98,14 +45,14 @@ static const char *const defaults_after_rslora[][2] = {
 enum ckfs_code ckfs_render_adapter_config(const struct ckfs_lora *l, char **out,
 					  size_t *out_len, struct ckfs_error *err)
 {
-	struct text t = { 0 };
+	struct ckfs_strbuf t = { 0 };
 	char num[32];
 
-	put(&t, "{\n    \"task_type\": ");
+	ckfs_strbuf_str(&t, "{\n    \"task_type\": ");
 	if (l->task_type)
-		put_string(&t, l->task_type);
+		ckfs_strbuf_json(&t, l->task_type);
 	else
-		put(&t, "null");
+		ckfs_strbuf_str(&t, "null");
 	put_key(&t, "peft_type", "\"LORA\"");
 	put_key(&t, "auto_mapping", "null");
 	put_key(&t, "peft_version", "\"0.21.2\"");
@@ -116,10 +63,10 @@ enum ckfs_code ckfs_render_adapter_config(const struct ckfs_lora *l, char **out,
 	put_key(&t, "r", num);
 	put_key(&t, "target_modules", "[");
 	for (size_t i = 0; i < l->n_target_modules; i++) {
-		put(&t, i ? ",\n        " : "\n        ");
-		put_string(&t, l->target_modules[i]);
+		ckfs_strbuf_str(&t, i ? ",\n        " : "\n        ");
+		ckfs_strbuf_json(&t, l->target_modules[i]);
 	}
-	put(&t, "\n    ]");
+	ckfs_strbuf_str(&t, "\n    ]");
 	put_key(&t, "exclude_modules", "null");
 	snprintf(num, sizeof(num), "%lld", (long long)l->alpha);
 	put_key(&t, "lora_alpha", num);
@@ -128,7 +75,7 @@ enum ckfs_code ckfs_render_adapter_config(const struct ckfs_lora *l, char **out,
 	put_key(&t, "use_rslora", l->rslora ? "true" : "false");
 	for (size_t i = 0; i < sizeof(defaults_after_rslora) / sizeof(defaults_after_rslora[0]); i++)
 		put_key(&t, defaults_after_rslora[i][0], defaults_after_rslora[i][1]);
-	put(&t, "\n}");
+	ckfs_strbuf_str(&t, "\n}");
 	if (t.failed) {
 		free(t.p);
 		return ckfs_nomem(err);

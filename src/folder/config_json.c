@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "ckfs/folder.h"
+#include "ckfs/strbuf.h"
 
 /* ---- scanning ---- */
 
@@ -180,48 +181,16 @@ static int is_dtype_key(const char *s, const struct member *mb)
 
 /* ---- rendering ---- */
 
-struct out {
-	char *p;
-	size_t len, cap;
-	int failed;
-};
-
-static void put(struct out *o, const char *s, size_t n)
+static void put_dtype(struct ckfs_strbuf *o, const char *dtype)
 {
-	if (o->failed)
-		return;
-	if (o->len + n + 1 > o->cap) {
-		size_t cap = o->cap ? o->cap : 4096;
-		while (cap < o->len + n + 1)
-			cap *= 2;
-		char *p = realloc(o->p, cap);
-		if (!p) {
-			o->failed = 1;
-			return;
-		}
-		o->p = p;
-		o->cap = cap;
-	}
-	memcpy(o->p + o->len, s, n);
-	o->len += n;
-	o->p[o->len] = '\0';
-}
-
-static void put_str(struct out *o, const char *s)
-{
-	put(o, s, strlen(s));
-}
-
-static void put_dtype(struct out *o, const char *dtype)
-{
-	put(o, "\"", 1);
-	put_str(o, dtype);
-	put(o, "\"", 1);
+	ckfs_strbuf_put(o, "\"", 1);
+	ckfs_strbuf_str(o, dtype);
+	ckfs_strbuf_put(o, "\"", 1);
 }
 
 /* s[from, to), a sub-config object, with the value of each dtype key
  * replaced. */
-static enum ckfs_code put_sub_config(struct out *o, const char *s, size_t n, size_t from,
+static enum ckfs_code put_sub_config(struct ckfs_strbuf *o, const char *s, size_t n, size_t from,
 				     size_t to, const char *dtype, struct ckfs_error *err)
 {
 	struct object sub;
@@ -230,11 +199,11 @@ static enum ckfs_code put_sub_config(struct out *o, const char *s, size_t n, siz
 	for (size_t k = 0; k < sub.n; k++) {
 		if (!is_dtype_key(s, &sub.v[k]))
 			continue;
-		put(o, s + from, sub.v[k].val - from);
+		ckfs_strbuf_put(o, s + from, sub.v[k].val - from);
 		put_dtype(o, dtype);
 		from = sub.v[k].val_end;
 	}
-	put(o, s + from, to - from);
+	ckfs_strbuf_put(o, s + from, to - from);
 	free(sub.v);
 	return CKFS_OK;
 }
@@ -255,7 +224,7 @@ static int dropped(const char *s, const struct member *mb, const struct ckfs_con
 	return 0;
 }
 
-static enum ckfs_code render(struct out *o, const char *s, size_t n, const struct object *top,
+static enum ckfs_code render(struct ckfs_strbuf *o, const char *s, size_t n, const struct object *top,
 			     const struct ckfs_config_edits *e, struct ckfs_error *err)
 {
 	const char *dtype = e->dtype;
@@ -267,17 +236,17 @@ static enum ckfs_code render(struct out *o, const char *s, size_t n, const struc
 		has_quant |= key_is(s, &top->v[k], "quantization_config");
 		kept += !dropped(s, &top->v[k], e);
 	}
-	put(o, s, top->open + 1);
+	ckfs_strbuf_put(o, s, top->open + 1);
 	/* Added keys go first, in the file's own indentation style. */
 	if (!has_dtype) {
-		put_str(o, "\n  \"torch_dtype\": ");
+		ckfs_strbuf_str(o, "\n  \"torch_dtype\": ");
 		put_dtype(o, dtype);
-		put(o, ",", kept || e->quantization ? 1 : 0);
+		ckfs_strbuf_put(o, ",", kept || e->quantization ? 1 : 0);
 	}
 	if (e->quantization && !has_quant) {
-		put_str(o, "\n  \"quantization_config\": ");
-		put_str(o, e->quantization);
-		put(o, ",", kept ? 1 : 0);
+		ckfs_strbuf_str(o, "\n  \"quantization_config\": ");
+		ckfs_strbuf_str(o, e->quantization);
+		ckfs_strbuf_put(o, ",", kept ? 1 : 0);
 	}
 	for (size_t k = 0; k < top->n; k++) {
 		const struct member *mb = &top->v[k];
@@ -287,22 +256,22 @@ static enum ckfs_code render(struct out *o, const char *s, size_t n, const struc
 		 * first member, else the comma and spacing before this one. */
 		size_t sep = done ? top->v[k - 1].val_end : top->open + 1;
 		size_t sep_end = done ? mb->key : top->v[0].key;
-		put(o, s + sep, sep_end - sep);
-		put(o, s + mb->key, mb->val - mb->key);
+		ckfs_strbuf_put(o, s + sep, sep_end - sep);
+		ckfs_strbuf_put(o, s + mb->key, mb->val - mb->key);
 		if (is_dtype_key(s, mb))
 			put_dtype(o, dtype);
 		else if (e->quantization && key_is(s, mb, "quantization_config"))
-			put_str(o, e->quantization);
+			ckfs_strbuf_str(o, e->quantization);
 		else if (s[mb->val] == '{')
 			CKFS_TRY(put_sub_config(o, s, n, mb->val, mb->val_end, dtype, err));
 		else
-			put(o, s + mb->val, mb->val_end - mb->val);
+			ckfs_strbuf_put(o, s + mb->val, mb->val_end - mb->val);
 		done++;
 	}
 	/* After the last member (kept or not): its spacing, the brace, the
 	 * rest of the file. */
 	size_t tail = top->n ? top->v[top->n - 1].val_end : top->open + 1;
-	put(o, s + tail, n - tail);
+	ckfs_strbuf_put(o, s + tail, n - tail);
 	return CKFS_OK;
 }
 
@@ -310,7 +279,7 @@ enum ckfs_code ckfs_render_config(const char *s, size_t n, const struct ckfs_con
 				  char **out, size_t *out_len, struct ckfs_error *err)
 {
 	struct object top;
-	struct out o = { 0 };
+	struct ckfs_strbuf o = { 0 };
 	size_t i = skip_ws(s, 0, n);
 
 	if (i >= n || s[i] != '{')
@@ -321,7 +290,7 @@ enum ckfs_code ckfs_render_config(const char *s, size_t n, const struct ckfs_con
 	if (rc == CKFS_OK && o.failed)
 		rc = ckfs_nomem(err);
 	if (rc == CKFS_OK && !o.p)
-		put(&o, "", 0);
+		ckfs_strbuf_put(&o, "", 0);
 	if (rc != CKFS_OK || o.failed) {
 		free(o.p);
 		return rc != CKFS_OK ? rc : ckfs_nomem(err);
@@ -331,40 +300,19 @@ enum ckfs_code ckfs_render_config(const char *s, size_t n, const struct ckfs_con
 	return CKFS_OK;
 }
 
-/* A JSON string as json.dumps(ensure_ascii=False) writes it. */
-static void put_string(struct out *o, const char *s)
-{
-	char esc[8];
-
-	put(o, "\"", 1);
-	for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-		if (*c == '"' || *c == '\\') {
-			esc[0] = '\\';
-			esc[1] = (char)*c;
-			put(o, esc, 2);
-		} else if (*c < 0x20) {
-			snprintf(esc, sizeof(esc), "\\u%04x", *c);
-			put(o, esc, 6);
-		} else {
-			put(o, (const char *)c, 1);
-		}
-	}
-	put(o, "\"", 1);
-}
-
 enum ckfs_code ckfs_fp8_quantization_json(const char *const *unconverted, size_t n, char **out,
 					  struct ckfs_error *err)
 {
-	struct out o = { 0 };
+	struct ckfs_strbuf o = { 0 };
 
-	put_str(&o, "{\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", "
+	ckfs_strbuf_str(&o, "{\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", "
 		    "\"modules_to_not_convert\": [");
 	for (size_t i = 0; i < n; i++) {
 		if (i)
-			put(&o, ", ", 2);
-		put_string(&o, unconverted[i]);
+			ckfs_strbuf_put(&o, ", ", 2);
+		ckfs_strbuf_json(&o, unconverted[i]);
 	}
-	put_str(&o, "], \"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}");
+	ckfs_strbuf_str(&o, "], \"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}");
 	if (o.failed) {
 		free(o.p);
 		return ckfs_nomem(err);

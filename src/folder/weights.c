@@ -16,84 +16,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- a growable byte buffer for JSON ---- */
-
-struct sbuf {
-	char *p;
-	size_t len, cap;
-	int failed;
-};
-
-static void sb_put(struct sbuf *b, const char *s, size_t n)
-{
-	if (b->failed)
-		return;
-	if (b->len + n + 1 > b->cap) {
-		size_t cap = b->cap ? b->cap : 4096;
-		while (cap < b->len + n + 1)
-			cap *= 2;
-		char *p = realloc(b->p, cap);
-		if (!p) {
-			b->failed = 1;
-			return;
-		}
-		b->p = p;
-		b->cap = cap;
-	}
-	memcpy(b->p + b->len, s, n);
-	b->len += n;
-	b->p[b->len] = '\0';
-}
-
-static void sb_str(struct sbuf *b, const char *s)
-{
-	sb_put(b, s, strlen(s));
-}
-
-static void sb_fmt(struct sbuf *b, const char *fmt, ...) CKFS_PRINTF(2, 3);
-
-static void sb_fmt(struct sbuf *b, const char *fmt, ...)
-{
-	char tmp[128];
-	va_list ap;
-
-	va_start(ap, fmt);
-	int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
-	va_end(ap);
-	if (n > 0)
-		sb_put(b, tmp, (size_t)n < sizeof(tmp) ? (size_t)n : sizeof(tmp) - 1);
-}
-
-/* A JSON string as serde_json writes it: quotes, backslash and control
- * characters escaped, everything else (UTF-8 included) raw. */
-static void sb_json_serde(struct sbuf *b, const char *s)
-{
-	sb_put(b, "\"", 1);
-	for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-		switch (*c) {
-		case '"': sb_put(b, "\\\"", 2); break;
-		case '\\': sb_put(b, "\\\\", 2); break;
-		case '\b': sb_put(b, "\\b", 2); break;
-		case '\f': sb_put(b, "\\f", 2); break;
-		case '\n': sb_put(b, "\\n", 2); break;
-		case '\r': sb_put(b, "\\r", 2); break;
-		case '\t': sb_put(b, "\\t", 2); break;
-		default:
-			if (*c < 0x20)
-				sb_fmt(b, "\\u%04x", *c);
-			else
-				sb_put(b, (const char *)c, 1);
-		}
-	}
-	sb_put(b, "\"", 1);
-}
+#include "ckfs/strbuf.h"
 
 /* A JSON string as Python's json.dumps writes it (ensure_ascii). */
-static void sb_json_python(struct sbuf *b, const char *s)
+static void sb_json_python(struct ckfs_strbuf *b, const char *s)
 {
 	const unsigned char *c = (const unsigned char *)s;
 
-	sb_put(b, "\"", 1);
+	ckfs_strbuf_put(b, "\"", 1);
 	while (*c) {
 		uint32_t cp = *c;
 		int extra = 0;
@@ -104,29 +34,29 @@ static void sb_json_python(struct sbuf *b, const char *s)
 		for (int i = 0; i < extra && (*c & 0xC0) == 0x80; i++, c++)
 			cp = (cp << 6) | (*c & 0x3F);
 		switch (cp) {
-		case '"': sb_put(b, "\\\"", 2); continue;
-		case '\\': sb_put(b, "\\\\", 2); continue;
-		case '\n': sb_put(b, "\\n", 2); continue;
-		case '\r': sb_put(b, "\\r", 2); continue;
-		case '\t': sb_put(b, "\\t", 2); continue;
-		case '\b': sb_put(b, "\\b", 2); continue;
-		case '\f': sb_put(b, "\\f", 2); continue;
+		case '"': ckfs_strbuf_put(b, "\\\"", 2); continue;
+		case '\\': ckfs_strbuf_put(b, "\\\\", 2); continue;
+		case '\n': ckfs_strbuf_put(b, "\\n", 2); continue;
+		case '\r': ckfs_strbuf_put(b, "\\r", 2); continue;
+		case '\t': ckfs_strbuf_put(b, "\\t", 2); continue;
+		case '\b': ckfs_strbuf_put(b, "\\b", 2); continue;
+		case '\f': ckfs_strbuf_put(b, "\\f", 2); continue;
 		}
 		if (cp < 0x20 || (cp >= 0x7F && cp < 0x10000)) {
 			if (cp == 0x7F) {
-				sb_put(b, "\x7f", 1);
+				ckfs_strbuf_put(b, "\x7f", 1);
 				continue;
 			}
-			sb_fmt(b, "\\u%04x", cp);
+			ckfs_strbuf_fmt(b, "\\u%04x", cp);
 		} else if (cp >= 0x10000) {
 			cp -= 0x10000;
-			sb_fmt(b, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+			ckfs_strbuf_fmt(b, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
 		} else {
 			char ch = (char)cp;
-			sb_put(b, &ch, 1);
+			ckfs_strbuf_put(b, &ch, 1);
 		}
 	}
-	sb_put(b, "\"", 1);
+	ckfs_strbuf_put(b, "\"", 1);
 }
 
 /* ---- layout ---- */
@@ -156,7 +86,7 @@ static enum ckfs_code build_file(struct ckfs_st_layout *l, struct ckfs_st_file *
 				 const char *name, const struct ckfs_tensor **ts,
 				 size_t n, bool metadata, bool by_name, struct ckfs_error *err)
 {
-	struct sbuf b = { 0 };
+	struct ckfs_strbuf b = { 0 };
 	uint64_t off = 0;
 
 	f->name = ckfs_arena_strdup(&l->arena, name);
@@ -168,24 +98,24 @@ static enum ckfs_code build_file(struct ckfs_st_layout *l, struct ckfs_st_file *
 	qsort(f->tensors, n, sizeof(*f->tensors), by_name ? cmp_name_order : cmp_st_order);
 	f->n_tensors = n;
 
-	sb_str(&b, metadata ? "{\"__metadata__\":{\"format\":\"pt\"}" : "{");
+	ckfs_strbuf_str(&b, metadata ? "{\"__metadata__\":{\"format\":\"pt\"}" : "{");
 	for (size_t i = 0; i < n; i++) {
 		const struct ckfs_tensor *t = f->tensors[i];
 		uint64_t bytes = ckfs_tensor_out_bytes(t);
 		if (metadata || i)
-			sb_put(&b, ",", 1);
-		sb_json_serde(&b, t->name);
-		sb_fmt(&b, ":{\"dtype\":\"%s\",\"shape\":[", ckfs_dtype_st_name(t->out_dtype));
+			ckfs_strbuf_put(&b, ",", 1);
+		ckfs_strbuf_json(&b, t->name);
+		ckfs_strbuf_fmt(&b, ":{\"dtype\":\"%s\",\"shape\":[", ckfs_dtype_st_name(t->out_dtype));
 		for (int k = 0; k < t->ndim; k++)
-			sb_fmt(&b, "%s%lld", k ? "," : "", (long long)t->shape[k]);
-		sb_fmt(&b, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
+			ckfs_strbuf_fmt(&b, "%s%lld", k ? "," : "", (long long)t->shape[k]);
+		ckfs_strbuf_fmt(&b, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
 		       (unsigned long long)(off + bytes));
 		f->offsets[i] = off;
 		off += bytes;
 	}
-	sb_put(&b, "}", 1);
+	ckfs_strbuf_put(&b, "}", 1);
 	while (!b.failed && b.len % 8)
-		sb_put(&b, " ", 1);
+		ckfs_strbuf_put(&b, " ", 1);
 	if (b.failed) {
 		free(b.p);
 		return ckfs_nomem(err);
@@ -222,7 +152,7 @@ static enum ckfs_code render_index(struct ckfs_st_layout *l,
 				   const struct ckfs_model *m, size_t *shard_of,
 				   struct ckfs_error *err)
 {
-	struct sbuf b = { 0 };
+	struct ckfs_strbuf b = { 0 };
 	uint64_t total = 0, params = 0;
 	const char **names = calloc(m->n_tensors + 1, sizeof(*names));
 	size_t *idx = calloc(m->n_tensors + 1, sizeof(*idx));
@@ -246,17 +176,17 @@ static enum ckfs_code render_index(struct ckfs_st_layout *l,
 				idx[i] = j;
 				break;
 			}
-	sb_fmt(&b, "{\n  \"metadata\": {\n    \"total_parameters\": %llu,\n"
+	ckfs_strbuf_fmt(&b, "{\n  \"metadata\": {\n    \"total_parameters\": %llu,\n"
 		   "    \"total_size\": %llu\n  },\n  \"weight_map\": {\n",
 	       (unsigned long long)params, (unsigned long long)total);
 	for (size_t i = 0; i < m->n_tensors; i++) {
-		sb_str(&b, "    ");
+		ckfs_strbuf_str(&b, "    ");
 		sb_json_python(&b, names[i]);
-		sb_str(&b, ": ");
+		ckfs_strbuf_str(&b, ": ");
 		sb_json_python(&b, l->files[shard_of[idx[i]]].name);
-		sb_str(&b, i + 1 < m->n_tensors ? ",\n" : "\n");
+		ckfs_strbuf_str(&b, i + 1 < m->n_tensors ? ",\n" : "\n");
 	}
-	sb_str(&b, "  }\n}\n");
+	ckfs_strbuf_str(&b, "  }\n}\n");
 	free(names);
 	free(idx);
 	if (b.failed) {
