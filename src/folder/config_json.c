@@ -224,8 +224,9 @@ static int dropped(const char *s, const struct member *mb, const struct ckfs_con
 	return 0;
 }
 
-static enum ckfs_code render(struct ckfs_strbuf *o, const char *s, size_t n, const struct object *top,
-			     const struct ckfs_config_edits *e, struct ckfs_error *err)
+static enum ckfs_code render(struct ckfs_strbuf *o, const char *s, size_t n,
+			     const struct object *top, const struct ckfs_config_edits *e,
+			     struct ckfs_error *err)
 {
 	const char *dtype = e->dtype;
 	size_t kept = 0, done = 0;

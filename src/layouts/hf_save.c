@@ -161,7 +161,8 @@ enum ckfs_code ckfs_hf_memory_name(const struct ckfs_model *m, const char *disk,
 
 	/* the longest prefix of the model_type's written forms */
 	for (size_t k = 0; v && k < 4 && v->rules[k].from; k++)
-		if (ckfs_starts_with(disk, v->rules[k].to) && strlen(v->rules[k].to) > (size_t)(rest - disk)) {
+		if (ckfs_starts_with(disk, v->rules[k].to) &&
+		    strlen(v->rules[k].to) > (size_t)(rest - disk)) {
 			from = v->rules[k].from;
 			rest = disk + strlen(v->rules[k].to);
 		}

@@ -18,8 +18,9 @@
  * quantized block row is kept in a bounded LRU (struct ckfs_fp8_kept) for
  * the reads that want the rest, so a weight's source is read once. A read
  * of rows whose block row is not kept any more reads only those rows. One
- * thread computes a block row; others wanting it wait for it. tests/py/test_fp8.py holds the reference
- * quantizer (torch) this must equal bit for bit.
+ * thread computes a block row; others wanting it wait for it.
+ * tests/gen/make_fp8_expected.py holds the reference quantizer (torch)
+ * this must equal bit for bit.
  */
 #include <math.h>
 #include <stdatomic.h>
