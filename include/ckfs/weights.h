@@ -11,8 +11,9 @@
  * packed from offset 0. With --dtype fp8 (m->n_fp8) tensors are in name
  * order instead, each weight beside its scales (docs/formats.md "FP8").
  * With a shard size, tensors are split greedily in state-dict order as
- * huggingface_hub's split_torch_state_dict_into_shards does, files are named model-0000K-of-0000N.safetensors and an index is
- * rendered as transformers' save_pretrained writes it.
+ * huggingface_hub's split_torch_state_dict_into_shards does, files are
+ * named model-0000K-of-0000N.safetensors and an index is rendered as
+ * transformers' save_pretrained writes it.
  */
 #ifndef CKFS_WEIGHTS_H
 #define CKFS_WEIGHTS_H
