@@ -849,9 +849,9 @@ static enum ckfs_code same_model(const struct ds_build *b, const struct ckfs_tor
 	}
 	if (!d)
 		return CKFS_OK;
-	return ckfs_fail(err, CKFS_E_INVALID, "'%s': %s differ from rank 0's%s%s%s (files of "
-			 "different checkpoints?)", tf->label, what, d[0] ? " (at '" : "", d,
-			 d[0] ? "')" : "");
+	return ckfs_fail(err, CKFS_E_INVALID, "'%s': %s differ from rank 0's%s%s%s: files of "
+			 "different checkpoints?", tf->label, what, d[0] ? " at '" : "", d,
+			 d[0] ? "'" : "");
 }
 
 /* ---- output tensors ---- */
@@ -1069,8 +1069,8 @@ static enum ckfs_code same_kind(const struct ds_build *b, const char *path,
 	CKFS_TRY(optim_kind(path, osd, &stage, &ws, err));
 	if (stage != b->stage || ws != b->ws)
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': ZeRO stage %d of world size %d, rank "
-				 "0's is stage %d of world size %d (files of different "
-				 "checkpoints?)", path, stage, ws, b->stage, b->ws);
+				 "0's is stage %d of world size %d: files of different "
+				 "checkpoints?", path, stage, ws, b->stage, b->ws);
 	return CKFS_OK;
 }
 
@@ -1118,11 +1118,17 @@ static enum ckfs_code check_group12(const struct ds_build *b, size_t g, uint64_t
 	uint64_t want = b->stage == 0 ? need + pads : need;
 	if (!have_pads && b->stage == 0)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': no group_paddings", src_path(b, 0));
+	if (total != want && b->stage == 0)
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': the fp32 partitions of param group "
+				 "%zu hold %llu elements, param_shapes (%s) need %llu and "
+				 "group_paddings %llu (no zero_stage: a BF16_Optimizer state, whose "
+				 "partitions keep their padding)", src_path(b, 0), g,
+				 (unsigned long long)total, b->model_all, (unsigned long long)need,
+				 (unsigned long long)pads);
 	if (total != want)
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': the fp32 partitions of param group "
-				 "%zu hold %llu elements, param_shapes need %llu%s", src_path(b, 0), g,
-				 (unsigned long long)total, (unsigned long long)want,
-				 b->stage == 0 ? " (with group_paddings)" : "");
+				 "%zu hold %llu elements, param_shapes (%s) need %llu", src_path(b, 0),
+				 g, (unsigned long long)total, b->model_all, (unsigned long long)want);
 	if (!have_pads)
 		return CKFS_OK;
 	/* Every rank's partition is the same size P with its padding; the
@@ -1195,8 +1201,9 @@ static enum ckfs_code plan_rank3(struct ds_build *b, struct ckfs_torch_file *tf,
 				       tf->label);
 	if (rc == CKFS_OK && len != b->need[0])
 		rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': fp32_flat_groups hold %llu elements, "
-			       "param_shapes need %llu (ceil(numel/%d) per parameter)", tf->label,
-			       (unsigned long long)len, (unsigned long long)b->need[0], b->ws);
+			       "param_shapes (%s) need %llu (ceil(numel/%d) per parameter)",
+			       tf->label, (unsigned long long)len, b->model_rank[0],
+			       (unsigned long long)b->need[0], b->ws);
 	for (size_t i = 0; rc == CKFS_OK && i < b->n_params; i++) {
 		const struct ds_param *p = &b->params[i];
 		struct ckfs_out *o = out_at(b, p->out);
