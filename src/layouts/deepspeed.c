@@ -40,6 +40,7 @@
  *    rule of every layout (names.c).
  */
 #include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,8 +154,8 @@ unknown:
 			   "[zero_pp_rank_<R>_]mp_rank_00_model_states.pt)");
 }
 
-/* 1 when dir holds a DeepSpeed checkpoint file name, 0 when not, -1 when
- * it cannot be listed. */
+/* 1 when dir holds a DeepSpeed checkpoint file name, 0 when not, -1
+ * (errno set) when it cannot be listed. */
 static int has_ds_files(const char *dir)
 {
 	DIR *d = opendir(dir);
@@ -187,9 +188,15 @@ int ckfs_deepspeed_detect(const char *src_dir)
 			    sizeof(path) ||
 		    !ckfs_path_is_dir(path))
 			continue;
-		here = has_ds_files(path) > 0;
+		/* a folder that cannot be listed is not a step folder, unless
+		 * listing failed for want of memory */
+		here = has_ds_files(path);
+		if (here < 0 && errno != ENOMEM)
+			here = 0;
 	}
+	int saved = errno;
 	closedir(d);
+	errno = saved;
 	return here;
 }
 
