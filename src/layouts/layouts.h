@@ -263,6 +263,29 @@ int ckfs_megatron_dist_detect(const struct ckfs_model *m);
 enum ckfs_code ckfs_megatron_dist_build(struct ckfs_model *m,
 				     const struct ckfs_model_options *opt,
 				     struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The files of a DeepSpeed checkpoint's step folder (deepspeed_files.c). */
+struct ckfs_ds_files {
+	const char *step;          /* the step folder (an arena string of the model) */
+	const char *step_rel;      /* it relative to SRC: "" or "<tag>/" */
+	/* file names by rank, malloc'd, NULL where absent */
+	char **optim;              /* [bf16_]zero_pp_rank_R_mp_rank_00_optim_states.pt */
+	char **model_rank;         /* zero_pp_rank_R_mp_rank_00_model_states.pt (ZeRO-3) */
+	char *model_all;           /* mp_rank_00_model_states.pt (ZeRO-1/2) */
+	long n_optim, n_model_rank;
+	int ws, stage;             /* set by the caller for ckfs_ds_check_files */
+};
+/* The step folder of m->src_dir (SRC, or the tag in SRC/latest, which sets
+ * m->ds_tag) and its DeepSpeed files; refused: files ckfs does not read,
+ * two files of one rank, no optimizer file. */
+enum ckfs_code ckfs_ds_find_files(struct ckfs_model *m, struct ckfs_ds_files *f,
+				  struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* Every rank 0 .. f->ws-1 has its optimizer file and none past it, and the
+ * model states files are those of f->stage (0: BF16_Optimizer). */
+enum ckfs_code ckfs_ds_check_files(const struct ckfs_ds_files *f,
+				   struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The name DeepSpeed gives rank r's optimizer file (bf16_ as the others). */
+void ckfs_ds_optim_name(const struct ckfs_ds_files *f, long r, char *out, size_t size);
+void ckfs_ds_files_release(struct ckfs_ds_files *f);
 /* DeepSpeed ZeRO checkpoints (deepspeed.c): a step folder (global_stepN/
  * with *_model_states.pt and *_optim_states.pt), or a folder holding
  * `latest` and step folders (the HF Trainer's checkpoint-N/). detect: SRC
