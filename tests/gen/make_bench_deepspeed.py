@@ -95,14 +95,17 @@ def worker(rank, world, s, out):
         model = AutoModelForCausalLM.from_config(hf_config(s), dtype=torch.bfloat16)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                            config=cfg)
-    inner = engine.optimizer.optimizer  # torch's AdamW over the fp32 partitions
-    for g in inner.param_groups:
-        for p in g["params"]:
-            p.grad = torch.zeros_like(p)
+    # torch's AdamW over the fp32 partitions: ZeRO-3 hands them to it around each step
+    zero, inner = engine.optimizer, engine.optimizer.optimizer
+    zero._set_fp32_optimizer_param_groups()
+    parts = [p for g in inner.param_groups for p in g["params"]]
+    assert parts, "no fp32 partitions in the optimizer"
+    for p in parts:
+        p.grad = torch.zeros_like(p)
     inner.step()
-    for g in inner.param_groups:
-        for p in g["params"]:
-            p.grad = None
+    for p in parts:
+        p.grad = None
+    zero._clear_fp32_optimizer_param_groups()
     engine.save_checkpoint(out, tag=TAG)
 
 
