@@ -6,7 +6,8 @@ ZeRO-3 checkpoint-N/: `ckfs export --dtype fp32` holds exactly what
 get_fp32_state_dict_from_zero_checkpoint returns (same names, the tied alias dropped as the
 config ties it, same bits), and the default export is torch's .to(torch.bfloat16) of it. The
 Trainer case is also mounted: the weights read through the mount with safetensors are the same,
-and transformers loads the mount with the logits of the model zero_to_fp32's state dict makes.
+and transformers loads the mount with the logits of the model zero_to_fp32's state dict makes;
+reading the whole weight file reads exactly the fp32 masters' bytes from the checkpoint.
 """
 
 import gc
@@ -104,6 +105,10 @@ def test_trainer_checkpoint_mount(mount):
         assert same_bits(got[k], v.to(torch.bfloat16)), k
     for side in ("config.json", "tokenizer.json", "generation_config.json"):
         assert (mnt / side).is_file()
+    # Lazily: the whole file read, and exactly the fp32 masters' bytes read from the checkpoint
+    # (ZeRO-3 pads all 26 of its tensors here: no padding, no Adam moment, no byte twice).
+    stats = json.loads(run_ckfs("stats", "--json", mnt).stdout)
+    assert stats["source_bytes_read"] == 4 * sum(v.numel() for v in want.values())
     model = transformers.AutoModelForCausalLM.from_pretrained(str(mnt), dtype=torch.bfloat16,
                                                               attn_implementation="eager")
     cfg = transformers.AutoConfig.from_pretrained(str(DS / case))
