@@ -75,13 +75,14 @@ t_now() { echo "$EPOCHREALTIME"; }
 t_since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.3f", b - a }'; }
 warm() { cat "$CK"/*/*.pt >/dev/null; } # every file into the page cache, for both tools
 
-timed() { # KEY CMD...: wall seconds and peak RSS (bytes) of CMD
+timed() { # KEY CMD...: wall seconds, CPU seconds (user + system) and peak RSS (bytes) of CMD
 	local key=$1
 	shift
-	/usr/bin/time -f "%e %M" -o "$D/time" "$@" >"$D/log.$key" 2>&1 ||
+	/usr/bin/time -f "%e %M %U %S" -o "$D/time" "$@" >"$D/log.$key" 2>&1 ||
 		{ tail -5 "$D/log.$key" >&2; die "$key failed: $*"; }
 	rec "${key}_s" "$(cut -d' ' -f1 "$D/time")"
 	rec "${key}_rss" "$(($(cut -d' ' -f2 "$D/time") * 1024))"
+	rec "${key}_cpu" "$(awk '{ printf "%.2f", $3 + $4 }' "$D/time")"
 }
 
 same_file() { cmp -s "$1" "$2" || die "$1 and $2 differ"; }
@@ -142,7 +143,8 @@ for line in open(res):
 m = {k: statistics.median(x) for k, x in v.items()}
 size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(ck) for f in fs)
 gib = lambda b: "%.2f GiB" % (b / 2**30) if b >= 2**30 else "%.0f MiB" % (b / 2**20)
-print("checkpoint: %s, %s in all; medians of %s runs, files in the page cache" % (ck, gib(size), runs))
+print("checkpoint: %s, %s in all; medians of %s runs, files in the page cache; load average %s"
+      % (ck, gib(size), runs, open("/proc/loadavg").read().split()[0]))
 print("zero_to_fp32 unchanged (--safe_serialization): %s" % unchanged)
 print("bytes the mount's first read took from the checkpoint: %s (%.1f%% of it; the fp32 masters)"
       % (gib(m["mount_source_bytes"]), 100 * m["mount_source_bytes"] / size))
@@ -154,6 +156,8 @@ for dt in ("fp32", "bf16"):
     print("| export %s, wall | %.2f s | %.2f s | %.1fx faster | 5x: %s |" % (dt, a, b, b / a, "met" if b / a >= 5 else "NOT met"))
     b = m["z2f_%s_sync_s" % dt]
     print("| export %s, wall, zero_to_fp32 + sync (both durable) | %.2f s | %.2f s | %.1fx faster | |" % (dt, a, b, b / a))
+    a, b = m["ckfs_%s_cpu" % dt], m["z2f_%s_cpu" % dt]
+    print("| export %s, CPU time (user + system) | %.2f s | %.2f s | %.1fx less | |" % (dt, a, b, b / a))
     a, b = m["ckfs_%s_rss" % dt], m["z2f_%s_rss" % dt]
     print("| export %s, peak RSS | %s | %s | 1/%.0f | 1/10: %s |" % (dt, gib(a), gib(b), b / a, "met" if b / a >= 10 else "NOT met"))
 a, b = m["mount_total_s"], m["z2f_bf16_s"]
