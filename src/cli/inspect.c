@@ -45,7 +45,9 @@ static int print_json(const struct ckfs_model *m, const struct ckfs_folder *f)
 		cJSON *ds = cJSON_AddObjectToObject(root, "deepspeed");
 		cJSON_AddNumberToObject(ds, "zero_stage", m->zero_stage);
 		cJSON_AddStringToObject(ds, "optimizer",
-					m->zero_stage ? "DeepSpeedZeroOptimizer" : "BF16_Optimizer");
+					m->zero_stage == 3 ? "DeepSpeedZeroOptimizer_Stage3"
+					: m->zero_stage    ? "DeepSpeedZeroOptimizer"
+							   : "BF16_Optimizer");
 		if (m->ds_tag)
 			cJSON_AddStringToObject(ds, "tag", m->ds_tag);
 		else
