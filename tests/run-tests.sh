@@ -10,7 +10,10 @@
 #   3. the cache tests and the threaded mount tests (faults under load,
 #      every fixture read by 8 threads) under ThreadSanitizer, daemon included
 #   4. the Python oracle tier: verl's own merger, original weights,
-#      safetensors and transformers readers (tests/py)
+#      safetensors and transformers readers (tests/py), and the Python
+#      package built by pip into a fresh venv and used through its API
+#   5. the Debian package installed, used and purged in a clean Debian 12
+#      root (ctest label `package`)
 # Any failure stops the run with a non-zero exit.
 set -euo pipefail
 source "$(dirname "$0")/lib/deps.sh"
@@ -24,7 +27,7 @@ ckfs_install_deps
 tier "build (warnings are errors)"
 ckfs_build build
 tier "tier 1: ctest (unit, cli, mount)"
-ctest --test-dir build --output-on-failure -j2
+ctest --test-dir build --output-on-failure -j2 -LE package
 
 # Sanitizer reports are written to files (log_path), one per process, so
 # that those of daemons (whose stderr is a log or /dev/null) and of
@@ -79,7 +82,7 @@ ASAN_OPTIONS=detect_leaks=$LEAKS:verify_asan_link_order=0:log_path=$SANLOG/asan 
 LSAN_OPTIONS=suppressions=$CKFS_ROOT/tests/faults/lsan.supp:print_suppressions=0 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:log_path=$SANLOG/ubsan \
 CKFS_FAILALLOC_RUNS=40 \
-	ctest --test-dir build-asan --output-on-failure -j2 || rc=$?
+	ctest --test-dir build-asan --output-on-failure -j2 -LE package || rc=$?
 sanitizer_reports "tier 2" "$rc"
 
 tier "tier 3: cache tests and the threaded mount tests under TSan"
@@ -99,3 +102,10 @@ tier "tier 4: Python oracles (verl merger, originals, real readers)"
 VENV=$(CKFS_VENV=${CKFS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ckfs/venv} \
 	"$CKFS_ROOT/tests/setup-venv.sh" --print-path)
 CKFS_BIN="$CKFS_ROOT/build/ckfs" "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/py
+
+tier "tier 5: the Debian package in a clean Debian 12 root"
+# Run directly, not through ctest: a machine that cannot run it (not
+# root, no /dev/fuse) makes it say why and exit 77, which fails the run
+# here instead of counting as a skipped test. debootstrap's root is cached
+# as a tarball under ~/.cache/ckfs, so only the first run downloads it.
+bash tests/package/test_deb.sh build

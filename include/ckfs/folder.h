@@ -4,7 +4,9 @@
  * safetensors layout), rendered files (config.json with the output dtype,
  * model.safetensors.index.json) and side files passed through unchanged
  * from the checkpoint's huggingface/ folder (tokenizer, generation config,
- * chat template, remote code). `ckfs export` writes exactly these files;
+ * chat template, remote code); for a LoRA actor, the adapter in
+ * lora_adapter/ as verl writes it (or, for an adapter saved alone, the
+ * adapter folder by itself). `ckfs export` writes exactly these files;
  * the mount shows exactly these files. Immutable once built.
  */
 #ifndef CKFS_FOLDER_H
@@ -24,18 +26,25 @@ enum ckfs_node_kind {
 	CKFS_NODE_WEIGHTS,     /* a safetensors file, assembled on read */
 	CKFS_NODE_RENDERED,    /* bytes held in memory */
 	CKFS_NODE_PASSTHROUGH, /* a side file, read from its source */
+	CKFS_NODE_DIR,         /* a folder inside the folder */
 };
 
 struct ckfs_node {
-	const char *name;
+	const char *name;               /* path in the folder: "a" or "d/a" */
+	const char *base;               /* its last component */
+	size_t parent;                  /* the folder's node index + 1; 0: top */
 	enum ckfs_node_kind kind;
 	uint64_t size;
 	const struct ckfs_st_file *st;  /* WEIGHTS */
 	const char *data;               /* RENDERED */
-	/* RENDERED: the file it is rendered from (config.json); NULL for
-	 * the index, which comes from the weight files. */
+	/* RENDERED: what it is rendered from, for who may read it: a file
+	 * (config.json) and the weight files of a layout (the index,
+	 * adapter_config.json); either may be NULL. */
 	const struct ckfs_file_access *from;
+	const struct ckfs_st_layout *from_weights;
 	struct ckfs_source src;         /* PASSTHROUGH, opened read-only */
+	const size_t *children;         /* DIR: node indices, by name */
+	size_t n_children;
 };
 
 struct ckfs_folder_options {
@@ -46,8 +55,12 @@ struct ckfs_folder {
 	struct ckfs_arena arena;
 	const struct ckfs_model *model; /* borrowed */
 	struct ckfs_st_layout layout;
+	struct ckfs_st_layout adapter;  /* a LoRA adapter's weights, if served */
 	size_t n_nodes;
-	struct ckfs_node *nodes;        /* sorted by name */
+	struct ckfs_node *nodes;        /* sorted by path: a folder before
+					 * what it holds */
+	const size_t *top;              /* the top level's nodes, by name */
+	size_t n_top;
 	struct timespec mtime;          /* newest source mtime */
 };
 
@@ -57,6 +70,10 @@ enum ckfs_code ckfs_folder_build(const struct ckfs_model *m,
 				 struct ckfs_error *err) CKFS_WARN_UNUSED;
 void ckfs_folder_free(struct ckfs_folder *f);
 
+/* The node named name in folder dir (NULL: the top level), or NULL. */
+const struct ckfs_node *ckfs_folder_lookup(const struct ckfs_folder *f,
+					   const struct ckfs_node *dir, const char *name);
+
 /* Read up to len bytes at off; *got is short only at end of file. */
 enum ckfs_code ckfs_folder_read(const struct ckfs_folder *f,
 				const struct ckfs_node *n, uint64_t off,
@@ -65,14 +82,20 @@ enum ckfs_code ckfs_folder_read(const struct ckfs_folder *f,
 				struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /*
- * config.json for the output: the source text with the value of every
- * top-level "torch_dtype" / "dtype" key set to the string dtype_name, everything
- * else byte for byte; when neither key exists "torch_dtype" is added first.
- * Returns a malloc'd NUL-terminated string.
+ * config.json for the output (config_json.c): the source text with the
+ * dtype keys of the top level and of its sub-configs set to dtype_name,
+ * attn_implementation dropped, and for Qwen2-VL / Qwen2.5-VL (model_type,
+ * NULL when unknown) the top-level token ids; everything else byte for
+ * byte. Returns a malloc'd NUL-terminated string.
  */
-enum ckfs_code ckfs_render_config(const char *json, size_t len,
-				  const char *dtype_name, char **out,
-				  size_t *out_len,
+enum ckfs_code ckfs_render_config(const char *json, size_t len, const char *dtype_name,
+				  const char *model_type, char **out, size_t *out_len,
 				  struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/* lora_adapter/adapter_config.json (adapter.c): peft's LoraConfig as verl
+ * writes it. Returns a malloc'd NUL-terminated string. */
+enum ckfs_code ckfs_render_adapter_config(const struct ckfs_lora *l, char **out,
+					  size_t *out_len,
+					  struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 #endif

@@ -15,6 +15,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "ckfs/err.h"
 
@@ -29,5 +30,9 @@ enum ckfs_code ckfs_json_parse(const char *what, const char *text, size_t len,
 enum ckfs_code ckfs_json_parse_object(const char *what, const char *text, size_t len,
 				      struct cJSON **out,
 				      struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/* A JSON number that is a whole number from 0 to max: true with *out set
+ * (64.5, -1, "8" and true are not). */
+bool ckfs_json_whole(const struct cJSON *x, int64_t max, int64_t *out);
 
 #endif

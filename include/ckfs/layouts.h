@@ -28,6 +28,15 @@ struct ckfs_model_options {
 	 * their own names, one tensor per rank (megatron.c raw_key); refused
 	 * otherwise. */
 	bool raw_names;
+	/* LoRA actors (src/layouts/peft.c): what to serve (--lora), the
+	 * folder of base weights of an adapter-only checkpoint (--base, NULL
+	 * without), lora_alpha when the checkpoint does not record it or
+	 * records it wrongly (--lora-alpha; 0: as recorded) and rsLoRA
+	 * scaling, alpha / sqrt(r) (--rslora). */
+	enum ckfs_lora_mode lora;
+	const char *base_path;
+	int64_t lora_alpha;
+	bool rslora;
 };
 
 /* Open SRC: a verl actor/critic folder (FSDP rank files, legacy Megatron

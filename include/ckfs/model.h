@@ -22,6 +22,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <sys/types.h>
 #include <time.h>
@@ -75,6 +76,46 @@ struct ckfs_tensor {
 	uint32_t n_copies;
 	struct ckfs_chunk *copies;
 	const char *placement;          /* e.g. "Shard(0)", for inspect */
+	/* --lora=fuse: the LoRA pair added to this (base) tensor on read;
+	 * NULL for plain tensors. */
+	struct ckfs_lora_pair *lora;
+};
+
+/*
+ * A LoRA (PEFT) adapter of a linear layer: W' = W + scale * (B @ A), with
+ * A [r, in] and B [out, r] the adapter tensors of m->lora. The read path
+ * keeps A and B in memory as fp32, read on the first fused read of W (an
+ * adapter is small next to its base), so a slice never reads them again.
+ */
+struct ckfs_lora_pair {
+	const struct ckfs_tensor *a, *b;
+	float scale;
+	pthread_mutex_t lock;           /* guards the first read */
+	float *_Atomic ab;              /* A then B, fp32; NULL until read */
+};
+
+enum ckfs_lora_mode {
+	CKFS_LORA_ADAPTER,  /* verl's folder: base + lora_adapter/ (default) */
+	CKFS_LORA_FUSE,     /* one model, W + scale * (B @ A) computed on read */
+	CKFS_LORA_BASE,     /* the base weights alone */
+};
+
+/* A LoRA actor's adapter (src/layouts/peft.c): verl's merger writes it to
+ * lora_adapter/ (adapter_model.safetensors, adapter_config.json). */
+struct ckfs_lora {
+	enum ckfs_lora_mode mode;
+	struct ckfs_tensor *tensors;    /* adapter_model.safetensors */
+	size_t n_tensors;
+	struct ckfs_lora_pair *pairs;   /* one per adapted module, */
+	const char **modules;           /* whose names (as held in memory) */
+	size_t n_pairs;                 /* are these */
+	int64_t r;                      /* adapter_config.json's r, */
+	int64_t alpha;                  /* lora_alpha, */
+	bool rslora;                    /* use_rslora, */
+	const char *task_type;          /* task_type (NULL: null) */
+	const char **target_modules;    /* and target_modules, sorted */
+	size_t n_target_modules;
+	bool only;                      /* the checkpoint held no base weights */
 };
 
 struct ckfs_model {
@@ -115,7 +156,13 @@ struct ckfs_model {
 	 * placement were read from (fsdp_config.json, .metadata, ...). */
 	struct ckfs_file_access *meta_files;
 	size_t n_meta_files;
-	bool tie_word_embeddings;
+	bool tie_word_embeddings;       /* as transformers reads config.json */
+	const char *model_type;         /* config.json's; NULL when absent */
+	/* A LoRA actor's adapter; NULL for other models. */
+	struct ckfs_lora *lora;
+	/* --base: the model the base weights were taken from (its sources
+	 * moved into m's); freed with m. */
+	struct ckfs_model *base;
 	/* Where its files may come from: root = src_dir (alt_root a --config
 	 * folder), follow_symlinks from the options (include/ckfs/file.h). */
 	struct ckfs_file_policy policy;
@@ -155,10 +202,11 @@ void ckfs_source_note_read(uint64_t n);
 /* Bytes of one output tensor. */
 uint64_t ckfs_tensor_out_bytes(const struct ckfs_tensor *t);
 
-/* Reusable bounce buffer for ckfs_tensor_read; one per thread. */
+/* Reusable buffers for ckfs_tensor_read; one per thread. */
 struct ckfs_read_scratch {
-	void *buf;
+	void *buf;                      /* bounce buffer */
 	size_t cap;
+	float *fused;                   /* fused LoRA reads (fuse.c) */
 };
 void ckfs_read_scratch_release(struct ckfs_read_scratch *s);
 
@@ -173,6 +221,12 @@ enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
 				struct ckfs_read_scratch *scratch,
 				struct ckfs_error *err) CKFS_WARN_UNUSED;
 
+/* Internal to src/model: the read of a tensor with a LoRA pair (fuse.c),
+ * called by ckfs_tensor_read. */
+enum ckfs_code ckfs_lora_read(const struct ckfs_model *m, const struct ckfs_tensor *t,
+			      uint64_t first, uint64_t count, void *dst,
+			      struct ckfs_read_scratch *scratch,
+			      struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Internal to src/model: validation of a finished tensor plan, and of the
  * finished model's names (each served once). */
 enum ckfs_code ckfs_plan_validate_tensor(const struct ckfs_model *m,

@@ -64,11 +64,13 @@ mode_t ckfs_perm_bits(unsigned classes, unsigned perm);
 /*
  * Permission bits of every entry of f shown as owned by o: node_modes[i]
  * for f->nodes[i] (0444 at most), *root_mode for the folder (0555 at
- * most). A weight file is limited by the sources of its tensors and the
- * layout's metadata files, the index by those of every weight file,
- * config.json by the config it is rendered from, a side file by its
- * source; the folder's read bits by the checkpoint folder and the side-file
- * folder (both listed in it), its search bits by the checkpoint folder.
+ * most). A weight file is limited by the sources of its tensors (and of
+ * their LoRA pairs when fused) and the layout's metadata files, the index
+ * and adapter_config.json by those of their weight files, config.json by
+ * the config it is rendered from, a side file by its source; the folder's
+ * read bits (and a folder's inside it) by the checkpoint folder and the
+ * side-file folder (both listed in it), its search bits by the checkpoint
+ * folder.
  * Folders are stat-ed now; a folder that cannot be is an error.
  */
 enum ckfs_code ckfs_folder_modes(const struct ckfs_folder *f, const struct ckfs_owner *o,

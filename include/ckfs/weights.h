@@ -46,6 +46,11 @@ enum ckfs_code ckfs_st_layout_build(const struct ckfs_model *m,
 				    uint64_t max_shard_size,
 				    struct ckfs_st_layout *out,
 				    struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* One file of the n tensors ts, named name, without "__metadata__":
+ * safetensors.torch.save_file(tensors) as verl writes a LoRA adapter. */
+enum ckfs_code ckfs_st_layout_single(const struct ckfs_tensor *ts, size_t n, const char *name,
+				     struct ckfs_st_layout *out,
+				     struct ckfs_error *err) CKFS_WARN_UNUSED;
 void ckfs_st_layout_release(struct ckfs_st_layout *l);
 
 /* Bytes [off, off + len) of f; the range must lie inside the file. */

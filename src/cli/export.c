@@ -177,9 +177,10 @@ static enum ckfs_code carry_modes(const struct ckfs_folder *f, const char *tmp,
 	CKFS_TRY(ckfs_owner_init(&owner, geteuid(), st.st_gid, err));
 	rc = ckfs_folder_modes(f, &owner, em->files, &root, err);
 	ckfs_owner_release(&owner);
-	for (size_t i = 0; i < f->n_nodes; i++)
-		em->files[i] = 0600 | (em->files[i] & 0044);
 	em->dir = 0700 | (root & 0055);
+	for (size_t i = 0; i < f->n_nodes; i++)
+		em->files[i] = f->nodes[i].kind == CKFS_NODE_DIR ? em->dir
+							 : 0600 | (em->files[i] & 0044);
 	return rc;
 }
 
@@ -194,6 +195,9 @@ static enum ckfs_code write_node(const struct ckfs_folder *f, const struct ckfs_
 
 	if (snprintf(path, sizeof(path), "%s/%s", dir, n->name) >= (int)sizeof(path))
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': path too long", dir);
+	if (n->kind == CKFS_NODE_DIR) /* before what it holds: nodes are in path order */
+		return mkdir(path, mode) == 0 ? CKFS_OK
+					      : ckfs_fail_errno(err, "'%s': cannot create", path);
 	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
 	if (fd < 0)
 		return ckfs_fail_errno(err, "'%s': cannot create", path);
@@ -257,15 +261,19 @@ static enum ckfs_code write_node(const struct ckfs_folder *f, const struct ckfs_
 	return rc;
 }
 
-/* Remove a flat folder ckfs created (files only). */
+/* Remove a folder ckfs created: what it holds before each folder. */
 static void remove_tree(const char *dir, const struct ckfs_folder *f)
 {
 	char path[PATH_MAX];
 
-	for (size_t i = 0; f && i < f->n_nodes; i++) {
-		if (snprintf(path, sizeof(path), "%s/%s", dir, f->nodes[i].name) <
-		    (int)sizeof(path))
-			unlink(path);
+	for (size_t i = f ? f->n_nodes : 0; i-- > 0;) {
+		const struct ckfs_node *n = &f->nodes[i];
+		if (snprintf(path, sizeof(path), "%s/%s", dir, n->name) < (int)sizeof(path)) {
+			if (n->kind == CKFS_NODE_DIR)
+				rmdir(path);
+			else
+				unlink(path);
+		}
 	}
 	rmdir(dir);
 }
@@ -317,7 +325,8 @@ static const struct cli_opt opt_quiet = {
 
 static const struct cli_opt *const export_opts[] = {
 	&cli_opt_dtype, &cli_opt_max_shard_size, &cli_opt_config, &opt_force, &opt_threads,
-	&opt_quiet, &cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_log_level, NULL,
+	&opt_quiet, &cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_lora, &cli_opt_base,
+	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_log_level, NULL,
 };
 
 static int export_apply(void *ctx, const struct cli_opt *o, const char *value);
@@ -377,6 +386,13 @@ static enum ckfs_code write_folder(const struct export_args *a, const struct ckf
 		fputc('\n', stderr);
 	if (rc == CKFS_OK && chmod(tmp, em.dir & ~process_umask) != 0)
 		rc = ckfs_fail_errno(err, "'%s': cannot set its mode", tmp);
+	for (size_t i = 0; i < f->n_nodes && rc == CKFS_OK; i++) {
+		char path[PATH_MAX];
+		if (f->nodes[i].kind == CKFS_NODE_DIR &&
+		    snprintf(path, sizeof(path), "%s/%s", tmp, f->nodes[i].name) < (int)sizeof(path)
+		    && sync_dir(path) != 0)
+			rc = ckfs_fail_errno(err, "'%s': fsync failed", path);
+	}
 	if (rc == CKFS_OK && sync_dir(tmp) != 0)
 		rc = ckfs_fail_errno(err, "'%s': fsync failed", tmp);
 	free(em.files);
@@ -448,7 +464,10 @@ static enum ckfs_code export_folder(const struct export_args *a, const struct ck
 	if (rc == CKFS_OK && !a->quiet) {
 		char size[32];
 		ckfs_format_bytes((double)prog.total, size, sizeof(size));
-		ckfs_cli_say("wrote %zu files (%s) to '%s' in %.2f s", f->n_nodes, size, dst,
+		size_t files = 0;
+		for (size_t i = 0; i < f->n_nodes; i++)
+			files += f->nodes[i].kind != CKFS_NODE_DIR;
+		ckfs_cli_say("wrote %zu files (%s) to '%s' in %.2f s", files, size, dst,
 			     since(&prog.start));
 	}
 	return rc;

@@ -19,6 +19,29 @@ static uint64_t stored_bytes(const struct ckfs_tensor *t)
 	return t->numel * ckfs_dtype_size(t->stored_dtype);
 }
 
+static const char *lora_mode_name(enum ckfs_lora_mode mode)
+{
+	return mode == CKFS_LORA_FUSE ? "fuse" : mode == CKFS_LORA_BASE ? "base" : "adapter";
+}
+
+static void add_lora_json(cJSON *root, const struct ckfs_lora *l)
+{
+	cJSON *o = cJSON_AddObjectToObject(root, "lora");
+	cJSON *arr;
+
+	cJSON_AddStringToObject(o, "mode", lora_mode_name(l->mode));
+	cJSON_AddNumberToObject(o, "r", (double)l->r);
+	cJSON_AddNumberToObject(o, "lora_alpha", (double)l->alpha);
+	cJSON_AddBoolToObject(o, "use_rslora", l->rslora);
+	cJSON_AddBoolToObject(o, "adapter_only", l->only);
+	arr = cJSON_AddArrayToObject(o, "target_modules");
+	for (size_t i = 0; i < l->n_target_modules; i++)
+		cJSON_AddItemToArray(arr, cJSON_CreateString(l->target_modules[i]));
+	arr = cJSON_AddArrayToObject(o, "adapter_tensors");
+	for (size_t i = 0; i < l->n_tensors; i++)
+		cJSON_AddItemToArray(arr, cJSON_CreateString(l->tensors[i].name));
+}
+
 static int print_json(const struct ckfs_model *m, const struct ckfs_folder *f)
 {
 	cJSON *root = cJSON_CreateObject(), *arr, *mesh, *tensors, *files;
@@ -67,6 +90,8 @@ static int print_json(const struct ckfs_model *m, const struct ckfs_folder *f)
 		cJSON_AddItemToArray(arr, cJSON_CreateNumber(m->ranks_read[i]));
 	cJSON_AddStringToObject(root, "config", m->config_path);
 	cJSON_AddBoolToObject(root, "tie_word_embeddings", m->tie_word_embeddings);
+	if (m->lora)
+		add_lora_json(root, m->lora);
 	tensors = cJSON_AddArrayToObject(root, "tensors");
 	for (size_t i = 0; i < m->n_tensors; i++) {
 		const struct ckfs_tensor *t = &m->tensors[i];
@@ -106,6 +131,17 @@ static int print_json(const struct ckfs_model *m, const struct ckfs_folder *f)
 	puts(text);
 	free(text);
 	return 0;
+}
+
+static void print_lora(const struct ckfs_lora *l)
+{
+	printf("lora         %zu adapted modules, r %lld, lora_alpha %lld%s, served as %s%s\n",
+	       l->n_pairs, (long long)l->r, (long long)l->alpha, l->rslora ? " (rsLoRA)" : "",
+	       lora_mode_name(l->mode), l->only ? " (adapter saved alone)" : "");
+	printf("             target_modules");
+	for (size_t i = 0; i < l->n_target_modules; i++)
+		printf(" %s", ckfs_cli_shown(l->target_modules[i]));
+	printf("\n");
 }
 
 static void print_text(const struct ckfs_model *m, const struct ckfs_folder *f)
@@ -171,8 +207,11 @@ static void print_text(const struct ckfs_model *m, const struct ckfs_folder *f)
 			printf("%s%d", i ? " " : "", m->ranks_read[i]);
 		printf("\n");
 	}
-	printf("config       %s%s\n\n", ckfs_cli_shown(m->config_path),
+	printf("config       %s%s\n", ckfs_cli_shown(m->config_path),
 	       m->tie_word_embeddings ? " (tie_word_embeddings)" : "");
+	if (m->lora)
+		print_lora(m->lora);
+	printf("\n");
 	for (size_t i = 0; i < m->n_tensors; i++)
 		if (strlen(ckfs_cli_shown(m->tensors[i].name)) > w)
 			w = strlen(ckfs_cli_shown(m->tensors[i].name));
@@ -204,7 +243,8 @@ static void print_text(const struct ckfs_model *m, const struct ckfs_folder *f)
 
 static const struct cli_opt *const inspect_opts[] = {
 	&cli_opt_json, &cli_opt_dtype, &cli_opt_max_shard_size, &cli_opt_config,
-	&cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_log_level, NULL,
+	&cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_lora, &cli_opt_base,
+	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_log_level, NULL,
 };
 
 const struct cli_command ckfs_cmd_inspect_def = {

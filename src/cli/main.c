@@ -13,6 +13,7 @@
 
 #include "ckfs/log.h"
 #include "ckfs/text.h"
+#include "cli/built_with.h"
 #include "cli/cli.h"
 #include "cli/options.h"
 
@@ -95,20 +96,23 @@ static void usage(FILE *to)
 		snprintf(left, sizeof(left), "%s %s", (*c)->name, (*c)->args);
 		fprintf(to, "  %-24s %s\n", left, (*c)->brief);
 	}
-	fputs("\nRun 'ckfs <command> --help' for its options.\n", to);
+	fputs("\nRun 'ckfs <command> --help' for its options, 'ckfs --version' for the\n"
+	      "version; the manual page is ckfs(1).\n", to);
 }
 
 int main(int argc, char **argv)
 {
 	const char *cmd = argc > 1 ? argv[1] : NULL;
 
+	if (cmd && strcmp(cmd, "help") == 0 && argc > 2)
+		return ckfs_cmd_help(argc - 1, argv + 1);
 	if (!cmd || strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 ||
 	    strcmp(cmd, "help") == 0) {
 		usage(cmd ? stdout : stderr);
 		return cmd ? 0 : 2;
 	}
 	if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
-		printf("ckfs %s\n", CKFS_VERSION);
+		printf("ckfs %s\nbuilt with %s\n", CKFS_VERSION, CKFS_BUILT_WITH);
 		return 0;
 	}
 	for (const struct cli_command *const *c = ckfs_commands; *c; c++)

@@ -87,7 +87,8 @@ static const struct cli_opt opt_umask = {
 static const struct cli_opt *const mount_opts[] = {
 	&opt_foreground, &opt_debug, &opt_options, &cli_opt_dtype, &cli_opt_max_shard_size,
 	&opt_cache_size, &opt_threads, &opt_readahead, &cli_opt_config,
-	&cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_log_level,
+	&cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_lora, &cli_opt_base,
+	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_log_level,
 	&opt_prefetch_threads, &opt_slice_size, &opt_kernel_readahead, &opt_uid, &opt_gid,
 	&opt_umask, NULL,
 };
@@ -140,34 +141,39 @@ static int is_pow2(uint64_t v)
 
 static int mount_apply(void *ctx, const struct cli_opt *o, const char *value);
 
+/* Keys of mount(8) and systemd, ignored; libfuse's flags and valued keys,
+ * passed on (NULL-terminated; also listed by the man page and completion). */
+const char *const ckfs_mount_ignored_keys[] = {
+	"rw", "ro", "defaults", "auto", "noauto", "user", "users", "nouser",
+	"owner", "nofail", "_netdev", "sw", "group", NULL,
+};
+const char *const ckfs_mount_fuse_flags[] = {
+	"allow_other", "allow_root", "auto_unmount", "default_permissions",
+	"dev", "nodev", "suid", "nosuid", "exec", "noexec", "async", "sync",
+	"dirsync", "atime", "noatime", "diratime", "nodiratime", "relatime",
+	"norelatime", "strictatime", "nostrictatime", NULL,
+};
+const char *const ckfs_mount_fuse_keys[] = {
+	"fsname", "subtype", "context", "fscontext", "defcontext", "rootcontext",
+	"user", NULL,
+};
+
+static bool listed(const char *const *list, const char *key)
+{
+	for (; *list; list++)
+		if (strcmp(*list, key) == 0)
+			return true;
+	return false;
+}
+
 /* A mount(8) or libfuse key: ignored, or kept for libfuse. */
 static int other_key(struct mount_args *a, const char *key, const char *val, const char *whole)
 {
-	static const char *const ignored[] = {
-		"rw", "ro", "defaults", "auto", "noauto", "user", "users", "nouser",
-		"owner", "nofail", "_netdev", "sw", "group",
-	};
-	static const char *const fuse_flags[] = {
-		"allow_other", "allow_root", "auto_unmount", "default_permissions",
-		"dev", "nodev", "suid", "nosuid", "exec", "noexec", "async", "sync",
-		"dirsync", "atime", "noatime", "diratime", "nodiratime", "relatime",
-		"norelatime", "strictatime", "nostrictatime",
-	};
-	static const char *const fuse_keys[] = {
-		"fsname", "subtype", "context", "fscontext", "defcontext", "rootcontext",
-		"user",
-	};
-	int known = 0;
-
-	for (size_t i = 0; i < sizeof(ignored) / sizeof(ignored[0]); i++)
-		if (!val && strcmp(key, ignored[i]) == 0)
-			return 0;
+	if (!val && listed(ckfs_mount_ignored_keys, key))
+		return 0;
 	if (strncmp(key, "x-", 2) == 0 || strcmp(key, "comment") == 0)
 		return 0; /* for mount(8) and systemd only */
-	for (size_t i = 0; !known && i < sizeof(fuse_flags) / sizeof(fuse_flags[0]); i++)
-		known = !val && strcmp(key, fuse_flags[i]) == 0;
-	for (size_t i = 0; !known && i < sizeof(fuse_keys) / sizeof(fuse_keys[0]); i++)
-		known = val && strcmp(key, fuse_keys[i]) == 0;
+	bool known = val ? listed(ckfs_mount_fuse_keys, key) : listed(ckfs_mount_fuse_flags, key);
 	if (!known)
 		return ckfs_cli_usage_error("mount", "unknown mount option '%s'", whole);
 	a->has_fsname |= strcmp(key, "fsname") == 0;
@@ -333,7 +339,7 @@ int ckfs_cmd_mount(int argc, char **argv)
 			.kernel_readahead_kb = DEFAULT_KERNEL_READAHEAD_KB,
 		},
 	};
-	char src[PATH_MAX], mnt[PATH_MAX], config[PATH_MAX], *fo = NULL;
+	char src[PATH_MAX], mnt[PATH_MAX], config[PATH_MAX], base[PATH_MAX], *fo = NULL;
 	int first;
 
 	int rc = cli_parse(&ckfs_cmd_mount_def, argc, argv, mount_apply, &a, &first);
@@ -355,6 +361,9 @@ int ckfs_cmd_mount(int argc, char **argv)
 	if (a.mo.model.config_path)
 		a.mo.model.config_path = realpath(a.mo.model.config_path, config)
 						 ? config : a.mo.model.config_path;
+	if (a.mo.model.base_path)
+		a.mo.model.base_path = realpath(a.mo.model.base_path, base)
+					       ? base : a.mo.model.base_path;
 	if ((rc = fuse_options(&a, &fo)) != 0)
 		goto out;
 	a.mo.fuse_opts = fo;

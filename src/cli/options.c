@@ -3,6 +3,7 @@
 #include "cli/options.h"
 
 #include <getopt.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +35,25 @@ const struct cli_opt cli_opt_raw_names = {
 	"serve Megatron keys without a Hugging Face name under their own names "
 	"(per rank from mp_rank_* folders, whole from a dist_ckpt)"
 };
+const struct cli_opt cli_opt_lora = {
+	OPT_LORA, "lora", 0, "lora", "MODE",
+	"a LoRA actor as: adapter (default: the base weights plus lora_adapter/, "
+	"as verl's merger writes them), fuse (one model, W + scale * B @ A "
+	"computed on read) or base (the base weights alone)"
+};
+const struct cli_opt cli_opt_base = {
+	OPT_BASE, "base", 0, "base", "DIR",
+	"the base weights of a LoRA checkpoint saved with the adapter only: a "
+	"Hugging Face folder, or any checkpoint ckfs reads"
+};
+const struct cli_opt cli_opt_lora_alpha = {
+	OPT_LORA_ALPHA, "lora-alpha", 0, "lora_alpha", "N",
+	"LoRA alpha, when lora_train_meta.json does not record it as trained"
+};
+const struct cli_opt cli_opt_rslora = {
+	OPT_RSLORA, "rslora", 0, "rslora", NULL,
+	"the adapter was trained with rsLoRA: scale alpha / sqrt(r), not alpha / r"
+};
 const struct cli_opt cli_opt_log_level = {
 	OPT_LOG_LEVEL, "log-level", 0, "log_level", "LEVEL",
 	"err, warning, notice (default), info or debug"
@@ -42,7 +62,7 @@ const struct cli_opt cli_opt_json = {
 	OPT_JSON, "json", 'j', NULL, NULL, "print JSON"
 };
 
-static const struct cli_opt opt_help = { 0, "help", 'h', NULL, NULL, "show this help" };
+const struct cli_opt cli_opt_help = { 0, "help", 'h', NULL, NULL, "show this help" };
 
 static size_t count(const struct cli_command *cmd)
 {
@@ -180,7 +200,7 @@ void cli_help(const struct cli_command *cmd, FILE *to)
 	fprintf(to, "usage: ckfs %s [options] %s\n%s\n\nOptions:\n", cmd->name, cmd->args,
 		cmd->about);
 	for (const struct cli_opt *const *p = cmd->opts;; p++) {
-		const struct cli_opt *o = *p ? *p : &opt_help;
+		const struct cli_opt *o = *p ? *p : &cli_opt_help;
 		if (!o->name) {
 			keys_only = 1;
 		} else {
@@ -239,6 +259,32 @@ int cli_apply_common(const struct cli_command *cmd, struct cli_common *c,
 	}
 	case OPT_JSON:
 		c->json = true;
+		return 0;
+	case OPT_LORA:
+		if (strcmp(value, "adapter") == 0)
+			c->model.lora = CKFS_LORA_ADAPTER;
+		else if (strcmp(value, "fuse") == 0)
+			c->model.lora = CKFS_LORA_FUSE;
+		else if (strcmp(value, "base") == 0)
+			c->model.lora = CKFS_LORA_BASE;
+		else
+			return ckfs_cli_usage_error(cmd->name, "--lora is adapter, fuse or base, "
+						    "not '%s'", value);
+		return 0;
+	case OPT_BASE:
+		c->model.base_path = value;
+		return 0;
+	case OPT_LORA_ALPHA: {
+		char *end;
+		long long v = strtoll(value, &end, 10);
+		if (!*value || *end || v < 1 || v > INT32_MAX)
+			return ckfs_cli_usage_error(cmd->name, "--lora-alpha is a whole number "
+						    "from 1, not '%s'", value);
+		c->model.lora_alpha = v;
+		return 0;
+	}
+	case OPT_RSLORA:
+		c->model.rslora = true;
 		return 0;
 	default:
 		return -1;

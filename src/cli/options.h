@@ -18,7 +18,7 @@
 enum cli_opt_id {
 	/* options of several commands (cli_apply_common) */
 	OPT_DTYPE = 1, OPT_MAX_SHARD_SIZE, OPT_CONFIG, OPT_FOLLOW_SYMLINKS, OPT_RAW_NAMES,
-	OPT_LOG_LEVEL, OPT_JSON,
+	OPT_LOG_LEVEL, OPT_JSON, OPT_LORA, OPT_BASE, OPT_LORA_ALPHA, OPT_RSLORA,
 	/* export */
 	OPT_FORCE, OPT_EXPORT_THREADS, OPT_QUIET,
 	/* verify */
@@ -29,6 +29,9 @@ enum cli_opt_id {
 	OPT_GID, OPT_UMASK,
 	/* umount */
 	OPT_LAZY,
+	/* stats */
+	OPT_PROMETHEUS,
+	OPT_ID_END /* one past the last */
 };
 
 struct cli_opt {
@@ -56,7 +59,10 @@ extern const struct cli_command *const ckfs_commands[];
 
 /* Options several commands share, declared once. */
 extern const struct cli_opt cli_opt_dtype, cli_opt_max_shard_size, cli_opt_config,
-	cli_opt_follow_symlinks, cli_opt_raw_names, cli_opt_log_level, cli_opt_json;
+	cli_opt_follow_symlinks, cli_opt_raw_names, cli_opt_log_level, cli_opt_json,
+	cli_opt_lora, cli_opt_base, cli_opt_lora_alpha, cli_opt_rslora;
+/* -h, --help: implied in every command (after its table). */
+extern const struct cli_opt cli_opt_help;
 
 /* apply(ctx, opt, value) for each option given (value NULL for a flag):
  * 0, or the exit status to stop with (2 for a usage error, reported by

@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /* ckfs stats MNT: the counters a running mount keeps (its root's
- * user.ckfs.stats xattr), as text or JSON. */
+ * user.ckfs.stats xattr), as text, JSON, or Prometheus's text format for
+ * node_exporter's textfile collector. */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/xattr.h>
@@ -53,7 +56,106 @@ static void print_stats(const cJSON *o)
 	printf("source read     %s\n", bytes(o, "source_bytes_read", a, sizeof(a)));
 }
 
-static const struct cli_opt *const stats_opts[] = { &cli_opt_json, NULL };
+/* The counters as Prometheus metrics: the stats field, the metric's name,
+ * its type and help. The help is the same on every mount, as the textfile
+ * collector requires of one metric read from several files. */
+static const struct prom_metric {
+	const char *field, *name, *type, *help;
+} prom_metrics[] = {
+	{ "hits", "ckfs_cache_hits_total", "counter",
+	  "Slice lookups found ready in the slice cache." },
+	{ "misses", "ckfs_cache_misses_total", "counter",
+	  "Slice lookups that needed a fill." },
+	{ "waits", "ckfs_cache_waits_total", "counter",
+	  "Slice lookups that waited on another thread's fill." },
+	{ "fills", "ckfs_cache_fills_total", "counter",
+	  "Slices assembled from the sources." },
+	{ "fill_errors", "ckfs_cache_fill_errors_total", "counter",
+	  "Slice fills that failed (a source changed or could not be read)." },
+	{ "bytes_filled", "ckfs_cache_filled_bytes_total", "counter",
+	  "Bytes of slices assembled from the sources." },
+	{ "recycled", "ckfs_cache_recycled_total", "counter",
+	  "Fills that reused the buffer of a slice already served." },
+	{ "evictions", "ckfs_cache_evictions_total", "counter",
+	  "Slices evicted from the slice cache." },
+	{ "bytes_cached", "ckfs_cache_bytes", "gauge", "Bytes held by the slice cache." },
+	{ "slices_cached", "ckfs_cache_slices", "gauge", "Slices held by the slice cache." },
+	{ "budget", "ckfs_cache_budget_bytes", "gauge", "The slice cache's budget in bytes." },
+	{ "slice_size", "ckfs_cache_slice_bytes", "gauge", "The size of a cache slice in bytes." },
+	{ "prefetch_queued", "ckfs_prefetch_queued_total", "counter",
+	  "Slices queued for read-ahead." },
+	{ "prefetch_dropped", "ckfs_prefetch_dropped_total", "counter",
+	  "Read-ahead slices dropped because the queue was full." },
+	{ "prefetch_hits", "ckfs_prefetch_hits_total", "counter",
+	  "Read-ahead slices that were later read." },
+	{ "readahead_sequential", "ckfs_readahead_sequential_reads_total", "counter",
+	  "Reads judged sequential." },
+	{ "readahead_slices", "ckfs_readahead_slices_total", "counter",
+	  "Slices handed to read-ahead." },
+	{ "reads", "ckfs_reads_total", "counter", "FUSE read requests." },
+	{ "bytes_read", "ckfs_read_bytes_total", "counter", "Bytes replied to read requests." },
+	{ "errors", "ckfs_read_errors_total", "counter", "Read requests answered with an error." },
+	{ "opens", "ckfs_opens_total", "counter", "Files opened." },
+	{ "source_bytes_read", "ckfs_source_read_bytes_total", "counter",
+	  "Bytes of checkpoint files read to serve data since the mount became ready." },
+	{ "files", "ckfs_files", "gauge", "Files in the served folder." },
+	{ "uptime_s", "ckfs_uptime_seconds", "gauge", "Seconds since the mount became ready." },
+};
+
+/* A label value: backslash, double quote and newline escaped. */
+static void prom_label(const char *s)
+{
+	for (; *s; s++) {
+		if (*s == '\\' || *s == '"')
+			printf("\\%c", *s);
+		else if (*s == '\n')
+			fputs("\\n", stdout);
+		else
+			putchar(*s);
+	}
+}
+
+static void prom_value(double v)
+{
+	if (v == floor(v) && fabs(v) < 9007199254740992.0) /* 2^53: exact */
+		printf("%.0f\n", v);
+	else
+		printf("%.9g\n", v);
+}
+
+/* Every counter the daemon reported, labelled with the mount point; one
+ * info metric carries the checkpoint, the daemon and ckfs's version. A
+ * field the daemon did not report is left out, never shown as 0. */
+static void print_prometheus(const cJSON *o, const char *mnt)
+{
+	const cJSON *src = cJSON_GetObjectItemCaseSensitive(o, "source");
+
+	puts("# HELP ckfs_mount_info A ckfs mount: its checkpoint, daemon and version.\n"
+	     "# TYPE ckfs_mount_info gauge");
+	fputs("ckfs_mount_info{mountpoint=\"", stdout);
+	prom_label(mnt);
+	fputs("\",source=\"", stdout);
+	prom_label(cJSON_IsString(src) ? src->valuestring : "");
+	printf("\",pid=\"%.0f\",version=\"%s\"} 1\n", num(o, "pid"), CKFS_VERSION);
+	for (size_t i = 0; i < sizeof(prom_metrics) / sizeof(prom_metrics[0]); i++) {
+		const struct prom_metric *m = &prom_metrics[i];
+		const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, m->field);
+		if (!cJSON_IsNumber(v))
+			continue;
+		printf("# HELP %s %s\n# TYPE %s %s\n%s{mountpoint=\"", m->name, m->help, m->name,
+		       m->type, m->name);
+		prom_label(mnt);
+		fputs("\"} ", stdout);
+		prom_value(v->valuedouble);
+	}
+}
+
+static const struct cli_opt opt_prometheus = {
+	OPT_PROMETHEUS, "prometheus", 0, NULL, NULL,
+	"print Prometheus metrics (the text format of node_exporter's textfile "
+	"collector), labelled with the mount point"
+};
+static const struct cli_opt *const stats_opts[] = { &cli_opt_json, &opt_prometheus, NULL };
 
 const struct cli_command ckfs_cmd_stats_def = {
 	.name = "stats",
@@ -61,41 +163,59 @@ const struct cli_command ckfs_cmd_stats_def = {
 	.n_args = 1,
 	.brief = "counters of a running mount",
 	.about = "Counters of a running mount: slice cache, read-ahead, reads, bytes\n"
-		 "read from the sources.",
+		 "read from the sources; as text, JSON or Prometheus metrics.",
 	.opts = stats_opts,
 	.run = ckfs_cmd_stats,
 };
 
+enum stats_format { STATS_TEXT, STATS_JSON, STATS_PROMETHEUS };
+
 static int stats_apply(void *ctx, const struct cli_opt *o, const char *value)
 {
-	int rc = cli_apply_common(&ckfs_cmd_stats_def, ctx, o, value);
-	return rc < 0 ? 0 : rc;
+	enum stats_format *format = ctx;
+
+	enum stats_format want = o->id == OPT_PROMETHEUS ? STATS_PROMETHEUS : STATS_JSON;
+
+	(void)value;
+	if (*format != STATS_TEXT && *format != want)
+		return ckfs_cli_usage_error("stats", "--json and --prometheus exclude "
+					    "each other");
+	*format = want;
+	return 0;
+}
+
+/* The daemon's counters (JSON text) into buf: 0, or 1 after saying why. */
+static int read_stats(const char *mnt, char *buf, size_t size)
+{
+	ssize_t n = getxattr(mnt, CKFS_STATS_XATTR, buf, size - 1);
+
+	if (n >= 0) {
+		buf[n] = '\0';
+		return 0;
+	}
+	if (errno == ENODATA || errno == ENOTSUP)
+		ckfs_cli_say("'%s': not a ckfs mount", mnt);
+	else if (errno == ENOTCONN)
+		ckfs_cli_say("'%s': the daemon is gone (transport endpoint is not "
+			     "connected); run 'ckfs umount %s'", mnt, mnt);
+	else
+		ckfs_cli_say("'%s': %s", mnt, strerror(errno));
+	return 1;
 }
 
 int ckfs_cmd_stats(int argc, char **argv)
 {
-	struct cli_common c = { 0 };
+	enum stats_format format = STATS_TEXT;
+	char buf[65536], abs_mnt[PATH_MAX];
 	int first;
 
-	int rc = cli_parse(&ckfs_cmd_stats_def, argc, argv, stats_apply, &c, &first);
+	int rc = cli_parse(&ckfs_cmd_stats_def, argc, argv, stats_apply, &format, &first);
 	if (rc)
 		return rc < 0 ? 0 : rc;
-	int json = c.json;
 	const char *mnt = argv[first];
-	char buf[65536];
-	ssize_t n = getxattr(mnt, CKFS_STATS_XATTR, buf, sizeof(buf) - 1);
-	if (n < 0) {
-		if (errno == ENODATA || errno == ENOTSUP)
-			ckfs_cli_say("'%s': not a ckfs mount", mnt);
-		else if (errno == ENOTCONN)
-			ckfs_cli_say("'%s': the daemon is gone (transport endpoint is not "
-				     "connected); run 'ckfs umount %s'", mnt, mnt);
-		else
-			ckfs_cli_say("'%s': %s", mnt, strerror(errno));
+	if (read_stats(mnt, buf, sizeof(buf)) != 0)
 		return 1;
-	}
-	buf[n] = '\0';
-	if (json) {
+	if (format == STATS_JSON) {
 		fputs(buf, stdout);
 		return 0;
 	}
@@ -104,7 +224,11 @@ int ckfs_cmd_stats(int argc, char **argv)
 		ckfs_cli_say("'%s': unreadable statistics", mnt);
 		return 1;
 	}
-	print_stats(o);
+	if (format == STATS_PROMETHEUS)
+		print_prometheus(o, ckfs_abs_path(mnt, abs_mnt, sizeof(abs_mnt)) == 0 ? abs_mnt
+										     : mnt);
+	else
+		print_stats(o);
 	cJSON_Delete(o);
-	return 0;
+	return fflush(stdout) == 0 ? 0 : 1;
 }

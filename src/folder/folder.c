@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The served Hugging Face folder (include/ckfs/folder.h): weight files from
- * the safetensors layout, config.json re-rendered with the output dtype,
- * the shard index when there is one, and side files from huggingface/
- * passed through untouched. Training artifacts never appear: only the
- * checkpoint's huggingface/ folder contributes side files, and weight-like
- * files there (*.safetensors, *.bin, *.pt, *.pth, their indexes) are
- * skipped because the folder's weights are the merged ones.
+ * the safetensors layout, config.json re-rendered (config_json.c), the
+ * shard index when there is one, side files from huggingface/ passed
+ * through untouched, and a LoRA actor's adapter in lora_adapter/
+ * (adapter_model.safetensors, adapter_config.json: adapter.c). Training
+ * artifacts never appear: only the checkpoint's huggingface/ folder
+ * contributes side files, and weight-like files there (*.safetensors,
+ * *.bin, *.pt, *.pth, their indexes) are skipped because the folder's
+ * weights are the merged ones.
  */
 #include "ckfs/folder.h"
 
@@ -18,129 +20,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-/* ---- config.json ---- */
-
-/* Skip JSON whitespace. */
-static size_t skip_ws(const char *s, size_t i, size_t n)
-{
-	while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r'))
-		i++;
-	return i;
-}
-
-/* End of the JSON string starting at s[i] == '"'; n when unterminated. */
-static size_t string_end(const char *s, size_t i, size_t n)
-{
-	for (i++; i < n; i++) {
-		if (s[i] == '\\')
-			i++;
-		else if (s[i] == '"')
-			return i + 1;
-	}
-	return n;
-}
-
-/* End of the JSON value starting at s[i]: strings and nested containers
- * are skipped whole, scalars end at a delimiter. */
-static size_t value_end(const char *s, size_t i, size_t n)
-{
-	int depth = 0;
-
-	if (i < n && s[i] == '"')
-		return string_end(s, i, n);
-	for (; i < n; i++) {
-		char c = s[i];
-		if (c == '"') {
-			i = string_end(s, i, n) - 1;
-		} else if (c == '{' || c == '[') {
-			depth++;
-		} else if (c == '}' || c == ']') {
-			if (depth == 0)
-				return i;
-			if (--depth == 0)
-				return i + 1;
-		} else if (depth == 0 && c == ',') {
-			return i;
-		}
-	}
-	return n;
-}
-
-enum ckfs_code ckfs_render_config(const char *s, size_t n, const char *dtype_name,
-				  char **out, size_t *out_len, struct ckfs_error *err)
-{
-	/* Spans of top-level dtype string values to replace, in order. */
-	size_t spans[8][2], n_spans = 0;
-	size_t i = skip_ws(s, 0, n), open_brace;
-
-	if (i >= n || s[i] != '{')
-		return ckfs_fail(err, CKFS_E_FORMAT, "config.json is not a JSON object");
-	open_brace = i++;
-	while (1) {
-		i = skip_ws(s, i, n);
-		if (i < n && s[i] == '}')
-			break;
-		if (i >= n || s[i] != '"')
-			return ckfs_fail(err, CKFS_E_FORMAT, "config.json: malformed key");
-		size_t key_end = string_end(s, i, n);
-		size_t klen = key_end - i - 2;
-		const char *key = s + i + 1;
-		i = skip_ws(s, key_end, n);
-		if (i >= n || s[i] != ':')
-			return ckfs_fail(err, CKFS_E_FORMAT, "config.json: missing ':'");
-		i = skip_ws(s, i + 1, n);
-		size_t vend = value_end(s, i, n);
-		if (vend >= n)
-			return ckfs_fail(err, CKFS_E_FORMAT, "config.json: truncated");
-		/* The value is replaced whatever it holds (a string, null, a
-		 * number): a second key beside it would make two JSON readers
-		 * read two different files. */
-		if (n_spans < 8 &&
-		    ((klen == 11 && memcmp(key, "torch_dtype", 11) == 0) ||
-		     (klen == 5 && memcmp(key, "dtype", 5) == 0))) {
-			spans[n_spans][0] = i;
-			spans[n_spans][1] = vend;
-			n_spans++;
-		}
-		i = skip_ws(s, vend, n);
-		if (i < n && s[i] == ',') {
-			i++;
-			continue;
-		}
-		if (i < n && s[i] == '}')
-			break;
-		return ckfs_fail(err, CKFS_E_FORMAT, "config.json: malformed object");
-	}
-
-	size_t dl = strlen(dtype_name);
-	size_t cap = n + 64 + (n_spans + 1) * (dl + 2);
-	char *o = malloc(cap + 1), *p = o;
-	if (!o)
-		return ckfs_nomem(err);
-	size_t from = 0;
-	if (n_spans == 0) {
-		/* Add the field first, in the file's own indentation style. */
-		memcpy(p, s, open_brace + 1);
-		p += open_brace + 1;
-		p += sprintf(p, "\n  \"torch_dtype\": \"%s\",", dtype_name);
-		from = open_brace + 1;
-	}
-	for (size_t k = 0; k < n_spans; k++) {
-		memcpy(p, s + from, spans[k][0] - from);
-		p += spans[k][0] - from;
-		p += sprintf(p, "\"%s\"", dtype_name);
-		from = spans[k][1];
-	}
-	memcpy(p, s + from, n - from);
-	p += n - from;
-	*p = '\0';
-	*out = o;
-	*out_len = (size_t)(p - o);
-	return CKFS_OK;
-}
-
-/* ---- folder ---- */
 
 static int is_weight_like(const char *name)
 {
@@ -155,12 +34,6 @@ static int is_weight_like(const char *name)
 			return 1;
 	}
 	return 0;
-}
-
-static int cmp_node(const void *a, const void *b)
-{
-	return strcmp(((const struct ckfs_node *)a)->name,
-		      ((const struct ckfs_node *)b)->name);
 }
 
 static int ts_newer(struct timespec a, struct timespec b)
@@ -178,8 +51,29 @@ static const char *config_dtype(const struct ckfs_model *m)
 	return m->n_tensors ? ckfs_dtype_torch_name(m->tensors[0].out_dtype) : "float32";
 }
 
-static enum ckfs_code add_side_files(struct ckfs_folder *f, size_t *cap,
-				     struct ckfs_error *err)
+/* Room for every node: the weight files and the index, config.json, the
+ * adapter's three, and the side files. */
+#define MAX_NODES 4096
+
+/* A new node named name (an arena string of f), zeroed but for its name
+ * and kind; NULL with err set when the folder is full. */
+static struct ckfs_node *add_node(struct ckfs_folder *f, const char *name,
+				  enum ckfs_node_kind kind, struct ckfs_error *err)
+{
+	if (f->n_nodes == MAX_NODES) {
+		ckfs_fail(err, CKFS_E_LIMIT, "'%s': more than %d files to serve",
+			  f->model->src_dir, MAX_NODES);
+		return NULL;
+	}
+	struct ckfs_node *n = &f->nodes[f->n_nodes++];
+	memset(n, 0, sizeof(*n));
+	n->name = name;
+	n->kind = kind;
+	n->src.fd = -1;
+	return n;
+}
+
+static enum ckfs_code add_side_files(struct ckfs_folder *f, struct ckfs_error *err)
 {
 	const struct ckfs_model *m = f->model;
 	DIR *d;
@@ -207,23 +101,20 @@ static enum ckfs_code add_side_files(struct ckfs_folder *f, size_t *cap,
 		struct stat st;
 		if (rc == CKFS_OK && stat(path, &st) == 0 && !S_ISREG(st.st_mode))
 			continue; /* (a failing stat is reported by the open) */
-		if (rc == CKFS_OK && *cap == f->n_nodes)
-			rc = ckfs_fail(err, CKFS_E_LIMIT, "'%s': too many files",
-				       m->hf_dir);
-		struct ckfs_node *n = &f->nodes[f->n_nodes];
-		if (rc == CKFS_OK && !(n->name = ckfs_arena_strdup(&f->arena, name)))
+		struct ckfs_node *n = NULL;
+		const char *copy = rc == CKFS_OK ? ckfs_arena_strdup(&f->arena, name) : NULL;
+		if (rc == CKFS_OK && !copy)
 			rc = ckfs_nomem(err);
-		if (rc == CKFS_OK)
-			rc = ckfs_source_open(&n->src, &m->policy, path, n->name, err);
+		if (rc == CKFS_OK && !(n = add_node(f, copy, CKFS_NODE_PASSTHROUGH, err)))
+			rc = err->code;
+		if (rc == CKFS_OK && (rc = ckfs_source_open(&n->src, &m->policy, path, n->name,
+							    err)) != CKFS_OK)
+			f->n_nodes--; /* the cleanup never sees a half-made node */
 		if (rc != CKFS_OK) {
-			/* The node is not counted, so the folder's cleanup
-			 * never sees a half-made one. */
 			closedir(d);
 			return rc;
 		}
-		n->kind = CKFS_NODE_PASSTHROUGH;
 		n->size = n->src.size;
-		f->n_nodes++;
 		if (ts_newer(n->src.mtime, f->mtime))
 			f->mtime = n->src.mtime;
 	}
@@ -231,13 +122,173 @@ static enum ckfs_code add_side_files(struct ckfs_folder *f, size_t *cap,
 	return CKFS_OK;
 }
 
+/* The weight files of l, in folder dir ("" for the top). */
+static enum ckfs_code add_weights(struct ckfs_folder *f, const struct ckfs_st_layout *l,
+				  const char *dir, struct ckfs_error *err)
+{
+	for (size_t i = 0; i < l->n_files; i++) {
+		const char *name = ckfs_arena_printf(&f->arena, "%s%s", dir, l->files[i].name);
+		struct ckfs_node *n = name ? add_node(f, name, CKFS_NODE_WEIGHTS, err) : NULL;
+		if (!name)
+			return ckfs_nomem(err);
+		if (!n)
+			return err->code;
+		n->size = l->files[i].size;
+		n->st = &l->files[i];
+	}
+	return CKFS_OK;
+}
+
+/* A rendered file; text (malloc'd, len bytes) is taken over. */
+static enum ckfs_code add_rendered(struct ckfs_folder *f, const char *name, char *text,
+				   size_t len, const struct ckfs_file_access *from,
+				   const struct ckfs_st_layout *from_weights,
+				   struct ckfs_error *err)
+{
+	const char *data = ckfs_arena_strndup(&f->arena, text, len);
+	struct ckfs_node *n = data ? add_node(f, name, CKFS_NODE_RENDERED, err) : NULL;
+
+	free(text);
+	if (!data)
+		return ckfs_nomem(err);
+	if (!n)
+		return err->code;
+	n->data = data;
+	n->size = len;
+	n->from = from;
+	n->from_weights = from_weights;
+	return CKFS_OK;
+}
+
+/* The model's weights, their index, config.json and the side files. */
+static enum ckfs_code add_model(struct ckfs_folder *f, const struct ckfs_folder_options *opt,
+				struct ckfs_error *err)
+{
+	const struct ckfs_model *m = f->model;
+	char *text;
+	size_t len;
+
+	CKFS_TRY(ckfs_st_layout_build(m, opt->max_shard_size, &f->layout, err));
+	CKFS_TRY(add_weights(f, &f->layout, "", err));
+	if (f->layout.index_json) {
+		char *index = strdup(f->layout.index_json);
+		if (!index)
+			return ckfs_nomem(err);
+		CKFS_TRY(add_rendered(f, "model.safetensors.index.json", index,
+				      f->layout.index_len, NULL, &f->layout, err));
+	}
+	if (ckfs_render_config(m->config_json, m->config_len, config_dtype(m), m->model_type,
+			       &text, &len, err) != CKFS_OK) {
+		ckfs_error_prefix(err, "'%s'", m->config_path);
+		return err->code;
+	}
+	CKFS_TRY(add_rendered(f, "config.json", text, len, &m->config_access, NULL, err));
+	return add_side_files(f, err);
+}
+
+/* A LoRA actor's adapter as verl writes it: in dir ("lora_adapter/", or
+ * "" for an adapter served alone). */
+static enum ckfs_code add_adapter(struct ckfs_folder *f, const char *dir,
+				  struct ckfs_error *err)
+{
+	const struct ckfs_lora *l = f->model->lora;
+	const char *weights = ckfs_arena_printf(&f->arena, "%sadapter_model.safetensors", dir);
+	const char *config = ckfs_arena_printf(&f->arena, "%sadapter_config.json", dir);
+	char *text;
+	size_t len;
+
+	if (!weights || !config)
+		return ckfs_nomem(err);
+	if (dir[0]) {
+		const char *name = ckfs_arena_strndup(&f->arena, dir, strlen(dir) - 1);
+		if (!name)
+			return ckfs_nomem(err);
+		if (!add_node(f, name, CKFS_NODE_DIR, err))
+			return err->code;
+	}
+	CKFS_TRY(ckfs_st_layout_single(l->tensors, l->n_tensors, "adapter_model.safetensors",
+				       &f->adapter, err));
+	CKFS_TRY(add_weights(f, &f->adapter, dir, err));
+	CKFS_TRY(ckfs_render_adapter_config(l, &text, &len, err));
+	return add_rendered(f, config, text, len, NULL, &f->adapter, err);
+}
+
+static int cmp_node(const void *a, const void *b)
+{
+	return strcmp(((const struct ckfs_node *)a)->name,
+		      ((const struct ckfs_node *)b)->name);
+}
+
+static const struct ckfs_node *find_path(const struct ckfs_folder *f, const char *path,
+					 size_t len)
+{
+	size_t lo = 0, hi = f->n_nodes;
+
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		const char *name = f->nodes[mid].name;
+		int c = strncmp(path, name, len);
+		if (c == 0)
+			c = name[len] ? -1 : 0;
+		if (c == 0)
+			return &f->nodes[mid];
+		if (c < 0)
+			hi = mid;
+		else
+			lo = mid + 1;
+	}
+	return NULL;
+}
+
+/* Sorted by path, each node's last component and parent, and each
+ * folder's list of what it holds (in name order: the paths share the
+ * folder's prefix). */
+static enum ckfs_code link_tree(struct ckfs_folder *f, struct ckfs_error *err)
+{
+	size_t *count = calloc(f->n_nodes + 1, sizeof(*count));
+
+	if (!count)
+		return ckfs_nomem(err);
+	qsort(f->nodes, f->n_nodes, sizeof(*f->nodes), cmp_node);
+	for (size_t i = 0; i < f->n_nodes; i++) {
+		struct ckfs_node *n = &f->nodes[i];
+		const char *slash = strrchr(n->name, '/');
+		const struct ckfs_node *dir = slash ? find_path(f, n->name,
+								(size_t)(slash - n->name)) : NULL;
+		n->base = slash ? slash + 1 : n->name;
+		n->parent = dir ? (size_t)(dir - f->nodes) + 1 : 0;
+		count[n->parent]++;
+	}
+	size_t **lists = calloc(f->n_nodes + 1, sizeof(*lists));
+	enum ckfs_code rc = lists ? CKFS_OK : ckfs_nomem(err);
+	for (size_t p = 0; p <= f->n_nodes && rc == CKFS_OK; p++) {
+		lists[p] = ckfs_arena_calloc(&f->arena, count[p] + 1, sizeof(**lists));
+		if (!lists[p])
+			rc = ckfs_nomem(err);
+		count[p] = 0;
+	}
+	for (size_t i = 0; i < f->n_nodes && rc == CKFS_OK; i++)
+		lists[f->nodes[i].parent][count[f->nodes[i].parent]++] = i;
+	for (size_t i = 0; i < f->n_nodes && rc == CKFS_OK; i++) {
+		f->nodes[i].children = lists[i + 1];
+		f->nodes[i].n_children = count[i + 1];
+	}
+	if (rc == CKFS_OK) {
+		f->top = lists[0];
+		f->n_top = count[0];
+	}
+	free(lists);
+	free(count);
+	return rc;
+}
+
 enum ckfs_code ckfs_folder_build(const struct ckfs_model *m,
 				 const struct ckfs_folder_options *opt,
 				 struct ckfs_folder **out, struct ckfs_error *err)
 {
 	struct ckfs_folder *f = calloc(1, sizeof(*f));
-	enum ckfs_code rc;
-	size_t cap = 4096;
+	const struct ckfs_lora *l = m->lora;
+	enum ckfs_code rc = CKFS_OK;
 
 	if (!f)
 		return ckfs_nomem(err);
@@ -246,59 +297,44 @@ enum ckfs_code ckfs_folder_build(const struct ckfs_model *m,
 	for (size_t i = 0; i < m->n_sources; i++)
 		if (ts_newer(m->sources[i].mtime, f->mtime))
 			f->mtime = m->sources[i].mtime;
-	rc = ckfs_st_layout_build(m, opt->max_shard_size, &f->layout, err);
-	if (rc != CKFS_OK)
-		goto fail;
-	f->nodes = ckfs_arena_calloc(&f->arena, cap, sizeof(*f->nodes));
-	if (!f->nodes) {
+	f->nodes = ckfs_arena_calloc(&f->arena, MAX_NODES, sizeof(*f->nodes));
+	if (!f->nodes)
 		rc = ckfs_nomem(err);
-		goto fail;
-	}
-	for (size_t i = 0; i < f->layout.n_files; i++) {
-		struct ckfs_node *n = &f->nodes[f->n_nodes++];
-		n->name = f->layout.files[i].name;
-		n->kind = CKFS_NODE_WEIGHTS;
-		n->size = f->layout.files[i].size;
-		n->st = &f->layout.files[i];
-		n->src.fd = -1;
-	}
-	if (f->layout.index_json) {
-		struct ckfs_node *n = &f->nodes[f->n_nodes++];
-		n->name = "model.safetensors.index.json";
-		n->kind = CKFS_NODE_RENDERED;
-		n->data = f->layout.index_json;
-		n->size = f->layout.index_len;
-		n->from = NULL;
-		n->src.fd = -1;
-	}
-	char *cfg;
-	size_t cfg_len;
-	rc = ckfs_render_config(m->config_json, m->config_len, config_dtype(m), &cfg,
-				&cfg_len, err);
+	/* An adapter saved alone is served as the adapter folder, what
+	 * vLLM's --lora-modules takes; else the model, with the adapter in
+	 * lora_adapter/ when it is served apart. */
+	int adapter_alone = l && l->only && m->n_tensors == 0;
+	if (rc == CKFS_OK && !adapter_alone)
+		rc = add_model(f, opt, err);
+	if (rc == CKFS_OK && l && l->mode == CKFS_LORA_ADAPTER)
+		rc = add_adapter(f, adapter_alone ? "" : "lora_adapter/", err);
+	if (rc == CKFS_OK)
+		rc = link_tree(f, err);
 	if (rc != CKFS_OK) {
-		ckfs_error_prefix(err, "'%s'", m->config_path);
-		goto fail;
+		ckfs_folder_free(f);
+		return rc;
 	}
-	struct ckfs_node *cn = &f->nodes[f->n_nodes++];
-	cn->name = "config.json";
-	cn->kind = CKFS_NODE_RENDERED;
-	cn->data = ckfs_arena_strndup(&f->arena, cfg, cfg_len);
-	cn->size = cfg_len;
-	cn->from = &m->config_access;
-	cn->src.fd = -1;
-	free(cfg);
-	if (!cn->data) {
-		rc = ckfs_nomem(err);
-		goto fail;
-	}
-	if ((rc = add_side_files(f, &cap, err)) != CKFS_OK)
-		goto fail;
-	qsort(f->nodes, f->n_nodes, sizeof(*f->nodes), cmp_node);
 	*out = f;
 	return CKFS_OK;
-fail:
-	ckfs_folder_free(f);
-	return rc;
+}
+
+const struct ckfs_node *ckfs_folder_lookup(const struct ckfs_folder *f,
+					   const struct ckfs_node *dir, const char *name)
+{
+	const size_t *list = dir ? dir->children : f->top;
+	size_t lo = 0, hi = dir ? dir->n_children : f->n_top;
+
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		int c = strcmp(name, f->nodes[list[mid]].base);
+		if (c == 0)
+			return &f->nodes[list[mid]];
+		if (c < 0)
+			hi = mid;
+		else
+			lo = mid + 1;
+	}
+	return NULL;
 }
 
 void ckfs_folder_free(struct ckfs_folder *f)
@@ -309,6 +345,7 @@ void ckfs_folder_free(struct ckfs_folder *f)
 		if (f->nodes[i].kind == CKFS_NODE_PASSTHROUGH && f->nodes[i].src.fd >= 0)
 			close(f->nodes[i].src.fd);
 	ckfs_st_layout_release(&f->layout);
+	ckfs_st_layout_release(&f->adapter);
 	ckfs_arena_release(&f->arena);
 	free(f);
 }
@@ -331,6 +368,8 @@ enum ckfs_code ckfs_folder_read(const struct ckfs_folder *f,
 	case CKFS_NODE_RENDERED:
 		memcpy(buf, n->data + off, len);
 		break;
+	case CKFS_NODE_DIR:
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': a folder", n->name);
 	case CKFS_NODE_PASSTHROUGH: {
 		size_t done = 0;
 		CKFS_TRY(ckfs_source_check(&n->src, err));

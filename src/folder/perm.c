@@ -327,19 +327,31 @@ static enum ckfs_code source_classes(struct walk *w, const struct ckfs_model *m,
 	return CKFS_OK;
 }
 
-/* A weight file: the sources of every chunk of its tensors. */
+/* A tensor: the sources of its chunks, and of its LoRA pair's when it is
+ * fused on read. */
+static enum ckfs_code tensor_classes(struct walk *w, const struct ckfs_model *m,
+				     const struct ckfs_tensor *t, unsigned char *cache,
+				     unsigned *out)
+{
+	for (uint32_t k = 0; k < t->n_chunks && *out; k++) {
+		unsigned c;
+		CKFS_TRY(source_classes(w, m, t->chunks[k].source, cache, &c));
+		*out &= c;
+	}
+	if (t->lora && *out)
+		CKFS_TRY(tensor_classes(w, m, t->lora->a, cache, out));
+	if (t->lora && *out)
+		CKFS_TRY(tensor_classes(w, m, t->lora->b, cache, out));
+	return CKFS_OK;
+}
+
+/* A weight file: the sources of its tensors. */
 static enum ckfs_code weights_classes(struct walk *w, const struct ckfs_model *m,
 				      const struct ckfs_st_file *sf, unsigned char *cache,
 				      unsigned *out)
 {
-	for (size_t t = 0; t < sf->n_tensors && *out; t++) {
-		const struct ckfs_tensor *tensor = sf->tensors[t];
-		for (uint32_t k = 0; k < tensor->n_chunks && *out; k++) {
-			unsigned c;
-			CKFS_TRY(source_classes(w, m, tensor->chunks[k].source, cache, &c));
-			*out &= c;
-		}
-	}
+	for (size_t t = 0; t < sf->n_tensors && *out; t++)
+		CKFS_TRY(tensor_classes(w, m, sf->tensors[t], cache, out));
 	return CKFS_OK;
 }
 
@@ -366,17 +378,25 @@ static enum ckfs_code node_classes(struct walk *w, const struct ckfs_folder *f,
 	case CKFS_NODE_WEIGHTS:
 		*out = meta;
 		return weights_classes(w, f->model, n->st, cache, out);
-	case CKFS_NODE_RENDERED:
-		if (!n->from) { /* the index: every weight file */
-			*out = meta;
-			for (size_t i = 0; i < f->layout.n_files && *out; i++)
-				CKFS_TRY(weights_classes(w, f->model, &f->layout.files[i],
-							 cache, out));
-			return CKFS_OK;
+	case CKFS_NODE_RENDERED: {
+		/* From a file (config.json), from weight files (the index,
+		 * adapter_config.json), or both. */
+		const struct ckfs_st_layout *l = n->from_weights;
+		*out = l ? meta : CKFS_CLASS_ALL;
+		for (size_t i = 0; l && i < l->n_files && *out; i++)
+			CKFS_TRY(weights_classes(w, f->model, &l->files[i], cache, out));
+		if (n->from) {
+			unsigned c;
+			CKFS_TRY(reach_recorded(w, n->from, &c));
+			*out &= c;
 		}
-		return reach_recorded(w, n->from, out);
+		return CKFS_OK;
+	}
 	case CKFS_NODE_PASSTHROUGH:
 		return reach_source(w, &n->src, out);
+	case CKFS_NODE_DIR:
+		*out = 0; /* given the top folder's mode (ckfs_folder_modes) */
+		return CKFS_OK;
 	}
 	*out = 0;
 	return CKFS_OK;
@@ -407,6 +427,9 @@ enum ckfs_code ckfs_folder_modes(const struct ckfs_folder *f, const struct ckfs_
 	}
 	if (rc == CKFS_OK)
 		rc = root_classes(&w, m, root_mode);
+	for (size_t i = 0; i < f->n_nodes && rc == CKFS_OK; i++)
+		if (f->nodes[i].kind == CKFS_NODE_DIR)
+			node_modes[i] = *root_mode;
 	for (size_t i = 0; i < w.n_dirs; i++)
 		free(w.dirs[i].path);
 	free(w.dirs);

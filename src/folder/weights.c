@@ -11,6 +11,7 @@
 #include <ctype.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,7 +144,7 @@ static int cmp_st_order(const void *a, const void *b)
 
 static enum ckfs_code build_file(struct ckfs_st_layout *l, struct ckfs_st_file *f,
 				 const char *name, const struct ckfs_tensor **ts,
-				 size_t n, struct ckfs_error *err)
+				 size_t n, bool metadata, struct ckfs_error *err)
 {
 	struct sbuf b = { 0 };
 	uint64_t off = 0;
@@ -157,11 +158,12 @@ static enum ckfs_code build_file(struct ckfs_st_layout *l, struct ckfs_st_file *
 	qsort(f->tensors, n, sizeof(*f->tensors), cmp_st_order);
 	f->n_tensors = n;
 
-	sb_str(&b, "{\"__metadata__\":{\"format\":\"pt\"}");
+	sb_str(&b, metadata ? "{\"__metadata__\":{\"format\":\"pt\"}" : "{");
 	for (size_t i = 0; i < n; i++) {
 		const struct ckfs_tensor *t = f->tensors[i];
 		uint64_t bytes = ckfs_tensor_out_bytes(t);
-		sb_put(&b, ",", 1);
+		if (metadata || i)
+			sb_put(&b, ",", 1);
 		sb_json_serde(&b, t->name);
 		sb_fmt(&b, ":{\"dtype\":\"%s\",\"shape\":[", ckfs_dtype_st_name(t->out_dtype));
 		for (int k = 0; k < t->ndim; k++)
@@ -326,12 +328,41 @@ enum ckfs_code ckfs_st_layout_build(const struct ckfs_model *m,
 		else
 			snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors",
 				 s + 1, n_shards);
-		rc = build_file(l, &l->files[s], name, buf, k, err);
+		rc = build_file(l, &l->files[s], name, buf, k, true, err);
 	}
 	if (rc == CKFS_OK && n_shards > 1)
 		rc = render_index(l, m, shard_of, err);
 out:
 	free(shard_of);
+	free(buf);
+	if (rc != CKFS_OK)
+		ckfs_st_layout_release(l);
+	return rc;
+}
+
+enum ckfs_code ckfs_st_layout_single(const struct ckfs_tensor *ts, size_t n, const char *name,
+				     struct ckfs_st_layout *l, struct ckfs_error *err)
+{
+	const struct ckfs_tensor **buf = calloc(n + 1, sizeof(*buf));
+	uint64_t total = 0;
+	enum ckfs_code rc = CKFS_OK;
+
+	memset(l, 0, sizeof(*l));
+	ckfs_arena_init(&l->arena);
+	l->files = ckfs_arena_calloc(&l->arena, 1, sizeof(*l->files));
+	if (!buf || !l->files)
+		rc = ckfs_nomem(err);
+	for (size_t i = 0; i < n && rc == CKFS_OK; i++) {
+		buf[i] = &ts[i];
+		if (__builtin_add_overflow(total, ckfs_tensor_out_bytes(&ts[i]), &total) ||
+		    total > CKFS_MAX_SERVED_BYTES)
+			rc = ckfs_fail(err, CKFS_E_LIMIT, "'%s': more than the limit of %llu "
+				       "bytes", name, (unsigned long long)CKFS_MAX_SERVED_BYTES);
+	}
+	if (rc == CKFS_OK) {
+		l->n_files = 1;
+		rc = build_file(l, &l->files[0], name, buf, n, false, err);
+	}
 	free(buf);
 	if (rc != CKFS_OK)
 		ckfs_st_layout_release(l);

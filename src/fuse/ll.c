@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The low-level FUSE handlers: a read-only, flat directory of the files a
+ * The low-level FUSE handlers: a read-only tree of the files and folders a
  * struct ckfs_folder describes (src/fuse/fs.h).
  *
  * Inodes. The tree is built once at mount and never changes, so inode
@@ -294,9 +294,13 @@ static void fill_stat(const struct ckfs_fs *fs, fuse_ino_t ino, struct stat *st)
 	st->st_atim = fs->folder->mtime;
 	st->st_mtim = fs->folder->mtime;
 	st->st_ctim = fs->folder->mtime;
-	if (!n) {
-		st->st_mode = S_IFDIR | fs->root_mode;
-		st->st_nlink = 2;
+	if (!n || n->kind == CKFS_NODE_DIR) {
+		const size_t *list = n ? n->children : fs->folder->top;
+		size_t n_list = n ? n->n_children : fs->folder->n_top;
+		st->st_mode = S_IFDIR | (n ? fs->node_modes[ino - 2] : fs->root_mode);
+		st->st_nlink = 2; /* and one per folder inside: find(1) counts on it */
+		for (size_t i = 0; i < n_list; i++)
+			st->st_nlink += fs->folder->nodes[list[i]].kind == CKFS_NODE_DIR;
 		st->st_size = 4096;
 		st->st_blocks = 8;
 		return;
@@ -308,22 +312,20 @@ static void fill_stat(const struct ckfs_fs *fs, fuse_ino_t ino, struct stat *st)
 	st->st_blocks = (blkcnt_t)((n->size + 511) / 512);
 }
 
-/* Index of the node called name, or -1. Nodes are sorted by strcmp. */
-static ssize_t find_node(const struct ckfs_folder *f, const char *name)
+/* The folder node of a directory inode: NULL for the root (*ok set), or
+ * a DIR node; *ok is 0 for anything else. */
+static const struct ckfs_node *dir_node(const struct ckfs_fs *fs, fuse_ino_t ino, int *ok)
 {
-	size_t lo = 0, hi = f->n_nodes;
+	const struct ckfs_node *n = ino_node(fs, ino);
 
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		int c = strcmp(name, f->nodes[mid].name);
-		if (c == 0)
-			return (ssize_t)mid;
-		if (c < 0)
-			hi = mid;
-		else
-			lo = mid + 1;
-	}
-	return -1;
+	*ok = ino == FUSE_ROOT_ID || (n && n->kind == CKFS_NODE_DIR);
+	return n;
+}
+
+/* The inode of a node's folder ("..": the root's is the root). */
+static fuse_ino_t parent_ino(const struct ckfs_node *dir)
+{
+	return dir && dir->parent ? (fuse_ino_t)dir->parent + 1 : FUSE_ROOT_ID;
 }
 
 /* ---- handlers ---- */
@@ -358,22 +360,23 @@ static void ckfs_ll_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct ckfs_fs *fs = req_fs(req);
 	struct fuse_entry_param e;
-	ssize_t i;
+	int is_dir;
+	const struct ckfs_node *dir = dir_node(fs, parent, &is_dir);
 
 	memset(&e, 0, sizeof(e));
-	if (parent != FUSE_ROOT_ID) {
+	if (!is_dir) {
 		fuse_reply_err(req, ino_valid(fs, parent) ? ENOTDIR : ENOENT);
 		return;
 	}
-	i = find_node(fs->folder, name);
+	const struct ckfs_node *n = ckfs_folder_lookup(fs->folder, dir, name);
 	e.entry_timeout = CKFS_TIMEOUT;
-	if (i < 0) {
+	if (!n) {
 		/* A negative entry (ino 0) the kernel caches too: loaders probe
 		 * for files that will never exist here (pytorch_model.bin, ...). */
 		fuse_reply_entry(req, &e);
 		return;
 	}
-	e.ino = (fuse_ino_t)i + 2;
+	e.ino = (fuse_ino_t)(n - fs->folder->nodes) + 2;
 	e.generation = 1;
 	e.attr_timeout = CKFS_TIMEOUT;
 	fill_stat(fs, e.ino, &e.attr);
@@ -427,8 +430,8 @@ static void ckfs_ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 	const struct ckfs_node *n = ino_node(fs, ino);
 	struct ckfs_handle *h;
 
-	if (!n) {
-		fuse_reply_err(req, ino == FUSE_ROOT_ID ? EISDIR : ENOENT);
+	if (!n || n->kind == CKFS_NODE_DIR) {
+		fuse_reply_err(req, ino == FUSE_ROOT_ID || n ? EISDIR : ENOENT);
 		return;
 	}
 	if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & (O_TRUNC | O_APPEND))) {
@@ -627,6 +630,9 @@ static void ckfs_ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		return;
 	case CKFS_NODE_PASSTHROUGH:
 		break;
+	case CKFS_NODE_DIR: /* never opened as a file */
+		fuse_reply_err(req, EISDIR);
+		return;
 	}
 	/* A side file (tokenizer, generation config): small, read directly. */
 	struct ckfs_read_scratch *scratch = thread_scratch(fs);
@@ -649,8 +655,10 @@ static void ckfs_ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 static void ckfs_ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct ckfs_fs *fs = req_fs(req);
+	int is_dir;
 
-	if (ino != FUSE_ROOT_ID) {
+	dir_node(fs, ino, &is_dir);
+	if (!is_dir) {
 		fuse_reply_err(req, ino_valid(fs, ino) ? ENOTDIR : ENOENT);
 		return;
 	}
@@ -663,11 +671,15 @@ static void ckfs_ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_inf
 	fuse_reply_open(req, fi);
 }
 
-/* Directory offsets: 0 ".", 1 "..", k >= 2 node k - 2 (whose inode is k). */
-static void reply_dir(fuse_req_t req, size_t size, off_t off, int plus)
+/* Directory offsets: 0 ".", 1 "..", k >= 2 the folder's entry k - 2. */
+static void reply_dir(fuse_req_t req, fuse_ino_t dir_ino, size_t size, off_t off, int plus)
 {
 	struct ckfs_fs *fs = req_fs(req);
-	const size_t n_entries = fs->folder->n_nodes + 2;
+	const struct ckfs_folder *f = fs->folder;
+	int is_dir;
+	const struct ckfs_node *dir = dir_node(fs, dir_ino, &is_dir);
+	const size_t *list = dir ? dir->children : f->top;
+	const size_t n_entries = (dir ? dir->n_children : f->n_top) + 2;
 	size_t pos = 0;
 	char *buf;
 
@@ -681,8 +693,9 @@ static void reply_dir(fuse_req_t req, size_t size, off_t off, int plus)
 		return;
 	}
 	for (size_t k = (size_t)off; k < n_entries; k++) {
-		const char *name = k == 0 ? "." : k == 1 ? ".." : fs->folder->nodes[k - 2].name;
-		fuse_ino_t ino = k < 2 ? FUSE_ROOT_ID : (fuse_ino_t)k;
+		const char *name = k == 0 ? "." : k == 1 ? ".." : f->nodes[list[k - 2]].base;
+		fuse_ino_t ino = k == 0 ? dir_ino : k == 1 ? parent_ino(dir)
+				 : (fuse_ino_t)list[k - 2] + 2;
 		size_t want;
 		if (plus) {
 			struct fuse_entry_param e;
@@ -711,17 +724,15 @@ static void reply_dir(fuse_req_t req, size_t size, off_t off, int plus)
 static void ckfs_ll_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 			    struct fuse_file_info *fi)
 {
-	(void)ino;
 	(void)fi;
-	reply_dir(req, size, off, 0);
+	reply_dir(req, ino, size, off, 0);
 }
 
 static void ckfs_ll_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size,
 				off_t off, struct fuse_file_info *fi)
 {
-	(void)ino;
 	(void)fi;
-	reply_dir(req, size, off, 1);
+	reply_dir(req, ino, size, off, 1);
 }
 
 static void ckfs_ll_releasedir(fuse_req_t req, fuse_ino_t ino,

@@ -86,6 +86,42 @@ enum ckfs_code ckfs_model_load_config(struct ckfs_model *m, const char *config_o
 	return ckfs_model_load_config_from(m, hf, config_opt, err);
 }
 
+/* Model types whose transformers 5.10 config class ties the embeddings
+ * when config.json does not say (the decoders and vision-language models
+ * among them; the others default to false). */
+static const char *const tied_by_default[] = {
+	"aya_vision", "bloom", "cohere", "cohere2", "cohere2_moe", "ernie4_5",
+	"ernie4_5_moe", "falcon", "gemma", "gemma2", "gemma3", "gemma3_text",
+	"gemma3n", "gemma4", "gpt2", "gpt_neo", "internvl", "jetmoe", "lfm2",
+	"lfm2_moe", "lfm2_vl", "mistral3", "mpt", "opt", "paligemma",
+	"qwen2_5_omni", "qwen3_vl_moe", "recurrent_gemma", "smollm3",
+	"starcoder2", "vaultgemma",
+};
+
+/* model_type and tie_word_embeddings. Python takes any truthy value
+ * ("true", 1) for true: only a JSON boolean means the same to verl,
+ * transformers and ckfs. */
+static enum ckfs_code read_config_keys(struct ckfs_model *m, const char *path, const cJSON *j,
+				       struct ckfs_error *err)
+{
+	const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+	const cJSON *tie = cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings");
+
+	if (type && !cJSON_IsString(type))
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': model_type is not a string", path);
+	if (tie && !cJSON_IsBool(tie))
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': tie_word_embeddings is not true "
+				 "or false", path);
+	m->model_type = type ? ckfs_arena_strdup(&m->arena, type->valuestring) : NULL;
+	if (type && !m->model_type)
+		return ckfs_nomem(err);
+	m->tie_word_embeddings = cJSON_IsTrue(tie);
+	for (size_t i = 0; !tie && m->model_type &&
+			   i < sizeof(tied_by_default) / sizeof(tied_by_default[0]); i++)
+		m->tie_word_embeddings |= strcmp(m->model_type, tied_by_default[i]) == 0;
+	return CKFS_OK;
+}
+
 enum ckfs_code ckfs_model_load_config_from(struct ckfs_model *m, const char *hf,
 					   const char *config_opt,
 					   struct ckfs_error *err)
@@ -140,16 +176,11 @@ enum ckfs_code ckfs_model_load_config_from(struct ckfs_model *m, const char *hf,
 		free(text);
 		return rc;
 	}
-	/* Python takes any truthy value ("true", 1) for true: only a JSON
-	 * boolean means the same to verl, transformers and ckfs. */
-	const cJSON *tie = cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings");
-	bool tie_ok = !tie || cJSON_IsBool(tie);
-	m->tie_word_embeddings = cJSON_IsTrue(tie);
+	rc = read_config_keys(m, path, j, err);
 	cJSON_Delete(j);
-	if (!tie_ok) {
+	if (rc != CKFS_OK) {
 		free(text);
-		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': tie_word_embeddings is not true "
-				 "or false", path);
+		return rc;
 	}
 	m->config_json = ckfs_arena_strndup(&m->arena, text, len);
 	free(text);

@@ -681,7 +681,7 @@ static enum ckfs_code build(struct dcp *d, const char *bytes, size_t len,
 	if (n_bytes)
 		CKFS_TRY(warn_list(m, err, "non-tensor (bytes) entries", n_bytes,
 				   byte_names, n_bytes_names));
-	return ckfs_model_drop_tied(m, err);
+	return ckfs_hf_save_names(m, opt, err);
 }
 
 enum ckfs_code ckfs_dcp_build_from(struct ckfs_model *m,

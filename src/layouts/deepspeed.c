@@ -1105,7 +1105,11 @@ static enum ckfs_code plan(struct ds_build *b, struct ckfs_error *err)
 }
 
 /* m's tensors from the outputs; with --dtype auto, floating buffers as
- * fp32 (zero_to_fp32 calls .float() on them). */
+ * fp32 (zero_to_fp32 calls .float() on them). Then the names a module
+ * holds in memory made what save_pretrained writes, as for FSDP and DCP
+ * (the tie rule, vision-language prefixes, fused expert stacks; hf_save.c);
+ * PEFT (LoRA) names are refused: how a DeepSpeed-trained adapter should be
+ * served has not been checked against a reference. */
 static enum ckfs_code finish(struct ds_build *b, struct ckfs_error *err)
 {
 	struct ckfs_model *m = b->m;
@@ -1115,7 +1119,11 @@ static enum ckfs_code finish(struct ds_build *b, struct ckfs_error *err)
 	for (size_t i = 0; i < b->n_buffers && b->opt->out_dtype == CKFS_DTYPE_INVALID; i++)
 		if (ckfs_dtype_is_float(m->tensors[i].stored_dtype))
 			m->tensors[i].out_dtype = CKFS_DTYPE_F32;
-	return ckfs_model_drop_tied(m, err);
+	if (ckfs_peft_names(m))
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': it holds PEFT (LoRA) names "
+				 "(base_model.model., lora_): LoRA checkpoints of DeepSpeed are "
+				 "not supported yet", b->model0.label);
+	return ckfs_hf_save_names(m, b->opt, err);
 }
 
 static enum ckfs_code build(struct ds_build *b, struct ckfs_error *err)

@@ -142,6 +142,18 @@ static enum ckfs_code dispatch(struct ckfs_model *m, const char *src,
 	return explain_unknown(m, src, err);
 }
 
+/* --base belongs to LoRA checkpoints without base weights (peft.c takes it
+ * in); any other checkpoint given one is refused, not served without it. */
+static enum ckfs_code check_base_option(const struct ckfs_model *m,
+					const struct ckfs_model_options *opt,
+					struct ckfs_error *err)
+{
+	if (opt->base_path && !(m->lora && m->lora->only))
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s' is not a LoRA adapter saved "
+				 "alone: --base is for those", m->src_dir);
+	return CKFS_OK;
+}
+
 enum ckfs_code ckfs_model_open(const char *src, const struct ckfs_model_options *opt,
 			       struct ckfs_model **out, struct ckfs_error *err)
 {
@@ -168,6 +180,7 @@ enum ckfs_code ckfs_model_open(const char *src, const struct ckfs_model_options 
 		goto fail;
 	}
 	if ((rc = dispatch(m, src, opt, err)) != CKFS_OK ||
+	    (rc = check_base_option(m, opt, err)) != CKFS_OK ||
 	    (rc = ckfs_plan_validate_names(m, err)) != CKFS_OK)
 		goto fail;
 	*out = m;

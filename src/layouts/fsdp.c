@@ -19,8 +19,9 @@
  * validated by plan.c.
  *
  * Naming follows verl's merger: keys as stored, less torch wrapper names
- * (names.c); lm_head.weight is dropped when config.json says
- * tie_word_embeddings and model.embed_tokens.weight exists.
+ * (names.c), then what its save_pretrained writes for names held in
+ * memory: LoRA apart, the tie rule, vision-language and expert forms
+ * (hf_save.c, peft.c).
  */
 #include "ckfs/model.h"
 #include "ckfs/units.h"
@@ -871,7 +872,7 @@ static enum ckfs_code make_tensor(struct build *b, size_t i, struct ckfs_tensor 
 	return CKFS_OK;
 }
 
-/* Output tensors in rank 0's order, then verl's tie rule. */
+/* Output tensors in rank 0's order, named as verl's merger saves them. */
 static enum ckfs_code make_tensors(struct build *b, struct ckfs_error *err)
 {
 	struct ckfs_model *m = b->m;
@@ -881,7 +882,7 @@ static enum ckfs_code make_tensors(struct build *b, struct ckfs_error *err)
 		return ckfs_nomem(err);
 	for (size_t i = 0; i < b->n_keys; i++, m->n_tensors++)
 		CKFS_TRY(make_tensor(b, i, &m->tensors[i], err));
-	return ckfs_model_drop_tied(m, err);
+	return ckfs_hf_save_names(m, b->opt, err);
 }
 
 enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_options *opt,

@@ -89,6 +89,15 @@ enum ckfs_code ckfs_flat_blocks(int ndim, const int64_t *shape, uint64_t first, 
 enum ckfs_code ckfs_flat_cut(const struct ckfs_flat_seg *segs, size_t n_segs, uint64_t at,
 			     uint64_t count, int ndim, const int64_t *shape, uint64_t first,
 			     struct ckfs_chunk_list *out, struct ckfs_error *err) CKFS_WARN_UNUSED;
+/*
+ * The elements of tensor r inside the box [lo, lo + n) (r's dims), as
+ * chunks appended to out with the box start at dst (output dims). The
+ * first ndrop dims (n[k] == 1: a layer or expert axis) are removed. Each
+ * chunk of r meeting the box gives one chunk.
+ */
+enum ckfs_code ckfs_chunks_box(struct ckfs_chunk_list *out, const struct ckfs_tensor *r,
+			       const int64_t *lo, const int64_t *n, const int64_t *dst, int ndrop,
+			       struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /* ---- names.c ---- */
 
@@ -101,13 +110,44 @@ enum ckfs_code ckfs_flat_cut(const struct ckfs_flat_seg *segs, size_t n_segs, ui
  * when unchanged, else an arena string of m. Refused, naming label (the
  * file that holds the keys): FSDP1 flat parameters (flat_param,
  * _flat_param), two different keys that become one name, a key that
- * becomes empty, and names not read yet (names.c): PEFT names, and with
- * in_memory (names a module holds, FSDP and DCP; not a safetensors file's)
- * transformers 5's fused expert stacks and vision-language prefixes.
+ * becomes empty, and without in_memory (a safetensors file's names, not
+ * the names a module holds as FSDP and DCP save them) PEFT names.
  */
 enum ckfs_code ckfs_hf_names(struct ckfs_model *m, const char *label, const char *const *keys,
 			     const char **names, size_t n, bool in_memory,
 			     struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/* Does the dotted name have a segment equal to seg? */
+int ckfs_name_has_segment(const char *name, const char *seg);
+
+/* ---- hf_save.c, peft.c: names held in memory, as verl's merger saves them ---- */
+
+/*
+ * The tensors of a layout whose names a module holds in memory (FSDP, DCP)
+ * made what verl's merger writes: a LoRA actor split into base and
+ * adapter (peft.c), verl's tie rule, then save_pretrained's conversions
+ * per model_type (vision-language prefixes, fused expert stacks; hf_save.c)
+ * and the LoRA pairs fitted to their base weights (with --base, taken
+ * from that model).
+ */
+enum ckfs_code ckfs_hf_save_names(struct ckfs_model *m, const struct ckfs_model_options *opt,
+				  struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The name on disk of a name held in memory; held: the model's names hold
+ * a vision-language model as transformers 5 does (ckfs_hf_held_as_vlm of
+ * any of them). out may be name. */
+enum ckfs_code ckfs_hf_save_name(const struct ckfs_model *m, const char *name, bool held,
+				 char *out, size_t cap, struct ckfs_error *err) CKFS_WARN_UNUSED;
+int ckfs_hf_held_as_vlm(const char *name);
+/* Does m hold PEFT names (base_model.model. or lora_)? */
+int ckfs_peft_names(const struct ckfs_model *m);
+/* A LoRA actor's tensors split into base (renamed) and adapter (m->lora);
+ * nothing for other models. */
+enum ckfs_code ckfs_peft_split(struct ckfs_model *m, const struct ckfs_model_options *opt,
+			       struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* After the renames: --base taken in, each adapter checked against its
+ * base weight, and with --lora=fuse attached to it. */
+enum ckfs_code ckfs_peft_finish(struct ckfs_model *m, const struct ckfs_model_options *opt,
+				struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /* ---- outputs.c: output tensors under construction ---- */
 
@@ -139,6 +179,13 @@ void ckfs_outs_release(struct ckfs_outs *l);
 enum ckfs_code ckfs_outs_to_model(struct ckfs_model *m, const struct ckfs_outs *l,
 				  enum ckfs_dtype out_dtype, const char *label,
 				  struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/* The part of tensor r inside the box [lo, lo + n) as the tensor *out
+ * named name (copied into m's arena), without its first ndrop dims (each
+ * of extent 1 in the box), validated. */
+enum ckfs_code ckfs_tensor_cut(struct ckfs_model *m, const struct ckfs_tensor *r,
+			       const char *name, const int64_t *lo, const int64_t *n, int ndrop,
+			       struct ckfs_tensor *out, struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /* ---- megatron_vocab.c: what both Megatron readers share ---- */
 
@@ -302,8 +349,9 @@ enum ckfs_code ckfs_hf_build(struct ckfs_model *m,
 			     const char *dir,
 			     struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* verl's tie rule: drop lm_head.weight from m->tensors when config.json
- * says tie_word_embeddings and model.embed_tokens.weight exists (with a
- * warning). */
+ * ties the embeddings and the embedding it is tied to exists
+ * (model.embed_tokens.weight, or model.language_model.embed_tokens.weight
+ * held in memory), with a warning. */
 enum ckfs_code ckfs_model_drop_tied(struct ckfs_model *m,
 				    struct ckfs_error *err) CKFS_WARN_UNUSED;
 

@@ -245,53 +245,6 @@ static struct ckfs_out *new_out(struct ctx *c, const char *name, const char *pla
 	return o;
 }
 
-/*
- * The elements of raw tensor r inside the box [lo, lo + n) (raw dims) go
- * to o with the box start at dst (output dims). The first ndrop raw dims
- * (layer and expert axes, n[k] == 1) are removed. Each raw chunk meeting the box
- * gives one chunk: its file position moves by the skipped elements.
- */
-static enum ckfs_code add_box(struct ckfs_out *o, const struct ckfs_tensor *r,
-			      const int64_t *lo, const int64_t *n, const int64_t *dst,
-			      int ndrop, struct ckfs_error *err)
-{
-	size_t esz = ckfs_dtype_size(r->stored_dtype);
-
-	for (uint32_t i = 0; i < r->n_chunks; i++) {
-		const struct ckfs_chunk *c = &r->chunks[i];
-		struct ckfs_chunk x = *c;
-		int64_t a[CKFS_MAX_DIMS], b[CKFS_MAX_DIMS];
-		int empty = 0;
-		uint64_t skip = 0;
-
-		for (int k = 0; k < r->ndim; k++) {
-			a[k] = c->offset[k] > lo[k] ? c->offset[k] : lo[k];
-			b[k] = c->offset[k] + c->shape[k] < lo[k] + n[k]
-				       ? c->offset[k] + c->shape[k] : lo[k] + n[k];
-			empty |= a[k] >= b[k];
-		}
-		if (empty)
-			continue;
-		for (int k = 0; k < r->ndim; k++)
-			skip += (uint64_t)(a[k] - c->offset[k]) * (uint64_t)c->stride[k];
-		x.pos = c->pos + skip * esz; /* inside the validated raw chunk */
-		int s = ndrop;
-		for (int k = s; k < r->ndim; k++) {
-			x.shape[k - s] = b[k] - a[k];
-			x.stride[k - s] = c->stride[k];
-			x.offset[k - s] = a[k] - lo[k] + dst[k - s];
-		}
-		/* Size-1 dims get row-major strides, as placement.c gives them
-		 * (the reader merges rows on that). */
-		int nd = r->ndim - s;
-		for (int k = nd - 1; k >= 0; k--)
-			if (x.shape[k] == 1)
-				x.stride[k] = k == nd - 1 ? 1 : x.stride[k + 1] * x.shape[k + 1];
-		CKFS_TRY(ckfs_chunk_list_push(&o->chunks, &x, err));
-	}
-	return CKFS_OK;
-}
-
 /* Rows [row0, row0 + rows) of r with its first nfix dims fixed at fix[]
  * and dropped (the layer axis when stacked, then an expert axis) -> o at
  * output row dst_row. */
@@ -309,7 +262,7 @@ static enum ckfs_code add_rows(struct ckfs_out *o, const struct ckfs_tensor *r, 
 	lo[nfix] = row0;
 	n[nfix] = rows;
 	dst[0] = dst_row;
-	return add_box(o, r, lo, n, dst, nfix, err);
+	return ckfs_chunks_box(&o->chunks, r, lo, n, dst, nfix, err);
 }
 
 /* Rows of layer `layer` (s = 1: r has a layer axis). */
@@ -343,7 +296,7 @@ static enum ckfs_code unknown_key(struct ctx *c, const struct ckfs_tensor *r,
 				r->stored_dtype, err);
 	if (!o)
 		return err->code;
-	return add_box(o, r, lo, r->shape, dst, 0, err);
+	return ckfs_chunks_box(&o->chunks, r, lo, r->shape, dst, 0, err);
 }
 
 /* ---- the mapping ---- */

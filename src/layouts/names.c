@@ -16,14 +16,10 @@
  * parameter ("flat_param", "_flat_param": many parameters flattened into
  * one vector, which no name rule can take apart).
  *
- * Names ckfs does not read yet are refused rather than served as stored,
- * where serving them would give a folder other than the one verl's merger
- * writes: PEFT (LoRA) names (base_layer, lora_A, ...: the merger renames
- * the base and writes the adapter apart), and, for names a module holds in
- * memory (FSDP, DCP), transformers 5's in-memory forms that save_pretrained
- * writes differently: fused expert stacks (experts.gate_up_proj, written
- * per expert) and vision-language prefixes (model.language_model.,
- * model.visual., ...).
+ * A Hugging Face safetensors folder holding PEFT (LoRA) names is refused:
+ * such a folder is an adapter or a wrapped model, and neither is a model
+ * to serve as stored. The names a module holds in memory (FSDP, DCP) go
+ * on to peft.c and hf_save.c instead.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,18 +40,8 @@ static const char *const peft_segments[] = {
 	"base_layer", "lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B",
 	"lora_magnitude_vector",
 };
-/* transformers 5 in-memory names that save_pretrained writes otherwise. */
-static const char *const fused_suffixes[] = {
-	".experts.gate_up_proj", ".experts.down_proj", ".experts.gate_up_proj_bias",
-	".experts.down_proj_bias",
-};
-static const char *const vlm_prefixes[] = {
-	"model.language_model.", "model.visual.", "model.vision_tower.",
-	"model.multi_modal_projector.", "model.vision_model.",
-};
 
-/* Does the dotted key have a segment equal to seg? */
-static int has_segment(const char *key, const char *seg)
+int ckfs_name_has_segment(const char *key, const char *seg)
 {
 	size_t l = strlen(seg);
 
@@ -128,34 +114,17 @@ static enum ckfs_code check_collisions(const char *label, const char *const *key
 	return rc;
 }
 
-static int ends_with(const char *s, const char *sfx)
-{
-	size_t n = strlen(s), k = strlen(sfx);
-	return n >= k && strcmp(s + n - k, sfx) == 0;
-}
-
-/* A name ckfs does not read yet (see the top of this file). */
-static enum ckfs_code check_supported(const char *label, const char *name, bool in_memory,
-				      struct ckfs_error *err)
+/* A PEFT name in a safetensors folder (see the top of this file). */
+static enum ckfs_code check_not_peft(const char *label, const char *name,
+				     struct ckfs_error *err)
 {
 	int peft = strncmp(name, "base_model.model.", 17) == 0;
 	for (size_t i = 0; !peft && i < sizeof(peft_segments) / sizeof(peft_segments[0]); i++)
-		peft = has_segment(name, peft_segments[i]);
+		peft = ckfs_name_has_segment(name, peft_segments[i]);
 	if (peft)
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s' is a PEFT (LoRA) name: "
-				 "LoRA checkpoints are not supported yet", label, name);
-	if (!in_memory)
-		return CKFS_OK;
-	for (size_t i = 0; i < sizeof(fused_suffixes) / sizeof(fused_suffixes[0]); i++)
-		if (ends_with(name, fused_suffixes[i]))
-			return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s' is a fused expert "
-					 "stack (transformers 5 in memory; save_pretrained "
-					 "writes it per expert): not supported yet", label, name);
-	for (size_t i = 0; i < sizeof(vlm_prefixes) / sizeof(vlm_prefixes[0]); i++)
-		if (strncmp(name, vlm_prefixes[i], strlen(vlm_prefixes[i])) == 0)
-			return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s' is a "
-					 "vision-language model's name: not supported yet",
-					 label, name);
+				 "a LoRA adapter or a wrapped model, not a model to serve",
+				 label, name);
 	return CKFS_OK;
 }
 
@@ -168,7 +137,7 @@ enum ckfs_code ckfs_hf_names(struct ckfs_model *m, const char *label, const char
 	int ddp = n > 0;
 
 	for (size_t i = 0; i < n; i++)
-		if (has_segment(keys[i], "flat_param") || has_segment(keys[i], "_flat_param"))
+		if (ckfs_name_has_segment(keys[i], "flat_param") || ckfs_name_has_segment(keys[i], "_flat_param"))
 			return ckfs_fail(err, CKFS_E_UNSUPPORTED,
 					 "'%s': '%s' is an FSDP1 flat parameter (the module's "
 					 "parameters flattened into one vector, as LOCAL_STATE_DICT "
@@ -195,8 +164,8 @@ enum ckfs_code ckfs_hf_names(struct ckfs_model *m, const char *label, const char
 					 "torch wrapper names are removed", label, keys[i]);
 		changed++;
 	}
-	for (size_t i = 0; i < n; i++)
-		CKFS_TRY(check_supported(label, names[i], in_memory, err));
+	for (size_t i = 0; !in_memory && i < n; i++)
+		CKFS_TRY(check_not_peft(label, names[i], err));
 	CKFS_TRY(check_collisions(label, keys, names, n, err));
 	if (!changed)
 		return CKFS_OK;
@@ -212,24 +181,32 @@ enum ckfs_code ckfs_hf_names(struct ckfs_model *m, const char *label, const char
 			       "(%s), served without them", changed, n, which);
 }
 
+/* The names a tied lm_head.weight shares its parameter with, first
+ * registered: causal LMs, and vision-language models held in memory. */
+static const char *const tied_embeddings[] = {
+	"model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
+};
+
 enum ckfs_code ckfs_model_drop_tied(struct ckfs_model *m, struct ckfs_error *err)
 {
 	size_t head = SIZE_MAX;
-	int has_embed = 0;
+	const char *embed = NULL;
 
 	if (!m->tie_word_embeddings)
 		return CKFS_OK;
 	for (size_t i = 0; i < m->n_tensors; i++) {
-		if (strcmp(m->tensors[i].name, "model.embed_tokens.weight") == 0)
-			has_embed = 1;
-		else if (strcmp(m->tensors[i].name, "lm_head.weight") == 0)
+		const char *name = m->tensors[i].name;
+		for (size_t k = 0; k < sizeof(tied_embeddings) / sizeof(tied_embeddings[0]); k++)
+			if (strcmp(name, tied_embeddings[k]) == 0)
+				embed = tied_embeddings[k];
+		if (strcmp(name, "lm_head.weight") == 0)
 			head = i;
 	}
-	if (!has_embed || head == SIZE_MAX)
+	if (!embed || head == SIZE_MAX)
 		return CKFS_OK;
 	memmove(&m->tensors[head], &m->tensors[head + 1],
 		(m->n_tensors - head - 1) * sizeof(*m->tensors));
 	m->n_tensors--;
-	return ckfs_model_warn(m, err, "lm_head.weight dropped: tied to "
-			       "model.embed_tokens.weight (tie_word_embeddings)");
+	return ckfs_model_warn(m, err, "lm_head.weight dropped: tied to %s "
+			       "(tie_word_embeddings)", embed);
 }

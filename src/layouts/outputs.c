@@ -82,3 +82,35 @@ enum ckfs_code ckfs_outs_to_model(struct ckfs_model *m, const struct ckfs_outs *
 	}
 	return CKFS_OK;
 }
+
+enum ckfs_code ckfs_tensor_cut(struct ckfs_model *m, const struct ckfs_tensor *r,
+			       const char *name, const int64_t *lo, const int64_t *n, int ndrop,
+			       struct ckfs_tensor *out, struct ckfs_error *err)
+{
+	struct ckfs_chunk_list l = { 0 };
+	int64_t dst[CKFS_MAX_DIMS] = { 0 };
+	enum ckfs_code rc = ckfs_chunks_box(&l, r, lo, n, dst, ndrop, err);
+
+	memset(out, 0, sizeof(*out));
+	out->name = ckfs_arena_strdup(&m->arena, name);
+	out->chunks = ckfs_arena_calloc(&m->arena, l.n + 1, sizeof(*out->chunks));
+	if (rc == CKFS_OK && (!out->name || !out->chunks))
+		rc = ckfs_nomem(err);
+	if (rc == CKFS_OK) {
+		if (l.n)
+			memcpy(out->chunks, l.v, l.n * sizeof(*l.v));
+		out->n_chunks = (uint32_t)l.n;
+		out->placement = r->placement;
+		out->stored_dtype = r->stored_dtype;
+		out->out_dtype = r->out_dtype;
+		out->ndim = r->ndim - ndrop;
+		out->numel = 1;
+		for (int d = 0; d < out->ndim; d++) {
+			out->shape[d] = n[ndrop + d];
+			out->numel *= (uint64_t)out->shape[d]; /* inside r */
+		}
+		rc = ckfs_plan_validate_tensor(m, out, err);
+	}
+	free(l.v);
+	return rc;
+}

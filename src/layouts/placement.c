@@ -224,3 +224,46 @@ enum ckfs_code ckfs_entry_chunks(const struct ckfs_sd_entry *e, const int64_t *c
 	free(scratch.v);
 	return rc;
 }
+
+/* A chunk meeting the box keeps its strides; its file position moves by
+ * the elements skipped. */
+enum ckfs_code ckfs_chunks_box(struct ckfs_chunk_list *out, const struct ckfs_tensor *r,
+			       const int64_t *lo, const int64_t *n, const int64_t *dst, int ndrop,
+			       struct ckfs_error *err)
+{
+	size_t esz = ckfs_dtype_size(r->stored_dtype);
+
+	for (uint32_t i = 0; i < r->n_chunks; i++) {
+		const struct ckfs_chunk *c = &r->chunks[i];
+		struct ckfs_chunk x = *c;
+		int64_t a[CKFS_MAX_DIMS], b[CKFS_MAX_DIMS];
+		int empty = 0;
+		uint64_t skip = 0;
+
+		for (int k = 0; k < r->ndim; k++) {
+			a[k] = c->offset[k] > lo[k] ? c->offset[k] : lo[k];
+			b[k] = c->offset[k] + c->shape[k] < lo[k] + n[k]
+				       ? c->offset[k] + c->shape[k] : lo[k] + n[k];
+			empty |= a[k] >= b[k];
+		}
+		if (empty)
+			continue;
+		for (int k = 0; k < r->ndim; k++)
+			skip += (uint64_t)(a[k] - c->offset[k]) * (uint64_t)c->stride[k];
+		x.pos = c->pos + skip * esz; /* inside the validated raw chunk */
+		int s = ndrop;
+		for (int k = s; k < r->ndim; k++) {
+			x.shape[k - s] = b[k] - a[k];
+			x.stride[k - s] = c->stride[k];
+			x.offset[k - s] = a[k] - lo[k] + dst[k - s];
+		}
+		/* Size-1 dims get row-major strides, as placement.c gives them
+		 * (the reader merges rows on that). */
+		int nd = r->ndim - s;
+		for (int k = nd - 1; k >= 0; k--)
+			if (x.shape[k] == 1)
+				x.stride[k] = k == nd - 1 ? 1 : x.stride[k + 1] * x.shape[k + 1];
+		CKFS_TRY(ckfs_chunk_list_push(out, &x, err));
+	}
+	return CKFS_OK;
+}

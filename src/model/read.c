@@ -33,7 +33,9 @@
 void ckfs_read_scratch_release(struct ckfs_read_scratch *s)
 {
 	free(s->buf);
+	free(s->fused);
 	s->buf = NULL;
+	s->fused = NULL;
 	s->cap = 0;
 }
 
@@ -455,6 +457,8 @@ enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
 	if (first > t->numel || count > t->numel - first)
 		return ckfs_fail(err, CKFS_E_INVALID,
 				 "read past the end of tensor '%s'", t->name);
+	if (t->lora)
+		return ckfs_lora_read(m, t, first, count, dst, scratch, err);
 	if (t->ndim == 0)
 		shape[0] = 1;
 	else

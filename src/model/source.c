@@ -13,8 +13,8 @@
 #include "ckfs/model.h"
 
 #include <errno.h>
-#include <stdlib.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -110,6 +110,11 @@ void ckfs_model_free(struct ckfs_model *m)
 		return;
 	for (size_t i = 0; i < m->n_sources; i++)
 		close(m->sources[i].fd);
+	for (size_t i = 0; m->lora && i < m->lora->n_pairs; i++) {
+		free(atomic_load(&m->lora->pairs[i].ab));
+		pthread_mutex_destroy(&m->lora->pairs[i].lock);
+	}
+	ckfs_model_free(m->base);
 	ckfs_arena_release(&m->arena);
 	free(m);
 }

@@ -105,3 +105,12 @@ enum ckfs_code ckfs_json_parse_object(const char *what, const char *text, size_t
 	}
 	return CKFS_OK;
 }
+
+bool ckfs_json_whole(const cJSON *x, int64_t max, int64_t *out)
+{
+	if (!cJSON_IsNumber(x) || !(x->valuedouble >= 0) || x->valuedouble > (double)max ||
+	    x->valuedouble != (double)(int64_t)x->valuedouble)
+		return false;
+	*out = (int64_t)x->valuedouble;
+	return true;
+}

@@ -202,6 +202,40 @@ err=$("$CKFS" export "$WRAPPED/compiled_ddp_w2" "$WORK/wrapped" 2>&1 >/dev/null 
 expect "FSDP1 LOCAL_STATE_DICT" 1 "rank_0.pt': '_flat_param' is an FSDP1 flat parameter .*; save the state dict with StateDictType.SHARDED_STATE_DICT$" -- \
 	"$CKFS" export "$WRAPPED/refused_fsdp1_local_w2" "$WORK/none"
 
+# LoRA actors: the modes, --base, what each refuses
+LORA=$FIX/lora
+expect "--lora value" 2 "--lora is adapter, fuse or base, not 'merge'" -- "$CKFS" export --lora=merge "$LORA/lora_qwen2_fsdp2_w2" "$WORK/x"
+expect "--lora-alpha value" 2 "--lora-alpha is a whole number from 1, not '1.5'" -- "$CKFS" export --lora-alpha 1.5 "$LORA/lora_qwen2_fsdp2_w2" "$WORK/x"
+expect "fuse without lora_alpha" 1 "lora_qwen2_fsdp2_w2_nometa': lora_alpha is not recorded \(lora_train_meta.json\): --lora=fuse needs it; pass --lora-alpha N as trained$" -- \
+	"$CKFS" export --lora=fuse "$LORA/lora_qwen2_fsdp2_w2_nometa" "$WORK/none"
+expect "fuse of an adapter alone" 1 "holds a LoRA adapter only \(save_lora_only\): --lora=fuse needs the base weights; pass --base DIR$" -- \
+	"$CKFS" export --lora=fuse "$LORA/lora_qwen2_fsdp2_w2_loraonly" "$WORK/none"
+expect "--base beside base weights" 1 "lora_qwen2_fsdp2_w2' holds its base weights: --base is for LoRA checkpoints saved with the adapter only$" -- \
+	"$CKFS" export --base "$EXPECTED" "$LORA/lora_qwen2_fsdp2_w2" "$WORK/none"
+expect "--base for a plain checkpoint" 1 "qwen2_fsdp2_w3' is not a LoRA adapter saved alone: --base is for those$" -- \
+	"$CKFS" export --base "$EXPECTED" "$SAMPLE" "$WORK/none"
+# a base of another model: its model_type, or its shapes, do not fit
+expect "--base of another model_type" 1 "config.json': model_type llama, but the LoRA checkpoint's is qwen2$" -- \
+	"$CKFS" export --base "$FIX/expected/llama_fsdp1_sharded_w2" "$LORA/lora_qwen2_fsdp2_w2_loraonly" "$WORK/none"
+expect "--base of other shapes" 1 "base weight 'model.layers.0.mlp.down_proj.weight' is not \[32, 64\], the shape of its LoRA adapter$" -- \
+	"$CKFS" export --base "$EXPECTED" "$LORA/lora_qwen2_fsdp2_w2_loraonly" "$WORK/none"
+[ ! -e "$WORK/none" ] && ok "LoRA refusals write nothing" || bad "LoRA refusals write nothing"
+# an adapter saved alone exports as the adapter folder, saying so
+err=$("$CKFS" export "$LORA/lora_qwen2_fsdp2_w2_loraonly" "$WORK/adapter" 2>&1 >/dev/null | grep warning)
+[ "$err" = "ckfs: warning: a LoRA adapter only (saved with save_lora_only): served as the adapter folder; pass --base DIR for the whole model" ] &&
+	[ "$(ls "$WORK/adapter" | tr '\n' ' ')" = "adapter_config.json adapter_model.safetensors " ] &&
+	ok "adapter saved alone: the adapter folder" || bad "adapter saved alone: the adapter folder ($err; $(ls "$WORK/adapter"))"
+# lora_adapter/ is written, synced and removed with the folder
+"$CKFS" export -q "$LORA/lora_qwen2_fsdp2_w2" "$WORK/lora" &&
+	cmp -s "$WORK/lora/lora_adapter/adapter_model.safetensors" "$FIX/expected_lora/lora_qwen2_fsdp2_w2/lora_adapter/adapter_model.safetensors" &&
+	"$CKFS" export -q --force --lora=base "$LORA/lora_qwen2_fsdp2_w2" "$WORK/lora" && [ ! -e "$WORK/lora/lora_adapter" ] &&
+	ok "export: lora_adapter/, then --force --lora=base without it" || bad "export: lora_adapter/, then --force --lora=base without it"
+"$CKFS" inspect --json --lora=fuse "$LORA/lora_qwen2_fsdp2_w2" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)["lora"]
+assert (d["mode"], d["r"], d["lora_alpha"], len(d["adapter_tensors"])) == ("fuse", 8, 16, 28), d' &&
+	ok "inspect: the LoRA adapter" || bad "inspect: the LoRA adapter"
+
 # a full disk fails before anything lands (root only: needs a tiny tmpfs)
 if [ "$(id -u)" = 0 ] && mkdir -p "$WORK/tiny" && mount -t tmpfs -o size=64k tmpfs "$WORK/tiny" 2>/dev/null; then
 	expect "full disk" 1 "No space left on device" -- "$CKFS" export -q "$SAMPLE" "$WORK/tiny/out"

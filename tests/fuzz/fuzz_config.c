@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Fuzz target: config.json rendering (the top-level dtype rewrite) on
+/* Fuzz target: config.json rendering (dtype keys set, keys dropped) on
  * arbitrary bytes; whatever it accepts must still be the input with only
  * string values replaced, so the output re-renders to itself. */
 #include <stdlib.h>
@@ -15,10 +15,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	size_t n, m;
 
 	ckfs_error_clear(&err);
-	if (ckfs_render_config((const char *)data, size, "bfloat16", &out, &n, &err) != CKFS_OK)
+	if (ckfs_render_config((const char *)data, size, "bfloat16", "qwen2_vl", &out, &n, &err) != CKFS_OK)
 		return 0;
 	ckfs_error_clear(&err);
-	if (ckfs_render_config(out, n, "bfloat16", &again, &m, &err) != CKFS_OK ||
+	if (ckfs_render_config(out, n, "bfloat16", "qwen2_vl", &again, &m, &err) != CKFS_OK ||
 	    m != n || memcmp(out, again, n) != 0)
 		abort(); /* rendering must be idempotent */
 	free(out);

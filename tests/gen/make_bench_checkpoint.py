@@ -20,6 +20,11 @@ Shapes (--shape; all fp32, world size 8 unless --world says otherwise):
   bench-600m    the earlier benchmark shape (hidden 1024, 48 layers, vocab
                 32000, untied; world size 4 by default); --layers etc. apply
 
+--lora R makes it a LoRA actor as verl saves one (PEFT names: base weights
+under base_model.model. and .base_layer, lora_A [R, in] and lora_B [out, R]
+of the attention and MLP projections, lora_train_meta.json), for the fused
+first-read figure (tests/bench/bench_lora.sh).
+
 Weights are seeded random values (each rank draws its own piece: no rank
 ever holds a full tensor, so generation needs about the checkpoint's size in
 memory). For the 7B and 70B shapes (or --holes) the files are written under
@@ -71,6 +76,24 @@ SHAPES = {
 }
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def peft_shapes(out, r):
+    """The same keys as peft names them around a LoRA layer of rank r."""
+    peft = []
+    for name, shape in out:
+        module, _, leaf = name.rpartition(".")
+        if module.rpartition(".")[2] not in LORA_TARGETS:
+            peft.append(("base_model.model." + name, shape))
+            continue
+        peft.append(("base_model.model.%s.base_layer.%s" % (module, leaf), shape))
+        if leaf == "weight":
+            peft.append(("base_model.model.%s.lora_A.default.weight" % module, (r, shape[1])))
+            peft.append(("base_model.model.%s.lora_B.default.weight" % module, (shape[0], r)))
+    return peft
+
+
 def shapes(s):
     """(name, shape) of every state-dict key, in the model's module order."""
     h, i, v, L = s["hidden"], s["intermediate"], s["vocab"], s["layers"]
@@ -89,7 +112,7 @@ def shapes(s):
             (p + "input_layernorm.weight", (h,)), (p + "post_attention_layernorm.weight", (h,)),
         ]
     out += [("model.norm.weight", (h,)), ("lm_head.weight", (v, h))]
-    return out
+    return peft_shapes(out, s["lora"]) if s.get("lora") else out
 
 
 def local_rows(n0, world, rank):
@@ -150,8 +173,9 @@ def worker(rank, s, out, world, holes, store):
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
     sd = {}
     for k, (name, shape) in enumerate(shapes(s)):
-        if name == "lm_head.weight" and s["tied"]:
-            sd[name] = sd["model.embed_tokens.weight"]  # one object, as FSDP2 has it
+        if name.endswith("lm_head.weight") and s["tied"]:
+            # one object, as FSDP2 has it
+            sd[name] = sd[name.replace("lm_head.weight", "model.embed_tokens.weight")]
             continue
         local_shape = (local_rows(shape[0], world, rank),) + tuple(shape[1:])
         if holes:
@@ -200,19 +224,24 @@ def main():
                     help="leave tensor bytes as holes (default for 7B and 70B)")
     for key in ("layers", "hidden", "intermediate", "heads", "kv-heads", "vocab"):
         ap.add_argument("--" + key, type=int, help="override the shape's " + key)
+    ap.add_argument("--lora", type=int, metavar="R", help="a LoRA actor of rank R")
     a = ap.parse_args()
     s = dict(SHAPES[a.shape])
     for key in ("layers", "hidden", "intermediate", "heads", "kv_heads", "vocab"):
         if getattr(a, key) is not None:
             s[key] = getattr(a, key)
+    s["lora"] = a.lora
     world = a.world or s.get("world", 8)
     holes = a.holes or s["holes"]
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "fsdp_config.json"), "w") as f:
         json.dump({"FSDP_version": 2, "world_size": world}, f, indent=4)
     write_config(s, a.out)
+    if a.lora:
+        with open(os.path.join(a.out, "lora_train_meta.json"), "w") as f:
+            json.dump({"r": a.lora, "lora_alpha": 2 * a.lora, "task_type": "CAUSAL_LM"}, f, indent=4)
     n = sum(int(torch.Size(shape).numel()) for name, shape in shapes(s)
-            if not (name == "lm_head.weight" and s["tied"]))
+            if not (name.endswith("lm_head.weight") and s["tied"]))
     print("%s: writing %d parameters (%.2f GB fp32%s) as %d rank files to %s"
           % (a.shape, n, n * 4 / 1e9, ", holes" if holes else "", world, a.out),
           file=sys.stderr)

@@ -32,6 +32,14 @@ named <category>_<what>:
              two keys of one name once wrapper names are removed
     megatron_* legacy Megatron rank folders: a TP rank missing, TP sizes
              that disagree
+    lora_*   LoRA actors saved by verl's engine (tests/fixtures/lora/):
+             PEFT tensors ckfs does not read (DoRA, a second adapter, a
+             lora_A without its lora_B, modules_to_save copies, names outside
+             the PEFT model) and lora_train_meta.json values verl would not
+             write
+    names_*  names held in memory (tests/fixtures/moe_fsdp/, vlm/) under a
+             model_type whose save_pretrained form ckfs has not checked, and
+             fused expert stacks without their other half
     deepspeed_* DeepSpeed ZeRO checkpoints (checkpoint-N/ layout): rank
              files missing, extra, doubled or from another run; partitions
              that disagree with param_shapes or group_paddings; zero_stage
@@ -819,6 +827,95 @@ def megatron_cases() -> None:
             {"mp_rank_00": r0, "mp_rank_01": os.path.join(FIX, "megatron", "broken", "tp_mismatch_rank1.pt")})
 
 
+def pkl_rename(b: bytes, old: str, new: str, nth: int = 0) -> bytes:
+    """A rank file with the nth state-dict key `old` (a pickled BINUNICODE
+    string, as torch.save writes keys) renamed to `new`."""
+    enc = lambda k: b"X" + struct.pack("<I", len(k.encode())) + k.encode()  # noqa: E731
+    return pkl_patch(b, enc(old), enc(new), nth)
+
+
+def fsdp_fixture_case(name: str, fixture: str, ranks=None, meta=None, config_edit=None) -> None:
+    """A copy of a committed verl FSDP fixture (rank files, fsdp_config.json,
+    huggingface/config.json, lora_train_meta.json): ranks maps a rank file
+    name to a function of its bytes; meta replaces lora_train_meta.json's
+    text; config_edit changes config.json's dict."""
+    src = os.path.join(FIX, fixture)
+    path = _fresh(name)
+    os.makedirs(os.path.join(path, "huggingface"))
+    for fn in sorted(os.listdir(src)):
+        if fn.startswith("model_world_size_") or fn in ("fsdp_config.json", "lora_train_meta.json"):
+            data = open(os.path.join(src, fn), "rb").read()
+            if ranks and fn in ranks:
+                data = ranks[fn](data)
+            if fn == "lora_train_meta.json" and meta is not None:
+                data = meta.encode()
+            with open(os.path.join(path, fn), "wb") as f:
+                f.write(data)
+    cfg = json.load(open(os.path.join(src, "huggingface", "config.json")))
+    if config_edit:
+        config_edit(cfg)
+    with open(os.path.join(path, "huggingface", "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+
+
+def both(fn):
+    """The same change to both rank files of a world-size-2 fixture."""
+    return {R0: fn, R1: fn}
+
+
+def lora_cases() -> None:
+    """From lora/lora_qwen2_fsdp2_w2_loraonly (verl's engine, save_lora_only:
+    28 adapter tensors, 32 KB per rank), keys renamed in both rank files."""
+    only = "lora/lora_qwen2_fsdp2_w2_loraonly"
+    q = "base_model.model.model.layers.0.self_attn.q_proj."
+    fsdp_fixture_case("lora_dora_magnitude", only, both(
+        lambda b: pkl_rename(b, q + "lora_A.default.weight", q + "lora_magnitude_vector.default.weight")))
+    fsdp_fixture_case("lora_second_adapter", only, both(
+        lambda b: pkl_rename(b, q + "lora_A.default.weight", q + "lora_A.second.weight")))
+    fsdp_fixture_case("lora_embedding", only, both(
+        lambda b: pkl_rename(b, q + "lora_A.default.weight", q + "lora_embedding_A.default")))
+    fsdp_fixture_case("lora_b_missing", only, both(
+        lambda b: pkl_rename(b, q + "lora_B.default.weight", q + "lorX_B.default.weight")))
+    fsdp_fixture_case("lora_modules_to_save", only, both(
+        lambda b: pkl_rename(b, q + "lora_B.default.weight", q + "modules_to_save.default.weight")))
+    fsdp_fixture_case("lora_outside_peft_model", only, both(
+        lambda b: pkl_rename(b, q + "lora_A.default.weight",
+                             "model.layers.0.self_attn.q_proj.lora_A.default.weight")))
+    meta = {"r": 8, "lora_alpha": 16, "task_type": "CAUSAL_LM"}
+
+    def meta_case(name, **change):
+        fsdp_fixture_case(name, only, meta=json.dumps(dict(meta, **change), indent=4))
+    meta_case("lora_meta_r_fraction", r=8.5)
+    meta_case("lora_meta_r_mismatch", r=16)
+    meta_case("lora_meta_alpha_string", lora_alpha="16")
+    meta_case("lora_meta_task_type_number", task_type=1)
+    fsdp_fixture_case("lora_meta_malformed", only, meta='{\n    "r": 8,\n')
+    fsdp_fixture_case("lora_meta_duplicate_key", only, meta='{"r": 8, "lora_alpha": 16, "r": 4}')
+    fsdp_fixture_case("lora_meta_not_object", only, meta='[8, 16]')
+
+
+def names_cases() -> None:
+    """From moe_fsdp/qwen3_moe_fsdp2_w2 (verl's engine, transformers 5
+    fused experts, 135 KB per rank)."""
+    moe = "moe_fsdp/qwen3_moe_fsdp2_w2"
+    fsdp_fixture_case("names_experts_unknown_model_type", moe,
+                      config_edit=lambda c: c.update(model_type="olmoe"))
+    fsdp_fixture_case("names_experts_dense_model_type", moe,
+                      config_edit=lambda c: c.update(model_type="qwen3"))
+    fsdp_fixture_case("names_experts_down_missing", moe, both(
+        lambda b: pkl_rename(b, "model.layers.0.mlp.experts.down_proj", "model.layers.0.mlp.experts.dowX_proj")))
+    fsdp_fixture_case("names_experts_bias", moe, both(
+        lambda b: pkl_rename(b, "model.layers.0.mlp.experts.down_proj",
+                             "model.layers.0.mlp.experts.down_proj_bias")))
+    # a vision-language model's in-memory prefix under a text-only type, and
+    # one the qwen2_vl rule does not know
+    fsdp_fixture_case("names_vlm_unknown_model_type", moe, both(
+        lambda b: pkl_rename(b, "model.norm.weight", "model.language_model.norm.weight")))
+    fsdp_fixture_case("names_vlm_outside_rule", moe, both(
+        lambda b: pkl_rename(b, "model.norm.weight", "model.vision_model.norm.weight")),
+        config_edit=lambda c: c.update(model_type="qwen3_vl_moe"))
+
+
 # ---------------------------------------------------------------------------
 # DeepSpeed ZeRO checkpoints, from the fixtures written by real DeepSpeed
 # 0.19.8 (tests/gen/make_deepspeed_fixtures.py).
@@ -998,6 +1095,32 @@ def deepspeed_cases() -> None:
                                                                 opaque_group))
     ds_case("deepspeed_opaque_zero_stage", z3, lambda s: resave(ds_file(s, ds_optim(0)),
                                                                 opaque_stage))
+    # PEFT (LoRA) names: a parameter renamed in the model states (in module
+    # and in param_shapes), ZeRO-2, and on every ZeRO-3 rank
+    def renamed(old, new):
+        return lambda b: pkl_rename(pkl_rename(b, old, new), old, new)
+    def peft_model(s):
+        """Names as a PeftModel's: every one under base_model.model., layer
+        0's q_proj a LoRA-adapted layer whose pair (r 32) takes the names of
+        its o_proj and gate_proj, so that the names alone make a LoRA actor
+        ckfs's verl rules would split."""
+        f = ds_file(s, "mp_rank_00_model_states.pt")
+        lay = "model.layers.0."
+        peft = {lay + "self_attn.q_proj.weight": lay + "self_attn.q_proj.base_layer.weight",
+                lay + "self_attn.o_proj.weight": lay + "self_attn.q_proj.lora_A.default.weight",
+                lay + "mlp.gate_proj.weight": lay + "self_attn.q_proj.lora_B.default.weight"}
+        for n in list(torch.load(f, weights_only=False)["module"]):
+            new = "base_model.model." + peft.get(n, n)
+            for _ in range(1 if n == "lm_head.weight" else 2):  # module, param_shapes
+                rewrite(f, lambda b: pkl_rename(b, n, new))
+    ds_case("deepspeed_peft_base_model_name", z2, peft_model)
+
+    def lora_name(s):
+        for r in range(3):
+            rewrite(ds_file(s, ds_model(r)), renamed(
+                "model.layers.1.self_attn.q_proj.weight",
+                "model.layers.1.self_attn.q_proj.lora_A.default.weight"))
+    ds_case("deepspeed_peft_lora_name", z3, lora_name)
     # rank 2's optimizer file cut inside its fp32 partition
     def cut(s):
         f = ds_file(s, ds_optim(2))
@@ -1010,6 +1133,8 @@ def layout_cases() -> None:
     dcp_cases()
     hf_cases()
     megatron_cases()
+    lora_cases()
+    names_cases()
     deepspeed_cases()
 
 

@@ -1,27 +1,39 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * config.json as served (ckfs_render_config): only the values of the
- * top-level "torch_dtype" and "dtype" keys change, whatever they held, and
- * the file keeps one key of each name (a second one would make Python's
- * json and cJSON read two different files).
+ * config.json as served (ckfs_render_config): the dtype keys of the top
+ * level and of its sub-configs say the output dtype whatever they held,
+ * attn_implementation is dropped, Qwen2-VL and Qwen2.5-VL lose their
+ * top-level token ids, and everything else stays byte for byte. Keys are
+ * matched as JSON reads them, escapes included, and every output is JSON
+ * that Python's json and cJSON read the same way.
  */
+#include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ckfs/folder.h"
 #include "test.h"
 
-static void expect_render(const char *in, const char *want)
+static void expect_render_as(const char *model_type, const char *in, const char *want)
 {
 	struct ckfs_error err;
 	char *out = NULL;
 	size_t n = 0;
 
 	ckfs_error_clear(&err);
-	CHECK_EQ_INT(ckfs_render_config(in, strlen(in), "bfloat16", &out, &n, &err), CKFS_OK);
+	CHECK_EQ_INT(ckfs_render_config(in, strlen(in), "bfloat16", model_type, &out, &n, &err),
+		     CKFS_OK);
 	CHECK_EQ_STR(out, want);
 	CHECK_EQ_INT(n, strlen(want));
+	cJSON *j = cJSON_Parse(out);
+	CHECK(j != NULL); /* still JSON */
+	cJSON_Delete(j);
 	free(out);
+}
+
+static void expect_render(const char *in, const char *want)
+{
+	expect_render_as("qwen2", in, want);
 }
 
 static void test_dtype_values_replaced_in_place(void)
@@ -33,15 +45,62 @@ static void test_dtype_values_replaced_in_place(void)
 	expect_render("{\"a\": 1, \"dtype\": 5}", "{\"a\": 1, \"dtype\": \"bfloat16\"}");
 	expect_render("{\"dtype\": {\"text\": \"float32\"}, \"torch_dtype\": [\"x\"]}",
 		      "{\"dtype\": \"bfloat16\", \"torch_dtype\": \"bfloat16\"}");
-	/* Nested keys of that name are not the model's dtype. */
-	expect_render("{\"text_config\": {\"dtype\": \"float32\"}, \"dtype\": \"float32\"}",
-		      "{\"text_config\": {\"dtype\": \"float32\"}, \"dtype\": \"bfloat16\"}");
 	/* Neither key: torch_dtype is added first. */
 	expect_render("{\"a\": 1}", "{\n  \"torch_dtype\": \"bfloat16\",\"a\": 1}");
+	expect_render("{}", "{\n  \"torch_dtype\": \"bfloat16\"}");
+	/* A key spelled with escapes is the same key to every JSON reader. */
+	expect_render("{\"dt\\u0079pe\": \"float32\"}", "{\"dt\\u0079pe\": \"bfloat16\"}");
+}
+
+static void test_sub_configs(void)
+{
+	/* Each sub-config's dtype, as transformers saves a vision-language
+	 * model; deeper objects and arrays are left alone. */
+	expect_render("{\"text_config\": {\"dtype\": \"float32\", \"x\": {\"dtype\": 1}}, "
+		      "\"vision_config\": {\"torch_dtype\": null}, \"l\": [{\"dtype\": 2}], "
+		      "\"dtype\": \"float32\"}",
+		      "{\"text_config\": {\"dtype\": \"bfloat16\", \"x\": {\"dtype\": 1}}, "
+		      "\"vision_config\": {\"torch_dtype\": \"bfloat16\"}, \"l\": [{\"dtype\": 2}], "
+		      "\"dtype\": \"bfloat16\"}");
+	/* A sub-config without one gets none. */
+	expect_render("{\"dtype\": \"float32\", \"text_config\": {}}",
+		      "{\"dtype\": \"bfloat16\", \"text_config\": {}}");
+}
+
+static void test_dropped_keys(void)
+{
+	const char *want = "{\n  \"dtype\": \"bfloat16\",\n  \"a\": 1\n}";
+	/* attn_implementation first, in the middle, last, escaped, alone. */
+	expect_render("{\n  \"attn_implementation\": \"sdpa\",\n  \"dtype\": \"float32\",\n"
+		      "  \"a\": 1\n}", want);
+	expect_render("{\n  \"dtype\": \"float32\",\n  \"attn_implementation\": \"sdpa\",\n"
+		      "  \"a\": 1\n}", want);
+	expect_render("{\n  \"dtype\": \"float32\",\n  \"a\": 1,\n"
+		      "  \"attn_implementation\": \"flash_attention_2\"\n}", want);
+	expect_render("{\n  \"dtype\": \"float32\",\n  \"a\": 1,\n"
+		      "  \"attn_implement\\u0061tion\": null\n}", want);
+	expect_render("{\"attn_implementation\": \"sdpa\"}",
+		      "{\n  \"torch_dtype\": \"bfloat16\"}");
+	/* Qwen2-VL and Qwen2.5-VL: the top-level token ids too, and only
+	 * there; other models keep them. */
+	const char *vl = "{\"bos_token_id\": 1, \"dtype\": \"float32\", \"eos_token_id\": 2, "
+			 "\"text_config\": {\"bos_token_id\": 3}, \"pad_token_id\": 0}";
+	expect_render_as("qwen2_5_vl", vl, "{\"dtype\": \"bfloat16\", \"text_config\": "
+			 "{\"bos_token_id\": 3}}");
+	expect_render_as("qwen2_vl", vl, "{\"dtype\": \"bfloat16\", \"text_config\": "
+			 "{\"bos_token_id\": 3}}");
+	expect_render_as("qwen3_vl", vl, "{\"bos_token_id\": 1, \"dtype\": \"bfloat16\", "
+			 "\"eos_token_id\": 2, \"text_config\": {\"bos_token_id\": 3}, "
+			 "\"pad_token_id\": 0}");
+	expect_render_as(NULL, vl, "{\"bos_token_id\": 1, \"dtype\": \"bfloat16\", "
+			 "\"eos_token_id\": 2, \"text_config\": {\"bos_token_id\": 3}, "
+			 "\"pad_token_id\": 0}");
 }
 
 int main(void)
 {
 	RUN(test_dtype_values_replaced_in_place);
+	RUN(test_sub_configs);
+	RUN(test_dropped_keys);
 	return test_summary();
 }

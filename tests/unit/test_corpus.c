@@ -264,6 +264,46 @@ static const struct corpus_case cases[] = {
 	  "'{dir}/model/mp_rank_00/model.pt': not found (TP rank 0 of PP stage 0 is needed: TP=2, PP=1)" },
 	{ "megatron_tp_size_mismatch", NOFOLLOW, OPEN, CKFS_E_INVALID,
 	  "'{dir}/model/mp_rank_01/model.pt': 'embedding.word_embeddings.weight' does not match TP rank 0's 'embedding.word_embeddings.weight' (key or local shape differs: mismatched TP sizes?)" },
+	/* ---- LoRA actors: PEFT tensors not read, lora_train_meta.json ---- */
+	{ "lora_b_missing", NOFOLLOW, OPEN, CKFS_E_INVALID,
+	  "'{dir}': module 'model.layers.0.self_attn.q_proj' has lora_A but no lora_B" },
+	{ "lora_dora_magnitude", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
+	  "'{dir}': 'base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector.default.weight' is a LoRA tensor ckfs does not read: only lora_A and lora_B weights of the adapter named default are (no DoRA, embedding LoRA or second adapter)" },
+	{ "lora_embedding", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
+	  "'{dir}': 'base_model.model.model.layers.0.self_attn.q_proj.lora_embedding_A.default' is a LoRA tensor ckfs does not read: only lora_A and lora_B weights of the adapter named default are (no DoRA, embedding LoRA or second adapter)" },
+	{ "lora_meta_alpha_string", NOFOLLOW, OPEN, CKFS_E_FORMAT,
+	  "'{dir}/lora_train_meta.json': lora_alpha is not a whole number" },
+	{ "lora_meta_duplicate_key", NOFOLLOW, OPEN, CKFS_E_FORMAT,
+	  "'{dir}/lora_train_meta.json': key 'r' appears twice in one object" },
+	{ "lora_meta_malformed", NOFOLLOW, OPEN, CKFS_E_FORMAT,
+	  "'{dir}/lora_train_meta.json': invalid JSON at line 2, column 12" },
+	{ "lora_meta_not_object", NOFOLLOW, OPEN, CKFS_E_FORMAT,
+	  "'{dir}/lora_train_meta.json': not a JSON object" },
+	{ "lora_meta_r_fraction", NOFOLLOW, OPEN, CKFS_E_FORMAT,
+	  "'{dir}/lora_train_meta.json': r is not a whole number" },
+	{ "lora_meta_r_mismatch", NOFOLLOW, OPEN, CKFS_E_INVALID,
+	  "'{dir}/lora_train_meta.json': r 16 does not match the rank of the adapter weights, 8" },
+	{ "lora_meta_task_type_number", NOFOLLOW, OPEN, CKFS_E_FORMAT,
+	  "'{dir}/lora_train_meta.json': task_type is not a string" },
+	{ "lora_modules_to_save", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
+	  "'{dir}': 'base_model.model.model.layers.0.self_attn.q_proj.modules_to_save.default.weight' is a PEFT name ckfs does not read (modules_to_save)" },
+	{ "lora_outside_peft_model", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
+	  "'{dir}': 'model.layers.0.self_attn.q_proj.lora_A.default.weight' is a LoRA tensor ckfs does not read: only lora_A and lora_B weights of the adapter named default are (no DoRA, embedding LoRA or second adapter)" },
+	{ "lora_second_adapter", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
+	  "'{dir}': 'base_model.model.model.layers.0.self_attn.q_proj.lora_A.second.weight' is a LoRA tensor ckfs does not read: only lora_A and lora_B weights of the adapter named default are (no DoRA, embedding LoRA or second adapter)" },
+	/* ---- names held in memory: model types and stacks not checked ---- */
+	{ "names_experts_bias", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
+	  "'{dir}': 'model.layers.0.mlp.experts.down_proj_bias' is a fused expert bias, and ckfs does not know how transformers saves those" },
+	{ "names_experts_dense_model_type", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
+	  "'{dir}': 'model.layers.0.mlp.experts.gate_up_proj' is a fused expert stack, and ckfs does not know how transformers saves those of model_type qwen3" },
+	{ "names_experts_down_missing", NOFOLLOW, OPEN, CKFS_E_INVALID,
+	  "'{dir}': expert stack 'model.layers.0.mlp.experts.gate_up_proj' has no down_proj" },
+	{ "names_experts_unknown_model_type", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
+	  "'{dir}': 'model.layers.0.mlp.experts.gate_up_proj' is a fused expert stack, and ckfs does not know how transformers saves those of model_type olmoe" },
+	{ "names_vlm_outside_rule", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
+	  "'{dir}': 'model.embed_tokens.weight' is not a name qwen3_vl_moe holds in memory" },
+	{ "names_vlm_unknown_model_type", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
+	  "'{dir}': 'model.language_model.norm.weight' is a vision-language model's name held in memory, and ckfs does not know how transformers saves model_type qwen3_moe" },
 	/* ---- DeepSpeed ZeRO checkpoints ---- */
 	{ "deepspeed_bf16opt_no_group_paddings", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
 	  "'{dir}/global_step2/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt': no zero_stage, and not a BF16_Optimizer state (no single_partition_of_fp32_groups and group_paddings): not a ZeRO checkpoint" },
@@ -297,6 +337,10 @@ static const struct corpus_case cases[] = {
 	  "'{dir}/global_step2/zero_pp_rank_0_mp_rank_00_optim_states.pt': fp32_flat_groups hold 5240 elements, param_shapes (zero_pp_rank_0_mp_rank_00_model_states.pt) need 5241 (ceil(numel/3) per parameter)" },
 	{ "deepspeed_partition_short", NOFOLLOW, OPEN, CKFS_E_INVALID,
 	  "'{dir}/global_step2/zero_pp_rank_1_mp_rank_00_optim_states.pt': fp32_flat_groups hold 5236 elements, param_shapes (zero_pp_rank_0_mp_rank_00_model_states.pt) need 5240 (ceil(numel/3) per parameter)" },
+	{ "deepspeed_peft_base_model_name", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
+	  "'{dir}/global_step2/mp_rank_00_model_states.pt': it holds PEFT (LoRA) names (base_model.model., lora_): LoRA checkpoints of DeepSpeed are not supported yet" },
+	{ "deepspeed_peft_lora_name", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
+	  "'{dir}/global_step2/zero_pp_rank_0_mp_rank_00_model_states.pt': it holds PEFT (LoRA) names (base_model.model., lora_): LoRA checkpoints of DeepSpeed are not supported yet" },
 	{ "deepspeed_pipeline_layer_file", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
 	  "'{dir}/global_step2/layer_01-model_states.pt': a pipeline-parallel layer file (DeepSpeed PipelineModule checkpoints are not supported)" },
 	{ "deepspeed_rank_of_other_checkpoint", NOFOLLOW, OPEN, CKFS_E_INVALID,
@@ -569,7 +613,7 @@ static void test_corpus_cases(void)
 static void test_corpus_complete(void)
 {
 	static const char *const cats[] = { "zip", "pkl", "model", "cfg", "fs", "ok",
-					     "dcp", "hf", "megatron", "deepspeed" };
+					     "dcp", "hf", "megatron", "lora", "names", "deepspeed" };
 	enum { N_CATS = sizeof(cats) / sizeof(cats[0]) };
 	size_t per_cat[N_CATS] = { 0 }, n_dirs = 0;
 	DIR *d = opendir(CORPUS_DIR);
@@ -611,10 +655,10 @@ static void test_corpus_complete(void)
 		CHECK(stat(path, &st) == 0);
 	}
 	printf("corpus: %zu cases (zip %zu, pickle %zu, model %zu, config %zu, "
-	       "folder %zu, valid controls %zu, dcp %zu, hf %zu, megatron %zu, "
-	       "deepspeed %zu)\n",
-	       n_dirs, per_cat[0], per_cat[1], per_cat[2], per_cat[3], per_cat[4],
-	       per_cat[5], per_cat[6], per_cat[7], per_cat[8], per_cat[9]);
+	       "folder %zu, valid controls %zu, dcp %zu, hf %zu, megatron %zu, lora %zu, "
+	       "names %zu, deepspeed %zu)\n", n_dirs, per_cat[0], per_cat[1], per_cat[2],
+	       per_cat[3], per_cat[4], per_cat[5], per_cat[6], per_cat[7], per_cat[8], per_cat[9],
+	       per_cat[10], per_cat[11]);
 	CHECK(n_dirs >= 40);
 }
 

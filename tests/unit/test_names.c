@@ -26,15 +26,15 @@
 
 /* Run the rule over keys; names out, the code returned, the message or
  * the one warning (or "") in msg. */
-static enum ckfs_code run_rule(const char *const *keys, size_t n, const char **names,
-			       char *msg, size_t size)
+static enum ckfs_code run_rule_as(const char *const *keys, size_t n, bool in_memory,
+				  const char **names, char *msg, size_t size)
 {
 	struct ckfs_model *m = calloc(1, sizeof(*m));
 	struct ckfs_error err;
 
 	ckfs_arena_init(&m->arena);
 	ckfs_error_clear(&err);
-	enum ckfs_code rc = ckfs_hf_names(m, "sd.pt", keys, names, n, true, &err);
+	enum ckfs_code rc = ckfs_hf_names(m, "sd.pt", keys, names, n, in_memory, &err);
 	snprintf(msg, size, "%s", rc != CKFS_OK ? err.msg : m->n_warnings ? m->warnings[0] : "");
 	CHECK(m->n_warnings <= 1);
 	/* names point into m's arena: copy them out before it goes */
@@ -43,6 +43,12 @@ static enum ckfs_code run_rule(const char *const *keys, size_t n, const char **n
 	ckfs_arena_release(&m->arena);
 	free(m);
 	return rc;
+}
+
+static enum ckfs_code run_rule(const char *const *keys, size_t n, const char **names,
+			       char *msg, size_t size)
+{
+	return run_rule_as(keys, n, true, names, msg, size);
 }
 
 static void check_names(const char *const *keys, const char *const *want, size_t n,
@@ -149,39 +155,33 @@ static void check_fixture(const char *name, const char *want_warning, struct ckf
 	ckfs_model_free(m);
 }
 
-/* Names that would be served differently from verl's merger are refused
- * until ckfs reads them: PEFT (LoRA) names in any layout, and in names a
- * module holds in memory, fused expert stacks and vision-language
- * prefixes. A safetensors file (on disk) may hold fused experts. */
-static void test_not_read_yet(void)
+/* PEFT (LoRA) names in a safetensors folder are refused: an adapter or a
+ * wrapped model, not a model to serve. Held in memory (FSDP, DCP) the name
+ * rule passes them on unchanged: peft.c splits them (test_lora.c). */
+static void test_peft_names(void)
 {
 	const char *lora[] = { "base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight",
 			       "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight" };
-	check_refused(lora, 2, CKFS_E_UNSUPPORTED,
-		      "'sd.pt': 'base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight' "
-		      "is a PEFT (LoRA) name: LoRA checkpoints are not supported yet");
-	const char *lora_only[] = { "model.layers.0.mlp.down_proj.lora_B.weight" };
-	check_refused(lora_only, 1, CKFS_E_UNSUPPORTED,
-		      "'sd.pt': 'model.layers.0.mlp.down_proj.lora_B.weight' is a PEFT (LoRA) "
-		      "name: LoRA checkpoints are not supported yet");
-	const char *fused[] = { "model.layers.0.mlp.gate.weight",
-				"model.layers.0.mlp.experts.gate_up_proj" };
-	check_refused(fused, 2, CKFS_E_UNSUPPORTED,
-		      "'sd.pt': 'model.layers.0.mlp.experts.gate_up_proj' is a fused expert stack "
-		      "(transformers 5 in memory; save_pretrained writes it per expert): not "
-		      "supported yet");
-	const char *vlm[] = { "model.language_model.embed_tokens.weight", "lm_head.weight" };
-	check_refused(vlm, 2, CKFS_E_UNSUPPORTED,
-		      "'sd.pt': 'model.language_model.embed_tokens.weight' is a vision-language "
-		      "model's name: not supported yet");
-	/* The same checks after wrapper names are removed. */
-	const char *wrapped[] = { "_orig_mod.model.visual.patch_embed.proj.weight" };
-	check_refused(wrapped, 1, CKFS_E_UNSUPPORTED,
-		      "'sd.pt': 'model.visual.patch_embed.proj.weight' is a vision-language "
-		      "model's name: not supported yet");
+	const char *names[8];
+	char msg[1024];
+
+	CHECK_EQ_INT(run_rule_as(lora, 2, false, names, msg, sizeof(msg)), CKFS_E_UNSUPPORTED);
+	CHECK_EQ_STR(msg, "'sd.pt': 'base_model.model.model.layers.0.self_attn.q_proj.base_layer."
+		     "weight' is a PEFT (LoRA) name: a LoRA adapter or a wrapped model, not a "
+		     "model to serve");
+	const char *adapter[] = { "model.layers.0.mlp.down_proj.lora_B.weight" };
+	CHECK_EQ_INT(run_rule_as(adapter, 1, false, names, msg, sizeof(msg)), CKFS_E_UNSUPPORTED);
+	CHECK_EQ_STR(msg, "'sd.pt': 'model.layers.0.mlp.down_proj.lora_B.weight' is a PEFT (LoRA) "
+		     "name: a LoRA adapter or a wrapped model, not a model to serve");
+	/* After wrapper names are removed too. */
+	const char *wrapped[] = { "_orig_mod.model.layers.0.q_proj.lora_magnitude_vector" };
+	CHECK_EQ_INT(run_rule_as(wrapped, 1, false, names, msg, sizeof(msg)), CKFS_E_UNSUPPORTED);
+	check_names(lora, lora, 2, "");
 	/* Names that merely contain those words are ordinary. */
-	const char *ordinary[] = { "model.lora_Ax.weight", "model.experts.gate_up_proj_x" };
-	check_names(ordinary, ordinary, 2, "");
+	const char *ordinary[] = { "model.lora_Ax.weight", "model.base_layers.weight" };
+	CHECK_EQ_INT(run_rule_as(ordinary, 2, false, names, msg, sizeof(msg)), CKFS_OK);
+	free((char *)names[0]);
+	free((char *)names[1]);
 }
 
 static void test_wrapped_fixtures(void)
@@ -249,7 +249,7 @@ static void test_flat_params_refused(void)
 int main(void)
 {
 	RUN(test_rule);
-	RUN(test_not_read_yet);
+	RUN(test_peft_names);
 	RUN(test_wrapped_fixtures);
 	RUN(test_flat_params_refused);
 	return test_summary();

@@ -1,0 +1,287 @@
+# SPDX-License-Identifier: MIT
+"""ckfs from Python: inspect, export and mount sharded training checkpoints.
+
+Every function runs the ``ckfs`` binary installed with this package (the C
+program itself; ``$CKFS_BIN`` overrides it), so Python sees exactly what the
+command line does. A failure raises :class:`Error`, whose text is ckfs's
+one-line message (``'<file>': <cause>``).
+
+    import ckfs
+    info = ckfs.inspect("checkpoints/global_step_100/actor")
+    with ckfs.mount("checkpoints/global_step_100/actor") as path:
+        llm = vllm.LLM(path)
+    ckfs.export("checkpoints/global_step_100/actor", "merged", max_shard_size="5GB")
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from importlib import metadata
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Dict, List, Optional, Set, Type, Union
+
+__all__ = ["Error", "Mount", "binary", "export", "inspect", "mount", "stats", "__version__"]
+
+StrPath = Union[str, "os.PathLike[str]"]
+OptionValue = Union[str, int, float, bool, None, "os.PathLike[str]"]
+
+try:
+    __version__: str = metadata.version("ckfs")
+except metadata.PackageNotFoundError:  # imported from a source tree
+    __version__ = "0+unknown"
+
+_log = logging.getLogger("ckfs")
+
+
+class Error(Exception):
+    """A ckfs command failed.
+
+    ``str(err)`` (and ``err.message``) is ckfs's one-line message, such as
+    ``'/ckpt/model_world_size_2_rank_1.pt': truncated zip``; ``err.returncode``
+    is its exit status (1: failure, 2: usage error) and ``err.command`` the
+    command that was run.
+    """
+
+    def __init__(self, message: str, returncode: int, command: List[str]):
+        super().__init__(message)
+        self.message = message
+        self.returncode = returncode
+        self.command = command
+
+
+def binary() -> str:
+    """The path of the ``ckfs`` executable this module runs.
+
+    ``$CKFS_BIN`` when set; otherwise the binary installed with this package
+    (in the environment's ``bin/``); otherwise ``ckfs`` on ``PATH``.
+    """
+    override = os.environ.get("CKFS_BIN")
+    if override:
+        return override
+    try:
+        files = metadata.distribution("ckfs").files or []
+    except metadata.PackageNotFoundError:
+        files = []
+    for f in files:
+        if f.name == "ckfs" and f.parent.name in ("bin", "scripts"):
+            path = Path(str(f.locate()))
+            if os.access(path, os.X_OK):
+                return str(path.resolve())
+    found = shutil.which("ckfs")
+    if found:
+        return found
+    raise Error("ckfs binary not found: install the package (pip install .) or set CKFS_BIN",
+                127, [])
+
+
+def _message(stderr: str) -> str:
+    """ckfs's error line, without its "ckfs: " (or "ckfs mount: ") prefix."""
+    lines = [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith("Try 'ckfs")]
+    if not lines:
+        return "failed without a message"
+    line = lines[-1]
+    head, sep, rest = line.partition(": ")
+    return rest if sep and head.startswith("ckfs") else line
+
+
+def _run(args: List[str]) -> subprocess.CompletedProcess:
+    command = [binary(), *args]
+    proc = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    for line in proc.stderr.splitlines():
+        if line.startswith("ckfs: warning: "):
+            _log.warning("%s", line[len("ckfs: warning: "):])
+    if proc.returncode != 0:
+        raise Error(_message(proc.stderr), proc.returncode, command)
+    return proc
+
+
+def _long_options(options: Dict[str, OptionValue]) -> List[str]:
+    """Keyword arguments as long options: raw_names=True -> --raw-names,
+    dtype="fp32" -> --dtype fp32; False and None leave an option out."""
+    args: List[str] = []
+    for name, value in options.items():
+        if value is None or value is False:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        else:
+            args += [flag, os.fspath(value) if isinstance(value, os.PathLike) else str(value)]
+    return args
+
+
+def _mount_options(options: Dict[str, OptionValue]) -> List[str]:
+    """Keyword arguments as the mount's -o keys: cache_size="2GiB" ->
+    cache_size=2GiB, allow_other=True -> allow_other."""
+    keys: List[str] = []
+    for name, value in options.items():
+        if value is None or value is False:
+            continue
+        if value is True:
+            keys.append(name)
+            continue
+        text = os.fspath(value) if isinstance(value, os.PathLike) else str(value)
+        if "," in text:
+            raise ValueError(f"mount option {name}={text!r}: a value cannot hold a comma")
+        keys.append(f"{name}={text}")
+    return ["-o", ",".join(keys)] if keys else []
+
+
+def inspect(src: StrPath, **options: OptionValue) -> Dict[str, Any]:
+    """What ckfs finds in checkpoint ``src``, from metadata only.
+
+    Returns the object of ``ckfs inspect --json``: ``layout``, ``world_size``,
+    ``tensors`` (name, shape, dtypes, placement), ``files`` of the folder it
+    serves, ``totals`` and ``warnings``. Keyword arguments are ``inspect``'s
+    long options (``dtype="fp32"``, ``config=path``, ``raw_names=True``).
+    """
+    proc = _run(["inspect", "--json", *_long_options(options), "--", os.fspath(src)])
+    return json.loads(proc.stdout)
+
+
+def export(src: StrPath, dst: StrPath, dtype: str = "bf16",
+           max_shard_size: Union[str, int, None] = None, force: bool = False,
+           **options: OptionValue) -> Path:
+    """Write the merged Hugging Face folder of checkpoint ``src`` to ``dst``.
+
+    ``dtype``: ``bf16`` (verl's output), ``fp16``, ``fp32`` or ``auto`` (as
+    stored); ``max_shard_size``: bytes, or a size such as ``"5GB"``, for
+    sharded weights with an index; ``force``: replace an existing ``dst``.
+    Other keyword arguments are ``export``'s long options. ``dst`` appears
+    only once every file is written. Returns ``dst`` as a Path.
+    """
+    args = ["export", "--dtype", dtype]
+    if max_shard_size is not None:
+        args += ["--max-shard-size", str(max_shard_size)]
+    if force:
+        args.append("--force")
+    _run([*args, *_long_options(options), "--", os.fspath(src), os.fspath(dst)])
+    return Path(dst)
+
+
+def stats(mountpoint: StrPath) -> Dict[str, Any]:
+    """The counters of a running mount (``ckfs stats --json``)."""
+    return json.loads(_run(["stats", "--json", "--", os.fspath(mountpoint)]).stdout)
+
+
+_live: Set["Mount"] = set()
+_live_lock = threading.Lock()
+
+
+def _unmount_all() -> None:
+    with _live_lock:
+        mounts = list(_live)
+    for m in mounts:
+        try:
+            m.unmount()
+        except Error as e:  # at exit nothing can be raised to; say it
+            _log.error("%s", e)
+
+
+atexit.register(_unmount_all)
+
+
+class Mount:
+    """A checkpoint mounted by ``ckfs mount``; see :func:`mount`.
+
+    Used as a context manager, its value is the mounted folder's path, and
+    leaving the block unmounts it. ``path`` is that folder, ``source`` the
+    checkpoint; :meth:`unmount` unmounts it at any time (once).
+    """
+
+    def __init__(self, src: StrPath, mountpoint: Optional[StrPath] = None,
+                 **options: OptionValue):
+        self.source = os.path.abspath(os.fspath(src))
+        self._made_dir: Optional[str] = None
+        args = _mount_options(options)  # refuse a bad value before mounting
+        if mountpoint is None:
+            self._made_dir = tempfile.mkdtemp(prefix="ckfs-")
+            mountpoint = self._made_dir
+        self.path = os.path.abspath(os.fspath(mountpoint))
+        try:
+            _run(["mount", *args, "--", self.source, self.path])
+        except BaseException:
+            self._remove_made_dir()
+            raise
+        with _live_lock:
+            _live.add(self)
+
+    @property
+    def mounted(self) -> bool:
+        """Whether this object's mount is still in place."""
+        with _live_lock:
+            return self in _live
+
+    def unmount(self) -> None:
+        """Unmount (lazily: readers still holding a file keep it until they
+        close it) and remove the mount point if it was made here."""
+        with _live_lock:
+            if self not in _live:
+                return
+            _live.discard(self)
+        try:
+            _run(["umount", "-z", "--", self.path])
+        except Error:
+            if _is_mount_point(self.path):
+                raise
+            # already unmounted by someone else: nothing to do
+        self._remove_made_dir()
+
+    def _remove_made_dir(self) -> None:
+        if self._made_dir:
+            try:
+                os.rmdir(self._made_dir)
+            except OSError as e:
+                _log.warning("'%s': %s", self._made_dir, e.strerror)
+            self._made_dir = None
+
+    def __enter__(self) -> str:
+        return self.path
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]],
+                 exc: Optional[BaseException], tb: Optional[TracebackType]) -> None:
+        self.unmount()
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def __repr__(self) -> str:
+        state = "mounted" if self.mounted else "unmounted"
+        return f"<ckfs.Mount {self.source!r} at {self.path!r} ({state})>"
+
+
+def _is_mount_point(path: str) -> bool:
+    """Whether path is in this process's mount table (a dead FUSE mount too)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            targets = [line.split()[4] for line in f]
+    except OSError:
+        return os.path.ismount(path)
+    escaped = path.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011") \
+        .replace("\n", "\\012")
+    return escaped in targets
+
+
+def mount(src: StrPath, mountpoint: Optional[StrPath] = None, **options: OptionValue) -> Mount:
+    """Mount checkpoint ``src`` as its merged Hugging Face folder.
+
+    ``mountpoint``: an existing empty folder; a temporary one (removed
+    afterwards) when not given. Keyword arguments are the mount's ``-o`` keys
+    (``dtype="fp32"``, ``cache_size="2GiB"``, ``allow_other=True``,
+    ``max_shard_size="5GB"``; see ``ckfs mount --help``). Returns once the
+    folder is ready, as a :class:`Mount`; as a context manager its value is
+    the folder's path, unmounted when the block ends, and every mount still
+    in place is unmounted when the interpreter exits::
+
+        with ckfs.mount("checkpoints/global_step_100/actor") as path:
+            llm = vllm.LLM(path)
+    """
+    return Mount(src, mountpoint, **options)
