@@ -36,8 +36,10 @@
  *  - frozen parameters from frozen_param_fragments (ZeRO-1/2: whole;
  *    ZeRO-3: one 1-D piece per rank), persistent buffers from rank 0's
  *    module, tied aliases (shared_params) as their owner's tensor;
- *  - zero_to_fp32's order: buffers, frozen, trained, aliases; then the tie
- *    rule of every layout (names.c).
+ *  - zero_to_fp32's order: buffers, frozen, trained, aliases; then, as
+ *    for the other layouts of names held in memory, the wrapper rule
+ *    (names.c) and what save_pretrained writes (hf_save.c: the tie rule,
+ *    vision-language prefixes, fused expert stacks); PEFT names refused.
  */
 #include <dirent.h>
 #include <errno.h>
