@@ -163,7 +163,7 @@ struct ckfs_model {
 	struct ckfs_arena arena;
 	const char *src_dir;
 	const char *layout;             /* "verl-fsdp", "dcp", "megatron",
-					 * "megatron-dist" or "hf" */
+					 * "megatron-dist", "deepspeed" or "hf" */
 	int world_size;
 	int fsdp_version;               /* 1 or 2; 0 when not recorded */
 	int mesh_ndim;
@@ -177,6 +177,11 @@ struct ckfs_model {
 	int etp_size;                   /* expert tensor parallel (1 or TP);
 					 * 0 without expert weights */
 	int *stage_layers;
+	/* deepspeed only: the ZeRO stage (1, 2 or 3; 0 for a BF16_Optimizer
+	 * checkpoint, which records none) and the tag of the step folder
+	 * served (NULL when SRC is the step folder). */
+	int zero_stage;
+	const char *ds_tag;
 	size_t n_ranks_read;
 	int *ranks_read;
 	struct ckfs_source *sources;

@@ -125,6 +125,16 @@ enum ckfs_code ckfs_torch_open_list(struct ckfs_torch_file *tf, int fd,
 				    struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /*
+ * The zip directory and data.pkl of a torch.save file whose root is not a
+ * state dict (DeepSpeed's checkpoint dicts hold tensors at known places
+ * among other values): the value tree in tf->root, nothing decoded; the
+ * caller decodes the tensors it needs with ckfs_torch_decode_value.
+ */
+enum ckfs_code ckfs_torch_open_tree(struct ckfs_torch_file *tf, int fd,
+				    const char *label,
+				    struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/*
  * One torch.save zip embedded at [base, base + length) of fd (a DCP
  * .distcp item): parse its directory and data.pkl and decode the root value
  * (a bare _rebuild_tensor_v2 call, not a dict) as a plain tensor into *out,

@@ -64,6 +64,18 @@ static int print_json(const struct ckfs_model *m, const struct ckfs_folder *f)
 		for (int i = 0; i < m->pp_size * m->vpp_size; i++)
 			cJSON_AddItemToArray(arr, cJSON_CreateNumber(m->stage_layers[i]));
 	}
+	if (strcmp(m->layout, "deepspeed") == 0) {
+		cJSON *ds = cJSON_AddObjectToObject(root, "deepspeed");
+		cJSON_AddNumberToObject(ds, "zero_stage", m->zero_stage);
+		cJSON_AddStringToObject(ds, "optimizer",
+					m->zero_stage == 3 ? "DeepSpeedZeroOptimizer_Stage3"
+					: m->zero_stage    ? "DeepSpeedZeroOptimizer"
+							   : "BF16_Optimizer");
+		if (m->ds_tag)
+			cJSON_AddStringToObject(ds, "tag", m->ds_tag);
+		else
+			cJSON_AddNullToObject(ds, "tag");
+	}
 	mesh = cJSON_AddObjectToObject(root, "mesh");
 	arr = cJSON_AddArrayToObject(mesh, "shape");
 	for (int i = 0; i < m->mesh_ndim; i++)
@@ -148,6 +160,16 @@ static void print_text(const struct ckfs_model *m, const struct ckfs_folder *f)
 			printf(", saved by %d rank%s", m->world_size,
 			       m->world_size == 1 ? "" : "s");
 		printf("\n");
+		if (strcmp(m->layout, "deepspeed") == 0) {
+			if (m->zero_stage)
+				printf("zero         ZeRO-%d", m->zero_stage);
+			else
+				printf("zero         BF16_Optimizer (no ZeRO stage recorded)");
+			printf(", world size %d", m->world_size);
+			if (m->ds_tag)
+				printf(", tag %s", ckfs_cli_shown(m->ds_tag));
+			printf("\n");
+		}
 		if (m->tp_size) {
 			printf("parallelism  TP=%d PP=%d VPP=%d EP=%d", m->tp_size,
 			       m->pp_size, m->vpp_size, m->ep_size);

@@ -314,9 +314,10 @@ static enum ckfs_code decode_plain(struct ckfs_torch_file *tf,
 		return decode_plain(tf, &inner, key, depth + 1, view, err);
 	}
 unknown:
-	/* Name the callee with its module: "call os.system" says what the
-	 * pickle asked for (nothing is ever called). */
-	fn = v && v->kind == CKFS_PV_CALL ? v->u.call.fn : NULL;
+	/* Name the callee or the class with its module: "call os.system"
+	 * says what the pickle asked for (nothing is ever called). */
+	fn = v && v->kind == CKFS_PV_CALL ? v->u.call.fn
+	     : v && v->kind == CKFS_PV_OBJECT ? v->u.obj.cls : NULL;
 	if (fn && fn->kind != CKFS_PV_GLOBAL)
 		fn = NULL;
 	return ckfs_fail(err, CKFS_E_UNSUPPORTED,
@@ -709,6 +710,12 @@ static enum ckfs_code decode_dicts(struct ckfs_torch_file *tf,
 	tf->n_entries = n;
 	tf->n_parts = n_dicts;
 	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_torch_open_tree(struct ckfs_torch_file *tf, int fd,
+				    const char *label, struct ckfs_error *err)
+{
+	return open_file_pickle(tf, fd, label, err);
 }
 
 enum ckfs_code ckfs_torch_open(struct ckfs_torch_file *tf, int fd,

@@ -36,25 +36,44 @@ enum ckfs_code ckfs_model_warn(struct ckfs_model *m, struct ckfs_error *err,
 	return CKFS_OK;
 }
 
-enum ckfs_code ckfs_model_read_meta(struct ckfs_model *m, const char *path, size_t max,
-				    char **out, size_t *len, struct ckfs_error *err)
+/* Append who may read path (access) to m->meta_files. */
+static enum ckfs_code add_meta_access(struct ckfs_model *m, const char *path,
+				      struct ckfs_file_access access, struct ckfs_error *err)
 {
-	struct ckfs_file_access access;
 	struct ckfs_file_access *list;
 
-	CKFS_TRY(ckfs_file_read_small(&m->policy, path, max, out, len, &access, err));
 	list = ckfs_arena_calloc(&m->arena, m->n_meta_files + 1, sizeof(*list));
 	access.path = ckfs_arena_strdup(&m->arena, path);
-	if (!list || !access.path) {
-		free(*out);
-		*out = NULL;
+	if (!list || !access.path)
 		return ckfs_nomem(err);
-	}
 	if (m->n_meta_files)
 		memcpy(list, m->meta_files, m->n_meta_files * sizeof(*list));
 	list[m->n_meta_files++] = access;
 	m->meta_files = list;
 	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_model_read_meta(struct ckfs_model *m, const char *path, size_t max,
+				    char **out, size_t *len, struct ckfs_error *err)
+{
+	struct ckfs_file_access access;
+
+	CKFS_TRY(ckfs_file_read_small(&m->policy, path, max, out, len, &access, err));
+	if (add_meta_access(m, path, access, err) != CKFS_OK) {
+		free(*out);
+		*out = NULL;
+		return err->code;
+	}
+	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_model_note_meta_source(struct ckfs_model *m, const struct ckfs_source *s,
+					   struct ckfs_error *err)
+{
+	const struct ckfs_file_access access = {
+		.mode = s->mode, .uid = s->uid, .gid = s->gid, .acl = s->acl,
+	};
+	return add_meta_access(m, s->path, access, err);
 }
 
 enum ckfs_code ckfs_model_load_config(struct ckfs_model *m, const char *config_opt,

@@ -12,14 +12,19 @@
  *      SRC/dist_ckpt/, or SRC/metadata.json beside SRC/.metadata
  *      (megatron_dist.c);
  *   4. torch.distributed.checkpoint: SRC/.metadata (dcp.c);
- *   5. Hugging Face weights: model.safetensors or
+ *   5. DeepSpeed ZeRO: a *_model_states.pt or *_optim_states.pt name in
+ *      SRC or in a folder of SRC (global_stepN/, beside `latest`)
+ *      (deepspeed.c);
+ *   6. Hugging Face weights: model.safetensors or
  *      model.safetensors.index.json in SRC, SRC/huggingface or
  *      SRC/model/huggingface (hf.c).
  *
  * So a verl folder that also saved HF weights (save_contents "hf_model")
- * is still read from its rank files or dist_ckpt; a ckpt_contents.json
- * whose contents.model is HF weights (mbridge) goes to hf.c. A folder
- * with none of these is an error listing what was looked for.
+ * is still read from its rank files or dist_ckpt, and the HF Trainer's
+ * ZeRO-1/2 checkpoint-N/ from its fp32 masters, not from the bf16
+ * model.safetensors beside them; a ckpt_contents.json whose
+ * contents.model is HF weights (mbridge) goes to hf.c. A folder with none
+ * of these is an error listing what was looked for.
  */
 #include <dirent.h>
 #include <stdio.h>
@@ -86,8 +91,9 @@ static enum ckfs_code explain_unknown(const struct ckfs_model *m, const char *sr
 			 "'%s': not a verl FSDP checkpoint (no "
 			 "model_world_size_*_rank_*.pt files), nor a Megatron "
 			 "checkpoint (no model/mp_rank_* or dist_ckpt/), nor a "
-			 "torch.distributed.checkpoint folder (no .metadata), nor "
-			 "Hugging Face weights (no model.safetensors or "
+			 "torch.distributed.checkpoint folder (no .metadata), nor a "
+			 "DeepSpeed checkpoint (no *_optim_states.pt in it or a step "
+			 "folder), nor Hugging Face weights (no model.safetensors or "
 			 "model.safetensors.index.json in it, huggingface/ or "
 			 "model/huggingface/)", src);
 }
@@ -118,6 +124,13 @@ static enum ckfs_code dispatch(struct ckfs_model *m, const char *src,
 	if (ckfs_path_exists(path)) {
 		m->layout = "dcp";
 		return ckfs_dcp_build(m, opt, err);
+	}
+	int deepspeed = ckfs_deepspeed_detect(m->src_dir);
+	if (deepspeed < 0)
+		return ckfs_fail_errno(err, "'%s': cannot list", src);
+	if (deepspeed) {
+		m->layout = "deepspeed";
+		return ckfs_deepspeed_build(m, opt, err);
 	}
 	const char *hf = find_hf_weights(m, &oom);
 	if (oom)

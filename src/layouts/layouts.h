@@ -20,6 +20,11 @@
 enum ckfs_code ckfs_model_read_meta(struct ckfs_model *m, const char *path, size_t max,
 				    char **out, size_t *len,
 				    struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The same for a source opened whole (a torch.save file whose pickle
+ * names and shapes tensors read from other files): who may read it is
+ * appended to m->meta_files, nothing is read. */
+enum ckfs_code ckfs_model_note_meta_source(struct ckfs_model *m, const struct ckfs_source *s,
+					   struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Record a warning shown by inspect and export. */
 enum ckfs_code ckfs_model_warn(struct ckfs_model *m, struct ckfs_error *err,
 			       const char *fmt, ...) CKFS_PRINTF(3, 4);
@@ -55,6 +60,37 @@ enum ckfs_code ckfs_entry_chunks(const struct ckfs_sd_entry *e, const int64_t *c
 				 uint32_t source, int rank, struct ckfs_chunk_list *out,
 				 struct ckfs_error *err) CKFS_WARN_UNUSED;
 
+/* ---- flat.c: tensors packed end to end in flat 1-D buffers ---- */
+
+/* A stretch of a flat buffer one source holds contiguously: len elements
+ * of dtype from file position pos. */
+struct ckfs_flat_seg {
+	uint32_t source;
+	int rank;                  /* for messages and inspect */
+	enum ckfs_dtype dtype;
+	bool neg;
+	uint64_t pos;
+	uint64_t len;
+};
+
+/*
+ * Elements [first, first + count) of a tensor of shape (ndim, shape), in
+ * row-major order, held one after another in seg's source from file
+ * position pos: appended to out as N-d blocks with the tensor's row-major
+ * strides (a partial first row, whole rows, a partial last row, and the
+ * same at each outer dim: at most 2·ndim − 1 chunks).
+ */
+enum ckfs_code ckfs_flat_blocks(int ndim, const int64_t *shape, uint64_t first, uint64_t count,
+				const struct ckfs_flat_seg *seg, uint64_t pos,
+				struct ckfs_chunk_list *out,
+				struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The stretch [at, at + count) of the flat buffer made of segs[0..n_segs)
+ * end to end, holding elements [first, first + count) of the tensor: the
+ * blocks of every segment it crosses. The caller checks that the buffer
+ * is long enough (CKFS_E_FORMAT otherwise). */
+enum ckfs_code ckfs_flat_cut(const struct ckfs_flat_seg *segs, size_t n_segs, uint64_t at,
+			     uint64_t count, int ndim, const int64_t *shape, uint64_t first,
+			     struct ckfs_chunk_list *out, struct ckfs_error *err) CKFS_WARN_UNUSED;
 /*
  * The elements of tensor r inside the box [lo, lo + n) (r's dims), as
  * chunks appended to out with the box start at dst (output dims). The
@@ -300,6 +336,38 @@ int ckfs_megatron_dist_detect(const struct ckfs_model *m);
 enum ckfs_code ckfs_megatron_dist_build(struct ckfs_model *m,
 				     const struct ckfs_model_options *opt,
 				     struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The files of a DeepSpeed checkpoint's step folder (deepspeed_files.c). */
+struct ckfs_ds_files {
+	const char *step;          /* the step folder (an arena string of the model) */
+	const char *step_rel;      /* it relative to SRC: "" or "<tag>/" */
+	/* file names by rank, malloc'd, NULL where absent */
+	char **optim;              /* [bf16_]zero_pp_rank_R_mp_rank_00_optim_states.pt */
+	char **model_rank;         /* zero_pp_rank_R_mp_rank_00_model_states.pt (ZeRO-3) */
+	char *model_all;           /* mp_rank_00_model_states.pt (ZeRO-1/2) */
+	long n_optim, n_model_rank;
+	int ws, stage;             /* set by the caller for ckfs_ds_check_files */
+};
+/* The step folder of m->src_dir (SRC, or the tag in SRC/latest, which sets
+ * m->ds_tag) and its DeepSpeed files; refused: files ckfs does not read,
+ * two files of one rank, no optimizer file. */
+enum ckfs_code ckfs_ds_find_files(struct ckfs_model *m, struct ckfs_ds_files *f,
+				  struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* Every rank 0 .. f->ws-1 has its optimizer file and none past it, and the
+ * model states files are those of f->stage (0: BF16_Optimizer). */
+enum ckfs_code ckfs_ds_check_files(const struct ckfs_ds_files *f,
+				   struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The name DeepSpeed gives rank r's optimizer file (bf16_ as the others). */
+void ckfs_ds_optim_name(const struct ckfs_ds_files *f, long r, char *out, size_t size);
+void ckfs_ds_files_release(struct ckfs_ds_files *f);
+/* DeepSpeed ZeRO checkpoints (deepspeed.c): a step folder (global_stepN/
+ * with *_model_states.pt and *_optim_states.pt), or a folder holding
+ * `latest` and step folders (the HF Trainer's checkpoint-N/). detect: SRC
+ * or one of its folders holds a DeepSpeed *_model_states.pt or
+ * *_optim_states.pt name; -1 (errno set) when SRC cannot be listed. */
+int ckfs_deepspeed_detect(const char *src_dir);
+enum ckfs_code ckfs_deepspeed_build(struct ckfs_model *m,
+				    const struct ckfs_model_options *opt,
+				    struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Hugging Face safetensors weights in dir (SRC, SRC/huggingface or
  * SRC/model/huggingface), served as they are (hf.c). */
 enum ckfs_code ckfs_hf_build(struct ckfs_model *m,

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# Allocation failures: `ckfs inspect` and `ckfs export` of the four layouts
+# Allocation failures: `ckfs inspect` and `ckfs export` of the layouts
 # (verl FSDP2, DCP, Megatron TP / critic / TP x EP MoE with TE names and
 # with whole experts (expert tensor parallel size 1),
-# sharded HF safetensors) run once per N with
+# sharded HF safetensors, a DeepSpeed ZeRO-3 Trainer checkpoint) run once per N with
 # the Nth allocation failing (tests/faults/failalloc.c, LD_PRELOAD), for
 # every N from 1 to the number of allocations the command makes
 # (CKFS_FAILALLOC_RUNS=R thins it to about R values of N per command, as
@@ -94,13 +94,14 @@ sweep() {
 }
 
 for spec in fsdp/qwen2_fsdp2_w2 dcp/qwen2_tied_fsdp2_w3 megatron/llama_tp2 megatron/qwen2_critic_tp2 \
-	megatron/qwen2_moe_tp2_ep2_te megatron/qwen2_moe_tp2_ep2_etp1 hf/qwen2_sharded; do
+	megatron/qwen2_moe_tp2_ep2_te megatron/qwen2_moe_tp2_ep2_etp1 hf/qwen2_sharded \
+	deepspeed/trainer_z3_w3_bf16_tied; do
 	for cmd in inspect export; do
 		sweep "$cmd ${spec}" "$FIX/$spec" "$cmd" once
 	done
 done
 # Every allocation failing from N on: error paths that allocate are hit too.
-for spec in fsdp/qwen2_fsdp2_w2 dcp/qwen2_tied_fsdp2_w3; do
+for spec in fsdp/qwen2_fsdp2_w2 dcp/qwen2_tied_fsdp2_w3 deepspeed/trainer_z3_w3_bf16_tied; do
 	sweep "export ${spec}" "$FIX/$spec" export after
 done
 echo "$runs runs, $oom clean out-of-memory failures, $fail failures"

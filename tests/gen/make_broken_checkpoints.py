@@ -40,9 +40,16 @@ named <category>_<what>:
     names_*  names held in memory (tests/fixtures/moe_fsdp/, vlm/) under a
              model_type whose save_pretrained form ckfs has not checked, and
              fused expert stacks without their other half
+    deepspeed_* DeepSpeed ZeRO checkpoints (checkpoint-N/ layout): rank
+             files missing, extra, doubled or from another run; partitions
+             that disagree with param_shapes or group_paddings; zero_stage
+             lost; DeepSpeed objects where dicts, tensors or the stage
+             belong; tensor-parallel, pipeline and MoE files; `latest`
+             naming no folder; a truncated optimizer file
 
-The FSDP cases are verl FSDP actor folders; the dcp_*, hf_* and megatron_*
-cases start from the committed fixtures of those layouts (layout_cases).
+The FSDP cases are verl FSDP actor folders; the dcp_*, hf_*, megatron_* and
+deepspeed_* cases start from the committed fixtures of those layouts
+(layout_cases).
 Everything starts from real bytes: the base checkpoint and every
 "wrong but real" variant are written by torch.save of DTensors on a gloo
 process group (2 ranks, 1-D mesh "fsdp", Shard(0)), exactly the objects
@@ -53,6 +60,7 @@ it is outside each case's checkpoint folder.
 
     .venv/bin/python tests/gen/make_broken_checkpoints.py   # ~10 s
     .venv/bin/python tests/gen/make_broken_checkpoints.py layouts  # only those
+    .venv/bin/python tests/gen/make_broken_checkpoints.py deepspeed  # only deepspeed_*
     (CKFS_BROKEN_OUT=DIR writes the cases elsewhere, e.g. to compare)
 
 Outputs are committed, so the C tests never need Python. Re-running with
@@ -908,12 +916,226 @@ def names_cases() -> None:
         config_edit=lambda c: c.update(model_type="qwen3_vl_moe"))
 
 
+# ---------------------------------------------------------------------------
+# DeepSpeed ZeRO checkpoints, from the fixtures written by real DeepSpeed
+# 0.19.8 (tests/gen/make_deepspeed_fixtures.py).
+
+DSF = os.path.join(FIX, "deepspeed")
+STEP = "global_step2"
+
+
+def ds_case(name: str, base: str, edit) -> str:
+    """A copy of DeepSpeed fixture `base` as the HF Trainer lays a checkpoint
+    out (latest, global_step2/, config.json beside them; the fixture's
+    oracle/ and zero_to_*.py copies left out), then edit(path of
+    global_step2) breaks it in one place."""
+    path = _fresh(name)
+    src = os.path.join(DSF, base)
+    shutil.copy(os.path.join(src, "latest"), path)
+    shutil.copytree(os.path.join(src, STEP), os.path.join(path, STEP))
+    cfg = os.path.join(src, "config.json")
+    shutil.copy(cfg if os.path.exists(cfg) else os.path.join(src, "oracle", "config.json"), path)
+    edit(os.path.join(path, STEP))
+    return path
+
+
+def ds_file(step: str, name: str) -> str:
+    return os.path.join(step, name)
+
+
+def ds_optim(rank: int) -> str:
+    return f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+
+
+def ds_model(rank: int) -> str:
+    return f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt"
+
+
+def pkl_patch_after(b: bytes, anchor: bytes, old: bytes, new: bytes, skip: bytes = b"") -> bytes:
+    """Replace the first `old` after `anchor` (and after `skip` past it) in
+    data.pkl, in place (same length)."""
+    assert len(old) == len(new)
+    pkl = pickle_of(b)
+    at = pkl.index(anchor)
+    if skip:
+        at = pkl.index(skip, at)
+    at = pkl.index(old, at)
+    return patch(b, layout(b)["entries"]["data.pkl"]["data"] + at, new)
+
+
+def rewrite(path: str, fn) -> None:
+    with open(path, "rb") as f:
+        b = f.read()
+    with open(path, "wb") as f:
+        f.write(fn(b))
+
+
+def opaque_class(module: str, name: str):
+    """A class pickled as module.name (a DeepSpeed-looking class ckfs cannot
+    know): instances pickle as NEWOBJ + BUILD with their __dict__."""
+    import importlib
+
+    cls = type(name, (), {})
+    cls.__module__ = module
+    cls.__qualname__ = name
+    setattr(importlib.import_module(module), name, cls)
+    return cls
+
+
+def resave(path: str, fn) -> None:
+    """torch.load the real file (DeepSpeed's classes imported), change the
+    object in one place, torch.save it again."""
+    obj = torch.load(path, weights_only=False)
+    fn(obj)
+    torch.save(obj, path)
+
+
+def deepspeed_cases() -> None:
+    """Real DeepSpeed checkpoints broken in one place: files missing, extra
+    or from another checkpoint; partitions that disagree with param_shapes
+    or group_paddings; DeepSpeed objects where dicts or tensors belong;
+    files ckfs does not read; a `latest` naming no folder."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    z3, z2 = "z3_w3_tied_fp32", "z2_w3_tied_fp32"
+
+    # -- files missing, extra, or from another checkpoint
+    ds_case("deepspeed_missing_optim_rank", z3, lambda s: os.remove(ds_file(s, ds_optim(2))))
+    ds_case("deepspeed_missing_model_rank", z3, lambda s: os.remove(ds_file(s, ds_model(1))))
+    ds_case("deepspeed_missing_model_states", z2,
+            lambda s: os.remove(ds_file(s, "mp_rank_00_model_states.pt")))
+    ds_case("deepspeed_rank_out_of_range", z3,
+            lambda s: shutil.copy(ds_file(s, ds_optim(2)), ds_file(s, ds_optim(3))))
+    ds_case("deepspeed_two_files_one_rank", z3,
+            lambda s: shutil.copy(ds_file(s, ds_optim(1)), ds_file(s, "bf16_" + ds_optim(1))))
+    # an overwritten checkpoint: rank 2's file from a world size 4 run
+    ds_case("deepspeed_rank_of_other_checkpoint", z3,
+            lambda s: shutil.copy(os.path.join(DSF, "z3_w4_bf16", STEP, "bf16_" + ds_optim(2)),
+                                  ds_file(s, ds_optim(2))))
+    ds_case("deepspeed_latest_names_missing_folder", z3,
+            lambda s: open(os.path.join(os.path.dirname(s), "latest"), "w").write("global_step3"))
+
+    # -- files ckfs does not read (real torch files under those names)
+    ds_case("deepspeed_tensor_parallel_file", z3,
+            lambda s: shutil.copy(ds_file(s, ds_optim(0)),
+                                  ds_file(s, "zero_pp_rank_0_mp_rank_01_optim_states.pt")))
+    ds_case("deepspeed_pipeline_layer_file", z2,
+            lambda s: shutil.copy(ds_file(s, "mp_rank_00_model_states.pt"),
+                                  ds_file(s, "layer_01-model_states.pt")))
+    ds_case("deepspeed_moe_expert_file", z2,
+            lambda s: shutil.copy(ds_file(s, ds_optim(0)),
+                                  ds_file(s, "expp_rank_0_mp_rank_00_optim_states.pt")))
+
+    # -- partitions against param_shapes and group_paddings
+    def size1(n):  # a 1-d size tuple: BININT2 n, TUPLE1 (a storage id's numel ends in TUPLE)
+        return struct.pack("<BH", 0x4D, n) + b"\x85"
+    # rank 1's fp32_flat_groups[0] pickled 4 elements short
+    ds_case("deepspeed_partition_short", z3, lambda s: rewrite(
+        ds_file(s, ds_optim(1)), lambda b: pkl_patch_after(b, b"fp32_flat_groups", size1(5240),
+                                                           size1(5236))))
+    # param_shapes says model.norm.weight has 31 elements (ZeRO-2), 35 (ZeRO-3, every rank)
+    size32, size31, size35 = b"K\x20\x85", b"K\x1f\x85", b"K\x23\x85"
+    ds_case("deepspeed_param_shapes_disagree", z2, lambda s: rewrite(
+        ds_file(s, "mp_rank_00_model_states.pt"),
+        lambda b: pkl_patch_after(b, b"param_shapes", size32, size31, skip=b"model.norm.weight")))
+
+    def z3_shapes(s):
+        for r in range(3):
+            rewrite(ds_file(s, ds_model(r)), lambda b: pkl_patch_after(
+                b, b"param_shapes", size32, size35, skip=b"model.norm.weight"))
+    ds_case("deepspeed_param_shapes_disagree_zero3", z3, z3_shapes)
+    # rank 1's model states of another model than rank 0's
+    ds_case("deepspeed_model_states_ranks_differ", z3, lambda s: rewrite(
+        ds_file(s, ds_model(1)),
+        lambda b: pkl_patch_after(b, b"param_shapes", size32, size35, skip=b"model.norm.weight")))
+    # rank 2 says none of its partition is padding
+    ds_case("deepspeed_group_paddings_wrong", z2, lambda s: rewrite(
+        ds_file(s, ds_optim(2)), lambda b: pkl_patch_after(b, b"group_paddings", b"K\x04",
+                                                           b"K\x00")))
+    # a frozen parameter's ZeRO-3 fragment one element short
+    ds_case("deepspeed_frozen_fragment_short", "z3_w3_frozen_subgroups_fp32", lambda s: rewrite(
+        ds_file(s, ds_model(1)), lambda b: pkl_patch_after(
+            b, b"frozen_param_fragments", size1(1035), size1(1034))))
+
+    # -- zero_stage and BF16_Optimizer
+    def drop_key(key):
+        return lambda o: o["optimizer_state_dict"].pop(key)
+
+    def every_optim(s, fn):
+        for f in sorted(os.listdir(s)):
+            if f.endswith("_optim_states.pt"):
+                resave(ds_file(s, f), fn)
+    # ZeRO-2 files without zero_stage: read as BF16_Optimizer, whose
+    # partitions would keep the padding that these dropped
+    ds_case("deepspeed_zero_stage_removed", z2, lambda s: every_optim(s, drop_key("zero_stage")))
+    ds_case("deepspeed_bf16opt_no_group_paddings", "bf16opt_w3_tied",
+            lambda s: every_optim(s, drop_key("group_paddings")))
+
+    # -- DeepSpeed objects where a dict, a tensor or a stage belongs
+    state_cls = opaque_class("deepspeed.runtime.zero.stage3", "ZeroOptimizerState")
+    group_cls = opaque_class("deepspeed.runtime.zero.stage3", "FlatGroup")
+    stage_cls = opaque_class("deepspeed.runtime.zero.config", "ZeroStage")
+
+    def wrap(cls, **attrs):
+        o = cls()
+        o.__dict__.update(attrs)
+        return o
+
+    def opaque_state(o):
+        o["optimizer_state_dict"] = wrap(state_cls, **o["optimizer_state_dict"])
+
+    def opaque_group(o):
+        g = o["optimizer_state_dict"]["fp32_flat_groups"]
+        g[0] = wrap(group_cls, tensor=g[0])
+
+    def opaque_stage(o):
+        o["optimizer_state_dict"]["zero_stage"] = wrap(stage_cls, value=3)
+    ds_case("deepspeed_opaque_optimizer_state", z3, lambda s: resave(ds_file(s, ds_optim(0)),
+                                                                     opaque_state))
+    ds_case("deepspeed_opaque_flat_group", z3, lambda s: resave(ds_file(s, ds_optim(0)),
+                                                                opaque_group))
+    ds_case("deepspeed_opaque_zero_stage", z3, lambda s: resave(ds_file(s, ds_optim(0)),
+                                                                opaque_stage))
+    # PEFT (LoRA) names: a parameter renamed in the model states (in module
+    # and in param_shapes), ZeRO-2, and on every ZeRO-3 rank
+    def renamed(old, new):
+        return lambda b: pkl_rename(pkl_rename(b, old, new), old, new)
+    def peft_model(s):
+        """Names as a PeftModel's: every one under base_model.model., layer
+        0's q_proj a LoRA-adapted layer whose pair (r 32) takes the names of
+        its o_proj and gate_proj, so that the names alone make a LoRA actor
+        ckfs's verl rules would split."""
+        f = ds_file(s, "mp_rank_00_model_states.pt")
+        lay = "model.layers.0."
+        peft = {lay + "self_attn.q_proj.weight": lay + "self_attn.q_proj.base_layer.weight",
+                lay + "self_attn.o_proj.weight": lay + "self_attn.q_proj.lora_A.default.weight",
+                lay + "mlp.gate_proj.weight": lay + "self_attn.q_proj.lora_B.default.weight"}
+        for n in list(torch.load(f, weights_only=False)["module"]):
+            new = "base_model.model." + peft.get(n, n)
+            for _ in range(1 if n == "lm_head.weight" else 2):  # module, param_shapes
+                rewrite(f, lambda b: pkl_rename(b, n, new))
+    ds_case("deepspeed_peft_base_model_name", z2, peft_model)
+
+    def lora_name(s):
+        for r in range(3):
+            rewrite(ds_file(s, ds_model(r)), renamed(
+                "model.layers.1.self_attn.q_proj.weight",
+                "model.layers.1.self_attn.q_proj.lora_A.default.weight"))
+    ds_case("deepspeed_peft_lora_name", z3, lora_name)
+    # rank 2's optimizer file cut inside its fp32 partition
+    def cut(s):
+        f = ds_file(s, ds_optim(2))
+        b = open(f, "rb").read()
+        open(f, "wb").write(b[:len(b) // 2])
+    ds_case("deepspeed_optim_file_truncated", z3, cut)
+
+
 def layout_cases() -> None:
     dcp_cases()
     hf_cases()
     megatron_cases()
     lora_cases()
     names_cases()
+    deepspeed_cases()
 
 
 if __name__ == "__main__":
@@ -921,5 +1143,7 @@ if __name__ == "__main__":
     # others (and their bytes) as they are.
     if sys.argv[1:] == ["layouts"]:
         layout_cases()
+    elif sys.argv[1:] == ["deepspeed"]:
+        deepspeed_cases()
     else:
         main()

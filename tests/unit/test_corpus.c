@@ -304,6 +304,55 @@ static const struct corpus_case cases[] = {
 	  "'{dir}': 'model.embed_tokens.weight' is not a name qwen3_vl_moe holds in memory" },
 	{ "names_vlm_unknown_model_type", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
 	  "'{dir}': 'model.language_model.norm.weight' is a vision-language model's name held in memory, and ckfs does not know how transformers saves model_type qwen3_moe" },
+	/* ---- DeepSpeed ZeRO checkpoints ---- */
+	{ "deepspeed_bf16opt_no_group_paddings", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
+	  "'{dir}/global_step2/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt': no zero_stage, and not a BF16_Optimizer state (no single_partition_of_fp32_groups and group_paddings): not a ZeRO checkpoint" },
+	{ "deepspeed_frozen_fragment_short", NOFOLLOW, OPEN, CKFS_E_INVALID,
+	  "'{dir}/global_step2/zero_pp_rank_1_mp_rank_00_model_states.pt': frozen_param_fragments['model.embed_tokens.weight'] holds 1034 elements, ceil(3104/3) = 1035 expected" },
+	{ "deepspeed_group_paddings_wrong", NOFOLLOW, OPEN, CKFS_E_INVALID,
+	  "'{dir}/global_step2/zero_pp_rank_2_mp_rank_00_optim_states.pt': the fp32 partition of param group 0 holds 5224 elements with 0 of padding, which does not continue rank 0's partitions of 5228" },
+	{ "deepspeed_latest_names_missing_folder", NOFOLLOW, OPEN, CKFS_E_NOTFOUND,
+	  "'{dir}/global_step3': not found (the step folder '{dir}/latest' names)" },
+	{ "deepspeed_missing_model_rank", NOFOLLOW, OPEN, CKFS_E_NOTFOUND,
+	  "'{dir}/global_step2/zero_pp_rank_1_mp_rank_00_model_states.pt': not found (rank 1 of 3 is needed)" },
+	{ "deepspeed_missing_model_states", NOFOLLOW, OPEN, CKFS_E_NOTFOUND,
+	  "'{dir}/global_step2/mp_rank_00_model_states.pt': not found" },
+	{ "deepspeed_missing_optim_rank", NOFOLLOW, OPEN, CKFS_E_NOTFOUND,
+	  "'{dir}/global_step2/zero_pp_rank_2_mp_rank_00_optim_states.pt': not found (rank 2 of 3 is needed)" },
+	{ "deepspeed_model_states_ranks_differ", NOFOLLOW, OPEN, CKFS_E_INVALID,
+	  "'{dir}/global_step2/zero_pp_rank_1_mp_rank_00_model_states.pt': param_shapes differ from rank 0's at 'model.norm.weight': files of different checkpoints?" },
+	{ "deepspeed_moe_expert_file", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
+	  "'{dir}/global_step2/expp_rank_0_mp_rank_00_optim_states.pt': a mixture-of-experts file (DeepSpeed MoE checkpoints are not supported)" },
+	{ "deepspeed_opaque_flat_group", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
+	  "'{dir}/global_step2/zero_pp_rank_0_mp_rank_00_optim_states.pt': value of 'fp32_flat_groups[0]' is not a supported tensor (object deepspeed.runtime.zero.stage3.FlatGroup)" },
+	{ "deepspeed_opaque_optimizer_state", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
+	  "'{dir}/global_step2/zero_pp_rank_0_mp_rank_00_optim_states.pt': optimizer_state_dict is a deepspeed.runtime.zero.stage3.ZeroOptimizerState object, not a dict: where its tensors are cannot be known without running it" },
+	{ "deepspeed_opaque_zero_stage", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
+	  "'{dir}/global_step2/zero_pp_rank_0_mp_rank_00_optim_states.pt': zero_stage is a deepspeed.runtime.zero.config.ZeroStage object, not a ZeRO stage" },
+	{ "deepspeed_optim_file_truncated", NOFOLLOW, OPEN, CKFS_E_TRUNCATED,
+	  "'{dir}/global_step2/zero_pp_rank_2_mp_rank_00_optim_states.pt': zip end of central directory not found; the file looks truncated (33289 bytes)" },
+	{ "deepspeed_param_shapes_disagree", NOFOLLOW, OPEN, CKFS_E_INVALID,
+	  "'{dir}/global_step2/zero_pp_rank_0_mp_rank_00_optim_states.pt': the fp32 partitions of param group 0 hold 15680 elements, param_shapes (mp_rank_00_model_states.pt) need 15679" },
+	{ "deepspeed_param_shapes_disagree_zero3", NOFOLLOW, OPEN, CKFS_E_INVALID,
+	  "'{dir}/global_step2/zero_pp_rank_0_mp_rank_00_optim_states.pt': fp32_flat_groups hold 5240 elements, param_shapes (zero_pp_rank_0_mp_rank_00_model_states.pt) need 5241 (ceil(numel/3) per parameter)" },
+	{ "deepspeed_partition_short", NOFOLLOW, OPEN, CKFS_E_INVALID,
+	  "'{dir}/global_step2/zero_pp_rank_1_mp_rank_00_optim_states.pt': fp32_flat_groups hold 5236 elements, param_shapes (zero_pp_rank_0_mp_rank_00_model_states.pt) need 5240 (ceil(numel/3) per parameter)" },
+	{ "deepspeed_peft_base_model_name", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
+	  "'{dir}/global_step2/mp_rank_00_model_states.pt': it holds PEFT (LoRA) names (base_model.model., lora_): LoRA checkpoints of DeepSpeed are not supported yet" },
+	{ "deepspeed_peft_lora_name", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
+	  "'{dir}/global_step2/zero_pp_rank_0_mp_rank_00_model_states.pt': it holds PEFT (LoRA) names (base_model.model., lora_): LoRA checkpoints of DeepSpeed are not supported yet" },
+	{ "deepspeed_pipeline_layer_file", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
+	  "'{dir}/global_step2/layer_01-model_states.pt': a pipeline-parallel layer file (DeepSpeed PipelineModule checkpoints are not supported)" },
+	{ "deepspeed_rank_of_other_checkpoint", NOFOLLOW, OPEN, CKFS_E_INVALID,
+	  "'{dir}/global_step2/zero_pp_rank_2_mp_rank_00_optim_states.pt': ZeRO stage 3 of world size 4, rank 0's is stage 3 of world size 3: files of different checkpoints?" },
+	{ "deepspeed_rank_out_of_range", NOFOLLOW, OPEN, CKFS_E_INVALID,
+	  "'{dir}/global_step2/zero_pp_rank_3_mp_rank_00_optim_states.pt': rank 3 out of range for world size 3 (partition_count)" },
+	{ "deepspeed_tensor_parallel_file", NOFOLLOW, OPEN, CKFS_E_UNSUPPORTED,
+	  "'{dir}/global_step2/zero_pp_rank_0_mp_rank_01_optim_states.pt': a tensor-parallel rank's file (DeepSpeed checkpoints with mp_rank above 00 are not supported)" },
+	{ "deepspeed_two_files_one_rank", NOFOLLOW, OPEN, CKFS_E_INVALID,
+	  "'{dir}/global_step2': 'bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt' and 'zero_pp_rank_1_mp_rank_00_optim_states.pt' are both rank 1's optimizer state" },
+	{ "deepspeed_zero_stage_removed", NOFOLLOW, OPEN, CKFS_E_INVALID,
+	  "'{dir}/global_step2/zero_pp_rank_0_mp_rank_00_optim_states.pt': the fp32 partitions of param group 0 hold 15680 elements, param_shapes (mp_rank_00_model_states.pt) need 15680 and group_paddings 4 (no zero_stage: a BF16_Optimizer state, whose partitions keep their padding)" },
 	/* ---- fsdp_config.json and config.json ---- */
 	{ "cfg_fsdp_malformed", NOFOLLOW, OPEN, CKFS_E_FORMAT,
 	  "'{dir}/fsdp_config.json': invalid JSON at line 3, column 21" },
@@ -564,7 +613,7 @@ static void test_corpus_cases(void)
 static void test_corpus_complete(void)
 {
 	static const char *const cats[] = { "zip", "pkl", "model", "cfg", "fs", "ok",
-					     "dcp", "hf", "megatron", "lora", "names" };
+					     "dcp", "hf", "megatron", "lora", "names", "deepspeed" };
 	enum { N_CATS = sizeof(cats) / sizeof(cats[0]) };
 	size_t per_cat[N_CATS] = { 0 }, n_dirs = 0;
 	DIR *d = opendir(CORPUS_DIR);
@@ -607,8 +656,9 @@ static void test_corpus_complete(void)
 	}
 	printf("corpus: %zu cases (zip %zu, pickle %zu, model %zu, config %zu, "
 	       "folder %zu, valid controls %zu, dcp %zu, hf %zu, megatron %zu, lora %zu, "
-	       "names %zu)\n", n_dirs, per_cat[0], per_cat[1], per_cat[2], per_cat[3],
-	       per_cat[4], per_cat[5], per_cat[6], per_cat[7], per_cat[8], per_cat[9], per_cat[10]);
+	       "names %zu, deepspeed %zu)\n", n_dirs, per_cat[0], per_cat[1], per_cat[2],
+	       per_cat[3], per_cat[4], per_cat[5], per_cat[6], per_cat[7], per_cat[8], per_cat[9],
+	       per_cat[10], per_cat[11]);
 	CHECK(n_dirs >= 40);
 }
 
