@@ -36,6 +36,22 @@ static int is_weight_like(const char *name)
 	return 0;
 }
 
+/* Files a training run writes beside the model in the same folder (the
+ * Hugging Face Trainer's checkpoint-N/ with DeepSpeed), not part of it:
+ * their state, DeepSpeed's tag file and conversion scripts. Weight-like
+ * ones (optimizer.pt, rng_state_*.pth, training_args.bin) are skipped
+ * above. */
+static int is_training_artifact(const char *name)
+{
+	static const char *const names[] = { "latest", "trainer_state.json",
+					     "zero_to_fp32.py", "zero_to_torch.py" };
+
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (strcmp(name, names[i]) == 0)
+			return 1;
+	return 0;
+}
+
 static int ts_newer(struct timespec a, struct timespec b)
 {
 	return a.tv_sec > b.tv_sec || (a.tv_sec == b.tv_sec && a.tv_nsec > b.tv_nsec);
@@ -90,7 +106,7 @@ static enum ckfs_code add_side_files(struct ckfs_folder *f, struct ckfs_error *e
 	while ((de = readdir(d))) {
 		const char *name = de->d_name;
 		if (name[0] == '.' || strcmp(name, "config.json") == 0 ||
-		    is_weight_like(name))
+		    is_weight_like(name) || is_training_artifact(name))
 			continue;
 		char *path = ckfs_arena_printf(&f->arena, "%s/%s", m->hf_dir, name);
 		if (!path) {

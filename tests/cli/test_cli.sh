@@ -236,6 +236,12 @@ d = json.load(sys.stdin)["lora"]
 assert (d["mode"], d["r"], d["lora_alpha"], len(d["adapter_tensors"])) == ("fuse", 8, 16, 28), d' &&
 	ok "inspect: the LoRA adapter" || bad "inspect: the LoRA adapter"
 
+# a Trainer checkpoint-N/ holds the model's files beside the run's: only the
+# model's are served
+files=$("$CKFS" inspect "$FIX/deepspeed/trainer_z2_w2_bf16" | sed -n 's/^files: //p')
+[ "$files" = "config.json generation_config.json model.safetensors tokenizer.json tokenizer_config.json" ] &&
+	ok "training artifacts are not side files" || bad "training artifacts are not side files: $files"
+
 # a full disk fails before anything lands (root only: needs a tiny tmpfs)
 if [ "$(id -u)" = 0 ] && mkdir -p "$WORK/tiny" && mount -t tmpfs -o size=64k tmpfs "$WORK/tiny" 2>/dev/null; then
 	expect "full disk" 1 "No space left on device" -- "$CKFS" export -q "$SAMPLE" "$WORK/tiny/out"
