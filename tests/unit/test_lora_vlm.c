@@ -12,9 +12,11 @@
  *    bit for bit in fp32, with --lora-alpha where the checkpoint does not
  *    record it, --rslora where it was trained so, --base for an adapter
  *    saved alone; --lora=base serves the base weights alone;
- *  - an adapter saved alone is served as the adapter folder by itself.
+ *  - an adapter saved alone is served as the adapter folder by itself;
+ *  - four threads fusing at once read the same bytes (TSan in CI).
  * Python is not needed: the outputs are committed.
  */
+#include <pthread.h>
 #include <string.h>
 
 #include "ckfs/folder.h"
@@ -289,12 +291,83 @@ static void test_base_only(void)
 	ckfs_model_free(m);
 }
 
+struct fused_reader {
+	const struct ckfs_model *m;
+	const struct ckfs_st_set *ref;
+	int order, bad;
+};
+
+/* Every fused tensor of m against ref, in pieces, in this reader's order. */
+static void *read_fused(void *arg)
+{
+	struct fused_reader *r = arg;
+	struct ckfs_read_scratch s = { 0 };
+	struct ckfs_error err;
+
+	for (size_t k = 0; k < r->m->n_tensors; k++) {
+		const struct ckfs_tensor *t = &r->m->tensors[r->order & 1 ? r->m->n_tensors - 1 - k : k];
+		const struct ckfs_st_entry *e = ckfs_st_set_find(r->ref, t->name);
+		size_t bytes = (size_t)ckfs_tensor_out_bytes(t);
+		unsigned char *got = malloc(bytes + 1), *want = malloc(bytes + 1);
+		uint64_t piece = 37 + 64 * (uint64_t)r->order;
+		ckfs_error_clear(&err);
+		for (uint64_t i = 0; e && i < t->numel; i += piece) {
+			uint64_t n = t->numel - i < piece ? t->numel - i : piece;
+			if (ckfs_tensor_read(r->m, t, i, n, got + i * 4, &s, &err) != CKFS_OK)
+				r->bad++;
+		}
+		if (!e || pread(e->fd, want, bytes, (off_t)e->begin) != (ssize_t)bytes ||
+		    memcmp(got, want, bytes) != 0)
+			r->bad++;
+		free(got);
+		free(want);
+	}
+	ckfs_read_scratch_release(&s);
+	return NULL;
+}
+
+/* Four threads fusing at once: the first read of each pair's A and B is
+ * made once, the others wait for it (TSan in CI). */
+static void test_fused_threads(void)
+{
+	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_F32, .lora = CKFS_LORA_FUSE };
+	struct ckfs_model *m;
+	struct ckfs_folder *f;
+	struct ckfs_st_set ref;
+	struct ckfs_error err;
+	struct fused_reader r[4];
+	pthread_t tid[4];
+	char path[512];
+
+	if (!open_folder("lora/lora_qwen2_fsdp2_w2", &opt, &m, &f)) {
+		CHECK(0);
+		return;
+	}
+	snprintf(path, sizeof(path), "%s", test_tmp_dir("lora", "fused_threads"));
+	test_sh("rm -rf '%s' && mkdir -p '%s' && ln -s '" FIX "/expected_lora/lora_qwen2_fsdp2_w2/"
+		"fused_fp32.safetensors' '%s/model.safetensors'", path, path, path);
+	ckfs_error_clear(&err);
+	CHECK_EQ_INT(ckfs_st_set_open(path, NULL, &ref, &err), CKFS_OK);
+	for (int i = 0; i < 4; i++) {
+		r[i] = (struct fused_reader){ .m = m, .ref = &ref, .order = i };
+		CHECK(pthread_create(&tid[i], NULL, read_fused, &r[i]) == 0);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(tid[i], NULL);
+		CHECK_EQ_INT(r[i].bad, 0);
+	}
+	ckfs_st_set_release(&ref);
+	ckfs_folder_free(f);
+	ckfs_model_free(m);
+}
+
 int main(void)
 {
 	RUN(test_as_verl_merges);
 	RUN(test_fused);
 	RUN(test_adapter_saved_alone);
 	RUN(test_base_only);
+	RUN(test_fused_threads);
 	test_tmp_cleanup();
 	return test_summary();
 }
