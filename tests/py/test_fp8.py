@@ -181,3 +181,14 @@ def test_other_models_load(case, cls, tmp_path):
     for k, w in ref.items():
         err = ((got[k].float() - w.float()).norm() / w.float().norm().clamp_min(1e-12)).item()
         assert err < 0.05, (k, err)  # e4m3: 3 mantissa bits, 1/16 at worst per element
+
+
+def test_scales_in_their_weights_shard(tmp_path):
+    """With --max-shard-size each weight's scales are in its shard, whatever the limit."""
+    for limit in ("20KB", "50KB", "100KB"):
+        out = tmp_path / limit
+        run_ckfs("export", "--dtype", "fp8", "--max-shard-size", limit, FIXTURES / "fsdp" / "qwen2_fsdp2_w2", out)
+        wm = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+        scales = [k for k in wm if k.endswith("_scale_inv")]
+        assert scales and all(wm[k] == wm[k[:-len("_scale_inv")]] for k in scales), limit
+        assert len(set(wm.values())) > 1
