@@ -20,6 +20,7 @@
  *  - Without one, every step but the newest is complete (a trainer saves
  *    one step at a time), and the newest is complete once no file under
  *    it has changed for CKFS_RUN_QUIET_S seconds.
+ *  - A complete step with no role folder (rotated away) is left out.
  */
 #ifndef CKFS_RUN_H
 #define CKFS_RUN_H
@@ -68,6 +69,8 @@ enum ckfs_step_state {
 	CKFS_STEP_AHEAD,       /* newer than the tracker's step */
 	CKFS_STEP_NO_TRACKER,  /* the tracker exists but never parsed */
 	CKFS_STEP_WRITING,     /* no tracker: newest, changed within the quiet time */
+	CKFS_STEP_EMPTY,       /* complete, but no role folder left (rotated away:
+				* verl removes global_step_<N>/actor, not the step) */
 };
 const char *ckfs_step_state_name(enum ckfs_step_state s);
 
@@ -76,6 +79,8 @@ struct ckfs_run_step {
 	char name[40];             /* global_step_<N> */
 	enum ckfs_step_state state;
 	struct timespec newest;    /* no tracker, newest step: newest mtime below */
+	size_t n_roles;            /* role folders (ckfs_run_roles) */
+	uint64_t roles_hash;       /* of their names: a changed set is a new step */
 };
 struct ckfs_run_ignored {
 	char name[64];             /* printable, cut */

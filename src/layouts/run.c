@@ -122,6 +122,7 @@ const char *ckfs_step_state_name(enum ckfs_step_state s)
 	case CKFS_STEP_AHEAD: return "newer than the tracker (being saved)";
 	case CKFS_STEP_NO_TRACKER: return "hidden: the tracker file never held a step number";
 	case CKFS_STEP_WRITING: return "newest, changed in the last 10 s (being saved)";
+	case CKFS_STEP_EMPTY: return "no role folder (rotated away)";
 	}
 	return "?";
 }
@@ -187,6 +188,30 @@ static enum ckfs_code add_ignored(struct ckfs_run_scan *s, size_t *cap, const ch
 	return CKFS_OK;
 }
 
+static uint64_t fnv(uint64_t h, const void *p, size_t n);
+
+/* A step's role folders, counted and hashed by name; one that cannot be
+ * listed (being removed) has none. */
+static enum ckfs_code count_roles(const char *src, struct ckfs_run_step *s,
+				  struct ckfs_error *err)
+{
+	char path[4096], **names;
+	size_t n;
+	struct ckfs_error e;
+	uint64_t h = UINT64_C(14695981039346656037);
+
+	snprintf(path, sizeof(path), "%s/%s", src, s->name);
+	ckfs_error_clear(&e);
+	if (ckfs_run_roles(path, &names, &n, &e) != CKFS_OK)
+		return e.code == CKFS_E_NOMEM ? ckfs_nomem(err) : CKFS_OK;
+	for (size_t i = 0; i < n; i++)
+		h = fnv(h, names[i], strlen(names[i]) + 1);
+	s->n_roles = n;
+	s->roles_hash = h;
+	ckfs_run_roles_free(names, n);
+	return CKFS_OK;
+}
+
 enum ckfs_code ckfs_run_scan(const char *src, const struct ckfs_run_scan *prev,
 			     struct ckfs_run_scan *out, struct ckfs_error *err)
 {
@@ -228,6 +253,8 @@ enum ckfs_code ckfs_run_scan(const char *src, const struct ckfs_run_scan *prev,
 	closedir(d);
 	if (rc == CKFS_OK && out->n_steps)
 		qsort(out->steps, out->n_steps, sizeof(*out->steps), cmp_step);
+	for (size_t i = 0; rc == CKFS_OK && i < out->n_steps; i++)
+		rc = count_roles(src, &out->steps[i], err);
 	if (rc == CKFS_OK)
 		rc = read_tracker(src, prev, out, err);
 	if (rc == CKFS_OK && !out->has_tracker && out->n_steps) {
@@ -278,6 +305,9 @@ long ckfs_run_classify(struct ckfs_run_scan *s, const struct timespec *now)
 			}
 		}
 	}
+	for (size_t i = 0; i < s->n_steps; i++)
+		if (s->steps[i].state == CKFS_STEP_SHOWN && s->steps[i].n_roles == 0)
+			s->steps[i].state = CKFS_STEP_EMPTY;
 	return pending;
 }
 

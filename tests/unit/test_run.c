@@ -102,8 +102,14 @@ static void test_scan_with_tracker(void)
 
 	fresh_root();
 	mk("global_step_5");
+	mk("global_step_5/actor");
 	mk("global_step_10");
+	mk("global_step_10/actor");
+	mk("global_step_10/critic");
 	mk("global_step_15");
+	mk("global_step_15/actor");
+	mk("global_step_4");  /* rotated away: its actor/ removed */
+	put("global_step_4/data.pt", "x");
 	mk("global_step_010");
 	mk("global_step_x");
 	put("global_step_20", "a file, not a step");
@@ -113,16 +119,20 @@ static void test_scan_with_tracker(void)
 	CHECK_EQ_INT(ckfs_run_scan(root, NULL, &s, &err), CKFS_OK);
 	clock_gettime(CLOCK_REALTIME, &now);
 	CHECK_EQ_INT(ckfs_run_classify(&s, &now), 0);
-	CHECK_EQ_INT(s.n_steps, 3);
+	CHECK_EQ_INT(s.n_steps, 4);
 	CHECK_EQ_INT(s.n_ignored, 2);
 	CHECK(s.has_tracker && s.tracker_ok);
 	CHECK_EQ_INT(s.tracker, 10);
-	if (s.n_steps == 3) {
-		CHECK_EQ_INT(s.steps[0].step, 5);
-		CHECK_EQ_INT(s.steps[0].state, CKFS_STEP_SHOWN);
+	if (s.n_steps == 4) {
+		CHECK_EQ_INT(s.steps[0].step, 4);
+		CHECK_EQ_INT(s.steps[0].state, CKFS_STEP_EMPTY);
+		CHECK_EQ_INT(s.steps[1].step, 5);
 		CHECK_EQ_INT(s.steps[1].state, CKFS_STEP_SHOWN);
-		CHECK_EQ_INT(s.steps[2].state, CKFS_STEP_AHEAD);
-		CHECK(ckfs_run_latest(&s) == &s.steps[1]);
+		CHECK_EQ_INT(s.steps[2].state, CKFS_STEP_SHOWN);
+		CHECK_EQ_INT(s.steps[2].n_roles, 2);
+		CHECK(s.steps[2].roles_hash != s.steps[1].roles_hash);
+		CHECK_EQ_INT(s.steps[3].state, CKFS_STEP_AHEAD);
+		CHECK(ckfs_run_latest(&s) == &s.steps[2]);
 	}
 	/* Rewritten in place and read empty: the last good value stays. */
 	put(CKFS_RUN_TRACKER, "");
@@ -145,7 +155,7 @@ static void test_scan_with_tracker(void)
 	CHECK_EQ_INT(ckfs_run_scan(root, NULL, &s2, &err), CKFS_OK);
 	ckfs_run_classify(&s2, &now);
 	CHECK(ckfs_run_latest(&s2) == NULL);
-	CHECK_EQ_INT(s2.steps[1].state, CKFS_STEP_SHOWN);
+	CHECK_EQ_INT(s2.steps[2].state, CKFS_STEP_SHOWN);
 	ckfs_run_scan_release(&s2);
 	ckfs_run_scan_release(&s);
 }
@@ -158,6 +168,7 @@ static void test_scan_without_tracker(void)
 
 	fresh_root();
 	mk("global_step_1");
+	mk("global_step_1/actor");
 	mk("global_step_2");
 	mk("global_step_2/actor");
 	put("global_step_2/actor/model_world_size_2_rank_0.pt", "x");
