@@ -53,6 +53,7 @@ struct ckfs_mount_options {
 	int threads;                /* FUSE worker threads */
 	int prefetch_threads;       /* read-ahead workers; 0 disables */
 	int readahead;              /* largest read-ahead window, in slices */
+	int max_plans;              /* a run: step roles kept built (LRU) */
 	unsigned kernel_readahead_kb; /* the mount's read_ahead_kb; 0 leaves
 				       * the kernel's (root only) */
 	bool foreground;
