@@ -79,6 +79,7 @@ struct ckfs_run_step {
 	char name[40];             /* global_step_<N> */
 	enum ckfs_step_state state;
 	struct timespec newest;    /* no tracker, newest step: newest mtime below */
+	struct timespec mtime;     /* of the step folder */
 	size_t n_roles;            /* role folders (ckfs_run_roles) */
 	uint64_t roles_hash;       /* of their names: a changed set is a new step */
 };
@@ -87,6 +88,7 @@ struct ckfs_run_ignored {
 	const char *why;
 };
 struct ckfs_run_scan {
+	struct timespec mtime;     /* of the run folder */
 	bool has_tracker;          /* the file exists */
 	bool tracker_ok;           /* tracker holds a value (now or before) */
 	uint64_t tracker;

@@ -114,6 +114,7 @@ struct run_step {
 	uint64_t serial;
 	char name[40];
 	uint64_t roles_hash;
+	struct timespec mtime;
 	bool roles_listed;
 	size_t n_roles;
 	struct run_role *roles;
@@ -288,6 +289,7 @@ static struct run_step *step_new(struct ckfs_run *run, const struct ckfs_run_ste
 	s->step = rs->step;
 	snprintf(s->name, sizeof(s->name), "%s", rs->name);
 	s->roles_hash = rs->roles_hash;
+	s->mtime = rs->mtime;
 	s->serial = ++run->next_serial;
 	st->refs = 1;
 	st->step = rs->step;
@@ -659,6 +661,7 @@ static int ino_stat(struct ckfs_run *run, fuse_ino_t ino, struct stat *st,
 	case INO_TOP:
 		pthread_mutex_lock(&run->lock);
 		stat_dir(run, st, ino, run->dir_mode, (nlink_t)run->n_steps);
+		st->st_mtim = st->st_atim = st->st_ctim = run->scan.mtime;
 		pthread_mutex_unlock(&run->lock);
 		return 0;
 	case INO_LINK:
@@ -682,10 +685,12 @@ static int ino_stat(struct ckfs_run *run, fuse_ino_t ino, struct stat *st,
 		pthread_mutex_lock(&run->lock);
 		s = step_by_serial(run, r.serial);
 		nlink_t k = s ? (nlink_t)s->n_roles : 0;
+		struct timespec mt = s ? s->mtime : (struct timespec){ 0, 0 };
 		pthread_mutex_unlock(&run->lock);
 		if (!s)
 			return ENOENT;
 		stat_dir(run, st, ino, run->dir_mode, k);
+		st->st_mtim = st->st_atim = st->st_ctim = mt;
 		return 0;
 	}
 	case INO_ROLE:
@@ -1160,9 +1165,14 @@ static void run_reply_dir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off
 			struct fuse_entry_param e;
 			struct ino_ref r = ino_decode(run, l.inos[k]);
 			memset(&e, 0, sizeof(e));
-			/* A step's entries carry attributes without building any
-			 * plan: readdirplus of the top stays cheap. */
-			if (ino_stat(run, l.inos[k], &e.attr, NULL) == 0) {
+			/* Entries carry attributes only where no plan must be
+			 * built for them (a role's needs its plan): listing the
+			 * top or a step stays cheap; the kernel looks the rest
+			 * up when used. */
+			if (r.kind == INO_ROLE) {
+				e.attr.st_ino = l.inos[k];
+				e.attr.st_mode = S_IFDIR;
+			} else if (ino_stat(run, l.inos[k], &e.attr, NULL) == 0) {
 				double t = r.kind == INO_STEP || r.kind == INO_LINK
 						   ? RUN_TOP_TIMEOUT : RUN_STEP_TIMEOUT;
 				e.ino = l.inos[k];
@@ -1240,6 +1250,17 @@ static void json_str(struct ckfs_strbuf *b, const char *s)
 	ckfs_strbuf_json(b, s);
 }
 
+/* ,"key":value (ckfs_strbuf_fmt formats 128 bytes at most: one pair per call). */
+static void kv(struct ckfs_strbuf *b, const char *key, uint64_t v)
+{
+	ckfs_strbuf_fmt(b, ",\"%s\":%" PRIu64, key, v);
+}
+
+static uint64_t ld(atomic_uint_fast64_t *a)
+{
+	return (uint64_t)atomic_load(a);
+}
+
 static void stats_json(struct ckfs_run *run, struct ckfs_strbuf *b)
 {
 	struct ckfs_cache_stats cs;
@@ -1247,75 +1268,75 @@ static void stats_json(struct ckfs_run *run, struct ckfs_strbuf *b)
 
 	ckfs_cache_get_stats(run->fs.cache, &cs);
 	clock_gettime(CLOCK_MONOTONIC, &now);
-	ckfs_strbuf_fmt(b, "{\"source\":");
+	ckfs_strbuf_str(b, "{\"source\":");
 	json_str(b, run->opt->src);
+	ckfs_strbuf_fmt(b, ",\"run\":true,\"pid\":%ld,\"uptime_s\":%.3f", (long)getpid(),
+			(double)(now.tv_sec - run->fs.ready_at.tv_sec) +
+				(double)(now.tv_nsec - run->fs.ready_at.tv_nsec) / 1e9);
 	pthread_mutex_lock(&run->lock);
-	size_t live = 0;
-	for (struct run_plan *p = run->all; p; p = p->all_next)
+	size_t live = 0, files = 0;
+	for (struct run_plan *p = run->all; p; p = p->all_next) {
 		live++;
-	ckfs_strbuf_fmt(b, ",\"run\":true,\"pid\":%ld,\"uptime_s\":%.3f,\"latest\":",
-			 (long)getpid(),
-			 (double)(now.tv_sec - run->fs.ready_at.tv_sec) +
-				 (double)(now.tv_nsec - run->fs.ready_at.tv_nsec) / 1e9);
+		files += p->f->n_nodes;
+	}
+	ckfs_strbuf_str(b, ",\"latest\":");
 	if (run->latest[0])
 		json_str(b, run->latest);
 	else
-		ckfs_strbuf_fmt(b, "null");
-	ckfs_strbuf_fmt(b, ",\"plans_cached\":%zu,\"plans_open\":%zu,\"max_plans\":%d",
-			 run->n_lru, live, run->opt->max_plans);
-	ckfs_strbuf_fmt(b, ",\"hits\":%" PRIu64 ",\"misses\":%" PRIu64 ",\"waits\":%" PRIu64
-			 ",\"evictions\":%" PRIu64 ",\"fills\":%" PRIu64 ",\"fill_errors\":%" PRIu64
-			 ",\"bytes_filled\":%" PRIu64 ",\"bytes_cached\":%" PRIu64
-			 ",\"slices_cached\":%" PRIu64 ",\"budget\":%" PRIu64 ",\"slice_size\":%zu"
-			 ",\"prefetch_queued\":%" PRIu64 ",\"prefetch_dropped\":%" PRIu64
-			 ",\"prefetch_hits\":%" PRIu64 ",\"recycled\":%" PRIu64,
-			 cs.hits, cs.misses, cs.waits, cs.evictions, cs.fills, cs.fill_errors,
-			 cs.bytes_filled, cs.bytes_cached, cs.slices_cached, cs.budget_bytes,
-			 run->fs.slice_size, cs.prefetch_queued, cs.prefetch_dropped,
-			 cs.prefetch_hits, cs.recycled);
-	ckfs_strbuf_fmt(b, ",\"readahead_sequential\":%" PRIu64 ",\"readahead_slices\":%" PRIu64
-			 ",\"source_bytes_read\":%" PRIu64 ",\"reads\":%" PRIu64
-			 ",\"bytes_read\":%" PRIu64 ",\"opens\":%" PRIu64 ",\"errors\":%" PRIu64,
-			 (uint64_t)atomic_load(&run->fs.stats.ra_sequential),
-			 (uint64_t)atomic_load(&run->fs.stats.ra_slices),
-			 ckfs_source_bytes_read() - run->fs.source_bytes_at_ready,
-			 (uint64_t)atomic_load(&run->fs.stats.reads),
-			 (uint64_t)atomic_load(&run->fs.stats.bytes_read),
-			 (uint64_t)atomic_load(&run->fs.stats.opens),
-			 (uint64_t)atomic_load(&run->fs.stats.errors));
-	ckfs_strbuf_fmt(b, ",\"steps\":[");
+		ckfs_strbuf_str(b, "null");
+	kv(b, "steps_shown", run->n_steps);
+	kv(b, "plans_cached", run->n_lru);
+	kv(b, "plans_open", live);
+	kv(b, "max_plans", (uint64_t)run->opt->max_plans);
+	kv(b, "files", files);
+	const struct { const char *k; uint64_t v; } c[] = {
+		{ "hits", cs.hits }, { "misses", cs.misses }, { "waits", cs.waits },
+		{ "evictions", cs.evictions }, { "fills", cs.fills }, { "fill_errors", cs.fill_errors },
+		{ "bytes_filled", cs.bytes_filled }, { "bytes_cached", cs.bytes_cached },
+		{ "slices_cached", cs.slices_cached }, { "budget", cs.budget_bytes },
+		{ "slice_size", run->fs.slice_size }, { "prefetch_queued", cs.prefetch_queued },
+		{ "prefetch_dropped", cs.prefetch_dropped }, { "prefetch_hits", cs.prefetch_hits },
+		{ "recycled", cs.recycled },
+		{ "readahead_sequential", ld(&run->fs.stats.ra_sequential) },
+		{ "readahead_slices", ld(&run->fs.stats.ra_slices) },
+		{ "source_bytes_read", ckfs_source_bytes_read() - run->fs.source_bytes_at_ready },
+		{ "reads", ld(&run->fs.stats.reads) }, { "bytes_read", ld(&run->fs.stats.bytes_read) },
+		{ "opens", ld(&run->fs.stats.opens) }, { "errors", ld(&run->fs.stats.errors) },
+	};
+	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++)
+		kv(b, c[i].k, c[i].v);
+	ckfs_strbuf_str(b, ",\"steps\":[");
 	for (size_t i = 0; i < run->n_steps; i++) {
 		struct run_step *s = run->steps[i];
-		struct run_stats *c = s->stats;
+		struct run_stats *st = s->stats;
 		size_t cached = 0;
 		for (size_t r = 0; r < s->n_roles; r++)
 			cached += s->roles[r].plan != NULL;
 		ckfs_strbuf_fmt(b, "%s{\"step\":%" PRIu64 ",\"name\":", i ? "," : "", s->step);
 		json_str(b, s->name);
-		ckfs_strbuf_fmt(b, ",\"plans_cached\":%zu,\"plans_built\":%" PRIu64
-				 ",\"plan_errors\":%" PRIu64 ",\"opens\":%" PRIu64
-				 ",\"reads\":%" PRIu64 ",\"bytes_read\":%" PRIu64
-				 ",\"errors\":%" PRIu64 ",\"broken\":[",
-				 cached, (uint64_t)atomic_load(&c->plans_built),
-				 (uint64_t)atomic_load(&c->plan_errors),
-				 (uint64_t)atomic_load(&c->opens), (uint64_t)atomic_load(&c->reads),
-				 (uint64_t)atomic_load(&c->bytes_read),
-				 (uint64_t)atomic_load(&c->errors));
+		kv(b, "plans_cached", cached);
+		kv(b, "plans_built", ld(&st->plans_built));
+		kv(b, "plan_errors", ld(&st->plan_errors));
+		kv(b, "opens", ld(&st->opens));
+		kv(b, "reads", ld(&st->reads));
+		kv(b, "bytes_read", ld(&st->bytes_read));
+		kv(b, "errors", ld(&st->errors));
+		ckfs_strbuf_str(b, ",\"broken\":[");
 		bool first = true;
 		for (size_t r = 0; r < s->n_roles; r++) {
 			if (!s->roles[r].error)
 				continue;
-			ckfs_strbuf_fmt(b, "%s{\"role\":", first ? "" : ",");
+			ckfs_strbuf_str(b, first ? "{\"role\":" : ",{\"role\":");
 			json_str(b, s->roles[r].name);
-			ckfs_strbuf_fmt(b, ",\"error\":");
+			ckfs_strbuf_str(b, ",\"error\":");
 			json_str(b, s->roles[r].error);
 			ckfs_strbuf_str(b, "}");
 			first = false;
 		}
-		ckfs_strbuf_fmt(b, "]}");
+		ckfs_strbuf_str(b, "]}");
 	}
 	pthread_mutex_unlock(&run->lock);
-	ckfs_strbuf_fmt(b, "]}\n");
+	ckfs_strbuf_str(b, "]}\n");
 }
 
 static void run_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
@@ -1590,6 +1611,7 @@ enum ckfs_code ckfs_run_new(const struct ckfs_mount_options *opt, bool single,
 		    CKFS_STEP_NAME_OK)
 			return ckfs_fail(err, CKFS_E_INVALID, "'%s': not a step folder", opt->src);
 		rs.step = step;
+		rs.mtime = st.st_mtim;
 		snprintf(rs.name, sizeof(rs.name), CKFS_RUN_STEP_PREFIX "%" PRIu64, step);
 		run->steps = calloc(1, sizeof(*run->steps));
 		if (!run->steps || !(run->steps[0] = step_new(run, &rs)))

@@ -201,6 +201,9 @@ static enum ckfs_code count_roles(const char *src, struct ckfs_run_step *s,
 	uint64_t h = UINT64_C(14695981039346656037);
 
 	snprintf(path, sizeof(path), "%s/%s", src, s->name);
+	struct stat st;
+	if (stat(path, &st) == 0)
+		s->mtime = st.st_mtim;
 	ckfs_error_clear(&e);
 	if (ckfs_run_roles(path, &names, &n, &e) != CKFS_OK)
 		return e.code == CKFS_E_NOMEM ? ckfs_nomem(err) : CKFS_OK;
@@ -221,6 +224,9 @@ enum ckfs_code ckfs_run_scan(const char *src, const struct ckfs_run_scan *prev,
 	DIR *d;
 
 	memset(out, 0, sizeof(*out));
+	struct stat st;
+	if (stat(src, &st) == 0)
+		out->mtime = st.st_mtim;
 	d = opendir(src);
 	if (!d)
 		return ckfs_fail_errno(err, "'%s': cannot list the run folder", src);
