@@ -113,7 +113,8 @@ enum ckfs_code ckfs_run_scan(const char *src, const struct ckfs_run_scan *prev,
  * become complete (0: nothing pending). Pure: no file is touched. */
 long ckfs_run_classify(struct ckfs_run_scan *s, const struct timespec *now);
 void ckfs_run_scan_release(struct ckfs_run_scan *s);
-/* The step the tracker names, when shown; NULL otherwise. */
+/* `latest`: the step the tracker names, when shown; without a tracker
+ * file, the newest step shown; NULL otherwise. */
 const struct ckfs_run_step *ckfs_run_latest(const struct ckfs_run_scan *s);
 
 /* The role folders of a step folder: its sub-folders whose names do not

@@ -1188,8 +1188,10 @@ static void run_reply_dir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off
 			st.st_mode = r.kind == INO_LINK ? S_IFLNK
 				     : r.kind == INO_NODE ? 0 : S_IFDIR;
 			if (plus) {
+				/* "." and "..": no entry, only their numbers. */
 				struct fuse_entry_param e;
 				memset(&e, 0, sizeof(e));
+				e.attr = st;
 				want = fuse_add_direntry_plus(req, buf + pos, size - pos, l.names[k],
 							      &e, (off_t)k + 1);
 			} else {

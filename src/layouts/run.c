@@ -319,6 +319,13 @@ long ckfs_run_classify(struct ckfs_run_scan *s, const struct timespec *now)
 
 const struct ckfs_run_step *ckfs_run_latest(const struct ckfs_run_scan *s)
 {
+	if (!s->has_tracker && !s->tracker_ok) {
+		/* No tracker: the newest complete step. */
+		for (size_t i = s->n_steps; i-- > 0;)
+			if (s->steps[i].state == CKFS_STEP_SHOWN)
+				return &s->steps[i];
+		return NULL;
+	}
 	if (!s->tracker_ok)
 		return NULL;
 	for (size_t i = 0; i < s->n_steps; i++)

@@ -180,11 +180,12 @@ static void test_scan_without_tracker(void)
 	CHECK(pending > 0 && pending <= CKFS_RUN_QUIET_S);
 	CHECK_EQ_INT(s.steps[0].state, CKFS_STEP_SHOWN);
 	CHECK_EQ_INT(s.steps[1].state, CKFS_STEP_WRITING);
-	CHECK(ckfs_run_latest(&s) == NULL);
+	CHECK(ckfs_run_latest(&s) == &s.steps[0]);
 	/* Quiet long enough: complete (the clock moved, not the files). */
 	now.tv_sec += CKFS_RUN_QUIET_S + 1;
 	CHECK_EQ_INT(ckfs_run_classify(&s, &now), 0);
 	CHECK_EQ_INT(s.steps[1].state, CKFS_STEP_SHOWN);
+	CHECK(ckfs_run_latest(&s) == &s.steps[1]);
 	ckfs_run_scan_release(&s);
 }
 
