@@ -499,9 +499,8 @@ static struct run_plan *role_plan(struct ckfs_run *run, uint64_t serial, size_t 
 	for (size_t i = 0; i < n_drop; i++)
 		plan_put(run, drop[i]);
 	if (retired) {
-		if (run->se)
-			fuse_lowlevel_notify_inval_entry(run->se, FUSE_ROOT_ID, s->name,
-							 strlen(s->name));
+		/* Not invalidated from here (a handler must not wait on the
+		 * kernel): the top's entries time out within a second. */
 		plan_put(run, p);
 		return NULL;
 	}

@@ -24,7 +24,8 @@ Outputs (tests/fixtures/run/):
     MANIFEST_run.json  steps, roles, what is expected to be shown
 
 --live OUT: the same loop for the live test (tests/py/test_run.py), --steps N --keep K
-[--no-tracker] [--pause S between steps]; prints "saved <N>" after each tracker update.
+[--no-tracker] [--pause S between steps]; prints "saved <N> <T>" after each tracker update, T
+the CLOCK_MONOTONIC time at which every rank had finished the step's files.
 
 Deviation from a GPU run (as in make_fixtures.py): FSDP2 on CPU modules, gloo, weights filled
 from stable seeds instead of a hub model.
@@ -172,11 +173,12 @@ def train(rank, args, srcs):
             mgr.save_checkpoint(local_path=path, global_step=step, max_ckpt_to_keep=args.keep)
         dist.barrier()
         if rank == 0:
+            complete = time.monotonic()  # every rank's files are closed (barrier above)
             if args.tracker:
                 # verl's RayPPOTrainer._save_checkpoint
                 with open(os.path.join(args.out, TRACKER), "w") as f:
                     f.write(str(step))
-            log(f"saved {step}")
+            log(f"saved {step} {complete:.6f}")
         dist.barrier()
         if args.pause:
             time.sleep(args.pause)
