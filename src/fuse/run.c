@@ -50,6 +50,7 @@
 #include <fuse_lowlevel.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <malloc.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -115,6 +116,7 @@ struct run_step {
 	char name[40];
 	uint64_t roles_hash;
 	struct timespec mtime;
+	size_t n_roles_seen;                /* by the listing, before roles_listed */
 	bool roles_listed;
 	size_t n_roles;
 	struct run_role *roles;
@@ -159,6 +161,11 @@ static void plan_free(struct ckfs_run *run, struct run_plan *p)
 	ckfs_model_free(p->m);
 	free(p->modes);
 	free(p);
+	/* A plan's metadata (pickle trees of every rank while it was built,
+	 * then the plan) is freed in many small pieces on the thread that
+	 * built it; give the pages back so that a walk over many steps stays
+	 * within the cache budget plus the LRU's plans. */
+	malloc_trim(0);
 }
 
 /* Drop a reference; the plan is freed (its sources closed) with the last.
@@ -290,6 +297,7 @@ static struct run_step *step_new(struct ckfs_run *run, const struct ckfs_run_ste
 	snprintf(s->name, sizeof(s->name), "%s", rs->name);
 	s->roles_hash = rs->roles_hash;
 	s->mtime = rs->mtime;
+	s->n_roles_seen = rs->n_roles;
 	s->serial = ++run->next_serial;
 	st->refs = 1;
 	st->step = rs->step;
@@ -676,14 +684,11 @@ static int ino_stat(struct ckfs_run *run, fuse_ino_t ino, struct stat *st,
 		st->st_size = (off_t)len;
 		return 0;
 	case INO_STEP: {
+		/* The role count of the listing: a step's attributes cost no
+		 * readdir of it (ls -l of a run of many steps). */
 		pthread_mutex_lock(&run->lock);
 		struct run_step *s = step_by_serial(run, r.serial);
-		pthread_mutex_unlock(&run->lock);
-		if (!s || step_roles(run, s) != 0)
-			return s ? ENOMEM : ENOENT;
-		pthread_mutex_lock(&run->lock);
-		s = step_by_serial(run, r.serial);
-		nlink_t k = s ? (nlink_t)s->n_roles : 0;
+		nlink_t k = s ? (nlink_t)(s->roles_listed ? s->n_roles : s->n_roles_seen) : 0;
 		struct timespec mt = s ? s->mtime : (struct timespec){ 0, 0 };
 		pthread_mutex_unlock(&run->lock);
 		if (!s)
