@@ -58,7 +58,9 @@ enum ckfs_code ckfs_run_parse_tracker(const char *label, const char *text, size_
 enum ckfs_run_kind {
 	CKFS_RUN_NOT,          /* a plain checkpoint folder (or nothing ckfs knows) */
 	CKFS_RUN_RUN,          /* holds the tracker or a global_step_* folder */
-	CKFS_RUN_STEP,         /* is a global_step_<N> folder (its roles below) */
+	CKFS_RUN_STEP,         /* is a global_step_<N> folder (its roles below)
+				* holding none of the names a checkpoint is
+				* detected by (docs/formats.md) */
 };
 /* For SRC (an existing folder); listing failures give CKFS_RUN_NOT, and the
  * checkpoint reader then reports them. */

@@ -90,6 +90,35 @@ static int entry_is_dir(int dirfd, const struct dirent *de)
 	return fstatat(dirfd, de->d_name, &st, 0) == 0 && S_ISDIR(st.st_mode);
 }
 
+/* Does dir itself hold a name layout detection reads a checkpoint by
+ * (src/layouts/detect.c, first level)? Then a folder named
+ * global_step_<N> is that checkpoint, not a step of roles. */
+static bool is_checkpoint_by_names(const char *dir)
+{
+	static const char *const exact[] = {
+		".metadata", "model.safetensors", "model.safetensors.index.json",
+		"ckpt_contents.json", "metadata.json", "latest", "model", "dist_ckpt",
+		"huggingface",
+	};
+	struct dirent *de;
+	bool found = false;
+	DIR *d = opendir(dir);
+
+	if (!d)
+		return false;
+	while (!found && (de = readdir(d))) {
+		const char *n = de->d_name;
+		size_t len = strlen(n);
+		for (size_t i = 0; i < sizeof(exact) / sizeof(exact[0]); i++)
+			found |= strcmp(n, exact[i]) == 0;
+		found |= strncmp(n, "model_world_size_", 17) == 0;
+		found |= len > 16 && strcmp(n + len - 16, "_model_states.pt") == 0;
+		found |= len > 16 && strcmp(n + len - 16, "_optim_states.pt") == 0;
+	}
+	closedir(d);
+	return found;
+}
+
 enum ckfs_run_kind ckfs_run_kind(const char *src)
 {
 	const char *base = strrchr(src, '/');
@@ -110,7 +139,8 @@ enum ckfs_run_kind ckfs_run_kind(const char *src)
 			kind = CKFS_RUN_RUN;
 	}
 	closedir(d);
-	if (kind == CKFS_RUN_NOT && ckfs_run_step_name(base, &step, &why) == CKFS_STEP_NAME_OK)
+	if (kind == CKFS_RUN_NOT && ckfs_run_step_name(base, &step, &why) == CKFS_STEP_NAME_OK &&
+	    !is_checkpoint_by_names(src))
 		kind = CKFS_RUN_STEP;
 	return kind;
 }

@@ -284,7 +284,7 @@ bench_loader() { # MODE PREFIX
 	ceil_umount
 }
 
-# A training run as one mount (tests/bench/bench_run.sh; BENCH_ONLY=run, with BENCH_SIZES= alone).
+# A training run as one mount (tests/bench/bench_run.sh, which also runs alone).
 if only run; then TORCH_PYTHON=$TORCH_PYTHON CKFS_CACHE=256MiB "$ROOT/tests/bench/bench_run.sh" "$CKFS" >&2; fi
 declare -A READER_SEEN
 for S in $BENCH_SIZES; do

@@ -223,6 +223,16 @@ static void test_kinds_roles_fingerprint(void)
 	put("global_step_3/actor/f", "22");
 	CHECK_EQ_INT(ckfs_run_fingerprint(p, &b, NULL, &err), CKFS_OK);
 	CHECK(a != b);
+	/* A checkpoint that happens to be named global_step_<N> is that
+	 * checkpoint, not a step. */
+	mk("global_step_9");
+	put("global_step_9/model.safetensors", "x");
+	snprintf(p, sizeof(p), "%s/global_step_9", root);
+	CHECK_EQ_INT(ckfs_run_kind(p), CKFS_RUN_NOT);
+	mk("global_step_8");
+	put("global_step_8/model_world_size_1_rank_0.pt", "x");
+	snprintf(p, sizeof(p), "%s/global_step_8", root);
+	CHECK_EQ_INT(ckfs_run_kind(p), CKFS_RUN_NOT);
 	/* An ordinary folder is not a run. */
 	fresh_root();
 	mk("actor");
