@@ -679,6 +679,9 @@ static int ino_stat(struct ckfs_run *run, fuse_ino_t ino, struct stat *st,
 		if (!has)
 			return ENOENT;
 		stat_base(run, st, ino);
+		pthread_mutex_lock(&run->lock);
+		st->st_mtim = st->st_atim = st->st_ctim = run->scan.mtime;
+		pthread_mutex_unlock(&run->lock);
 		st->st_mode = S_IFLNK | 0777;
 		st->st_nlink = 1;
 		st->st_size = (off_t)len;

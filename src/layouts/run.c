@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,8 +180,12 @@ static enum ckfs_code read_tracker(const char *src, const struct ckfs_run_scan *
 		out->tracker = prev->tracker;
 	}
 	ckfs_error_clear(&e);
-	/* The policy of a run: the tracker must be a regular file in it. */
-	struct ckfs_file_policy pol = { .root = src };
+	/* The policy of a run: the tracker must be a regular file in it (the
+	 * root a real path, as the policy compares real paths). */
+	char real[PATH_MAX];
+	if (!realpath(src, real))
+		return ckfs_fail_errno(err, "'%s': cannot resolve", src);
+	struct ckfs_file_policy pol = { .root = real };
 	rc = ckfs_file_read_small(&pol, path, TRACKER_MAX, &text, &len, NULL, &e);
 	if (rc == CKFS_E_NOMEM)
 		return ckfs_nomem(err);

@@ -134,6 +134,14 @@ static void test_scan_with_tracker(void)
 		CHECK_EQ_INT(s.steps[3].state, CKFS_STEP_AHEAD);
 		CHECK(ckfs_run_latest(&s) == &s.steps[2]);
 	}
+	/* A relative path to the run reads the same tracker. */
+	char cwd[512];
+	CHECK(getcwd(cwd, sizeof(cwd)) != NULL);
+	CHECK(chdir("/tmp") == 0);
+	CHECK_EQ_INT(ckfs_run_scan(root + 5, NULL, &s2, &err), CKFS_OK);
+	CHECK(s2.tracker_ok && s2.tracker == 10);
+	ckfs_run_scan_release(&s2);
+	CHECK(chdir(cwd) == 0);
 	/* Rewritten in place and read empty: the last good value stays. */
 	put(CKFS_RUN_TRACKER, "");
 	CHECK_EQ_INT(ckfs_run_scan(root, &s, &s2, &err), CKFS_OK);
