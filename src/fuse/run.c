@@ -561,17 +561,20 @@ struct ino_ref {
 	size_t node;    /* INO_NODE */
 };
 
-static struct ino_ref ino_decode(const struct ckfs_run *run, fuse_ino_t ino)
+static struct ino_ref ino_decode(struct ckfs_run *run, fuse_ino_t ino)
 {
 	struct ino_ref r = { INO_NONE, 0, 0, 0 };
 	uint64_t role = (ino >> ROLE_SHIFT) & ((1u << (SERIAL_SHIFT - ROLE_SHIFT)) - 1);
 	uint64_t node = ino & ((1u << ROLE_SHIFT) - 1);
 
 	if (ino == FUSE_ROOT_ID) {
-		/* One step mounted alone: the top is that step. */
+		/* One step mounted alone: the top is that step (under its
+		 * current serial: a change of its files renews it). */
 		if (run->single) {
 			r.kind = INO_STEP;
-			r.serial = 1;
+			pthread_mutex_lock(&run->lock);
+			r.serial = run->n_steps ? run->steps[0]->serial : 0;
+			pthread_mutex_unlock(&run->lock);
 		} else {
 			r.kind = INO_TOP;
 		}
@@ -1416,10 +1419,16 @@ static long rescan(struct ckfs_run *run)
 	struct run_plan **drop = NULL;
 	long pending;
 
+	/* Listed without the lock (I/O); only the tracker's last good value
+	 * is taken from the previous listing. */
+	struct ckfs_run_scan prev;
+	memset(&prev, 0, sizeof(prev));
 	ckfs_error_clear(&err);
 	pthread_mutex_lock(&run->lock);
-	enum ckfs_code rc = ckfs_run_scan(run->base, &run->scan, &scan, &err);
+	prev.tracker_ok = run->scan.tracker_ok;
+	prev.tracker = run->scan.tracker;
 	pthread_mutex_unlock(&run->lock);
+	enum ckfs_code rc = ckfs_run_scan(run->base, &prev, &scan, &err);
 	if (rc != CKFS_OK) {
 		ckfs_log(CKFS_LOG_ERR, "%s; the steps shown stay as they were", err.msg);
 		return 0;
