@@ -326,18 +326,19 @@ static int step_roles(struct ckfs_run *run, struct run_step *s)
 		names = NULL;
 		n = 0;
 	}
+	size_t all = n;
 	if (n > MAX_ROLES)
 		n = MAX_ROLES; /* the rest are never shown */
 	struct run_role *roles = calloc(n ? n : 1, sizeof(*roles));
 	if (!roles) {
-		ckfs_run_roles_free(names, n);
+		ckfs_run_roles_free(names, all);
 		return -1;
 	}
 	for (size_t i = 0; i < n; i++) {
 		roles[i].name = names[i];
 		names[i] = NULL;
 	}
-	ckfs_run_roles_free(names, n);
+	ckfs_run_roles_free(names, all);
 	pthread_mutex_lock(&run->lock);
 	/* Still the same step, and nobody listed it meanwhile? */
 	if (step_by_serial(run, serial) == s && !s->roles_listed) {
