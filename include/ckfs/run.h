@@ -83,7 +83,8 @@ struct ckfs_run_step {
 	struct timespec newest;    /* no tracker, newest step: newest mtime below */
 	struct timespec mtime;     /* of the step folder */
 	size_t n_roles;            /* role folders (ckfs_run_roles) */
-	uint64_t roles_hash;       /* of their names: a changed set is a new step */
+	uint64_t roles_hash;       /* of their names, folders' inodes and mtimes:
+				    * a step whose roles changed is a new step */
 };
 struct ckfs_run_ignored {
 	char name[64];             /* printable, cut */

@@ -242,8 +242,22 @@ static enum ckfs_code count_roles(const char *src, struct ckfs_run_step *s,
 	ckfs_error_clear(&e);
 	if (ckfs_run_roles(path, &names, &n, &e) != CKFS_OK)
 		return e.code == CKFS_E_NOMEM ? ckfs_nomem(err) : CKFS_OK;
-	for (size_t i = 0; i < n; i++)
+	for (size_t i = 0; i < n; i++) {
+		/* A role folder removed and saved again (same name, new
+		 * folder; file systems reuse inode numbers) makes another
+		 * step: its inode and modification time count too. */
+		char role[4400];
+		struct stat rst;
+		uint64_t id[3] = { 0, 0, 0 };
+		snprintf(role, sizeof(role), "%s/%s", path, names[i]);
+		if (stat(role, &rst) == 0) {
+			id[0] = (uint64_t)rst.st_ino;
+			id[1] = (uint64_t)rst.st_mtim.tv_sec;
+			id[2] = (uint64_t)rst.st_mtim.tv_nsec;
+		}
 		h = fnv(h, names[i], strlen(names[i]) + 1);
+		h = fnv(h, id, sizeof(id));
+	}
 	s->n_roles = n;
 	s->roles_hash = h;
 	ckfs_run_roles_free(names, n);

@@ -131,6 +131,15 @@ static void test_scan_with_tracker(void)
 		CHECK_EQ_INT(s.steps[2].state, CKFS_STEP_SHOWN);
 		CHECK_EQ_INT(s.steps[2].n_roles, 2);
 		CHECK(s.steps[2].roles_hash != s.steps[1].roles_hash);
+		/* The same role names, saved again: another step. */
+		uint64_t before = s.steps[1].roles_hash;
+		char cmd[700];
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s/global_step_5/actor'", root);
+		CHECK(system(cmd) == 0);
+		mk("global_step_5/actor");
+		CHECK_EQ_INT(ckfs_run_scan(root, NULL, &s2, &err), CKFS_OK);
+		CHECK(s2.n_steps == 4 && s2.steps[1].roles_hash != before);
+		ckfs_run_scan_release(&s2);
 		CHECK_EQ_INT(s.steps[3].state, CKFS_STEP_AHEAD);
 		CHECK(ckfs_run_latest(&s) == &s.steps[2]);
 	}
