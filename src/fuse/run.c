@@ -1409,8 +1409,10 @@ static void inval_top(struct ckfs_run *run, const char *name)
 }
 
 /* List the run folder and make the step table match it. Returns the
- * seconds until it must be listed again without an event (0: never). */
-static long rescan(struct ckfs_run *run)
+ * seconds until it must be listed again without an event (0: never); or,
+ * when the folder cannot be listed, -1 with *fail set (fail given: the
+ * first listing) or 0 after logging it (the steps shown stay). */
+static long rescan(struct ckfs_run *run, struct ckfs_error *fail)
 {
 	struct ckfs_run_scan scan;
 	struct ckfs_error err;
@@ -1430,6 +1432,10 @@ static long rescan(struct ckfs_run *run)
 	prev.tracker = run->scan.tracker;
 	pthread_mutex_unlock(&run->lock);
 	enum ckfs_code rc = ckfs_run_scan(run->base, &prev, &scan, &err);
+	if (rc != CKFS_OK && fail) {
+		*fail = err;
+		return -1;
+	}
 	if (rc != CKFS_OK) {
 		ckfs_log(CKFS_LOG_ERR, "%s; the steps shown stay as they were", err.msg);
 		return 0;
@@ -1578,7 +1584,7 @@ static void *watcher_main(void *arg)
 				pfd[0].revents = 0;
 			} while (poll(pfd, 1, SETTLE_MS) > 0 && (pfd[0].revents & POLLIN));
 		}
-		run->pending_s = rescan(run);
+		run->pending_s = rescan(run, NULL);
 		watch_steps(run);
 	}
 	return NULL;
@@ -1638,10 +1644,15 @@ enum ckfs_code ckfs_run_new(const struct ckfs_mount_options *opt, bool single,
 		run->n_steps = 1;
 		return CKFS_OK;
 	}
-	struct ckfs_run_scan probe;
-	CKFS_TRY(ckfs_run_scan(run->base, NULL, &probe, err));
-	ckfs_run_scan_release(&probe);
-	run->pending_s = rescan(run);
+	/* Watched before the first listing: what changes meanwhile waits in
+	 * the inotify queue for the watcher (started once mounted). */
+	run->ino_fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+	if (run->ino_fd < 0 || inotify_add_watch(run->ino_fd, run->base, WATCH_TOP) < 0)
+		return ckfs_fail_errno(err, "cannot watch '%s' (inotify)", run->base);
+	run->pending_s = rescan(run, err);
+	if (run->pending_s < 0)
+		return err->code;
+	watch_steps(run);
 	pthread_mutex_lock(&run->lock);
 	size_t n = run->n_steps;
 	pthread_mutex_unlock(&run->lock);
@@ -1657,16 +1668,8 @@ enum ckfs_code ckfs_run_start(struct ckfs_run *run, struct fuse_session *se,
 	ckfs_fs_mark_ready(&run->fs, run->opt->mountpoint);
 	if (run->single)
 		return CKFS_OK;
-	run->ino_fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
-	if (run->ino_fd < 0)
-		return ckfs_fail_errno(err, "cannot watch '%s' (inotify)", run->base);
-	if (inotify_add_watch(run->ino_fd, run->base, WATCH_TOP) < 0)
-		return ckfs_fail_errno(err, "cannot watch '%s' (inotify)", run->base);
 	if (pipe2(run->wake, O_CLOEXEC) != 0)
 		return ckfs_fail_errno(err, "cannot create a pipe");
-	watch_steps(run);
-	/* Anything that changed between the first listing and the watch. */
-	run->pending_s = rescan(run);
 	sigset_t all, old;
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, &old);
