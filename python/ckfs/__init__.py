@@ -140,7 +140,10 @@ def inspect(src: StrPath, **options: OptionValue) -> Dict[str, Any]:
 
     Returns the object of ``ckfs inspect --json``: ``layout``, ``world_size``,
     ``tensors`` (name, shape, dtypes, placement), ``files`` of the folder it
-    serves, ``totals`` and ``warnings``. Keyword arguments are ``inspect``'s
+    serves, ``totals`` and ``warnings``. For a training run or one of its
+    ``global_step_<N>`` folders, ``kind`` is ``"run"`` or ``"step"`` and
+    ``steps`` lists each step's ``state`` and its ``roles`` (``layout``,
+    ``bytes``, ... or ``error``). Keyword arguments are ``inspect``'s
     long options (``dtype="fp32"``, ``config=path``, ``raw_names=True``).
     """
     proc = _run(["inspect", "--json", *_long_options(options), "--", os.fspath(src)])

@@ -33,6 +33,7 @@
 #include "ckfs/perm.h"
 #include "ckfs/units.h"
 
+#include "ckfs/run.h"
 #include "cli/cli.h"
 #include "cli/export_dest.h"
 #include "cli/options.h"
@@ -504,6 +505,12 @@ int ckfs_cmd_export(int argc, char **argv)
 	else if (exists && !S_ISDIR(st.st_mode) && !S_ISLNK(st.st_mode))
 		ckfs_fail(&err, CKFS_E_INVALID, "'%s': not a folder; --force replaces only "
 			  "a folder", dst);
+	else if (ckfs_run_kind(src) == CKFS_RUN_RUN)
+		/* One folder per export: say which, rather than why SRC is no
+		 * checkpoint. */
+		ckfs_fail(&err, CKFS_E_INVALID, "'%s': a training run (global_step_<N>/ "
+			  "folders); export one role of a step, e.g. '%s/global_step_<N>/actor', "
+			  "or mount the run", src, src);
 	else if (ckfs_model_open(src, &a.c.model, &m, &err) == CKFS_OK) {
 		for (size_t i = 0; i < m->n_warnings && !a.quiet; i++)
 			ckfs_cli_say("warning: %s", m->warnings[i]);

@@ -11,7 +11,9 @@
 #include "ckfs/layouts.h"
 #include "ckfs/model.h"
 #include "ckfs/units.h"
+#include "ckfs/run.h"
 #include "cli/cli.h"
+#include "cli/inspect_run.h"
 #include "cli/options.h"
 
 static uint64_t stored_bytes(const struct ckfs_tensor *t)
@@ -254,7 +256,9 @@ const struct cli_command ckfs_cmd_inspect_def = {
 	.brief = "describe a checkpoint (metadata only)",
 	.about = "Describe checkpoint SRC from its metadata alone: its layout, ranks and\n"
 		 "mesh, every tensor served (shape, stored and served dtype, placement,\n"
-		 "pieces) and the files of the folder.",
+		 "pieces) and the files of the folder. For a training run (or one\n"
+		 "global_step_<N> folder): its steps, which are shown and why, and each\n"
+		 "role's layout and size, or why it would be an empty folder.",
 	.opts = inspect_opts,
 	.run = ckfs_cmd_inspect,
 };
@@ -277,6 +281,9 @@ int ckfs_cmd_inspect(int argc, char **argv)
 	int rc = cli_parse(&ckfs_cmd_inspect_def, argc, argv, inspect_apply, &c, &first);
 	if (rc)
 		return rc < 0 ? 0 : rc;
+	enum ckfs_run_kind kind = ckfs_run_kind(argv[first]);
+	if (kind != CKFS_RUN_NOT)
+		return ckfs_inspect_run(argv[first], kind == CKFS_RUN_STEP, &c);
 	if (ckfs_model_open(argv[first], &c.model, &m, &err) != CKFS_OK)
 		return ckfs_cli_report(&err);
 	if (ckfs_folder_build(m, &c.folder, &f, &err) != CKFS_OK) {

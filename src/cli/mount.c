@@ -27,6 +27,7 @@
 #define DEFAULT_THREADS 16
 #define DEFAULT_READAHEAD 16                 /* slices: 64 MiB ahead */
 #define DEFAULT_KERNEL_READAHEAD_KB 1024     /* = max_read: whole requests */
+#define DEFAULT_MAX_PLANS 8                  /* a run: step roles kept built */
 
 struct mount_args {
 	struct cli_common c;
@@ -84,13 +85,18 @@ static const struct cli_opt opt_umask = {
 	"publishes); default: no file shows more than its sources allow"
 };
 
+static const struct cli_opt opt_max_plans = {
+	OPT_MAX_PLANS, NULL, 0, "max_plans", "N",
+	"a run: step roles kept ready, their files open (default 8; LRU)"
+};
+
 static const struct cli_opt *const mount_opts[] = {
 	&opt_foreground, &opt_debug, &opt_options, &cli_opt_dtype, &cli_opt_max_shard_size,
 	&opt_cache_size, &opt_threads, &opt_readahead, &cli_opt_config,
 	&cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_lora, &cli_opt_base,
 	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_fp8_skip, &cli_opt_log_level,
 	&opt_prefetch_threads, &opt_slice_size, &opt_kernel_readahead, &opt_uid, &opt_gid,
-	&opt_umask, NULL,
+	&opt_umask, &opt_max_plans, NULL,
 };
 
 const struct cli_command ckfs_cmd_mount_def = {
@@ -100,7 +106,10 @@ const struct cli_command ckfs_cmd_mount_def = {
 	.brief = "serve the merged folder through FUSE",
 	.about = "Serve the merged Hugging Face folder of checkpoint SRC at MNT\n"
 		 "(read-only). Returns once the mount is ready (status 0) or has\n"
-		 "failed (status 1). See also: ckfs umount MNT, ckfs stats MNT.",
+		 "failed (status 1). A training run (SRC holding global_step_<N>/\n"
+		 "folders or latest_checkpointed_iteration.txt) is served as one\n"
+		 "folder per step plus 'latest', following the run as it trains.\n"
+		 "See also: ckfs umount MNT, ckfs stats MNT.",
 	.opts = mount_opts,
 	.run = ckfs_cmd_mount,
 };
@@ -274,6 +283,12 @@ static int mount_apply(void *ctx, const struct cli_opt *o, const char *value)
 			mo->has_gid = true;
 		}
 		return 0;
+	case OPT_MAX_PLANS:
+		if (parse_count(value, 1, 4096, &n) != 0)
+			return ckfs_cli_usage_error("mount", "bad plan count '%s' (1 to 4096)",
+						    value);
+		mo->max_plans = (int)n;
+		return 0;
 	case OPT_UMASK:
 		if (parse_umask(value, &mo->umask) != 0)
 			return ckfs_cli_usage_error("mount", "bad umask '%s' (octal, 0 to 0777)",
@@ -337,6 +352,7 @@ int ckfs_cmd_mount(int argc, char **argv)
 			.threads = DEFAULT_THREADS,
 			.readahead = DEFAULT_READAHEAD,
 			.kernel_readahead_kb = DEFAULT_KERNEL_READAHEAD_KB,
+			.max_plans = DEFAULT_MAX_PLANS,
 		},
 	};
 	char src[PATH_MAX], mnt[PATH_MAX], config[PATH_MAX], base[PATH_MAX], *fo = NULL;

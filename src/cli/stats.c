@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/xattr.h>
 
@@ -54,6 +55,30 @@ static void print_stats(const cJSON *o)
 	printf("served          %.0f reads, %s, %.0f opens, %.0f errors\n", num(o, "reads"),
 	       bytes(o, "bytes_read", a, sizeof(a)), num(o, "opens"), num(o, "errors"));
 	printf("source read     %s\n", bytes(o, "source_bytes_read", a, sizeof(a)));
+	if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "run")))
+		return;
+	/* A run (src/fuse/run.c): its plans and one line per step shown. */
+	const cJSON *latest = cJSON_GetObjectItemCaseSensitive(o, "latest");
+	printf("run             %.0f steps shown, latest %s; %.0f plans cached of %.0f, "
+	       "%.0f open\n", num(o, "steps_shown"),
+	       cJSON_IsString(latest) ? latest->valuestring : "(none)", num(o, "plans_cached"),
+	       num(o, "max_plans"), num(o, "plans_open"));
+	const cJSON *step;
+	cJSON_ArrayForEach(step, cJSON_GetObjectItemCaseSensitive(o, "steps")) {
+		const cJSON *name = cJSON_GetObjectItemCaseSensitive(step, "name");
+		printf("  %-20s %.0f plans built, %.0f failed, %.0f opens, %.0f reads, %s, "
+		       "%.0f errors\n", cJSON_IsString(name) ? name->valuestring : "?",
+		       num(step, "plans_built"), num(step, "plan_errors"), num(step, "opens"),
+		       num(step, "reads"), bytes(step, "bytes_read", a, sizeof(a)),
+		       num(step, "errors"));
+		const cJSON *br;
+		cJSON_ArrayForEach(br, cJSON_GetObjectItemCaseSensitive(step, "broken")) {
+			const cJSON *role = cJSON_GetObjectItemCaseSensitive(br, "role");
+			const cJSON *why = cJSON_GetObjectItemCaseSensitive(br, "error");
+			printf("    %s: empty: %s\n", cJSON_IsString(role) ? role->valuestring : "?",
+			       cJSON_IsString(why) ? why->valuestring : "?");
+		}
+	}
 }
 
 /* The counters as Prometheus metrics: the stats field, the metric's name,
@@ -123,6 +148,39 @@ static void prom_value(double v)
 		printf("%.9g\n", v);
 }
 
+/* A run's per-step counters, labelled with the mount point and the step. */
+static void print_prometheus_steps(const cJSON *o, const char *mnt)
+{
+	static const struct prom_metric step_metrics[] = {
+		{ "plans_built", "ckfs_step_plans_built_total", "counter",
+		  "Plans (model and folder) built for the step's roles." },
+		{ "opens", "ckfs_step_opens_total", "counter", "Files of the step opened." },
+		{ "reads", "ckfs_step_reads_total", "counter", "Read requests on the step's files." },
+		{ "bytes_read", "ckfs_step_read_bytes_total", "counter",
+		  "Bytes replied from the step's files." },
+		{ "errors", "ckfs_step_read_errors_total", "counter",
+		  "Reads of the step's files answered with an error." },
+	};
+	const cJSON *steps = cJSON_GetObjectItemCaseSensitive(o, "steps");
+
+	if (!cJSON_IsArray(steps))
+		return;
+	for (size_t i = 0; i < sizeof(step_metrics) / sizeof(step_metrics[0]); i++) {
+		const struct prom_metric *m = &step_metrics[i];
+		const cJSON *step;
+		printf("# HELP %s %s\n# TYPE %s %s\n", m->name, m->help, m->name, m->type);
+		cJSON_ArrayForEach(step, steps) {
+			const cJSON *name = cJSON_GetObjectItemCaseSensitive(step, "name");
+			printf("%s{mountpoint=\"", m->name);
+			prom_label(mnt);
+			fputs("\",step=\"", stdout);
+			prom_label(cJSON_IsString(name) ? name->valuestring : "");
+			fputs("\"} ", stdout);
+			prom_value(num(step, m->field));
+		}
+	}
+}
+
 /* Every counter the daemon reported, labelled with the mount point; one
  * info metric carries the checkpoint, the daemon and ckfs's version. A
  * field the daemon did not report is left out, never shown as 0. */
@@ -148,6 +206,7 @@ static void print_prometheus(const cJSON *o, const char *mnt)
 		fputs("\"} ", stdout);
 		prom_value(v->valuedouble);
 	}
+	print_prometheus_steps(o, mnt);
 }
 
 static const struct cli_opt opt_prometheus = {
@@ -184,15 +243,28 @@ static int stats_apply(void *ctx, const struct cli_opt *o, const char *value)
 	return 0;
 }
 
-/* The daemon's counters (JSON text) into buf: 0, or 1 after saying why. */
-static int read_stats(const char *mnt, char *buf, size_t size)
+/* The daemon's counters (JSON text) into *out (malloc'd: a run's grow
+ * with its steps): 0, or 1 after saying why. */
+static int read_stats(const char *mnt, char **out)
 {
-	ssize_t n = getxattr(mnt, CKFS_STATS_XATTR, buf, size - 1);
+	ssize_t n = getxattr(mnt, CKFS_STATS_XATTR, NULL, 0);
+	char *buf = NULL;
 
+	*out = NULL;
+	if (n >= 0) {
+		buf = malloc((size_t)n + 1);
+		if (!buf) {
+			ckfs_cli_say("out of memory");
+			return 1;
+		}
+		n = getxattr(mnt, CKFS_STATS_XATTR, buf, (size_t)n);
+	}
 	if (n >= 0) {
 		buf[n] = '\0';
+		*out = buf;
 		return 0;
 	}
+	free(buf);
 	if (errno == ENODATA || errno == ENOTSUP)
 		ckfs_cli_say("'%s': not a ckfs mount", mnt);
 	else if (errno == ENOTCONN)
@@ -206,20 +278,22 @@ static int read_stats(const char *mnt, char *buf, size_t size)
 int ckfs_cmd_stats(int argc, char **argv)
 {
 	enum stats_format format = STATS_TEXT;
-	char buf[65536], abs_mnt[PATH_MAX];
+	char *buf, abs_mnt[PATH_MAX];
 	int first;
 
 	int rc = cli_parse(&ckfs_cmd_stats_def, argc, argv, stats_apply, &format, &first);
 	if (rc)
 		return rc < 0 ? 0 : rc;
 	const char *mnt = argv[first];
-	if (read_stats(mnt, buf, sizeof(buf)) != 0)
+	if (read_stats(mnt, &buf) != 0)
 		return 1;
 	if (format == STATS_JSON) {
 		fputs(buf, stdout);
+		free(buf);
 		return 0;
 	}
 	cJSON *o = cJSON_Parse(buf);
+	free(buf);
 	if (!o) {
 		ckfs_cli_say("'%s': unreadable statistics", mnt);
 		return 1;

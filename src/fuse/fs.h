@@ -53,6 +53,7 @@ struct ckfs_mount_options {
 	int threads;                /* FUSE worker threads */
 	int prefetch_threads;       /* read-ahead workers; 0 disables */
 	int readahead;              /* largest read-ahead window, in slices */
+	int max_plans;              /* a run: step roles kept built (LRU) */
 	unsigned kernel_readahead_kb; /* the mount's read_ahead_kb; 0 leaves
 				       * the kernel's (root only) */
 	bool foreground;
@@ -141,6 +142,21 @@ enum ckfs_code ckfs_fs_init(struct ckfs_fs *fs,
 			    const struct ckfs_model *model,
 			    const struct ckfs_folder *folder,
 			    struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The part of ckfs_fs_init a run mount shares (src/fuse/run.c): the
+ * scratch key and the slice cache, filled by fill(ctx, ...). */
+enum ckfs_code ckfs_fs_init_shared(struct ckfs_fs *fs, const struct ckfs_mount_options *opt,
+				   ckfs_cache_fill_fn fill, void *ctx,
+				   struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* This thread's scratch for the core read path (NULL when out of memory). */
+struct ckfs_read_scratch *ckfs_fs_scratch(struct ckfs_fs *fs);
+/* Bytes [off, off + len) of cache file file_id (size bytes long) replied
+ * to req from pinned slices, after h's read-ahead; err cleared by the
+ * caller. On failure nothing is replied: the caller answers the error. */
+struct fuse_req;
+enum ckfs_code ckfs_fs_read_cached(struct fuse_req *req, struct ckfs_fs *fs,
+				   struct ckfs_handle *h, uint64_t file_id, uint64_t size,
+				   uint64_t off, size_t len,
+				   struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Stop the workers and free what ckfs_fs_init made; no request may be in
  * flight. */
 void ckfs_fs_release(struct ckfs_fs *fs);

@@ -79,7 +79,7 @@ static void scratch_free(void *p)
 	free(s);
 }
 
-static struct ckfs_read_scratch *thread_scratch(struct ckfs_fs *fs)
+struct ckfs_read_scratch *ckfs_fs_scratch(struct ckfs_fs *fs)
 {
 	struct ckfs_read_scratch *s = pthread_getspecific(fs->scratch_key);
 
@@ -106,7 +106,7 @@ static enum ckfs_code fill_slice(void *ctx, uint64_t file_id, uint64_t offset,
 		return ckfs_fail(err, CKFS_E_INVALID, "no file with id %" PRIu64,
 				 file_id);
 	const struct ckfs_node *n = &fs->folder->nodes[file_id];
-	scratch = thread_scratch(fs);
+	scratch = ckfs_fs_scratch(fs);
 	if (!scratch)
 		return ckfs_nomem(err);
 	CKFS_TRY(ckfs_folder_read(fs->folder, n, offset, len, buf, &got, scratch, err));
@@ -173,13 +173,21 @@ enum ckfs_code ckfs_fs_init(struct ckfs_fs *fs, const struct ckfs_mount_options 
 	fs->gid = opt->has_gid ? opt->gid : getgid();
 	CKFS_TRY(init_modes(fs, err));
 	note_closed_files(fs);
-	if (pthread_key_create(&fs->scratch_key, scratch_free) != 0)
-		return ckfs_fail(err, CKFS_E_NOMEM, "cannot create a thread key");
-	fs->scratch_key_made = true;
 	fs->err_logged_at = calloc(folder->n_nodes ? folder->n_nodes : 1,
 				   sizeof(*fs->err_logged_at));
 	if (!fs->err_logged_at)
 		return ckfs_nomem(err);
+	return ckfs_fs_init_shared(fs, opt, fill_slice, fs, err);
+}
+
+enum ckfs_code ckfs_fs_init_shared(struct ckfs_fs *fs, const struct ckfs_mount_options *opt,
+				   ckfs_cache_fill_fn fill, void *ctx, struct ckfs_error *err)
+{
+	fs->opt = opt;
+	fs->slice_size = opt->slice_size;
+	if (pthread_key_create(&fs->scratch_key, scratch_free) != 0)
+		return ckfs_fail(err, CKFS_E_NOMEM, "cannot create a thread key");
+	fs->scratch_key_made = true;
 
 	int ra_threads = opt->readahead > 0 ? opt->prefetch_threads : 0;
 	int queue = opt->readahead * 8;
@@ -189,7 +197,7 @@ enum ckfs_code ckfs_fs_init(struct ckfs_fs *fs, const struct ckfs_mount_options 
 		.prefetch_threads = ra_threads,
 		.prefetch_queue = queue < 64 ? 64 : queue,
 	};
-	return ckfs_cache_new(&co, fill_slice, fs, &fs->cache, err);
+	return ckfs_cache_new(&co, fill, ctx, &fs->cache, err);
 }
 
 void ckfs_fs_release(struct ckfs_fs *fs)
@@ -469,22 +477,21 @@ static void ckfs_ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_inf
 	fuse_reply_err(req, 0);
 }
 
-static uint64_t slice_len(const struct ckfs_fs *fs, const struct ckfs_node *n,
-			  uint64_t index)
+static uint64_t slice_len(const struct ckfs_fs *fs, uint64_t size, uint64_t index)
 {
 	uint64_t start = index * fs->slice_size;
-	uint64_t rest = n->size - start;
+	uint64_t rest = size - start;
 	return rest < fs->slice_size ? rest : fs->slice_size;
 }
 
 /* Update h's read-ahead state for a read of [off, end) and queue the
  * slices ahead of it. */
-static void read_ahead(struct ckfs_fs *fs, struct ckfs_handle *h,
-		      const struct ckfs_node *n, uint64_t off, uint64_t end)
+static void read_ahead(struct ckfs_fs *fs, struct ckfs_handle *h, uint64_t file_id,
+		       uint64_t size, uint64_t off, uint64_t end)
 {
 	const uint64_t S = fs->slice_size, tol = 2 * S;
 	const unsigned max = (unsigned)fs->opt->readahead;
-	uint64_t n_slices = (n->size + S - 1) / S, cur = (end - 1) / S;
+	uint64_t n_slices = (size + S - 1) / S, cur = (end - 1) / S;
 	uint64_t from = 0, to = 0;
 	bool seq;
 
@@ -520,7 +527,7 @@ static void read_ahead(struct ckfs_fs *fs, struct ckfs_handle *h,
 	if (seq)
 		atomic_fetch_add(&fs->stats.ra_sequential, 1);
 	for (uint64_t s = from; s < to; s++)
-		ckfs_cache_prefetch(fs->cache, h->node, s, (size_t)slice_len(fs, n, s));
+		ckfs_cache_prefetch(fs->cache, file_id, s, (size_t)slice_len(fs, size, s));
 	if (to > from)
 		atomic_fetch_add(&fs->stats.ra_slices, to - from);
 }
@@ -557,27 +564,36 @@ static void reply_read_error(fuse_req_t req, struct ckfs_fs *fs, size_t node,
 static void read_weights(fuse_req_t req, struct ckfs_fs *fs, struct ckfs_handle *h,
 			 const struct ckfs_node *n, uint64_t off, size_t len)
 {
+	struct ckfs_error err;
+
+	ckfs_error_clear(&err);
+	if (ckfs_fs_read_cached(req, fs, h, h->node, n->size, off, len, &err) != CKFS_OK)
+		reply_read_error(req, fs, h->node, off, len, &err);
+}
+
+enum ckfs_code ckfs_fs_read_cached(fuse_req_t req, struct ckfs_fs *fs, struct ckfs_handle *h,
+				   uint64_t file_id, uint64_t size, uint64_t off, size_t len,
+				   struct ckfs_error *err)
+{
 	enum { STACK_SLICES = 8 };
 	struct ckfs_slice *stack_sl[STACK_SLICES], **sl = stack_sl;
 	struct iovec stack_iov[STACK_SLICES], *iov = stack_iov;
 	const uint64_t S = fs->slice_size, end = off + len;
 	uint64_t first = off / S, count = (end - 1) / S - first + 1, got = 0;
-	struct ckfs_error err;
 
-	ckfs_error_clear(&err);
-	read_ahead(fs, h, n, off, end);
+	read_ahead(fs, h, file_id, size, off, end);
 	if (count > STACK_SLICES) {
 		sl = calloc(count, sizeof(*sl));
 		iov = calloc(count, sizeof(*iov));
 		if (!sl || !iov) {
-			ckfs_nomem(&err);
+			ckfs_nomem(err);
 			goto out;
 		}
 	}
 	for (; got < count; got++) {
 		uint64_t idx = first + got, base = idx * S;
-		if (ckfs_cache_get(fs->cache, h->node, idx, (size_t)slice_len(fs, n, idx),
-				   &sl[got], &err) != CKFS_OK)
+		if (ckfs_cache_get(fs->cache, file_id, idx, (size_t)slice_len(fs, size, idx),
+				   &sl[got], err) != CKFS_OK)
 			goto out;
 		const char *data = ckfs_slice_data(sl[got]);
 		uint64_t a = off > base ? off - base : 0;
@@ -591,13 +607,12 @@ static void read_weights(fuse_req_t req, struct ckfs_fs *fs, struct ckfs_handle 
 out:
 	for (uint64_t i = 0; i < got; i++)
 		ckfs_cache_put_served(fs->cache, sl[i],
-				      err.code == CKFS_OK ? iov[i].iov_len : 0);
-	if (err.code != CKFS_OK)
-		reply_read_error(req, fs, h->node, off, len, &err);
+				      err->code == CKFS_OK ? iov[i].iov_len : 0);
 	if (sl != stack_sl)
 		free(sl);
 	if (iov != stack_iov)
 		free(iov);
+	return err->code;
 }
 
 static void ckfs_ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -635,7 +650,7 @@ static void ckfs_ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		return;
 	}
 	/* A side file (tokenizer, generation config): small, read directly. */
-	struct ckfs_read_scratch *scratch = thread_scratch(fs);
+	struct ckfs_read_scratch *scratch = ckfs_fs_scratch(fs);
 	char *buf = malloc(len);
 	size_t got = 0;
 	ckfs_error_clear(&err);

@@ -46,7 +46,9 @@
 #include <syslog.h>
 #include <unistd.h>
 
+#include "ckfs/run.h"
 #include "fuse/fs.h"
+#include "fuse/run.h"
 
 /* ---- logging ---- */
 
@@ -189,7 +191,8 @@ static enum ckfs_code check_mountpoint(const char *mnt, const char *src,
 }
 
 static struct fuse_session *new_session(const struct ckfs_mount_options *opt,
-					struct ckfs_fs *fs, struct ckfs_error *err)
+					const struct fuse_lowlevel_ops *ops, void *userdata,
+					struct ckfs_error *err)
 {
 	char *argv[5];
 	int argc = 0;
@@ -203,7 +206,7 @@ static struct fuse_session *new_session(const struct ckfs_mount_options *opt,
 	argv[argc] = NULL;
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
 	capture_begin();
-	se = fuse_session_new(&args, &ckfs_ll_ops, sizeof(ckfs_ll_ops), fs);
+	se = fuse_session_new(&args, ops, sizeof(*ops), userdata);
 	capture_end();
 	fuse_opt_free_args(&args);
 	if (!se)
@@ -257,6 +260,8 @@ static int serve(const struct ckfs_mount_options *opt, int ready_fd)
 	struct ckfs_model *m = NULL;
 	struct ckfs_folder *f = NULL;
 	struct ckfs_fs fs;
+	struct ckfs_run *run = NULL;
+	enum ckfs_run_kind kind;
 	struct fuse_session *se;
 	struct fuse_loop_config *lc;
 	sigset_t stop_signals, old_mask;
@@ -269,6 +274,11 @@ static int serve(const struct ckfs_mount_options *opt, int ready_fd)
 
 	if (check_mountpoint(opt->mountpoint, opt->src, &err) != CKFS_OK)
 		goto err_out0;
+	/* A run (global_step_<N> folders, the tracker) or one step of it is
+	 * served by src/fuse/run.c; a checkpoint folder as before. */
+	kind = ckfs_run_kind(opt->src);
+	if (kind != CKFS_RUN_NOT)
+		goto run_setup;
 	if (ckfs_model_open(opt->src, &opt->model, &m, &err) != CKFS_OK)
 		goto err_out0;
 	for (size_t i = 0; i < m->n_warnings; i++)
@@ -286,10 +296,22 @@ static int serve(const struct ckfs_mount_options *opt, int ready_fd)
 	pthread_sigmask(SIG_BLOCK, &stop_signals, &old_mask);
 	if (ckfs_fs_init(&fs, opt, m, f, &err) != CKFS_OK)
 		goto err_out3;
+	if (0) {
+run_setup:
+		sigemptyset(&stop_signals);
+		sigaddset(&stop_signals, SIGTERM);
+		sigaddset(&stop_signals, SIGINT);
+		sigaddset(&stop_signals, SIGHUP);
+		sigaddset(&stop_signals, SIGQUIT);
+		pthread_sigmask(SIG_BLOCK, &stop_signals, &old_mask);
+		if (ckfs_run_new(opt, kind == CKFS_RUN_STEP, &run, &err) != CKFS_OK)
+			goto err_out3;
+	}
 	/* Unblocked again before anything is spawned (fusermount3 inherits
 	 * the mask; with auto_unmount it stays running). */
 	pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
-	se = new_session(opt, &fs, &err);
+	se = run ? new_session(opt, ckfs_run_ops(), run, &err)
+		 : new_session(opt, &ckfs_ll_ops, &fs, &err);
 	if (!se)
 		goto err_out3;
 	if (ready_fd >= 0) {
@@ -315,7 +337,15 @@ static int serve(const struct ckfs_mount_options *opt, int ready_fd)
 	capture_end();
 
 	/* Mounted: requests queue in the kernel until the loop runs. */
-	ckfs_fs_mark_ready(&fs, opt->mountpoint);
+	if (run) {
+		pthread_sigmask(SIG_BLOCK, &stop_signals, &old_mask);
+		enum ckfs_code rc = ckfs_run_start(run, se, &err);
+		pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+		if (rc != CKFS_OK)
+			goto err_out6;
+	} else {
+		ckfs_fs_mark_ready(&fs, opt->mountpoint);
+	}
 	if (chdir("/") != 0)
 		ckfs_log(CKFS_LOG_WARNING, "cannot chdir to '/': %s", strerror(errno));
 	if (ready_fd >= 0) {
@@ -327,8 +357,13 @@ static int serve(const struct ckfs_mount_options *opt, int ready_fd)
 		 "READY=1\nSTATUS=Serving %s at %s\nMAINPID=%ld", opt->src,
 		 opt->mountpoint, (long)getpid());
 	sd_notify_send(status_line);
-	ckfs_log(CKFS_LOG_NOTICE, "serving '%s' at '%s': %zu files, cache %s, %d threads",
-		 opt->src, opt->mountpoint, f->n_nodes, size_text, opt->threads);
+	if (run)
+		ckfs_log(CKFS_LOG_NOTICE, "serving the %s '%s' at '%s': cache %s, %d plans, "
+			 "%d threads", kind == CKFS_RUN_STEP ? "step" : "run", opt->src,
+			 opt->mountpoint, size_text, opt->max_plans, opt->threads);
+	else
+		ckfs_log(CKFS_LOG_NOTICE, "serving '%s' at '%s': %zu files, cache %s, %d threads",
+			 opt->src, opt->mountpoint, f->n_nodes, size_text, opt->threads);
 
 	lc = fuse_loop_cfg_create();
 	if (!lc) {
@@ -350,6 +385,7 @@ static int serve(const struct ckfs_mount_options *opt, int ready_fd)
 		ret = 0;
 	}
 err_out6:
+	ckfs_run_stop(run); /* its watcher talks to the session */
 	fuse_session_unmount(se);
 err_out5:
 	fuse_remove_signal_handlers(se);
@@ -357,6 +393,7 @@ err_out4:
 	fuse_session_destroy(se);
 err_out3:
 	pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+	ckfs_run_free(run);
 	ckfs_fs_release(&fs);
 	ckfs_folder_free(f);
 err_out1:

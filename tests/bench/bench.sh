@@ -21,7 +21,8 @@
 #   BENCH_ONLY   a subset of the measurements, e.g. "read" while working
 #                on the read path: export (1), ready (2, with inspect), read
 #                (3), safe_open (4), from_pretrained (5); 6 comes with 3-5
-#                (default: all)
+#                (default: all); "run" (not in the default) adds
+#                tests/bench/bench_run.sh, a 10- and 100-step run
 #   BENCH_VERL   0 skips verl's merger (it needs about 1.5x the fp32
 #                checkpoint in RAM: over 9 GB for 1.5b)
 #   BUILD_DIR    CMake build directory (default build); it is configured
@@ -283,6 +284,8 @@ bench_loader() { # MODE PREFIX
 	ceil_umount
 }
 
+# A training run as one mount (tests/bench/bench_run.sh, which also runs alone).
+if only run; then TORCH_PYTHON=$TORCH_PYTHON CKFS_CACHE=256MiB "$ROOT/tests/bench/bench_run.sh" "$CKFS" >&2; fi
 declare -A READER_SEEN
 for S in $BENCH_SIZES; do
 	SIZE=$S

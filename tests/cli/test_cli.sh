@@ -242,6 +242,26 @@ files=$("$CKFS" inspect "$FIX/deepspeed/trainer_z2_w2_bf16" | sed -n 's/^files: 
 [ "$files" = "config.json generation_config.json model.safetensors tokenizer.json tokenizer_config.json" ] &&
 	ok "training artifacts are not side files" || bad "training artifacts are not side files: $files"
 
+# a training run: export names what to export instead; inspect lists the
+# steps, their state and roles, the refused names
+RUNFIX=$FIX/run/fsdp_ppo
+expect "export of a run" 1 "a training run \(global_step_<N>/ folders\); export one role of a step" -- \
+	"$CKFS" export "$RUNFIX" "$WORK/none"
+cp -a "$RUNFIX" "$WORK/run" && mkdir "$WORK/run/global_step_007"
+out=$("$CKFS" inspect "$WORK/run")
+grep -q "^global_step_4  shown" <<<"$out" && grep -q "^global_step_5  hidden: newer than the tracker" <<<"$out" &&
+	grep -q "^  critic       verl-fsdp, world size 2" <<<"$out" &&
+	grep -q "^ignored        global_step_007: leading zero in the step number" <<<"$out" &&
+	ok "inspect: a run" || bad "inspect: a run: $out"
+"$CKFS" inspect --json "$WORK/run" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["kind"] == "run" and d["latest"] == "global_step_4" and d["tracker"]["step"] == 4, d
+st = {s["name"]: s["state"] for s in d["steps"] if s["state"] != "left out"}  # rotated: empty folders
+assert st == {"global_step_3": "shown", "global_step_4": "shown", "global_step_5": "hidden"}, st' &&
+	ok "inspect --json: a run" || bad "inspect --json: a run"
+expect "bad max_plans" 2 "bad plan count '0'" -- "$CKFS" mount -o max_plans=0 "$RUNFIX" "$WORK/none"
+
 # a full disk fails before anything lands (root only: needs a tiny tmpfs)
 if [ "$(id -u)" = 0 ] && mkdir -p "$WORK/tiny" && mount -t tmpfs -o size=64k tmpfs "$WORK/tiny" 2>/dev/null; then
 	expect "full disk" 1 "No space left on device" -- "$CKFS" export -q "$SAMPLE" "$WORK/tiny/out"

@@ -14,7 +14,7 @@ header_module() {
 	arena | err | log | text | json | file | guard | dtype | limits | units | strbuf) echo util ;;
 	zip | pickle | torch | safetensors) echo fmt ;;
 	model) echo model ;;
-	layouts) echo layouts ;;
+	layouts | run) echo layouts ;;
 	folder | weights | perm) echo folder ;;
 	cache) echo cache ;;
 	*) echo "?$1" ;;
