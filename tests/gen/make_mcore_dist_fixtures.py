@@ -2,7 +2,7 @@
 """Generate Megatron-Core dist_checkpointing (torch_dist) checkpoints in verl's layouts
 (verl-checkpoints.md 3.1(c) "v1" and 3.1(d) "HEAD", 3.2).
 
-    .venv/bin/pip install --no-deps megatron-core==0.12.2    # pinned in tests/python-requirements.txt
+    .venv/bin/pip install --no-deps megatron-core==0.12.2    # generators only (no test imports it), so not in tests/python-requirements.txt
     nice -n 10 .venv/bin/python tests/gen/make_mcore_dist_fixtures.py    # ~6 min on 2 cores
     nice -n 10 .venv/bin/python tests/gen/make_mcore_dist_fixtures.py qwen3_moe_ep2   # some cases
 

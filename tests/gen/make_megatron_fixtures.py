@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Generate legacy Megatron per-rank checkpoints (verl 2025-04 .. 2025-06 layout, verl-checkpoints.md 3.1(b)).
 
-    .venv/bin/pip install --no-deps megatron-core==0.12.2    # pinned in tests/python-requirements.txt
+    .venv/bin/pip install --no-deps megatron-core==0.12.2    # generators only (no test imports it), so not in tests/python-requirements.txt
     .venv/bin/python tests/gen/make_megatron_fixtures.py      # ~5 min on 2 cores
     .venv/bin/python tests/gen/make_megatron_fixtures.py --moe-only      # MoE and critic cases only
     .venv/bin/python tests/gen/make_megatron_fixtures.py --broken-only   # broken/, *_te/
