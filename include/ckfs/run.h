@@ -126,6 +126,17 @@ enum ckfs_code ckfs_run_roles(const char *step_dir, char ***names, size_t *n,
 			      struct ckfs_error *err) CKFS_WARN_UNUSED;
 void ckfs_run_roles_free(char **names, size_t n);
 
+struct ckfs_model;
+struct ckfs_model_options;
+/* Open the checkpoint of role folder role_dir as `ckfs export role_dir`
+ * would, after the run's symlink policy: unless opt->follow_symlinks,
+ * role_dir must resolve inside src, the run (or step) the user named
+ * (CKFS_E_INVALID "symlink leads outside the checkpoint" otherwise), as
+ * any file a checkpoint names must. */
+enum ckfs_code ckfs_run_open_role(const char *src, const char *role_dir,
+				  const struct ckfs_model_options *opt,
+				  struct ckfs_model **out, struct ckfs_error *err) CKFS_WARN_UNUSED;
+
 /* A fingerprint of everything under dir (relative names, types, sizes,
  * mtimes; sorted, 8 levels deep at most): equal fingerprints mean a plan
  * built before still describes the folder. Sets *newest to the newest

@@ -26,7 +26,8 @@ struct role_info {
 	char error[1024];
 };
 
-static void open_role(const char *path, const struct cli_common *c, struct role_info *ri)
+static void open_role(const char *src, const char *path, const struct cli_common *c,
+		      struct role_info *ri)
 {
 	struct ckfs_model *m = NULL;
 	struct ckfs_folder *f = NULL;
@@ -34,7 +35,7 @@ static void open_role(const char *path, const struct cli_common *c, struct role_
 
 	memset(ri, 0, sizeof(*ri));
 	ckfs_error_clear(&err);
-	if (ckfs_model_open(path, &c->model, &m, &err) == CKFS_OK &&
+	if (ckfs_run_open_role(src, path, &c->model, &m, &err) == CKFS_OK &&
 	    ckfs_folder_build(m, &c->folder, &f, &err) == CKFS_OK) {
 		snprintf(ri->layout, sizeof(ri->layout), "%s", m->layout);
 		ri->world_size = m->world_size;
@@ -148,7 +149,7 @@ int ckfs_inspect_run(const char *src, bool single, const struct cli_common *c)
 			struct role_info ri;
 			char role_path[4400], size[32];
 			snprintf(role_path, sizeof(role_path), "%s/%s", path, names[r]);
-			open_role(role_path, c, &ri);
+			open_role(src, role_path, c, &ri);
 			ckfs_format_bytes((double)ri.bytes, size, sizeof(size));
 			if (root) {
 				cJSON *jr = cJSON_CreateObject();

@@ -363,7 +363,7 @@ static enum ckfs_code build_plan(struct ckfs_run *run, const char *path, struct 
 {
 	const struct ckfs_mount_options *opt = run->opt;
 
-	CKFS_TRY(ckfs_model_open(path, &opt->model, &p->m, err));
+	CKFS_TRY(ckfs_run_open_role(opt->src, path, &opt->model, &p->m, err));
 	for (size_t i = 0; i < p->m->n_warnings; i++)
 		ckfs_log(CKFS_LOG_WARNING, "%s: warning: %s", p->label, p->m->warnings[i]);
 	CKFS_TRY(ckfs_folder_build(p->m, &opt->folder, &p->f, err));

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "ckfs/file.h"
+#include "ckfs/layouts.h"
 #include "ckfs/run.h"
 #include "ckfs/text.h"
 
@@ -523,4 +524,18 @@ enum ckfs_code ckfs_run_fingerprint(const char *dir, uint64_t *fp, struct timesp
 	if (newest)
 		*newest = nw;
 	return rc;
+}
+
+enum ckfs_code ckfs_run_open_role(const char *src, const char *role_dir,
+				  const struct ckfs_model_options *opt,
+				  struct ckfs_model **out, struct ckfs_error *err)
+{
+	if (!opt->follow_symlinks) {
+		char root[PATH_MAX];
+		if (!realpath(src, root))
+			return ckfs_fail_errno(err, "'%s': cannot resolve", src);
+		const struct ckfs_file_policy pol = { .root = root };
+		CKFS_TRY(ckfs_file_check_policy(&pol, role_dir, err));
+	}
+	return ckfs_model_open(role_dir, opt, out, err);
 }

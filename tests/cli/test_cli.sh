@@ -260,6 +260,19 @@ assert d["kind"] == "run" and d["latest"] == "global_step_4" and d["tracker"]["s
 st = {s["name"]: s["state"] for s in d["steps"] if s["state"] != "left out"}  # rotated: empty folders
 assert st == {"global_step_3": "shown", "global_step_4": "shown", "global_step_5": "hidden"}, st' &&
 	ok "inspect --json: a run" || bad "inspect --json: a run"
+# a role folder that is a symlink out of the run is refused like any file
+# leading outside the checkpoint (the mount shows it empty), unless
+# --follow-symlinks
+mkdir "$WORK/outside" && mv "$WORK/run/global_step_4/critic" "$WORK/outside/critic" &&
+	ln -s "$WORK/outside/critic" "$WORK/run/global_step_4/critic"
+out=$("$CKFS" inspect "$WORK/run")
+grep -q "^  critic       .*critic': symlink leads outside the checkpoint; use --follow-symlinks" <<<"$out" &&
+	grep -q "^  actor        verl-fsdp" <<<"$out" &&
+	ok "inspect: a role linked out of the run" || bad "inspect: a role linked out of the run: $out"
+out=$("$CKFS" inspect --follow-symlinks "$WORK/run")
+[ "$(grep -c "^  critic       verl-fsdp, world size 2" <<<"$out")" = 2 ] &&
+	ok "inspect --follow-symlinks: a role linked out of the run" ||
+	bad "inspect --follow-symlinks: a role linked out of the run: $out"
 expect "bad max_plans" 2 "bad plan count '0'" -- "$CKFS" mount -o max_plans=0 "$RUNFIX" "$WORK/none"
 
 # a full disk fails before anything lands (root only: needs a tiny tmpfs)
