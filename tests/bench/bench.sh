@@ -255,6 +255,8 @@ bench_read() {
 	# The conversion floor: CPU time to turn the rank files into bf16 with
 	# ckfs's own loop and nothing else (tests/bench/convert_floor.c).
 	rec convert_floor_cpu "$("$CONV" "$CK"/model_world_size_*_rank_*.pt | cut -d' ' -f1)"
+	# The same from mapped windows (MAP_POPULATE), what ckfs did before.
+	rec convert_floor_mmap_cpu "$("$CONV" --mmap "$CK"/model_world_size_*_rank_*.pt | cut -d' ' -f1)"
 
 	[ "$IS_ROOT" = 1 ] || return 0
 	warm "$CK"/model_world_size_*_rank_*.pt
