@@ -107,6 +107,7 @@ struct ckfs_fs_stats {
 	atomic_uint_fast64_t opens;
 	atomic_uint_fast64_t ra_sequential; /* reads seen as sequential */
 	atomic_uint_fast64_t ra_slices;     /* slices handed to prefetch */
+	atomic_uint_fast64_t ra_skipped;    /* not handed: the kernel has them */
 };
 
 /* Everything the handlers share; immutable after ckfs_fs_init except the
@@ -124,6 +125,11 @@ struct ckfs_fs {
 	pthread_key_t scratch_key;  /* per-thread struct ckfs_read_scratch */
 	bool scratch_key_made;
 	atomic_int_fast64_t *err_logged_at; /* per node: last error log, seconds */
+	/* Per weight node (NULL for others), per slice: bytes of it replied
+	 * to the kernel since it last asked again for bytes it had. A slice
+	 * replied in full sits in the kernel's page cache (keep_cache), so
+	 * read-ahead does not fill it again for another handle (read_ahead). */
+	_Atomic uint32_t **replied;
 	struct ckfs_fs_stats stats;
 	uint64_t source_bytes_at_ready; /* ckfs_source_bytes_read() then */
 	struct timespec ready_at;   /* CLOCK_MONOTONIC */

@@ -35,7 +35,8 @@
  * sequential: the window opens at 2 slices, doubles each time the reader
  * enters a new slice, up to opt->readahead, and the slices ahead of the
  * reader are queued with ckfs_cache_prefetch. Any other read closes the
- * window. Slices already queued for the handle are not queued again.
+ * window. Slices already queued for the handle are not queued again, nor
+ * slices already replied to the kernel in full (fs->replied).
  *
  * Errors. Only write attempts (EROFS) and reads can fail. A failed read is
  * answered with ckfs_err_to_errno() of the cause and logged with the file
@@ -160,6 +161,26 @@ static void note_closed_files(const struct ckfs_fs *fs)
 			 (fs->root_mode & 0001) ? "" : " and the folder");
 }
 
+/* The per-slice replied counters of every weight file (fs.h). A uint32
+ * per slice: slice sizes are far below 4 GiB (cli/mount.c bounds them). */
+static enum ckfs_code init_replied(struct ckfs_fs *fs, struct ckfs_error *err)
+{
+	const struct ckfs_folder *f = fs->folder;
+
+	fs->replied = calloc(f->n_nodes ? f->n_nodes : 1, sizeof(*fs->replied));
+	if (!fs->replied)
+		return ckfs_nomem(err);
+	for (size_t i = 0; i < f->n_nodes; i++) {
+		if (f->nodes[i].kind != CKFS_NODE_WEIGHTS)
+			continue;
+		uint64_t n = (f->nodes[i].size + fs->slice_size - 1) / fs->slice_size;
+		fs->replied[i] = calloc(n ? n : 1, sizeof(**fs->replied));
+		if (!fs->replied[i])
+			return ckfs_nomem(err);
+	}
+	return CKFS_OK;
+}
+
 enum ckfs_code ckfs_fs_init(struct ckfs_fs *fs, const struct ckfs_mount_options *opt,
 			    const struct ckfs_model *model,
 			    const struct ckfs_folder *folder, struct ckfs_error *err)
@@ -180,6 +201,7 @@ enum ckfs_code ckfs_fs_init(struct ckfs_fs *fs, const struct ckfs_mount_options 
 				   sizeof(*fs->err_logged_at));
 	if (!fs->err_logged_at)
 		return ckfs_nomem(err);
+	CKFS_TRY(init_replied(fs, err));
 
 	int ra_threads = opt->readahead > 0 ? opt->prefetch_threads : 0;
 	int queue = opt->readahead * 8;
@@ -210,6 +232,12 @@ void ckfs_fs_release(struct ckfs_fs *fs)
 	}
 	free(fs->err_logged_at);
 	fs->err_logged_at = NULL;
+	if (fs->replied) {
+		for (size_t i = 0; i < fs->folder->n_nodes; i++)
+			free((void *)fs->replied[i]);
+		free(fs->replied);
+		fs->replied = NULL;
+	}
 	free(fs->node_modes);
 	fs->node_modes = NULL;
 }
@@ -519,10 +547,18 @@ static void read_ahead(struct ckfs_fs *fs, struct ckfs_handle *h,
 	pthread_mutex_unlock(&h->lock);
 	if (seq)
 		atomic_fetch_add(&fs->stats.ra_sequential, 1);
-	for (uint64_t s = from; s < to; s++)
-		ckfs_cache_prefetch(fs->cache, h->node, s, (size_t)slice_len(fs, n, s));
-	if (to > from)
-		atomic_fetch_add(&fs->stats.ra_slices, to - from);
+	for (uint64_t s = from; s < to; s++) {
+		uint64_t len = slice_len(fs, n, s);
+		/* Replied in full: other readers of the file (tensor-parallel
+		 * ranks) got it from the kernel's page cache; filling it again
+		 * would read its sources twice. */
+		if (atomic_load_explicit(&fs->replied[h->node][s], memory_order_relaxed) >= len) {
+			atomic_fetch_add(&fs->stats.ra_skipped, 1);
+			continue;
+		}
+		ckfs_cache_prefetch(fs->cache, h->node, s, (size_t)len);
+		atomic_fetch_add(&fs->stats.ra_slices, 1);
+	}
 }
 
 static void log_read_error(struct ckfs_fs *fs, size_t node, uint64_t off,
@@ -550,6 +586,25 @@ static void reply_read_error(fuse_req_t req, struct ckfs_fs *fs, size_t node,
 	atomic_fetch_add(&fs->stats.errors, 1);
 	log_read_error(fs, node, off, len, err);
 	fuse_reply_err(req, ckfs_err_to_errno(err));
+}
+
+/* Count the bytes of [off, end) replied, per slice. A request for bytes
+ * of a slice already replied in full means the kernel dropped them: start
+ * counting again, so read-ahead fills that slice again. */
+static void note_replied(struct ckfs_fs *fs, size_t node, const struct ckfs_node *n,
+			 uint64_t off, uint64_t end)
+{
+	const uint64_t S = fs->slice_size;
+
+	for (uint64_t idx = off / S; idx * S < end; idx++) {
+		uint64_t a = off > idx * S ? off : idx * S;
+		uint64_t b = end < (idx + 1) * S ? end : (idx + 1) * S;
+		_Atomic uint32_t *r = &fs->replied[node][idx];
+		uint32_t was = atomic_fetch_add_explicit(r, (uint32_t)(b - a),
+							 memory_order_relaxed);
+		if (was >= slice_len(fs, n, idx))
+			atomic_store_explicit(r, (uint32_t)(b - a), memory_order_relaxed);
+	}
 }
 
 /* A weight file: pin the slices covering [off, off + len), reply with one
@@ -587,6 +642,9 @@ static void read_weights(fuse_req_t req, struct ckfs_fs *fs, struct ckfs_handle 
 		iov[got].iov_len = (size_t)(b - a);
 	}
 	atomic_fetch_add(&fs->stats.bytes_read, len);
+	/* Counted first: once replied, the handle may be released (and h
+	 * freed) by another thread at any moment. */
+	note_replied(fs, h->node, n, off, end);
 	fuse_reply_iov(req, iov, (int)count);
 out:
 	for (uint64_t i = 0; i < got; i++)
@@ -803,7 +861,8 @@ static size_t stats_json(struct ckfs_fs *fs, char *out, size_t cap)
 		",\"slices_cached\":%" PRIu64 ",\"budget\":%" PRIu64 ",\"slice_size\":%zu"
 		",\"prefetch_queued\":%" PRIu64 ",\"prefetch_dropped\":%" PRIu64
 		",\"prefetch_hits\":%" PRIu64 ",\"recycled\":%" PRIu64 ",\"readahead_sequential\":%" PRIu64
-		",\"readahead_slices\":%" PRIu64 ",\"source_bytes_read\":%" PRIu64
+		",\"readahead_slices\":%" PRIu64 ",\"readahead_skipped\":%" PRIu64
+		",\"source_bytes_read\":%" PRIu64
 		",\"reads\":%" PRIu64 ",\"bytes_read\":%" PRIu64 ",\"opens\":%" PRIu64
 		",\"errors\":%" PRIu64 "}\n",
 		(long)getpid(), fs->folder->n_nodes,
@@ -814,6 +873,7 @@ static size_t stats_json(struct ckfs_fs *fs, char *out, size_t cap)
 		fs->slice_size, cs.prefetch_queued, cs.prefetch_dropped, cs.prefetch_hits, cs.recycled,
 		(uint64_t)atomic_load(&fs->stats.ra_sequential),
 		(uint64_t)atomic_load(&fs->stats.ra_slices),
+		(uint64_t)atomic_load(&fs->stats.ra_skipped),
 		ckfs_source_bytes_read() - fs->source_bytes_at_ready,
 		(uint64_t)atomic_load(&fs->stats.reads),
 		(uint64_t)atomic_load(&fs->stats.bytes_read),
