@@ -42,7 +42,7 @@ for size in $SIZES; do
 	src_bytes=$(cat "${RANKS[@]}" | wc -c)
 	out_bytes=$(stat -c %s "$D/export.ckfs/model.safetensors")
 	load0=$(load_now)
-	for run in $(seq "$RUNS"); do
+	for _ in $(seq "$RUNS"); do
 		evict "${RANKS[@]}"
 		t=$(t_now)
 		cat "${RANKS[@]}" >/dev/null

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # SPDX-License-Identifier: MIT
 # Shared by bench_serving.sh, bench_cold.sh and bench_headline.sh (sourced):
 # the bench checkpoints of tests/bench/bench.sh (generated once into

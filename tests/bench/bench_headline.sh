@@ -35,7 +35,7 @@ for size in $SIZES; do
 	: >"$out.verl"
 	: >"$out.export"
 	load0=$(load_now)
-	for run in $(seq "$RUNS"); do
+	for _ in $(seq "$RUNS"); do
 		cat "$CK"/model_world_size_*_rank_*.pt >/dev/null
 		t=$(t_now)
 		"$CKFS" mount --log-level err --cache-size "$CKFS_CACHE" "$CK" "$MNT"

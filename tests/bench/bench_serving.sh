@@ -31,7 +31,7 @@ for size in $SIZES; do
 	: >"$out.copy"
 	src_bytes=$(cat "$D"/ckpt/model_world_size_*_rank_*.pt | wc -c)
 	load0=$(load_now)
-	for run in $(seq "$RUNS"); do
+	for _ in $(seq "$RUNS"); do
 		cat "$D"/ckpt/model_world_size_*_rank_*.pt >/dev/null
 		"$CKFS" mount --log-level err --cache-size "$CKFS_CACHE" "$D/ckpt" "$MNT"
 		pid=$(stats_field "$MNT" pid)
