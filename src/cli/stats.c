@@ -117,6 +117,8 @@ static const struct prom_metric {
 	  "Reads judged sequential." },
 	{ "readahead_slices", "ckfs_readahead_slices_total", "counter",
 	  "Slices handed to read-ahead." },
+	{ "readahead_skipped", "ckfs_readahead_skipped_total", "counter",
+	  "Slices read-ahead left alone: the kernel already had them." },
 	{ "reads", "ckfs_reads_total", "counter", "FUSE read requests." },
 	{ "bytes_read", "ckfs_read_bytes_total", "counter", "Bytes replied to read requests." },
 	{ "errors", "ckfs_read_errors_total", "counter", "Read requests answered with an error." },

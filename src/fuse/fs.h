@@ -108,6 +108,7 @@ struct ckfs_fs_stats {
 	atomic_uint_fast64_t opens;
 	atomic_uint_fast64_t ra_sequential; /* reads seen as sequential */
 	atomic_uint_fast64_t ra_slices;     /* slices handed to prefetch */
+	atomic_uint_fast64_t ra_skipped;    /* not handed: the kernel has them */
 };
 
 /* Everything the handlers share; immutable after ckfs_fs_init except the
@@ -125,6 +126,11 @@ struct ckfs_fs {
 	pthread_key_t scratch_key;  /* per-thread struct ckfs_read_scratch */
 	bool scratch_key_made;
 	atomic_int_fast64_t *err_logged_at; /* per node: last error log, seconds */
+	/* Per weight node (NULL for others), per slice: bytes of it replied
+	 * to the kernel since it last asked again for bytes it had. A slice
+	 * replied in full sits in the kernel's page cache (keep_cache), so
+	 * read-ahead does not fill it again for another handle (read_ahead). */
+	_Atomic uint32_t **replied;
 	struct ckfs_fs_stats stats;
 	uint64_t source_bytes_at_ready; /* ckfs_source_bytes_read() then */
 	struct timespec ready_at;   /* CLOCK_MONOTONIC */
@@ -150,13 +156,21 @@ enum ckfs_code ckfs_fs_init_shared(struct ckfs_fs *fs, const struct ckfs_mount_o
 /* This thread's scratch for the core read path (NULL when out of memory). */
 struct ckfs_read_scratch *ckfs_fs_scratch(struct ckfs_fs *fs);
 /* Bytes [off, off + len) of cache file file_id (size bytes long) replied
- * to req from pinned slices, after h's read-ahead; err cleared by the
- * caller. On failure nothing is replied: the caller answers the error. */
+ * to req from pinned slices, after h's read-ahead (which skips slices
+ * replied in full, by the file's counters replied, when not NULL); err
+ * cleared by the caller. On failure nothing is replied: the caller answers the error. */
 struct fuse_req;
 enum ckfs_code ckfs_fs_read_cached(struct fuse_req *req, struct ckfs_fs *fs,
-				   struct ckfs_handle *h, uint64_t file_id, uint64_t size,
+				   struct ckfs_handle *h, uint64_t file_id,
+				   _Atomic uint32_t *replied, uint64_t size,
 				   uint64_t off, size_t len,
 				   struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The replied counters (see struct ckfs_fs) of every weight file of f:
+ * per node, NULL for other nodes; freed with ckfs_fs_replied_free. */
+enum ckfs_code ckfs_fs_replied_new(const struct ckfs_folder *f, uint64_t slice_size,
+				   _Atomic uint32_t ***out,
+				   struct ckfs_error *err) CKFS_WARN_UNUSED;
+void ckfs_fs_replied_free(const struct ckfs_folder *f, _Atomic uint32_t **r);
 /* Stop the workers and free what ckfs_fs_init made; no request may be in
  * flight. */
 void ckfs_fs_release(struct ckfs_fs *fs);

@@ -35,7 +35,8 @@
  * sequential: the window opens at 2 slices, doubles each time the reader
  * enters a new slice, up to opt->readahead, and the slices ahead of the
  * reader are queued with ckfs_cache_prefetch. Any other read closes the
- * window. Slices already queued for the handle are not queued again.
+ * window. Slices already queued for the handle are not queued again, nor
+ * slices already replied to the kernel in full (fs->replied).
  *
  * Errors. Only write attempts (EROFS) and reads can fail. A failed read is
  * answered with ckfs_err_to_errno() of the cause and logged with the file
@@ -160,6 +161,36 @@ static void note_closed_files(const struct ckfs_fs *fs)
 			 (fs->root_mode & 0001) ? "" : " and the folder");
 }
 
+/* A uint32 per slice: slice sizes are far below 4 GiB (cli/mount.c bounds
+ * them). */
+enum ckfs_code ckfs_fs_replied_new(const struct ckfs_folder *f, uint64_t slice_size,
+				   _Atomic uint32_t ***out, struct ckfs_error *err)
+{
+	_Atomic uint32_t **r = calloc(f->n_nodes ? f->n_nodes : 1, sizeof(*r));
+
+	*out = r;
+	if (!r)
+		return ckfs_nomem(err);
+	for (size_t i = 0; i < f->n_nodes; i++) {
+		if (f->nodes[i].kind != CKFS_NODE_WEIGHTS)
+			continue;
+		uint64_t n = (f->nodes[i].size + slice_size - 1) / slice_size;
+		r[i] = calloc(n ? n : 1, sizeof(**r));
+		if (!r[i])
+			return ckfs_nomem(err);
+	}
+	return CKFS_OK;
+}
+
+void ckfs_fs_replied_free(const struct ckfs_folder *f, _Atomic uint32_t **r)
+{
+	if (!r)
+		return;
+	for (size_t i = 0; i < f->n_nodes; i++)
+		free((void *)r[i]);
+	free(r);
+}
+
 enum ckfs_code ckfs_fs_init(struct ckfs_fs *fs, const struct ckfs_mount_options *opt,
 			    const struct ckfs_model *model,
 			    const struct ckfs_folder *folder, struct ckfs_error *err)
@@ -177,6 +208,7 @@ enum ckfs_code ckfs_fs_init(struct ckfs_fs *fs, const struct ckfs_mount_options 
 				   sizeof(*fs->err_logged_at));
 	if (!fs->err_logged_at)
 		return ckfs_nomem(err);
+	CKFS_TRY(ckfs_fs_replied_new(folder, opt->slice_size, &fs->replied, err));
 	return ckfs_fs_init_shared(fs, opt, fill_slice, fs, err);
 }
 
@@ -218,6 +250,9 @@ void ckfs_fs_release(struct ckfs_fs *fs)
 	}
 	free(fs->err_logged_at);
 	fs->err_logged_at = NULL;
+	if (fs->replied)
+		ckfs_fs_replied_free(fs->folder, fs->replied);
+	fs->replied = NULL;
 	free(fs->node_modes);
 	fs->node_modes = NULL;
 }
@@ -487,7 +522,7 @@ static uint64_t slice_len(const struct ckfs_fs *fs, uint64_t size, uint64_t inde
 /* Update h's read-ahead state for a read of [off, end) and queue the
  * slices ahead of it. */
 static void read_ahead(struct ckfs_fs *fs, struct ckfs_handle *h, uint64_t file_id,
-		       uint64_t size, uint64_t off, uint64_t end)
+		       _Atomic uint32_t *replied, uint64_t size, uint64_t off, uint64_t end)
 {
 	const uint64_t S = fs->slice_size, tol = 2 * S;
 	const unsigned max = (unsigned)fs->opt->readahead;
@@ -526,10 +561,18 @@ static void read_ahead(struct ckfs_fs *fs, struct ckfs_handle *h, uint64_t file_
 	pthread_mutex_unlock(&h->lock);
 	if (seq)
 		atomic_fetch_add(&fs->stats.ra_sequential, 1);
-	for (uint64_t s = from; s < to; s++)
-		ckfs_cache_prefetch(fs->cache, file_id, s, (size_t)slice_len(fs, size, s));
-	if (to > from)
-		atomic_fetch_add(&fs->stats.ra_slices, to - from);
+	for (uint64_t s = from; s < to; s++) {
+		uint64_t len = slice_len(fs, size, s);
+		/* Replied in full: other readers of the file (tensor-parallel
+		 * ranks) got it from the kernel's page cache; filling it again
+		 * would read its sources twice. */
+		if (replied && atomic_load_explicit(&replied[s], memory_order_relaxed) >= len) {
+			atomic_fetch_add(&fs->stats.ra_skipped, 1);
+			continue;
+		}
+		ckfs_cache_prefetch(fs->cache, file_id, s, (size_t)len);
+		atomic_fetch_add(&fs->stats.ra_slices, 1);
+	}
 }
 
 static void log_read_error(struct ckfs_fs *fs, size_t node, uint64_t off,
@@ -559,6 +602,25 @@ static void reply_read_error(fuse_req_t req, struct ckfs_fs *fs, size_t node,
 	fuse_reply_err(req, ckfs_err_to_errno(err));
 }
 
+/* Count the bytes of [off, end) replied, per slice. A request for bytes
+ * of a slice already replied in full means the kernel dropped them: start
+ * counting again, so read-ahead fills that slice again. */
+static void note_replied(struct ckfs_fs *fs, _Atomic uint32_t *replied, uint64_t size,
+			 uint64_t off, uint64_t end)
+{
+	const uint64_t S = fs->slice_size;
+
+	for (uint64_t idx = off / S; idx * S < end; idx++) {
+		uint64_t a = off > idx * S ? off : idx * S;
+		uint64_t b = end < (idx + 1) * S ? end : (idx + 1) * S;
+		_Atomic uint32_t *r = &replied[idx];
+		uint32_t was = atomic_fetch_add_explicit(r, (uint32_t)(b - a),
+							 memory_order_relaxed);
+		if (was >= slice_len(fs, size, idx))
+			atomic_store_explicit(r, (uint32_t)(b - a), memory_order_relaxed);
+	}
+}
+
 /* A weight file: pin the slices covering [off, off + len), reply with one
  * iovec into them, unpin. */
 static void read_weights(fuse_req_t req, struct ckfs_fs *fs, struct ckfs_handle *h,
@@ -567,13 +629,14 @@ static void read_weights(fuse_req_t req, struct ckfs_fs *fs, struct ckfs_handle 
 	struct ckfs_error err;
 
 	ckfs_error_clear(&err);
-	if (ckfs_fs_read_cached(req, fs, h, h->node, n->size, off, len, &err) != CKFS_OK)
+	if (ckfs_fs_read_cached(req, fs, h, h->node, fs->replied[h->node], n->size, off, len,
+				&err) != CKFS_OK)
 		reply_read_error(req, fs, h->node, off, len, &err);
 }
 
 enum ckfs_code ckfs_fs_read_cached(fuse_req_t req, struct ckfs_fs *fs, struct ckfs_handle *h,
-				   uint64_t file_id, uint64_t size, uint64_t off, size_t len,
-				   struct ckfs_error *err)
+				   uint64_t file_id, _Atomic uint32_t *replied, uint64_t size,
+				   uint64_t off, size_t len, struct ckfs_error *err)
 {
 	enum { STACK_SLICES = 8 };
 	struct ckfs_slice *stack_sl[STACK_SLICES], **sl = stack_sl;
@@ -581,7 +644,7 @@ enum ckfs_code ckfs_fs_read_cached(fuse_req_t req, struct ckfs_fs *fs, struct ck
 	const uint64_t S = fs->slice_size, end = off + len;
 	uint64_t first = off / S, count = (end - 1) / S - first + 1, got = 0;
 
-	read_ahead(fs, h, file_id, size, off, end);
+	read_ahead(fs, h, file_id, replied, size, off, end);
 	if (count > STACK_SLICES) {
 		sl = calloc(count, sizeof(*sl));
 		iov = calloc(count, sizeof(*iov));
@@ -603,6 +666,10 @@ enum ckfs_code ckfs_fs_read_cached(fuse_req_t req, struct ckfs_fs *fs, struct ck
 		iov[got].iov_len = (size_t)(b - a);
 	}
 	atomic_fetch_add(&fs->stats.bytes_read, len);
+	/* Counted first: once replied, the handle may be released (and h
+	 * freed) by another thread at any moment. */
+	if (replied)
+		note_replied(fs, replied, size, off, end);
 	fuse_reply_iov(req, iov, (int)count);
 out:
 	for (uint64_t i = 0; i < got; i++)
@@ -818,7 +885,8 @@ static size_t stats_json(struct ckfs_fs *fs, char *out, size_t cap)
 		",\"slices_cached\":%" PRIu64 ",\"budget\":%" PRIu64 ",\"slice_size\":%zu"
 		",\"prefetch_queued\":%" PRIu64 ",\"prefetch_dropped\":%" PRIu64
 		",\"prefetch_hits\":%" PRIu64 ",\"recycled\":%" PRIu64 ",\"readahead_sequential\":%" PRIu64
-		",\"readahead_slices\":%" PRIu64 ",\"source_bytes_read\":%" PRIu64
+		",\"readahead_slices\":%" PRIu64 ",\"readahead_skipped\":%" PRIu64
+		",\"source_bytes_read\":%" PRIu64
 		",\"reads\":%" PRIu64 ",\"bytes_read\":%" PRIu64 ",\"opens\":%" PRIu64
 		",\"errors\":%" PRIu64 "}\n",
 		(long)getpid(), fs->folder->n_nodes,
@@ -829,6 +897,7 @@ static size_t stats_json(struct ckfs_fs *fs, char *out, size_t cap)
 		fs->slice_size, cs.prefetch_queued, cs.prefetch_dropped, cs.prefetch_hits, cs.recycled,
 		(uint64_t)atomic_load(&fs->stats.ra_sequential),
 		(uint64_t)atomic_load(&fs->stats.ra_slices),
+		(uint64_t)atomic_load(&fs->stats.ra_skipped),
 		ckfs_source_bytes_read() - fs->source_bytes_at_ready,
 		(uint64_t)atomic_load(&fs->stats.reads),
 		(uint64_t)atomic_load(&fs->stats.bytes_read),

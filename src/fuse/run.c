@@ -94,6 +94,7 @@ struct run_plan {
 	struct ckfs_folder *f;
 	mode_t *modes;
 	mode_t root_mode;
+	_Atomic uint32_t **replied;         /* per node and slice (fuse/fs.h) */
 	struct run_stats *stats;
 	struct run_plan *prev, *next;       /* LRU, most recent first */
 	struct run_plan *all_next;          /* every live plan, for the fill */
@@ -157,6 +158,8 @@ static void stats_put_locked(struct run_stats *s)
 static void plan_free(struct ckfs_run *run, struct run_plan *p)
 {
 	(void)run;
+	if (p->replied)
+		ckfs_fs_replied_free(p->f, p->replied);
 	ckfs_folder_free(p->f);
 	ckfs_model_free(p->m);
 	free(p->modes);
@@ -370,6 +373,7 @@ static enum ckfs_code build_plan(struct ckfs_run *run, const char *path, struct 
 	if (p->f->n_nodes > MAX_NODES)
 		return ckfs_fail(err, CKFS_E_LIMIT, "'%s': %zu files, more than a run mount serves "
 				 "per role (%u)", path, p->f->n_nodes, MAX_NODES);
+	CKFS_TRY(ckfs_fs_replied_new(p->f, opt->slice_size, &p->replied, err));
 	p->modes = calloc(p->f->n_nodes ? p->f->n_nodes : 1, sizeof(*p->modes));
 	if (!p->modes)
 		return ckfs_nomem(err);
@@ -987,7 +991,8 @@ static void run_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	size_t len = n->size - (uint64_t)off < size ? (size_t)(n->size - (uint64_t)off) : size;
 	ckfs_error_clear(&err);
 	if (n->kind == CKFS_NODE_WEIGHTS) {
-		if (ckfs_fs_read_cached(req, &run->fs, &h->ra, h->file_id, n->size,
+		if (ckfs_fs_read_cached(req, &run->fs, &h->ra, h->file_id,
+					p->replied[h->ra.node], n->size,
 					(uint64_t)off, len, &err) == CKFS_OK) {
 			atomic_fetch_add(&p->stats->bytes_read, len);
 			return;

@@ -9,8 +9,8 @@
  * chunk spans the full width of the inner dims and its strides are
  * row-major. Contiguous runs become one pread straight into dst when no
  * conversion is needed. Runs that convert read their source through
- * windows of at most READ_WINDOW bytes, mapped when possible (see
- * window_open), and ckfs_convert from there into dst. Runs whose source is
+ * windows of at most READ_WINDOW bytes, pread into a reused scratch buffer
+ * (see convert_from), and ckfs_convert from there into dst. Runs whose source is
  * strided along the last dim (a transposed local view) read the spanned
  * bytes in bounded windows and gather.
  */
@@ -19,15 +19,11 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include "ckfs/guard.h"
-
 /* Source bytes per window when converting: small enough that a thread's
- * window stays in L2 and that mapped windows add little to the RSS (they
- * are unmapped at once), large enough to amortise the system calls. */
+ * scratch window stays in L2, large enough to amortise the system calls
+ * (256 KiB to 4 MiB: the same CPU time within noise). */
 #define READ_WINDOW (1u << 20)
 
 void ckfs_read_scratch_release(struct ckfs_read_scratch *s)
@@ -96,59 +92,6 @@ static int chunk_contains(const struct ckfs_chunk *c, int ndim,
 	return 1;
 }
 
-/*
- * Windows of source bytes to convert from. A window is mapped read-only
- * (MAP_POPULATE fills its page tables in one call) and converted straight
- * from the page cache, which saves pread's copy into a scratch buffer: a
- * third of the fill time of an fp32 -> bf16 stream. It is unmapped right
- * after, so page cache pages never linger in the RSS. A source truncated
- * meanwhile, or a disk error on a page, raises SIGBUS; the conversion runs
- * under ckfs_guarded (include/ckfs/guard.h) and the read fails, as changed
- * when the file is now shorter, as an I/O error otherwise. When mapping
- * fails, the window is read into the scratch buffer instead.
- */
-struct window {
-	const unsigned char *p; /* the window's first byte */
-	void *map;              /* mapping to undo, or NULL: p is scratch */
-	size_t map_len;
-};
-
-static enum ckfs_code window_open(const struct ckfs_model *m, uint32_t src,
-				  uint64_t pos, size_t len,
-				  struct ckfs_read_scratch *scratch,
-				  struct window *w, struct ckfs_error *err)
-{
-	const struct ckfs_source *s = &m->sources[src];
-	long page = sysconf(_SC_PAGESIZE);
-
-	w->map = NULL;
-	if (page > 0 && pos + len <= s->size && ckfs_guard_init() == 0) {
-		uint64_t start = pos - pos % (uint64_t)page;
-		size_t map_len = (size_t)(pos + len - start);
-		void *p = mmap(NULL, map_len, PROT_READ, MAP_SHARED | MAP_POPULATE,
-			       s->fd, (off_t)start);
-		if (p != MAP_FAILED) {
-			w->map = p;
-			w->map_len = map_len;
-			w->p = (const unsigned char *)p + (pos - start);
-			ckfs_source_note_read(len);
-			return CKFS_OK;
-		}
-	}
-	unsigned char *buf = scratch_get(scratch, len);
-	if (!buf)
-		return ckfs_nomem(err);
-	w->p = buf;
-	return read_exact(m, src, buf, len, pos, err);
-}
-
-static void window_close(struct window *w)
-{
-	if (w->map)
-		munmap(w->map, w->map_len);
-	w->map = NULL;
-}
-
 /* rows rows of width elements, rows src_step bytes apart in the window and
  * dst_step bytes apart in the output. */
 struct convert_job {
@@ -169,39 +112,30 @@ static void convert_rows(void *arg)
 			     j->src + r * j->src_step, j->width, j->neg);
 }
 
-static enum ckfs_code window_convert(const struct ckfs_model *m, uint32_t src,
-				     const struct window *w, struct convert_job *j,
-				     struct ckfs_error *err)
-{
-	j->src = w->p;
-	if (!w->map) {
-		convert_rows(j);
-		return CKFS_OK;
-	}
-	if (ckfs_guarded(convert_rows, j) == 0)
-		return CKFS_OK;
-	/* SIGBUS: the page is gone (the file shrank) or could not be read. */
-	const struct ckfs_source *s = &m->sources[src];
-	struct stat st;
-	if (fstat(s->fd, &st) == 0 && (uint64_t)st.st_size < s->size)
-		return ckfs_fail(err, CKFS_E_CHANGED, "'%s': file shrank while "
-				 "being read (was it truncated?)", s->path);
-	return ckfs_fail(err, CKFS_E_IO, "'%s': read failed (I/O error on a mapped "
-			 "page)", s->path);
-}
-
-/* Run j (its source bytes set here) over source bytes [pos, pos + len),
- * mapped when possible. */
+/*
+ * Windows of source bytes to convert from: each is pread into the
+ * thread's reused scratch buffer (READ_WINDOW, so it stays in L2) and
+ * converted from there. Mapping the window instead saves pread's copy but
+ * costs more than it saves: filling and tearing down the page tables of
+ * every 4 KiB page (MAP_POPULATE walks them twice) took 70% of the CPU of
+ * a mapped fp32 -> bf16 stream from the page cache, and the stream ran at
+ * 5.9 GB/s of input per core against 8.8 GB/s with pread
+ * (tests/bench/convert_floor.c, docs/benchmarks.md). A source truncated
+ * meanwhile gives a short pread: the read fails as changed, never with
+ * stale or zero bytes.
+ */
 static enum ckfs_code convert_from(const struct ckfs_model *m, uint32_t src, uint64_t pos,
 				   size_t len, struct ckfs_read_scratch *scratch,
 				   struct convert_job *j, struct ckfs_error *err)
 {
-	struct window w;
+	unsigned char *buf = scratch_get(scratch, len);
 
-	CKFS_TRY(window_open(m, src, pos, len, scratch, &w, err));
-	enum ckfs_code rc = window_convert(m, src, &w, j, err);
-	window_close(&w);
-	return rc;
+	if (!buf)
+		return ckfs_nomem(err);
+	CKFS_TRY(read_exact(m, src, buf, len, pos, err));
+	j->src = buf;
+	convert_rows(j);
+	return CKFS_OK;
 }
 
 /* Read `count` contiguous source elements at pos and convert into dst. */

@@ -20,9 +20,14 @@
 #   BENCH_MD     also write the table as markdown to this file
 #   BENCH_ONLY   a subset of the measurements, e.g. "read" while working
 #                on the read path: export (1), ready (2, with inspect), read
-#                (3), safe_open (4), from_pretrained (5); 6 comes with 3-5
-#                (default: all); "run" (not in the default) adds
-#                tests/bench/bench_run.sh, a 10- and 100-step run
+#                (3), safe_open (4), from_pretrained (5); 6 comes with 3-5;
+#                and the figures of separate scripts, each printing its own
+#                medians and ratios after the table (0.5b and 1.5b only):
+#                serving (bench_serving.sh), cold (bench_cold.sh), headline
+#                (bench_headline.sh, needs BENCH_VERL=1), lora
+#                (bench_lora.sh), fp8 (bench_fp8.sh, 0.5b), and run
+#                (bench_run.sh: 10- and 100-step hole-backed runs)
+#                (default: all)
 #   BENCH_VERL   0 skips verl's merger (it needs about 1.5x the fp32
 #                checkpoint in RAM: over 9 GB for 1.5b)
 #   BUILD_DIR    CMake build directory (default build); it is configured
@@ -39,7 +44,7 @@ RUNS=${RUNS:-3}
 BENCH_SIZES=${BENCH_SIZES:-0.5b 1.5b 7b 70b}
 CKFS_CACHE=${CKFS_CACHE:-1GiB}
 BENCH_VERL=${BENCH_VERL:-1}
-BENCH_ONLY=${BENCH_ONLY:-export ready read safe_open from_pretrained}
+BENCH_ONLY=${BENCH_ONLY:-export ready read safe_open from_pretrained serving cold headline lora fp8 run}
 BENCH_ONLY=${BENCH_ONLY//,/ }
 BUILD_DIR=${BUILD_DIR:-$ROOT/build}
 case $BUILD_DIR in /*) ;; *) BUILD_DIR=$ROOT/$BUILD_DIR ;; esac
@@ -256,6 +261,8 @@ bench_read() {
 	# The conversion floor: CPU time to turn the rank files into bf16 with
 	# ckfs's own loop and nothing else (tests/bench/convert_floor.c).
 	rec convert_floor_cpu "$("$CONV" "$CK"/model_world_size_*_rank_*.pt | cut -d' ' -f1)"
+	# The same from mapped windows (MAP_POPULATE), what ckfs did before.
+	rec convert_floor_mmap_cpu "$("$CONV" --mmap "$CK"/model_world_size_*_rank_*.pt | cut -d' ' -f1)"
 
 	[ "$IS_ROOT" = 1 ] || return 0
 	warm "$CK"/model_world_size_*_rank_*.pt
@@ -284,8 +291,6 @@ bench_loader() { # MODE PREFIX
 	ceil_umount
 }
 
-# A training run as one mount (tests/bench/bench_run.sh, which also runs alone).
-if only run; then TORCH_PYTHON=$TORCH_PYTHON CKFS_CACHE=256MiB "$ROOT/tests/bench/bench_run.sh" "$CKFS" >&2; fi
 declare -A READER_SEEN
 for S in $BENCH_SIZES; do
 	SIZE=$S
@@ -330,6 +335,21 @@ for S in $BENCH_SIZES; do
 	done
 done
 SIZE=all
-meta env "ckfs $("$CKFS" --version | cut -d' ' -f2), $(nproc) CPUs, $(awk '/MemTotal/ { printf "%.0f GiB RAM", $2 / 1048576 }' /proc/meminfo), kernel $(uname -r), libfuse $(pkg-config --modversion fuse3 2>/dev/null || echo '?'), root=$IS_ROOT, cache $CKFS_CACHE, $RUNS runs"
+meta env "ckfs $("$CKFS" --version | head -1 | cut -d' ' -f2), $(nproc) CPUs, $(awk '/MemTotal/ { printf "%.0f GiB RAM", $2 / 1048576 }' /proc/meminfo), kernel $(uname -r), libfuse $(pkg-config --modversion fuse3 2>/dev/null || echo '?'), root=$IS_ROOT, cache $CKFS_CACHE, $RUNS runs"
 
 "$TORCH_PYTHON" "$ROOT/tests/bench/bench_report.py" "$RESULTS" ${BENCH_MD:+--markdown "$BENCH_MD"}
+
+# The figures of separate scripts (each prints its own medians and ratios),
+# on the sizes with real bytes, with this run's settings.
+REAL_SIZES=$(for s in $BENCH_SIZES; do case $s in 0.5b | 1.5b) echo "$s" ;; esac; done | xargs)
+export CKFS BENCH_DIR RUNS CKFS_CACHE TORCH_PYTHON BENCH_SIZES=$REAL_SIZES PY=$TORCH_PYTHON
+if [ -n "$REAL_SIZES" ]; then
+	only serving && { echo; "$ROOT/tests/bench/bench_serving.sh"; }
+	only cold && { echo; "$ROOT/tests/bench/bench_cold.sh"; }
+	only headline && [ "$BENCH_VERL" = 1 ] && { echo; "$ROOT/tests/bench/bench_headline.sh"; }
+	only lora && { echo; "$ROOT/tests/bench/bench_lora.sh" "$CKFS"; }
+	only fp8 && { echo; "$ROOT/tests/bench/bench_fp8.sh" "$CKFS"; }
+fi
+# A training run as one mount: hole-backed steps of its own, any size.
+only run && { echo; CKFS_CACHE=256MiB "$ROOT/tests/bench/bench_run.sh" "$CKFS"; }
+true

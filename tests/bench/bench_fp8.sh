@@ -19,11 +19,14 @@ CKFS=${1:-$ROOT/build/ckfs}
 PY=${PY:-/root/.cache/ckfs/venv/bin/python}
 RUNS=${RUNS:-5}
 DIR=${BENCH_DIR:-/tmp/ckfs-bench}
-SRC=$DIR/qwen2.5-0.5b
+SRC=$DIR/qwen2.5-0.5b/ckpt # bench.sh's 0.5b checkpoint
 MNT=$DIR/mnt-fp8
-mkdir -p "$DIR" "$MNT"
-[ -f "$SRC/model_world_size_8_rank_7.pt" ] ||
-	"$PY" "$ROOT/tests/gen/make_bench_checkpoint.py" "$SRC" --shape qwen2.5-0.5b
+mkdir -p "$DIR/qwen2.5-0.5b" "$MNT"
+if [ ! -e "$SRC/.bench-complete" ]; then
+	rm -rf "$SRC.tmp"
+	"$PY" "$ROOT/tests/gen/make_bench_checkpoint.py" "$SRC.tmp" --shape qwen2.5-0.5b
+	mv "$SRC.tmp" "$SRC" && touch "$SRC/.bench-complete"
+fi
 cat "$SRC"/model_world_size_8_rank_*.pt >/dev/null # sources in the page cache
 
 . "$ROOT/tests/bench/first_read.sh"

@@ -173,6 +173,8 @@ def build(runs, meta):
               ("FUSE ceiling, first read", "ceil_cat1_cpu"), "xcpu")
         t.add(size, "3. conversion floor: fp32 -> bf16 of the rank files alone", "convert_floor_cpu",
               "cpu")
+        t.add(size, "3. the same from mapped windows (before)", "convert_floor_mmap_cpu", "cpu",
+              ("conversion floor (pread)", "convert_floor_cpu"), "xcpu")
         t.add_bound(size)
         t.add(size, "3. FUSE ceiling: second read", "ceil_cat2_s", "rate")
         t.add(size, "3. ckfs: second read (page cache)", "ckfs_cat2_s", "rate",

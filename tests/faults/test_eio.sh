@@ -14,14 +14,7 @@
 #    of model.safetensors fail with EIO, the daemon stays up, config.json
 #    still reads; disarmed, the whole file reads back equal to the export;
 #    SIGTERM ends the daemon with status 0.
-# 3. A mount whose rank file's mapped pages cannot be read while armed
-#    (CKFS_FAIL_MAP: the page faults raise SIGBUS, as a disk error on a
-#    mapped page does), read front to back in 4 KiB O_DIRECT reads over 4
-#    KiB slices, so that read-ahead workers fill most slices and meet the
-#    faults too: every read returns the right bytes or EIO, the daemon
-#    stays up (no thread of it blocks SIGBUS), one log line names the rank
-#    file and the mapped page; disarmed, the whole file reads back equal.
-# 4. A full disk: export into a tmpfs a little smaller than the export
+# 3. A full disk: export into a tmpfs a little smaller than the export
 #    fails with "No space left on device" naming the file, leaving the
 #    tmpfs empty.
 # Usage: test_eio.sh CKFS_BINARY FAILALLOC_SO   (exit 77: no /dev/fuse)
@@ -102,38 +95,6 @@ if [ -e /dev/fuse ] && command -v fusermount3 >/dev/null; then
 	wait "$pid" || fail "mount: daemon exit status $? after SIGTERM"
 	is_mounted "$MNT" && fail "mount: still mounted"
 	log "mount: EIO while armed, daemon alive, whole file equal after disarming"
-
-	# ---- mapped pages that cannot be read ----
-	MNT2=$WORK/mnt2
-	mkdir "$MNT2"
-	CKFS_FAIL_MAP=model_world_size_2_rank_1.pt CKFS_FAIL_IO_ARM=$WORK/armed2 \
-		CKFS_FAIL_REPORT=$WORK/maprep LD_PRELOAD=$SHIM \
-		start_foreground "$WORK/log2" "$WORK/notify2.sock" -o slice_size=4096 "$CK" "$MNT2"
-	pid=$FG_PID
-	touch "$WORK/armed2"
-	counts=$("$PY" "$HELPER" seqerr "$MNT2/model.safetensors" "$WORK/exp/model.safetensors") ||
-		fail "mapped: reads returned other bytes or errors than EIO"
-	kill -0 "$pid" 2>/dev/null || die "mapped: the daemon died (log: $(tail -3 "$WORK/log2"))"
-	grep -q '^map ' "$WORK/maprep" 2>/dev/null || fail "mapped: no mapping was made to fail"
-	case $counts in
-	"ok "[1-9]*" eio "[1-9]*) ;;
-	*) fail "mapped: expected reads that succeed and reads that fail, got '$counts'" ;;
-	esac
-	queued=$("$CKFS" stats --json "$MNT2" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["prefetch_queued"])')
-	[ "${queued:-0}" -gt 0 ] || fail "mapped: read-ahead never ran (prefetch_queued ${queued:-?})"
-	for t in /proc/"$pid"/task/*/status; do
-		blk=$(awk '/^SigBlk:/ { print $2 }' "$t")
-		[ $(( (0x$blk >> 6) & 1 )) = 0 ] || fail "mapped: daemon thread ${t%/status} blocks SIGBUS (SigBlk $blk)"
-	done
-	grep -q "'model.safetensors': read of .* failed (Input/output error): .*model_world_size_2_rank_1.pt': read failed (I/O error on a mapped page)" "$WORK/log2" ||
-		fail "mapped: no log line naming the rank file and the mapped page: $(head -3 "$WORK/log2")"
-	rm "$WORK/armed2"
-	cmp -s "$MNT2/model.safetensors" "$WORK/exp/model.safetensors" ||
-		fail "mapped: model.safetensors differs once disarmed"
-	kill -TERM "$pid"
-	wait "$pid" || fail "mapped: daemon exit status $? after SIGTERM"
-	is_mounted "$MNT2" && fail "mapped: still mounted"
-	log "mapped: pages of a rank file raising SIGBUS, 4 KiB reads front to back ($counts, $queued slices queued for read-ahead): daemon alive, whole file equal after disarming"
 else
 	log "SKIP: mount case (no /dev/fuse or fusermount3)"
 	SKIPPED=1

@@ -134,3 +134,45 @@ def test_mount_stream_recycles_and_counts_sources(tmp_path):
     assert n_slices > 2 * bound  # else the bound says nothing
     assert stats["slices_cached"] == stats["fills"] - stats["recycled"], stats
     assert stats["slices_cached"] <= bound, stats
+
+
+def test_mount_readahead_skips_slices_the_kernel_has(tmp_path):
+    """Two readers of one file, as tensor-parallel ranks are: A reads from the third slice to the
+    end, then B reads from the start. B's reads are sequential, so read-ahead opens a window over
+    the slices A already got; the kernel's page cache holds them (keep_cache: B reads them from
+    there), while the small cache has recycled them. Read-ahead must leave them alone: every
+    source byte is read once (source_bytes_read is twice the bf16 tensor bytes) and the skipped
+    slices are counted. Both readers see the export's bytes."""
+    config = {"name": "llama_tied_fsdp2_w4"}
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    page, slice_size = 4096, 8192
+    subprocess.run([ckfs_bin(), "mount", str(ckpt_dir(config)), str(mnt), "--dtype", "bf16",
+                    "--cache-size", "64KiB", "-o", f"slice_size={slice_size},readahead=4,threads=2"],
+                   check=True, timeout=120)
+
+    def read_from(start):
+        fd = os.open(mnt / "model.safetensors", os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            parts = []
+            while part := os.pread(fd, page, start + page * len(parts)):
+                parts.append(part)
+            return b"".join(parts)
+        finally:
+            os.close(fd)
+
+    try:
+        a = read_from(2 * slice_size)
+        b = read_from(0)
+        stats = json.loads(subprocess.run([ckfs_bin(), "stats", "--json", str(mnt)], check=True,
+                                          capture_output=True, text=True).stdout)
+    finally:
+        subprocess.run([ckfs_bin(), "umount", str(mnt)], capture_output=True, timeout=60)
+    run_ckfs("export", ckpt_dir(config), tmp_path / "out", "--dtype", "bf16")
+    want = (tmp_path / "out" / "model.safetensors").read_bytes()
+    assert len(want) > 16 * slice_size  # else the small cache would still hold A's first slices
+    assert b == want and a == want[2 * slice_size:]
+    tensor_bytes = len(want) - 8 - struct.unpack("<Q", want[:8])[0]
+    assert stats["source_bytes_read"] == 2 * tensor_bytes, stats
+    assert stats["readahead_skipped"] > 0, stats
