@@ -155,7 +155,7 @@ struct run_step *run_step_by_name(struct ckfs_run *run, const char *name)
 /* Free a step taken out of the table; its plans' LRU references go to
  * drop[] (room: its role count). */
 void run_step_free_locked(struct ckfs_run *run, struct run_step *s, struct run_plan **drop,
-			     size_t *n_drop)
+			  size_t *n_drop)
 {
 	for (size_t r = 0; r < s->n_roles; r++) {
 		struct run_role *role = &s->roles[r];
