@@ -14,7 +14,8 @@
  *
  * Files: session.c (mount life cycle: checks, build, mount, daemonize,
  * readiness, signals, loop, teardown), ll.c (the handlers), errno.c,
- * mountinfo.c (mount-point lookups shared with umount and stats).
+ * mountinfo.c (mount-point lookups shared with umount and stats); a whole
+ * run: run.h (run.c, run_ops.c, run_watch.c).
  */
 #ifndef CKFS_FUSE_FS_H
 #define CKFS_FUSE_FS_H
@@ -177,6 +178,22 @@ void ckfs_fs_release(struct ckfs_fs *fs);
 /* Mark the moment serving begins (baseline for source_bytes_read), and
  * plan the kernel readahead of the mount at mnt (see ckfs_mount_options). */
 void ckfs_fs_mark_ready(struct ckfs_fs *fs, const char *mnt);
+
+/* The modes shown for folder f (ll.c, also a run mount's plans): umask=
+ * as given, or carried from the sources for owner uid:gid. *modes (one
+ * per node, malloc'd) is the caller's to free, also on failure. */
+enum ckfs_code ckfs_fs_modes(const struct ckfs_mount_options *opt, uid_t uid, gid_t gid,
+			     const struct ckfs_folder *f, mode_t **modes, mode_t *root_mode,
+			     struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The attributes of node n of folder f (NULL: its top folder) shown as
+ * inode ino with permission bits mode, owned by uid:gid. */
+struct stat;
+void ckfs_fs_stat_node(const struct ckfs_folder *f, const struct ckfs_node *n, mode_t mode,
+		       uid_t uid, gid_t gid, uint64_t ino, struct stat *st);
+/* Answer a getxattr of value (len bytes) asked with size: size 0 gets
+ * size_hint, a smaller size ERANGE. */
+void ckfs_fs_reply_xattr(struct fuse_req *req, const char *value, size_t len, size_t size,
+			 size_t size_hint);
 
 /* The low-level operations table (ll.c). */
 struct fuse_lowlevel_ops;

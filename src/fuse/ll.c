@@ -122,26 +122,32 @@ static enum ckfs_code fill_slice(void *ctx, uint64_t file_id, uint64_t offset,
 
 /* The modes shown: umask= as given, or carried from the sources for the
  * owner shown. */
-static enum ckfs_code init_modes(struct ckfs_fs *fs, struct ckfs_error *err)
+enum ckfs_code ckfs_fs_modes(const struct ckfs_mount_options *opt, uid_t uid, gid_t gid,
+			     const struct ckfs_folder *f, mode_t **modes, mode_t *root_mode,
+			     struct ckfs_error *err)
 {
-	const struct ckfs_mount_options *opt = fs->opt;
-	const struct ckfs_folder *f = fs->folder;
 	struct ckfs_owner owner;
 	enum ckfs_code rc;
 
-	fs->node_modes = calloc(f->n_nodes ? f->n_nodes : 1, sizeof(*fs->node_modes));
-	if (!fs->node_modes)
+	*modes = calloc(f->n_nodes ? f->n_nodes : 1, sizeof(**modes));
+	if (!*modes)
 		return ckfs_nomem(err);
 	if (opt->has_umask) {
 		for (size_t i = 0; i < f->n_nodes; i++)
-			fs->node_modes[i] = 0444 & ~opt->umask;
-		fs->root_mode = 0555 & ~opt->umask;
+			(*modes)[i] = 0444 & ~opt->umask;
+		*root_mode = 0555 & ~opt->umask;
 		return CKFS_OK;
 	}
-	CKFS_TRY(ckfs_owner_init(&owner, fs->uid, fs->gid, err));
-	rc = ckfs_folder_modes(f, &owner, fs->node_modes, &fs->root_mode, err);
+	CKFS_TRY(ckfs_owner_init(&owner, uid, gid, err));
+	rc = ckfs_folder_modes(f, &owner, *modes, root_mode, err);
 	ckfs_owner_release(&owner);
 	return rc;
+}
+
+static enum ckfs_code init_modes(struct ckfs_fs *fs, struct ckfs_error *err)
+{
+	return ckfs_fs_modes(fs->opt, fs->uid, fs->gid, fs->folder, &fs->node_modes,
+			     &fs->root_mode, err);
 }
 
 /* With allow_other, say how many files others cannot read because their
@@ -325,34 +331,41 @@ static int ino_valid(const struct ckfs_fs *fs, fuse_ino_t ino)
 	return ino == FUSE_ROOT_ID || ino_node(fs, ino) != NULL;
 }
 
-static void fill_stat(const struct ckfs_fs *fs, fuse_ino_t ino, struct stat *st)
+void ckfs_fs_stat_node(const struct ckfs_folder *f, const struct ckfs_node *n, mode_t mode,
+		       uid_t uid, gid_t gid, uint64_t ino, struct stat *st)
 {
-	const struct ckfs_node *n = ino_node(fs, ino);
-
 	memset(st, 0, sizeof(*st));
 	st->st_ino = ino;
-	st->st_uid = fs->uid;
-	st->st_gid = fs->gid;
+	st->st_uid = uid;
+	st->st_gid = gid;
 	st->st_blksize = CKFS_BLKSIZE;
-	st->st_atim = fs->folder->mtime;
-	st->st_mtim = fs->folder->mtime;
-	st->st_ctim = fs->folder->mtime;
+	st->st_atim = f->mtime;
+	st->st_mtim = f->mtime;
+	st->st_ctim = f->mtime;
 	if (!n || n->kind == CKFS_NODE_DIR) {
-		const size_t *list = n ? n->children : fs->folder->top;
-		size_t n_list = n ? n->n_children : fs->folder->n_top;
-		st->st_mode = S_IFDIR | (n ? fs->node_modes[ino - 2] : fs->root_mode);
+		const size_t *list = n ? n->children : f->top;
+		size_t n_list = n ? n->n_children : f->n_top;
+		st->st_mode = S_IFDIR | mode;
 		st->st_nlink = 2; /* and one per folder inside: find(1) counts on it */
 		for (size_t i = 0; i < n_list; i++)
-			st->st_nlink += fs->folder->nodes[list[i]].kind == CKFS_NODE_DIR;
+			st->st_nlink += f->nodes[list[i]].kind == CKFS_NODE_DIR;
 		st->st_size = 4096;
 		st->st_blocks = 8;
 		return;
 	}
-	st->st_mode = S_IFREG | fs->node_modes[ino - 2];
+	st->st_mode = S_IFREG | mode;
 	st->st_nlink = 1;
 	st->st_size = (off_t)n->size;
 	/* Fully allocated: cp must not take the file for sparse. */
 	st->st_blocks = (blkcnt_t)((n->size + 511) / 512);
+}
+
+static void fill_stat(const struct ckfs_fs *fs, fuse_ino_t ino, struct stat *st)
+{
+	const struct ckfs_node *n = ino_node(fs, ino);
+
+	ckfs_fs_stat_node(fs->folder, n, n ? fs->node_modes[ino - 2] : fs->root_mode, fs->uid,
+			  fs->gid, ino, st);
 }
 
 /* The folder node of a directory inode: NULL for the root (*ok set), or
@@ -906,8 +919,8 @@ static size_t stats_json(struct ckfs_fs *fs, char *out, size_t cap)
 	return pos < cap ? pos : cap - 1;
 }
 
-static void reply_xattr_value(fuse_req_t req, const char *value, size_t len,
-			      size_t size, size_t size_hint)
+void ckfs_fs_reply_xattr(fuse_req_t req, const char *value, size_t len, size_t size,
+			 size_t size_hint)
 {
 	if (size == 0)
 		fuse_reply_xattr(req, size_hint);
@@ -938,13 +951,13 @@ static void ckfs_ll_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 		size_t len = stats_json(fs, buf, STATS_MAX);
 		/* The size query answers an upper bound: counters move between
 		 * the query and the read. */
-		reply_xattr_value(req, buf, len, size, STATS_MAX);
+		ckfs_fs_reply_xattr(req, buf, len, size, STATS_MAX);
 		free(buf);
 		return;
 	}
 	if (ino == FUSE_ROOT_ID && strcmp(name, CKFS_SOURCE_XATTR) == 0) {
 		size_t len = strlen(fs->opt->src);
-		reply_xattr_value(req, fs->opt->src, len, size, len);
+		ckfs_fs_reply_xattr(req, fs->opt->src, len, size, len);
 		return;
 	}
 	fuse_reply_err(req, ENODATA);

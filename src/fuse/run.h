@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * A training run, or one of its steps, served as one mount (src/fuse/run.c;
- * private to src/fuse and src/cli/mount.c through session.c).
+ * A training run, or one of its steps, served as one mount (src/fuse/run.c,
+ * run_ops.c, run_watch.c, sharing run_int.h; private to src/fuse and
+ * src/cli/mount.c through session.c).
  */
 #ifndef CKFS_FUSE_RUN_H
 #define CKFS_FUSE_RUN_H
