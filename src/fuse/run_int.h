@@ -107,7 +107,6 @@ struct ckfs_run {
 	pthread_t watcher;
 	bool watching;
 	long pending_s;                     /* no tracker: re-check in this long */
-	char scan_error[1100];
 };
 
 /* ---- run.c: plans and the step table (each described where defined) ---- */
