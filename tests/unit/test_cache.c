@@ -4,7 +4,8 @@
  * protocol in include/ckfs/cache.h: miss, fill, hit, tail slices, LRU
  * eviction under the budget, pinned slices surviving it, failed fills
  * reaching every waiter and retried, one fill for many concurrent gets,
- * read-ahead and its bounded queue, ckfs_cache_read, buffers of served
+ * read-ahead and its bounded queue, read-ahead workers' signal masks,
+ * ckfs_cache_read, buffers of served
  * slices recycled, and the counters.
  * The fill callback writes a pattern that depends on (file id, offset), so
  * every byte checked also checks that it came from the right place.
@@ -725,6 +726,61 @@ static void test_prefetch_error(void)
 	done(c, &f);
 }
 
+/* Fills on read-ahead workers that record the worker's signal mask. */
+struct mask_ctx {
+	atomic_int right;  /* fault signals unblocked, SIGTERM blocked */
+	atomic_int wrong;
+};
+
+static enum ckfs_code mask_fill(void *ctx, uint64_t file_id, uint64_t offset,
+				size_t len, void *buf, struct ckfs_error *err)
+{
+	static const int faults[] = { SIGBUS, SIGSEGV, SIGFPE, SIGILL };
+	struct mask_ctx *m = ctx;
+	sigset_t mask;
+	bool ok;
+
+	(void)file_id;
+	(void)offset;
+	(void)err;
+	memset(buf, 0, len);
+	pthread_sigmask(SIG_SETMASK, NULL, &mask);
+	ok = sigismember(&mask, SIGTERM) == 1;
+	for (size_t i = 0; i < sizeof(faults) / sizeof(faults[0]); i++)
+		ok = ok && sigismember(&mask, faults[i]) == 0;
+	atomic_fetch_add(ok ? &m->right : &m->wrong, 1);
+	return CKFS_OK;
+}
+
+/* Read-ahead workers block the asynchronous signals (the process handles
+ * them elsewhere) but never the fault signals: a fault on a thread that
+ * blocks it kills the process without running any handler. The cache is
+ * made by a thread that blocks every signal, so workers that inherited
+ * its mask fail. */
+static void test_prefetch_signals(void)
+{
+	struct mask_ctx m = { 0 };
+	struct ckfs_cache_options opt = { .slice_size = SS, .budget_bytes = 16 * SS,
+					  .prefetch_threads = 2, .prefetch_queue = 8 };
+	struct ckfs_cache *c = NULL;
+	struct ckfs_error err;
+	sigset_t all, old;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	ckfs_error_clear(&err);
+	CHECK_EQ_INT(ckfs_cache_new(&opt, mask_fill, &m, &c, &err), CKFS_OK);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (!c)
+		return;
+	for (uint64_t i = 0; i < 4; i++)
+		ckfs_cache_prefetch(c, 11, i, SS);
+	CHECK(WAIT_UNTIL(atomic_load(&m.right) + atomic_load(&m.wrong) == 4));
+	CHECK_EQ_INT(atomic_load(&m.wrong), 0);
+	CHECK_EQ_INT(atomic_load(&m.right), 4);
+	ckfs_cache_free(c);
+}
+
 /* Waits until the single worker of c has handled every request queued
  * so far: one more is queued behind them, and got once its fill started
  * (the get waits for that fill, it does not start another). */
@@ -1012,6 +1068,7 @@ int main(void)
 	RUN(test_prefetch);
 	RUN(test_prefetch_queue_full);
 	RUN(test_prefetch_error);
+	RUN(test_prefetch_signals);
 	RUN(test_prefetch_stale);
 	RUN(test_prefetch_stale_failed);
 	RUN(test_free_drops_queue);
