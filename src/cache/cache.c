@@ -835,8 +835,8 @@ static void stop_workers(struct ckfs_cache *c)
 /* Workers take no asynchronous signals: the process's handlers run on
  * its own threads (the FUSE session's). Faults stay unblocked: the kernel
  * delivers them to the faulting thread whatever its mask, and when they
- * are blocked it kills the process instead of running the handler (the
- * SIGBUS of a source truncated under a mapped read, include/ckfs/guard.h). */
+ * are blocked it kills the process without running a handler installed
+ * for them (a sanitizer's report, say). */
 static enum ckfs_code start_workers(struct ckfs_cache *c, int n,
 				    struct ckfs_error *err)
 {

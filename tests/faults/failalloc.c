@@ -14,15 +14,10 @@
  *   CKFS_FAIL_IO_AFTER=K   ... after the first K such reads succeeded
  *                          (default 0); mmap of such a file fails
  *                          (ENODEV), so reads take the pread path
- *   CKFS_FAIL_MAP=PATTERN  mappings of a file whose path contains PATTERN
- *                          are made over an empty file instead, so the
- *                          first touch of a page raises SIGBUS, as a disk
- *                          error on a mapped page does (the file itself is
- *                          unchanged)
- *   CKFS_FAIL_IO_ARM=PATH  read and map faults only while PATH exists (a
- *                          test arms and disarms a running daemon)
- *   CKFS_FAIL_REPORT=PATH  when a fault is injected, "alloc N\n", "io PATH\n"
- *                          or "map PATH\n" is appended to PATH, so a sweep knows
+ *   CKFS_FAIL_IO_ARM=PATH  read faults only while PATH exists (a test arms
+ *                          and disarms a running daemon)
+ *   CKFS_FAIL_REPORT=PATH  when a fault is injected, "alloc N\n" or
+ *                          "io PATH\n" is appended to PATH, so a sweep knows
  *                          whether its fault was reached; at exit, with
  *                          CKFS_FAIL_ALLOC set, "count N" (allocations made)
  *
@@ -71,7 +66,6 @@ static atomic_long alloc_count;
 static long fail_at = -1;
 static int fail_after_mode;
 static const char *io_pattern;
-static const char *map_pattern;
 static long io_after;
 static const char *io_arm;
 static atomic_long io_count;
@@ -141,9 +135,6 @@ __attribute__((constructor)) static void init(void)
 		io_pattern = NULL;
 	const char *k = getenv("CKFS_FAIL_IO_AFTER");
 	io_after = k ? strtol(k, NULL, 10) : 0;
-	map_pattern = getenv("CKFS_FAIL_MAP");
-	if (map_pattern && !*map_pattern)
-		map_pattern = NULL;
 	report_path = getenv("CKFS_FAIL_REPORT");
 	io_arm = getenv("CKFS_FAIL_IO_ARM");
 }
@@ -291,24 +282,19 @@ void *aligned_alloc(size_t align, size_t n)
 
 /* ---- reads ---- */
 
-static int fd_matches_pattern(int fd, const char *pattern, char *path, size_t size)
+static int fd_matches(int fd, char *path, size_t size)
 {
 	char link[64];
 	ssize_t n;
 
-	if (!pattern || fd < 0)
+	if (!io_pattern || fd < 0)
 		return 0;
 	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
 	n = readlink(link, path, size - 1);
 	if (n <= 0)
 		return 0;
 	path[n] = '\0';
-	return strstr(path, pattern) != NULL;
-}
-
-static int fd_matches(int fd, char *path, size_t size)
-{
-	return fd_matches_pattern(fd, io_pattern, path, size);
+	return strstr(path, io_pattern) != NULL;
 }
 
 static int armed(void)
@@ -359,12 +345,8 @@ ssize_t preadv(int fd, const struct iovec *iov, int cnt, off_t off)
 
 /* ---- mappings ---- */
 
-/* Mappings of a CKFS_FAIL_IO file are refused (ENODEV), so the reader
- * falls back to pread, where read errors are injected. Mappings of a
- * CKFS_FAIL_MAP file succeed, but the pages are then replaced by those of
- * an empty file (MAP_FIXED over the same range): every touch raises a real
- * SIGBUS from the kernel, which is how a mapped page that cannot be read
- * (a disk error, a truncation) reaches the reader. */
+/* Mappings of a CKFS_FAIL_IO file are refused (ENODEV), so a reader
+ * that maps falls back to pread, where read errors are injected. */
 static void *map_or_fail(void *(*real)(void *, size_t, int, int, int, off_t),
 			 void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
@@ -374,22 +356,7 @@ static void *map_or_fail(void *(*real)(void *, size_t, int, int, int, off_t),
 		errno = ENODEV;
 		return MAP_FAILED;
 	}
-	void *p = real(addr, len, prot, flags, fd, off);
-	if (p == MAP_FAILED || !fd_matches_pattern(fd, map_pattern, path, sizeof(path)) ||
-	    !armed())
-		return p;
-	int empty = memfd_create("ckfs-failmap", MFD_CLOEXEC);
-	if (empty < 0)
-		return p;
-	void *q = real(p, len, prot, (flags & ~MAP_POPULATE) | MAP_FIXED, empty, 0);
-	close(empty);
-	if (q == MAP_FAILED) {
-		munmap(p, len);
-		errno = ENOMEM;
-		return MAP_FAILED;
-	}
-	report("map", path);
-	return q;
+	return real(addr, len, prot, flags, fd, off);
 }
 
 void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
