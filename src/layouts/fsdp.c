@@ -821,13 +821,10 @@ static enum ckfs_code read_ranks(struct build *b, struct ckfs_error *err)
 }
 
 /* Copy a chunk list into m's arena (n + 1 entries, never NULL). */
-static struct ckfs_chunk *arena_chunks(struct ckfs_model *m, const struct ckfs_chunk_list *l)
+static struct ckfs_chunk *arena_chunks(struct ckfs_model *m, const struct ckfs_chunk_list *l,
+				       int ndim)
 {
-	struct ckfs_chunk *v = ckfs_arena_calloc(&m->arena, l->n + 1, sizeof(*v));
-
-	if (v && l->n)
-		memcpy(v, l->v, l->n * sizeof(*v));
-	return v;
+	return ckfs_model_chunks(m, l->v, l->n, ndim);
 }
 
 /* Output tensor t from key i's accumulated chunks. */
@@ -860,9 +857,9 @@ static enum ckfs_code make_tensor(struct build *b, size_t i, struct ckfs_tensor 
 				 "data)", t->name);
 	t->placement = describe_placement(m, e);
 	t->n_chunks = (uint32_t)a->chunks.n;
-	t->chunks = arena_chunks(m, &a->chunks);
+	t->chunks = arena_chunks(m, &a->chunks, t->ndim);
 	t->n_copies = (uint32_t)a->copies.n;
-	t->copies = a->copies.n ? arena_chunks(m, &a->copies) : NULL;
+	t->copies = a->copies.n ? arena_chunks(m, &a->copies, t->ndim) : NULL;
 	if (!t->chunks || !t->placement || (a->copies.n && !t->copies))
 		return ckfs_nomem(err);
 	if (ckfs_plan_validate_tensor(m, t, err) != CKFS_OK) {

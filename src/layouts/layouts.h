@@ -41,12 +41,12 @@ enum ckfs_code ckfs_model_load_config_from(struct ckfs_model *m, const char *hf,
 /* ---- placement.c ---- */
 
 struct ckfs_chunk_list {
-	struct ckfs_chunk *v;
+	struct ckfs_chunk_spec *v;
 	size_t n, cap;
 };
 
 /* Append a copy of c (out->v grows as needed; the caller frees it). */
-enum ckfs_code ckfs_chunk_list_push(struct ckfs_chunk_list *out, const struct ckfs_chunk *c,
+enum ckfs_code ckfs_chunk_list_push(struct ckfs_chunk_list *out, const struct ckfs_chunk_spec *c,
 				    struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /*

@@ -19,12 +19,12 @@
 #define MAX_CHUNKS_PER_ENTRY 4096 /* _StridedShard products stay tiny */
 #define MAX_PIECES 64             /* intervals per dim */
 
-enum ckfs_code ckfs_chunk_list_push(struct ckfs_chunk_list *a, const struct ckfs_chunk *c,
+enum ckfs_code ckfs_chunk_list_push(struct ckfs_chunk_list *a, const struct ckfs_chunk_spec *c,
 				    struct ckfs_error *err)
 {
 	if (a->n == a->cap) {
 		size_t cap = a->cap ? a->cap * 2 : 4;
-		struct ckfs_chunk *p = realloc(a->v, cap * sizeof(*p));
+		struct ckfs_chunk_spec *p = realloc(a->v, cap * sizeof(*p));
 		if (!p)
 			return ckfs_nomem(err);
 		a->v = p;
@@ -139,7 +139,7 @@ static enum ckfs_code chunks_from_view(const struct ckfs_sd_entry *e,
 					 "tensor '%s': too many shard pieces", e->key);
 	}
 	for (size_t t = 0; t < total; t++) {
-		struct ckfs_chunk c = { .source = source, .rank = rank,
+		struct ckfs_chunk_spec c = { .source = source, .rank = rank,
 					.dtype = v->dtype, .neg = v->neg };
 		uint64_t local = (uint64_t)v->storage_offset;
 		int empty = 0;
@@ -235,7 +235,7 @@ enum ckfs_code ckfs_chunks_box(struct ckfs_chunk_list *out, const struct ckfs_te
 
 	for (uint32_t i = 0; i < r->n_chunks; i++) {
 		const struct ckfs_chunk *c = &r->chunks[i];
-		struct ckfs_chunk x = *c;
+		struct ckfs_chunk_spec x;
 		int64_t a[CKFS_MAX_DIMS], b[CKFS_MAX_DIMS];
 		int empty = 0;
 		uint64_t skip = 0;
@@ -250,6 +250,7 @@ enum ckfs_code ckfs_chunks_box(struct ckfs_chunk_list *out, const struct ckfs_te
 			continue;
 		for (int k = 0; k < r->ndim; k++)
 			skip += (uint64_t)(a[k] - c->offset[k]) * (uint64_t)c->stride[k];
+		ckfs_chunk_unpack(c, r->ndim, &x);
 		x.pos = c->pos + skip * esz; /* inside the validated raw chunk */
 		int s = ndrop;
 		for (int k = s; k < r->ndim; k++) {

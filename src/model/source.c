@@ -124,6 +124,7 @@ void ckfs_model_free(struct ckfs_model *m)
 		pthread_mutex_destroy(&m->fp8_kept->lock);
 	}
 	ckfs_model_free(m->base);
+	ckfs_model_dims_release(m);
 	ckfs_arena_release(&m->arena);
 	free(m);
 }
