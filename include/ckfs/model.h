@@ -234,7 +234,31 @@ struct ckfs_model {
 	size_t n_warnings;
 	/* Interned dim vectors of the chunks (src/model/dims.c). */
 	struct ckfs_dims *dims;
+	/* Sources still being checked by a thread (src/model/checks.c);
+	 * NULL when every check ran at open. */
+	struct ckfs_checks *checks;
 };
+
+/*
+ * Deferred checks (checks.c): run(ctx, stop, err) in a thread started now;
+ * it checks what the plan was not built from and completes the plan (file
+ * positions) before it returns, and returns early with any code when
+ * *stop is set (the model is being freed). free_ctx(ctx) is called when
+ * the model is freed (or now, on failure). Until run has returned CKFS_OK
+ * no tensor byte may be served: readers call ckfs_model_checked first.
+ */
+typedef enum ckfs_code (*ckfs_checks_fn)(void *ctx, _Atomic bool *stop,
+					  struct ckfs_error *err);
+enum ckfs_code ckfs_checks_start(struct ckfs_model *m, ckfs_checks_fn run, void *ctx,
+				 void (*free_ctx)(void *ctx),
+				 struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* CKFS_OK once the deferred checks (if any) have passed, waiting for them
+ * if they are running; their failure (the same message every time)
+ * after they failed. */
+enum ckfs_code ckfs_model_checked(const struct ckfs_model *m,
+				  struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* Stop and join the checks' thread (ckfs_model_free). */
+void ckfs_checks_free(struct ckfs_model *m);
 
 /* Close the sources and free everything of m (made by ckfs_model_open,
  * include/ckfs/layouts.h). */

@@ -345,6 +345,8 @@ enum ckfs_code ckfs_st_file_read(const struct ckfs_model *m,
 	}
 	if (off >= end)
 		return CKFS_OK;
+	/* Tensor bytes only once every source has been checked. */
+	CKFS_TRY(ckfs_model_checked(m, err));
 	/* First tensor whose data ends after off. */
 	size_t lo = 0, hi = f->n_tensors;
 	while (lo < hi) {

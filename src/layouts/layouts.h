@@ -60,6 +60,18 @@ enum ckfs_code ckfs_entry_chunks(const struct ckfs_sd_entry *e, const int64_t *c
 				 uint32_t source, int rank, struct ckfs_chunk_list *out,
 				 struct ckfs_error *err) CKFS_WARN_UNUSED;
 
+/*
+ * The chunks mesh coordinate coord would contribute for the key of e (a
+ * DTensor or a plain tensor of another rank, rank 0's here), foreseen
+ * from e's global shape and placements: the same blocks (shape, global
+ * offset) as ckfs_entry_chunks gives for that rank's own entry when it
+ * agrees with e, with row-major strides and file positions from 0 that
+ * the rank's own file replaces. ShardedTensors are refused.
+ */
+enum ckfs_code ckfs_entry_predict(const struct ckfs_sd_entry *e, const int64_t *coord,
+				  uint32_t source, int rank, struct ckfs_chunk_list *out,
+				  struct ckfs_error *err) CKFS_WARN_UNUSED;
+
 /* ---- flat.c: tensors packed end to end in flat 1-D buffers ---- */
 
 /* A stretch of a flat buffer one source holds contiguously: len elements
