@@ -36,6 +36,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <pthread.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdatomic.h>
 #include <unistd.h>
 
@@ -1215,9 +1218,13 @@ static enum ckfs_code check_positions(void *ctx, _Atomic bool *stop, struct ckfs
 		*err = rp->fail_err;
 		return err->code;
 	}
-	/* Done: what only the checks needed goes now. */
+	/* Done: what only the checks needed goes now, and the memory the
+	 * parsed rank files used goes back to the system. */
 	free(rp->start);
 	rp->start = NULL;
+#ifdef __GLIBC__
+	malloc_trim(0);
+#endif
 	return CKFS_OK;
 }
 
