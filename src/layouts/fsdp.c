@@ -895,6 +895,9 @@ struct rank_plan {
 	struct acc *accs;         /* borrowed from the build until it ends */
 	struct ckfs_chunk **chunks, **copies; /* per key, m's arena */
 	uint32_t *start;          /* per key, world + 1: see plan_key */
+	uint32_t *lo, *hi;        /* per key: ranks 1.. blocks in chunks or copies */
+	_Atomic bool irregular;   /* a rank's strides or neg bits differ from
+				   * the foreseen: no plan cache record */
 	long *ranks;
 	int64_t (*coords)[CKFS_MAX_DIMS];
 	pthread_mutex_t lock;     /* interning into m (ckfs_model_dims) */
@@ -915,6 +918,8 @@ static void rank_plan_free(void *p)
 	free(rp->chunks);
 	free(rp->copies);
 	free(rp->start);
+	free(rp->lo);
+	free(rp->hi);
 	free(rp->ranks);
 	free(rp->coords);
 	pthread_mutex_destroy(&rp->lock);
@@ -982,6 +987,8 @@ static enum ckfs_code plan_key(struct rank_plan *rp, const struct ckfs_sd_entry 
 					    (int)rp->ranks[p], l, err));
 	}
 	start[rp->world] = (uint32_t)(plain ? pl->n : cl->n);
+	rp->lo[k] = start[1];
+	rp->hi[k] = start[rp->world];
 	if (cl->n > UINT32_MAX || pl->n > UINT32_MAX)
 		return ckfs_fail(err, CKFS_E_LIMIT, "tensor '%s': too many pieces", e->key);
 	a->packed = ckfs_model_chunks(m, cl->v, cl->n, ndim);
@@ -1055,10 +1062,12 @@ static enum ckfs_code plan_build(struct build *b, struct rank_plan **out, struct
 	rp->chunks = calloc(n, sizeof(*rp->chunks));
 	rp->copies = calloc(n, sizeof(*rp->copies));
 	rp->start = calloc(n * (w + 1), sizeof(*rp->start));
+	rp->lo = calloc(n + 1, sizeof(*rp->lo));
+	rp->hi = calloc(n + 1, sizeof(*rp->hi));
 	rp->ranks = malloc(w * sizeof(*rp->ranks));
 	rp->coords = malloc(w * sizeof(*rp->coords));
 	if (!rp->keys || !rp->x || !rp->order || !rp->chunks || !rp->copies || !rp->start ||
-	    !rp->ranks || !rp->coords) {
+	    !rp->ranks || !rp->coords || !rp->lo || !rp->hi) {
 		rank_plan_free(rp);
 		return ckfs_nomem(err);
 	}
@@ -1144,8 +1153,11 @@ static enum ckfs_code check_position(struct rank_plan *rp, size_t p, struct ckfs
 			struct ckfs_chunk *c = &dst[a + j];
 			c->pos = got.v[j].pos;
 			c->neg = got.v[j].neg;
+			if (c->neg)
+				atomic_store(&rp->irregular, true);
 			if (memcmp(got.v[j].stride, c->stride, sizeof(int64_t) * nd) == 0)
 				continue;
+			atomic_store(&rp->irregular, true);
 			pthread_mutex_lock(&rp->lock);
 			c->stride = ckfs_model_dims(m, got.v[j].stride, nd);
 			pthread_mutex_unlock(&rp->lock);
@@ -1193,6 +1205,56 @@ static void *check_worker(void *arg)
 	return NULL;
 }
 
+/* The plan cache's record: the file position of every block of ranks
+ * 1 .. world-1, key by key in rank order (store: from the chunks into v;
+ * else from v into the chunks). Its length with v NULL. */
+#define PLAN_CACHE_KIND "verl FSDP: file positions of the blocks of ranks 1 and up"
+static size_t plan_positions(struct rank_plan *rp, uint64_t *v, bool store)
+{
+	size_t n = 0;
+
+	for (size_t k = 0; k < rp->n_keys; k++) {
+		struct ckfs_chunk *dst = rp->x[k].kind == CKFS_ENTRY_TENSOR ? rp->copies[k]
+									 : rp->chunks[k];
+		for (uint32_t j = rp->lo[k]; j < rp->hi[k]; j++, n++) {
+			if (!v)
+				continue;
+			if (store)
+				v[n] = dst[j].pos;
+			else
+				dst[j].pos = v[n];
+		}
+	}
+	return n;
+}
+
+/* Positions from the plan cache when it holds these very files: then
+ * the checks ran on them before and need not run again. */
+static bool plan_from_cache(struct rank_plan *rp)
+{
+	size_t n = plan_positions(rp, NULL, false);
+	uint64_t *v = malloc((n + 1) * sizeof(*v));
+	bool hit = v && ckfs_plan_cache_load(rp->m, PLAN_CACHE_KIND, v, n);
+
+	if (hit)
+		plan_positions(rp, v, false);
+	free(v);
+	return hit;
+}
+
+static void plan_to_cache(struct rank_plan *rp)
+{
+	size_t n = plan_positions(rp, NULL, true);
+	uint64_t *v = malloc((n + 1) * sizeof(*v));
+
+	if (!v || atomic_load(&rp->irregular))
+		goto out;
+	plan_positions(rp, v, true);
+	ckfs_plan_cache_store(rp->m, PLAN_CACHE_KIND, v, n);
+out:
+	free(v);
+}
+
 /* Check positions 1 .. world-1 on up to RANK_CHECK_THREADS threads. */
 static enum ckfs_code check_positions(void *ctx, _Atomic bool *stop, struct ckfs_error *err)
 {
@@ -1218,6 +1280,7 @@ static enum ckfs_code check_positions(void *ctx, _Atomic bool *stop, struct ckfs
 		*err = rp->fail_err;
 		return err->code;
 	}
+	plan_to_cache(rp);
 	/* Done: what only the checks needed goes now, and the memory the
 	 * parsed rank files used goes back to the system. */
 	free(rp->start);
@@ -1350,8 +1413,9 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 		bool defer = false;
 		if (plan_eligible(&b)) {
 			rc = plan_build(&b, &rp, err);
-			defer = rc == CKFS_OK && plan_defer(&b, rp);
-			if (rc == CKFS_OK && !defer)
+			bool cached = rc == CKFS_OK && plan_from_cache(rp);
+			defer = rc == CKFS_OK && !cached && plan_defer(&b, rp);
+			if (rc == CKFS_OK && !cached && !defer)
 				rc = check_positions(rp, NULL, err);
 		} else {
 			rc = read_ranks(&b, err);

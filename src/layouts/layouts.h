@@ -72,6 +72,19 @@ enum ckfs_code ckfs_entry_predict(const struct ckfs_sd_entry *e, const int64_t *
 				  uint32_t source, int rank, struct ckfs_chunk_list *out,
 				  struct ckfs_error *err) CKFS_WARN_UNUSED;
 
+/* ---- plan_cache.c ---- */
+
+/*
+ * What checking m's sources found (n values of a layout's own meaning,
+ * under `kind`), kept on disk under the identity of all of m's sources
+ * (name, device, inode, size, mtime, ctime). load fills v and returns
+ * true only when a record of exactly these sources and n values exists;
+ * store writes one (failures are silent: a cache, not a promise).
+ */
+bool ckfs_plan_cache_load(const struct ckfs_model *m, const char *kind, uint64_t *v, size_t n);
+void ckfs_plan_cache_store(const struct ckfs_model *m, const char *kind, const uint64_t *v,
+			   size_t n);
+
 /* ---- flat.c: tensors packed end to end in flat 1-D buffers ---- */
 
 /* A stretch of a flat buffer one source holds contiguously: len elements
