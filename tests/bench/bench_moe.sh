@@ -20,15 +20,17 @@
 #                after the checks (once the header was read) and its peak
 #   ls -l        of the fresh mount (95 shards and the index)
 #
-# BASE_CKFS=path/to/another/ckfs adds its figures side by side (the same
-# runs; "before" in docs/benchmarks.md is the main branch's binary).
+# BASE_CKFS=path/to/another/ckfs adds its figures side by side (the first
+# BASE_RUNS runs, default 1: "before" in docs/benchmarks.md is the main
+# branch's binary, which takes minutes a run).
 #
-#   tests/bench/bench_moe.sh [CKFS]   (env: RUNS=3, BENCH_DIR, BASE_CKFS)
+#   tests/bench/bench_moe.sh [CKFS]   (env: RUNS=3, BENCH_DIR, BASE_CKFS, BASE_RUNS)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 CKFS=${1:-$ROOT/build/ckfs}
 PY=${PY:-/root/.cache/ckfs/venv/bin/python}
 RUNS=${RUNS:-3}
+BASE_RUNS=${BASE_RUNS:-1} # the baseline takes minutes a run
 DIR=${BENCH_DIR:-/tmp/ckfs-bench}
 CK=$DIR/qwen3-235b/ckpt
 MNT=$DIR/mnt-moe
@@ -101,7 +103,10 @@ for run in $(seq "$RUNS"); do
 	say "run $run/$RUNS"
 	for who in ckfs ${BASE_CKFS:+base}; do
 		bin=$CKFS
-		[ "$who" = base ] && bin=$BASE_CKFS
+		if [ "$who" = base ]; then
+			[ "$run" -le "$BASE_RUNS" ] || continue
+			bin=$BASE_CKFS
+		fi
 		rm -rf "$PLANS"
 		export CKFS_PLAN_CACHE=$PLANS
 		mount_ready "$who" "$bin" cold
@@ -114,7 +119,7 @@ for run in $(seq "$RUNS"); do
 		inspect "$who" "$bin" cached
 	done
 done
-[ -z "${BASE_CKFS:-}" ] || for run in $(seq "$RUNS"); do inspect base "$BASE_CKFS" cold; done
+[ -z "${BASE_CKFS:-}" ] || for run in $(seq "$BASE_RUNS"); do inspect base "$BASE_CKFS" cold; done
 
 median() { # WHO KEY
 	awk -v w="$1" -v k="$2" '$1 == w && $2 == k { print $3 }' "$OUT" | sort -g |
