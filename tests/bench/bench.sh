@@ -330,3 +330,4 @@ SIZE=all
 meta env "ckfs $("$CKFS" --version | cut -d' ' -f2), $(nproc) CPUs, $(awk '/MemTotal/ { printf "%.0f GiB RAM", $2 / 1048576 }' /proc/meminfo), kernel $(uname -r), libfuse $(pkg-config --modversion fuse3 2>/dev/null || echo '?'), root=$IS_ROOT, cache $CKFS_CACHE, $RUNS runs"
 
 "$TORCH_PYTHON" "$ROOT/tests/bench/bench_report.py" "$RESULTS" ${BENCH_MD:+--markdown "$BENCH_MD"}
+if only moe; then "$ROOT/tests/bench/bench_moe.sh" "$CKFS"; fi # BENCH_ONLY=moe: the 235B MoE metadata figures (bench_moe.sh)
