@@ -1449,5 +1449,8 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 	free(b.coords);
 	rank_scan_release(&b.rs);
 	ckfs_torch_close(&b.first);
+#ifdef __GLIBC__
+	malloc_trim(0); /* rank 0's parse (tens of MB for a large actor) */
+#endif
 	return rc;
 }
