@@ -12,7 +12,10 @@
  * rank 0's (kind, dtype, shapes, mesh, placements, mesh coordinate). The
  * device mesh comes from the first DTensor of rank 0; placement.c turns
  * each rank's entries into chunks, and a copy along a Replicate() mesh
- * dim (HSDP's "ddp") contributes none. A plain tensor is served from rank
+ * dim (HSDP's "ddp") contributes none. FSDP2 actors take the fast path
+ * (rank_plan below): the plan from rank 0 alone, the other ranks checked
+ * on threads, at open or, for a mount, after it (-o rank_checks), with
+ * their file positions kept in the plan cache (plan_cache.c). A plain tensor is served from rank
  * 0, as verl does since it stopped concatenating them; the other ranks'
  * copies must have its shape and dtype and are kept for ckfs verify,
  * which compares their values as verl's merger does. The finished plan is
@@ -953,10 +956,8 @@ static bool plan_eligible(const struct build *b)
 		return false;
 	for (size_t i = 0; i < b->n_keys; i++) {
 		const struct ckfs_sd_entry *e = &b->first.entries[i];
-		size_t n = strlen(e->key);
 		if (e->kind == CKFS_ENTRY_SHARDED || e->local.dtype == CKFS_DTYPE_INVALID ||
 		    strstr(e->key, "lora_") || strncmp(e->key, "base_model.", 11) == 0 ||
-		    (n >= 13 && strcmp(e->key + n - 13, "experts.w1_w3") == 0) ||
 		    strstr(e->key, "experts.gate_up_proj") || strstr(e->key, "experts.down_proj"))
 			return false;
 	}
