@@ -20,9 +20,11 @@
 #                after the checks (once the header was read) and its peak
 #   ls -l        of the fresh mount (95 shards and the index)
 #
-# BASE_CKFS=path/to/another/ckfs adds its figures side by side (the first
-# BASE_RUNS runs, default 1: "before" in docs/benchmarks.md is the main
-# branch's binary, which takes minutes a run).
+# BASE_CKFS=path/to/another/ckfs adds its figures side by side, measured
+# in the same runs, interleaved ("before" in docs/benchmarks.md is the main
+# branch's binary). CPU-seconds (the daemon's until the header was read;
+# inspect's user + system) are given beside wall times: on a shared
+# machine they move less.
 #
 #   tests/bench/bench_moe.sh [CKFS]   (env: RUNS=3, BENCH_DIR, BASE_CKFS, BASE_RUNS)
 set -euo pipefail
@@ -30,7 +32,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 CKFS=${1:-$ROOT/build/ckfs}
 PY=${PY:-/root/.cache/ckfs/venv/bin/python}
 RUNS=${RUNS:-3}
-BASE_RUNS=${BASE_RUNS:-1} # the baseline takes minutes a run
+BASE_RUNS=${BASE_RUNS:-$RUNS}
 DIR=${BENCH_DIR:-/tmp/ckfs-bench}
 CK=$DIR/qwen3-235b/ckpt
 MNT=$DIR/mnt-moe
@@ -85,6 +87,7 @@ mount_ready() { # WHO BIN KEY [mount options]: mount until the header is read
 	rec "$who" "${key}_ls_s" "$(t_since "$l")"
 	read_header
 	rec "$who" "${key}_ready_s" "$(t_since "$t")"
+	rec "$who" "${key}_ready_cpu" "$(awk '{ printf "%.2f", ($14 + $15) / 100 }' "/proc/$pid/stat")"
 	rec "$who" "${key}_rss_checked" "$(kib "$pid" VmRSS)"
 	rec "$who" "${key}_rss_peak" "$(kib "$pid" VmHWM)"
 	umount_wait "$bin" "$pid"
@@ -93,8 +96,9 @@ mount_ready() { # WHO BIN KEY [mount options]: mount until the header is read
 inspect() { # WHO BIN KEY
 	local t
 	t=$(t_now)
-	"$2" inspect "$CK" >/dev/null
+	/usr/bin/time -f "%U %S" -o "$DIR/moe-time" "$2" inspect "$CK" >/dev/null
 	rec "$1" "${3}_inspect_s" "$(t_since "$t")"
+	rec "$1" "${3}_inspect_cpu" "$(awk '{ printf "%.2f", $1 + $2 }' "$DIR/moe-time")"
 }
 
 : >"$OUT"
@@ -111,7 +115,10 @@ for run in $(seq "$RUNS"); do
 		rm -rf "$PLANS"
 		export CKFS_PLAN_CACHE=$PLANS
 		mount_ready "$who" "$bin" cold
-		[ "$who" = ckfs ] || continue # the figures below need the new code
+		if [ "$who" = base ]; then
+			inspect "$who" "$bin" cold
+			continue # the figures below need the new code
+		fi
 		mount_ready "$who" "$bin" cached
 		rm -rf "$PLANS"
 		mount_ready "$who" "$bin" atmount -o rank_checks=mount
@@ -120,7 +127,6 @@ for run in $(seq "$RUNS"); do
 		inspect "$who" "$bin" cached
 	done
 done
-[ -z "${BASE_CKFS:-}" ] || for run in $(seq "$BASE_RUNS"); do inspect base "$BASE_CKFS" cold; done
 
 median() { # WHO KEY
 	awk -v w="$1" -v k="$2" '$1 == w && $2 == k { print $3 }' "$OUT" | sort -g |
@@ -134,18 +140,23 @@ row() { # LABEL KEY UNIT TARGET
 		a=$(awk -v v="$a" 'BEGIN { printf "%.0f", v / 1048576 }')
 		[ "$b" = - ] || b=$(awk -v v="$b" 'BEGIN { printf "%.0f", v / 1048576 }')
 	fi
-	printf '  %-44s %10s %-3s %10s   %s\n' "$1" "$a" "$3" "${BASE_CKFS:+$b}" "$4"
+	printf '  %-44s %10s %-5s %10s   %s\n' "$1" "$a" "$3" "${BASE_CKFS:+$b}" "$4"
 }
 printf 'Qwen3-235B-A22B-shaped verl FSDP2 actor, world size 64, %s keys (medians of %s runs; %s CPUs)\n' \
 	"$("$CKFS" inspect --json "$CK" | "$PY" -c 'import json,sys; print(len(json.load(sys.stdin)["tensors"]))')" \
 	"$RUNS" "$(nproc)"
-printf '  %-44s %14s %10s   %s\n' "" "ckfs" "${BASE_CKFS:+base}" "target"
+printf '  %-44s %16s %10s   %s\n' "" "ckfs" "${BASE_CKFS:+base}" "target"
+printf '  (load average at the end: %s)\n' "$(cut -d' ' -f1-3 /proc/loadavg)"
 row "mount until header read, empty plan cache" cold_ready_s s "< 1 s"
+row "  daemon CPU-s until then" cold_ready_cpu CPU-s ""
 row "mount until header read, plan cache" cached_ready_s s "< 1 s"
+row "  daemon CPU-s until then" cached_ready_cpu CPU-s ""
 row "ckfs mount returns, empty plan cache" cold_mount_s s ""
 row "ckfs mount -o rank_checks=mount returns" atmount_mount_s s ""
 row "ckfs inspect, empty plan cache" cold_inspect_s s "< 2 s"
+row "  its CPU-s" cold_inspect_cpu CPU-s ""
 row "ckfs inspect, plan cache" cached_inspect_s s "< 2 s"
+row "  its CPU-s" cached_inspect_cpu CPU-s ""
 row "daemon RSS when mount returned" cold_rss_mounted MiB "< 256 MiB"
 row "daemon RSS after the checks" cold_rss_checked MiB "< 256 MiB"
 row "daemon RSS peak" cold_rss_peak MiB ""
