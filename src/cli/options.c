@@ -64,9 +64,10 @@ const struct cli_opt cli_opt_rank_checks = {
 	OPT_RANK_CHECKS, NULL, 0, "rank_checks", "WHEN",
 	"when a verl FSDP actor's ranks other than rank 0 are read and checked "
 	"against it: mount (before the mount is ready; a bad rank fails it), "
-	"read (by a thread after it; no tensor byte is served until all passed, "
-	"reads fail with EIO after one failed) or auto (default: read when the "
-	"ranks hold over 100,000 entries to check, else mount)"
+	"read (by threads after it; no tensor byte is served until all passed, "
+	"reads fail with EIO after one failed) or auto (default: read when there "
+	"are at least 100,000 entries to check, (world size - 1) x keys, else "
+	"mount)"
 };
 const struct cli_opt cli_opt_log_level = {
 	OPT_LOG_LEVEL, "log-level", 0, "log_level", "LEVEL",
