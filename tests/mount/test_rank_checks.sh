@@ -10,8 +10,9 @@
 # the rest of the folder keeps working. With rank_checks=mount the mount
 # itself fails with that message. A consistent actor serves the same bytes
 # as `ckfs export` with the checks deferred, and again when a second mount
-# takes the positions from the plan cache; a rank file changed since
-# (its ctime moves) is checked again, not taken from the cache.
+# takes the positions from the plan cache; a damaged record, a record
+# others may write, and a rank file changed since (its ctime moves) make
+# the ranks checked again.
 source "$(dirname "$0")/lib.sh"
 require_fuse
 
@@ -89,6 +90,16 @@ cp "$BAD/model_world_size_2_rank_1.pt" "$WORK/r1"
 cp -a "$CORPUS/ok_base" "$WORK/base"
 "$CKFS" inspect "$WORK/base" >/dev/null || fail "inspect of ok_base"
 "$CKFS" inspect "$WORK/base" >/dev/null || fail "inspect of ok_base, cached"
+# a damaged record is not used (its checksum), nor one others may write
+rec=$(ls -t "$CKFS_PLAN_CACHE"/*.plan | head -1)
+"$CKFS" inspect --log-level info "$WORK/base" 2>&1 >/dev/null | grep -q "from the plan cache" ||
+	fail "cache: ok_base's record was not used"
+printf '\x01' | dd of="$rec" bs=1 seek=$(($(stat -c %s "$rec") - 12)) conv=notrunc status=none
+"$CKFS" inspect --log-level info "$WORK/base" 2>&1 >/dev/null | grep -q "from the plan cache" &&
+	fail "cache: a damaged record was used"
+chmod 0666 "$rec" # rewritten by the inspect above: now writable by anyone
+"$CKFS" inspect --log-level info "$WORK/base" 2>&1 >/dev/null | grep -q "from the plan cache" &&
+	fail "cache: a record writable by others was used"
 cat "$WORK/r1" >"$WORK/base/model_world_size_2_rank_1.pt" # same inode, new ctime
 if "$CKFS" inspect "$WORK/base" >/dev/null 2>"$WORK/log-changed"; then
 	fail "changed: inspect accepted rank 1 from the cache"
