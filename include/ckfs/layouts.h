@@ -15,6 +15,16 @@
 #include "ckfs/err.h"
 #include "ckfs/model.h"
 
+/* When a verl FSDP actor's ranks other than rank 0 are checked (mount's
+ * -o rank_checks): all at open (every command but mount), or after it,
+ * by a thread, before any tensor byte is served (read), or read when
+ * there are many entries to check (auto: mount's default). */
+enum ckfs_rank_checks {
+	CKFS_RANK_CHECKS_OPEN,
+	CKFS_RANK_CHECKS_READ,
+	CKFS_RANK_CHECKS_AUTO,
+};
+
 struct ckfs_model_options {
 	/* Output dtype; CKFS_DTYPE_INVALID keeps each tensor as stored;
 	 * CKFS_DTYPE_F8_E4M3 is --dtype fp8 (block-quantized linear weights,
@@ -43,6 +53,8 @@ struct ckfs_model_options {
 	 * regular expression against the served names; NULL for the default
 	 * (vision towers; src/layouts/fp8.c). */
 	const char *fp8_skip;
+	/* Default CKFS_RANK_CHECKS_OPEN. */
+	enum ckfs_rank_checks rank_checks;
 };
 
 /* Open SRC: a verl actor/critic folder (FSDP rank files, legacy Megatron

@@ -50,8 +50,9 @@ struct ckfs_source {
 };
 
 
-/* A block of a source tensor placed in the global tensor. */
-struct ckfs_chunk {
+/* A block of a source tensor placed in the global tensor, as the readers
+ * build it (src/layouts/: struct ckfs_chunk_list). */
+struct ckfs_chunk_spec {
 	uint32_t source;
 	int rank;                       /* for messages and inspect */
 	enum ckfs_dtype dtype;
@@ -60,6 +61,21 @@ struct ckfs_chunk {
 	int64_t shape[CKFS_MAX_DIMS];   /* local extent */
 	int64_t stride[CKFS_MAX_DIMS];  /* source strides, in elements */
 	int64_t offset[CKFS_MAX_DIMS];  /* global index of local element 0 */
+};
+
+/* The same block as a model holds it: 48 bytes instead of 400, its dims
+ * interned in the model (ckfs_model_dims), since a frontier MoE actor has
+ * millions of chunks and only a few thousand distinct dim vectors. Each
+ * array holds max(ndim, 1) values of its tensor's ndim. */
+struct ckfs_chunk {
+	uint32_t source;
+	int rank;                       /* for messages and inspect */
+	enum ckfs_dtype dtype;
+	bool neg;
+	uint64_t pos;                   /* file offset of local element 0 */
+	const int64_t *shape;           /* local extent */
+	const int64_t *stride;          /* source strides, in elements */
+	const int64_t *offset;          /* global index of local element 0 */
 };
 
 struct ckfs_tensor {
@@ -216,7 +232,33 @@ struct ckfs_model {
 	struct ckfs_file_policy policy;
 	const char **warnings;
 	size_t n_warnings;
+	/* Interned dim vectors of the chunks (src/model/dims.c). */
+	struct ckfs_dims *dims;
+	/* Sources still being checked by a thread (src/model/checks.c);
+	 * NULL when every check ran at open. */
+	struct ckfs_checks *checks;
 };
+
+/*
+ * Deferred checks (checks.c): run(ctx, stop, err) in a thread started now;
+ * it checks what the plan was not built from and completes the plan (file
+ * positions) before it returns, and returns early with any code when
+ * *stop is set (the model is being freed). free_ctx(ctx) is called when
+ * the model is freed (or now, on failure). Until run has returned CKFS_OK
+ * no tensor byte may be served: readers call ckfs_model_checked first.
+ */
+typedef enum ckfs_code (*ckfs_checks_fn)(void *ctx, _Atomic bool *stop,
+					  struct ckfs_error *err);
+enum ckfs_code ckfs_checks_start(struct ckfs_model *m, ckfs_checks_fn run, void *ctx,
+				 void (*free_ctx)(void *ctx),
+				 struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* CKFS_OK once the deferred checks (if any) have passed, waiting for them
+ * if they are running; their failure (the same message every time)
+ * after they failed. */
+enum ckfs_code ckfs_model_checked(const struct ckfs_model *m,
+				  struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* Stop and join the checks' thread (ckfs_model_free). */
+void ckfs_checks_free(struct ckfs_model *m);
 
 /* Close the sources and free everything of m (made by ckfs_model_open,
  * include/ckfs/layouts.h). */
@@ -246,6 +288,25 @@ enum ckfs_code ckfs_source_init(struct ckfs_source *s, int fd, const char *path,
  * Readers call ckfs_source_note_read as they go. */
 uint64_t ckfs_source_bytes_read(void);
 void ckfs_source_note_read(uint64_t n);
+
+/*
+ * The interned copy of v[0..n) in m (dims.c): equal vectors share one
+ * array, which lives as long as m. NULL when out of memory. Not thread
+ * safe: readers intern while they build the model.
+ */
+const int64_t *ckfs_model_dims(struct ckfs_model *m, const int64_t *v, int n);
+/* Free the index of the interned vectors (ckfs_model_free; the vectors
+ * stay in the arena). */
+void ckfs_model_dims_release(struct ckfs_model *m);
+/* s as a chunk of m for a tensor of ndim dims (dims interned). */
+enum ckfs_code ckfs_chunk_pack(struct ckfs_model *m, const struct ckfs_chunk_spec *s, int ndim,
+			       struct ckfs_chunk *out, struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* v[0..n) packed into an array of n + 1 chunks in m's arena; NULL when
+ * out of memory. */
+struct ckfs_chunk *ckfs_model_chunks(struct ckfs_model *m, const struct ckfs_chunk_spec *v,
+				     size_t n, int ndim);
+/* c of a tensor of ndim dims, unpacked (the other dims zero). */
+void ckfs_chunk_unpack(const struct ckfs_chunk *c, int ndim, struct ckfs_chunk_spec *out);
 
 /* Bytes of one output tensor. */
 uint64_t ckfs_tensor_out_bytes(const struct ckfs_tensor *t);

@@ -41,7 +41,9 @@ struct ckfs_zip {
 	size_t n_entries;
 	struct ckfs_zip_entry *entries; /* in central directory order */
 	char *prefix;             /* top folder incl. '/', "" if none */
-	size_t *sorted;           /* entry indices sorted by name, for lookup */
+	size_t *sorted;           /* entry indices sorted by name */
+	size_t *hash;             /* open addressing by name: index + 1, 0 empty */
+	size_t hash_cap;          /* a power of two, at least 2 n_entries */
 };
 
 /*

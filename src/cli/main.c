@@ -10,6 +10,9 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "ckfs/log.h"
 #include "ckfs/text.h"
@@ -103,6 +106,17 @@ static void usage(FILE *to)
 int main(int argc, char **argv)
 {
 	const char *cmd = argc > 1 ? argv[1] : NULL;
+
+#ifdef __GLIBC__
+	/* glibc's dynamic thresholds from the start, at the values they
+	 * converge to (32 MiB, twice that): opening a checkpoint parses one
+	 * rank file after another, each allocating and freeing tens of MB,
+	 * and below the converged threshold every such block is a fresh
+	 * mmap whose pages all fault (a third of the CPU time of opening a
+	 * 64-rank actor; docs/benchmarks.md). */
+	mallopt(M_MMAP_THRESHOLD, 32 << 20);
+	mallopt(M_TRIM_THRESHOLD, 64 << 20);
+#endif
 
 	if (cmd && strcmp(cmd, "help") == 0 && argc > 2)
 		return ckfs_cmd_help(argc - 1, argv + 1);

@@ -23,6 +23,8 @@ static const char *choices(enum cli_opt_id id)
 		return "bf16 fp16 fp32 auto";
 	case OPT_LOG_LEVEL:
 		return "err warning notice info debug";
+	case OPT_RANK_CHECKS:
+		return "mount read auto";
 	default:
 		return NULL;
 	}

@@ -96,7 +96,7 @@ static const struct cli_opt *const mount_opts[] = {
 	&cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_lora, &cli_opt_base,
 	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_fp8_skip, &cli_opt_log_level,
 	&opt_prefetch_threads, &opt_slice_size, &opt_kernel_readahead, &opt_uid, &opt_gid,
-	&opt_umask, &opt_max_plans, NULL,
+	&opt_umask, &opt_max_plans, &cli_opt_rank_checks, NULL,
 };
 
 const struct cli_command ckfs_cmd_mount_def = {
@@ -346,6 +346,7 @@ int ckfs_cmd_mount(int argc, char **argv)
 {
 	struct mount_args a = {
 		.c.model.out_dtype = CKFS_DTYPE_BF16,
+		.c.model.rank_checks = CKFS_RANK_CHECKS_AUTO,
 		.mo = {
 			.cache_size = DEFAULT_CACHE_SIZE,
 			.slice_size = DEFAULT_SLICE_SIZE,

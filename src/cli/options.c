@@ -60,6 +60,15 @@ const struct cli_opt cli_opt_fp8_skip = {
 	"with --dtype fp8, weights whose names match REGEX (POSIX extended) stay "
 	"bf16; default: the vision tower and multimodal projector"
 };
+const struct cli_opt cli_opt_rank_checks = {
+	OPT_RANK_CHECKS, NULL, 0, "rank_checks", "WHEN",
+	"when a verl FSDP actor's ranks other than rank 0 are read and checked "
+	"against it: mount (before the mount is ready; a bad rank fails it), "
+	"read (by threads after it; no tensor byte is served until all passed, "
+	"reads fail with EIO after one failed) or auto (default: read when there "
+	"are at least 100,000 entries to check, (world size - 1) x keys, else "
+	"mount)"
+};
 const struct cli_opt cli_opt_log_level = {
 	OPT_LOG_LEVEL, "log-level", 0, "log_level", "LEVEL",
 	"err, warning, notice (default), info or debug"
@@ -294,6 +303,17 @@ int cli_apply_common(const struct cli_command *cmd, struct cli_common *c,
 		return 0;
 	case OPT_FP8_SKIP:
 		c->model.fp8_skip = value;
+		return 0;
+	case OPT_RANK_CHECKS:
+		if (strcmp(value, "mount") == 0)
+			c->model.rank_checks = CKFS_RANK_CHECKS_OPEN;
+		else if (strcmp(value, "read") == 0)
+			c->model.rank_checks = CKFS_RANK_CHECKS_READ;
+		else if (strcmp(value, "auto") == 0)
+			c->model.rank_checks = CKFS_RANK_CHECKS_AUTO;
+		else
+			return ckfs_cli_usage_error(cmd->name, "rank_checks is mount, read or "
+						    "auto, not '%s'", value);
 		return 0;
 	default:
 		return -1;

@@ -11,6 +11,7 @@
  */
 #include "ckfs/torch.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -664,7 +665,15 @@ static enum ckfs_code open_file_pickle(struct ckfs_torch_file *tf, int fd,
 		memset(tf, 0, sizeof(*tf));
 		return ckfs_fail_errno(err, "'%s': cannot stat", label);
 	}
-	return open_pickle(tf, fd, 0, (uint64_t)st.st_size, label, err);
+	/* The metadata reads are small and scattered: a local zip header
+	 * before every storage record, one every few MB of a large rank
+	 * file. Kernel read-ahead around each would pull tensor bytes into
+	 * the page cache for nothing (gigabytes for a 64-rank MoE actor), so
+	 * it is off while they are read, and back for the data reads. */
+	(void)posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
+	enum ckfs_code rc = open_pickle(tf, fd, 0, (uint64_t)st.st_size, label, err);
+	(void)posix_fadvise(fd, 0, 0, POSIX_FADV_NORMAL);
+	return rc;
 }
 
 /*

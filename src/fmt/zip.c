@@ -654,8 +654,20 @@ static int zip_key_cmp(const void *a, const void *b)
 	return x->idx < y->idx ? -1 : x->idx > y->idx;
 }
 
-/* Sorted index for ckfs_zip_find; duplicate names are refused because a
- * lookup could then return either copy. */
+#define ZIP_HASH_START 0xcbf29ce484222325ull
+
+/* FNV-1a of s, continuing from h. */
+static uint64_t zip_name_hash(uint64_t h, const char *s)
+{
+	for (; *s; s++) {
+		h ^= (unsigned char)*s;
+		h *= 0x100000001b3ull;
+	}
+	return h;
+}
+
+/* Sorted index and hash index for ckfs_zip_find; duplicate names are
+ * refused because a lookup could then return either copy. */
 static enum ckfs_code zip_build_index(struct ckfs_zip *z,
 				      struct ckfs_error *err)
 {
@@ -685,7 +697,25 @@ static enum ckfs_code zip_build_index(struct ckfs_zip *z,
 		z->sorted[i] = k[i].idx;
 	}
 	free(k);
-	return rc;
+	if (rc != CKFS_OK)
+		return rc;
+	/* The lookups' index: a rank file of a MoE actor has tens of
+	 * thousands of records found one by one, and a binary search
+	 * compares the long shared "<archive>/data/" prefix each step. */
+	z->hash_cap = 16;
+	while (z->hash_cap < 2 * n)
+		z->hash_cap *= 2;
+	z->hash = calloc(z->hash_cap, sizeof(*z->hash));
+	if (!z->hash)
+		return ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory", z->label);
+	for (size_t i = 0; i < n; i++) {
+		size_t j = (size_t)zip_name_hash(ZIP_HASH_START, z->entries[i].name) &
+			   (z->hash_cap - 1);
+		while (z->hash[j])
+			j = (j + 1) & (z->hash_cap - 1);
+		z->hash[j] = i + 1;
+	}
+	return CKFS_OK;
 }
 
 /* torch's rule: the top folder is entry 0's name up to its first '/'. */
@@ -769,6 +799,9 @@ void ckfs_zip_release(struct ckfs_zip *z)
 	free(z->entries);
 	free(z->prefix);
 	free(z->sorted);
+	free(z->hash);
+	z->hash = NULL;
+	z->hash_cap = 0;
 	memset(z, 0, sizeof(*z));
 	z->fd = -1;
 }
@@ -790,6 +823,16 @@ const struct ckfs_zip_entry *ckfs_zip_find(const struct ckfs_zip *z,
 
 	if (!z || !record || !z->sorted || !z->prefix)
 		return NULL;
+	if (z->hash) {
+		size_t j = (size_t)zip_name_hash(zip_name_hash(ZIP_HASH_START, z->prefix), record) &
+			   (z->hash_cap - 1);
+		for (; z->hash[j]; j = (j + 1) & (z->hash_cap - 1)) {
+			const struct ckfs_zip_entry *e = &z->entries[z->hash[j] - 1];
+			if (zip_cmp_key(e->name, z->prefix, record) == 0)
+				return e;
+		}
+		return NULL;
+	}
 	hi = z->n_entries;
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;

@@ -143,9 +143,15 @@ static enum ckfs_code build_file(struct ckfs_st_layout *l, struct ckfs_st_file *
 	return CKFS_OK;
 }
 
-static int cmp_name(const void *a, const void *b)
+/* A tensor's name and its index in the model, sorted by name. */
+struct named {
+	const char *name;
+	size_t idx;
+};
+
+static int cmp_named(const void *a, const void *b)
 {
-	return strcmp(*(const char *const *)a, *(const char *const *)b);
+	return strcmp(((const struct named *)a)->name, ((const struct named *)b)->name);
 }
 
 static enum ckfs_code render_index(struct ckfs_st_layout *l,
@@ -154,41 +160,30 @@ static enum ckfs_code render_index(struct ckfs_st_layout *l,
 {
 	struct ckfs_strbuf b = { 0 };
 	uint64_t total = 0, params = 0;
-	const char **names = calloc(m->n_tensors + 1, sizeof(*names));
-	size_t *idx = calloc(m->n_tensors + 1, sizeof(*idx));
+	struct named *names = calloc(m->n_tensors + 1, sizeof(*names));
 
-	if (!names || !idx) {
-		free(names);
-		free(idx);
+	if (!names)
 		return ckfs_nomem(err);
-	}
 	for (size_t i = 0; i < m->n_tensors; i++) {
 		total += ckfs_tensor_out_bytes(&m->tensors[i]);
 		params += m->tensors[i].numel;
-		names[i] = m->tensors[i].name;
+		names[i] = (struct named){ m->tensors[i].name, i };
 	}
-	/* Sort names and keep the tensor index next to each (names point
-	 * into the model, so recover the index by pointer). */
-	qsort(names, m->n_tensors, sizeof(*names), cmp_name);
-	for (size_t i = 0; i < m->n_tensors; i++)
-		for (size_t j = 0; j < m->n_tensors; j++)
-			if (m->tensors[j].name == names[i]) {
-				idx[i] = j;
-				break;
-			}
+	/* Names sorted, each with its tensor's index (names are unique:
+	 * plan.c), as save_pretrained writes the weight map. */
+	qsort(names, m->n_tensors, sizeof(*names), cmp_named);
 	ckfs_strbuf_fmt(&b, "{\n  \"metadata\": {\n    \"total_parameters\": %llu,\n"
 		   "    \"total_size\": %llu\n  },\n  \"weight_map\": {\n",
 	       (unsigned long long)params, (unsigned long long)total);
 	for (size_t i = 0; i < m->n_tensors; i++) {
 		ckfs_strbuf_str(&b, "    ");
-		sb_json_python(&b, names[i]);
+		sb_json_python(&b, names[i].name);
 		ckfs_strbuf_str(&b, ": ");
-		sb_json_python(&b, l->files[shard_of[idx[i]]].name);
+		sb_json_python(&b, l->files[shard_of[names[i].idx]].name);
 		ckfs_strbuf_str(&b, i + 1 < m->n_tensors ? ",\n" : "\n");
 	}
 	ckfs_strbuf_str(&b, "  }\n}\n");
 	free(names);
-	free(idx);
 	if (b.failed) {
 		free(b.p);
 		return ckfs_nomem(err);
@@ -345,6 +340,8 @@ enum ckfs_code ckfs_st_file_read(const struct ckfs_model *m,
 	}
 	if (off >= end)
 		return CKFS_OK;
+	/* Tensor bytes only once every source has been checked. */
+	CKFS_TRY(ckfs_model_checked(m, err));
 	/* First tensor whose data ends after off. */
 	size_t lo = 0, hi = f->n_tensors;
 	while (lo < hi) {

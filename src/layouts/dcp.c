@@ -510,13 +510,11 @@ static enum ckfs_code add_tensor(struct dcp *d, const char *fqn, const char *nam
 		rc = chunk_of(d, fqn, t->stored_dtype, t->shape, t->ndim,
 			      chunks->u.seq.items[i], &list, err);
 	if (rc == CKFS_OK) {
-		t->chunks = ckfs_arena_calloc(&m->arena, list.n + 1, sizeof(*t->chunks));
+		t->chunks = ckfs_model_chunks(m, list.v, list.n, t->ndim);
 		if (!t->chunks)
 			rc = ckfs_nomem(err);
 	}
 	if (rc == CKFS_OK) {
-		if (list.n)
-			memcpy(t->chunks, list.v, list.n * sizeof(*t->chunks));
 		t->n_chunks = (uint32_t)list.n;
 		t->name = name;
 		t->out_dtype = opt->out_dtype == CKFS_DTYPE_INVALID ? t->stored_dtype

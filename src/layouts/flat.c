@@ -16,7 +16,7 @@
 /* The block of dim k starting at element a: dims before k fixed at a's
  * index, n indices of dim k from a's, dims after k whole. */
 static void block_at(int ndim, const int64_t *shape, const uint64_t *inner, uint64_t a, int k,
-		     uint64_t n, struct ckfs_chunk *c)
+		     uint64_t n, struct ckfs_chunk_spec *c)
 {
 	for (int j = 0; j < ndim; j++) {
 		c->stride[j] = (int64_t)inner[j];
@@ -40,7 +40,7 @@ enum ckfs_code ckfs_flat_blocks(int ndim, const int64_t *shape, uint64_t first, 
 	uint64_t inner[CKFS_MAX_DIMS];
 	uint64_t a = first, b = first + count;
 	size_t es = ckfs_dtype_size(seg->dtype);
-	struct ckfs_chunk c;
+	struct ckfs_chunk_spec c;
 
 	if (count == 0)
 		return CKFS_OK;

@@ -109,11 +109,9 @@ static enum ckfs_code add_tensor(struct ckfs_model *m, const struct ckfs_st_entr
 	se.local.storage_bytes = e->end - e->begin;
 	rc = ckfs_entry_chunks(&se, NULL, src, 0, &list, err);
 	if (rc == CKFS_OK) {
-		t->chunks = ckfs_arena_calloc(&m->arena, list.n + 1, sizeof(*t->chunks));
+		t->chunks = ckfs_model_chunks(m, list.v, list.n, t->ndim);
 		if (!t->chunks)
 			rc = ckfs_nomem(err);
-		else if (list.n)
-			memcpy(t->chunks, list.v, list.n * sizeof(*t->chunks));
 		t->n_chunks = (uint32_t)list.n;
 	}
 	free(list.v);

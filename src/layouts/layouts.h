@@ -41,12 +41,12 @@ enum ckfs_code ckfs_model_load_config_from(struct ckfs_model *m, const char *hf,
 /* ---- placement.c ---- */
 
 struct ckfs_chunk_list {
-	struct ckfs_chunk *v;
+	struct ckfs_chunk_spec *v;
 	size_t n, cap;
 };
 
 /* Append a copy of c (out->v grows as needed; the caller frees it). */
-enum ckfs_code ckfs_chunk_list_push(struct ckfs_chunk_list *out, const struct ckfs_chunk *c,
+enum ckfs_code ckfs_chunk_list_push(struct ckfs_chunk_list *out, const struct ckfs_chunk_spec *c,
 				    struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /*
@@ -59,6 +59,31 @@ enum ckfs_code ckfs_chunk_list_push(struct ckfs_chunk_list *out, const struct ck
 enum ckfs_code ckfs_entry_chunks(const struct ckfs_sd_entry *e, const int64_t *coord,
 				 uint32_t source, int rank, struct ckfs_chunk_list *out,
 				 struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/*
+ * The chunks mesh coordinate coord would contribute for the key of e (a
+ * DTensor or a plain tensor of another rank, rank 0's here), foreseen
+ * from e's global shape and placements: the same blocks (shape, global
+ * offset) as ckfs_entry_chunks gives for that rank's own entry when it
+ * agrees with e, with row-major strides and file positions from 0 that
+ * the rank's own file replaces. ShardedTensors are refused.
+ */
+enum ckfs_code ckfs_entry_predict(const struct ckfs_sd_entry *e, const int64_t *coord,
+				  uint32_t source, int rank, struct ckfs_chunk_list *out,
+				  struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/* ---- plan_cache.c ---- */
+
+/*
+ * What checking m's sources found (n values of a layout's own meaning,
+ * under `kind`), kept on disk under the identity of all of m's sources
+ * (name, device, inode, size, mtime, ctime). load fills v and returns
+ * true only when a record of exactly these sources and n values exists;
+ * store writes one (failures are silent: a cache, not a promise).
+ */
+bool ckfs_plan_cache_load(const struct ckfs_model *m, const char *kind, uint64_t *v, size_t n);
+void ckfs_plan_cache_store(const struct ckfs_model *m, const char *kind, const uint64_t *v,
+			   size_t n);
 
 /* ---- flat.c: tensors packed end to end in flat 1-D buffers ---- */
 

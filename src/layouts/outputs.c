@@ -69,11 +69,9 @@ enum ckfs_code ckfs_outs_to_model(struct ckfs_model *m, const struct ckfs_outs *
 				return ckfs_fail(err, CKFS_E_FORMAT, "tensor '%s': shape "
 						 "overflows", t->name);
 		t->n_chunks = (uint32_t)o->chunks.n;
-		t->chunks = ckfs_arena_calloc(&m->arena, o->chunks.n + 1, sizeof(*t->chunks));
+		t->chunks = ckfs_model_chunks(m, o->chunks.v, o->chunks.n, t->ndim);
 		if (!t->chunks)
 			return ckfs_nomem(err);
-		if (o->chunks.n)
-			memcpy(t->chunks, o->chunks.v, o->chunks.n * sizeof(*t->chunks));
 		if (ckfs_plan_validate_tensor(m, t, err) != CKFS_OK) {
 			ckfs_error_prefix(err, "'%s'", label);
 			return err->code;
@@ -93,12 +91,10 @@ enum ckfs_code ckfs_tensor_cut(struct ckfs_model *m, const struct ckfs_tensor *r
 
 	memset(out, 0, sizeof(*out));
 	out->name = ckfs_arena_strdup(&m->arena, name);
-	out->chunks = ckfs_arena_calloc(&m->arena, l.n + 1, sizeof(*out->chunks));
+	out->chunks = ckfs_model_chunks(m, l.v, l.n, r->ndim - ndrop);
 	if (rc == CKFS_OK && (!out->name || !out->chunks))
 		rc = ckfs_nomem(err);
 	if (rc == CKFS_OK) {
-		if (l.n)
-			memcpy(out->chunks, l.v, l.n * sizeof(*l.v));
 		out->n_chunks = (uint32_t)l.n;
 		out->placement = r->placement;
 		out->stored_dtype = r->stored_dtype;

@@ -19,12 +19,12 @@
 #define MAX_CHUNKS_PER_ENTRY 4096 /* _StridedShard products stay tiny */
 #define MAX_PIECES 64             /* intervals per dim */
 
-enum ckfs_code ckfs_chunk_list_push(struct ckfs_chunk_list *a, const struct ckfs_chunk *c,
+enum ckfs_code ckfs_chunk_list_push(struct ckfs_chunk_list *a, const struct ckfs_chunk_spec *c,
 				    struct ckfs_error *err)
 {
 	if (a->n == a->cap) {
 		size_t cap = a->cap ? a->cap * 2 : 4;
-		struct ckfs_chunk *p = realloc(a->v, cap * sizeof(*p));
+		struct ckfs_chunk_spec *p = realloc(a->v, cap * sizeof(*p));
 		if (!p)
 			return ckfs_nomem(err);
 		a->v = p;
@@ -139,7 +139,7 @@ static enum ckfs_code chunks_from_view(const struct ckfs_sd_entry *e,
 					 "tensor '%s': too many shard pieces", e->key);
 	}
 	for (size_t t = 0; t < total; t++) {
-		struct ckfs_chunk c = { .source = source, .rank = rank,
+		struct ckfs_chunk_spec c = { .source = source, .rank = rank,
 					.dtype = v->dtype, .neg = v->neg };
 		uint64_t local = (uint64_t)v->storage_offset;
 		int empty = 0;
@@ -172,6 +172,66 @@ static enum ckfs_code chunks_from_view(const struct ckfs_sd_entry *e,
 	return CKFS_OK;
 }
 
+/* The intervals the placements of DTensor e leave mesh coordinate
+ * coord, per tensor dim; *copy when it is a copy along a Replicate()
+ * dim. */
+static enum ckfs_code dtensor_lists(const struct ckfs_sd_entry *e, const int64_t *coord,
+				    struct ivl (*store)[MAX_PIECES], struct ivl_list *lists,
+				    int *copy, struct ckfs_error *err)
+{
+	const struct ckfs_dtensor_info *di = e->dtensor;
+
+	for (int k = 0; k < di->ndim; k++) {
+		lists[k] = (struct ivl_list){ store[k], 1 };
+		store[k][0] = (struct ivl){ 0, 0, di->global_shape[k] };
+	}
+	*copy = 0;
+	for (int i = 0; i < di->mesh_ndim; i++) {
+		const struct ckfs_placement *p = &di->placements[i];
+		if (p->kind == CKFS_PLACE_PARTIAL)
+			return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+					 "tensor '%s': Partial placement (unreduced "
+					 "values) is not supported", e->key);
+		if (p->kind == CKFS_PLACE_REPLICATE) {
+			*copy |= coord[i] != 0; /* a copy of coordinate 0's data */
+			continue;
+		}
+		CKFS_TRY(apply_placement(p, di->mesh_shape[i], coord[i], &lists[p->dim],
+					 MAX_PIECES, e->key, err));
+	}
+	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_entry_predict(const struct ckfs_sd_entry *e, const int64_t *coord,
+				  uint32_t source, int rank, struct ckfs_chunk_list *out,
+				  struct ckfs_error *err)
+{
+	struct ivl store[CKFS_MAX_DIMS][MAX_PIECES];
+	struct ivl_list lists[CKFS_MAX_DIMS];
+	struct ckfs_sd_entry x = *e;
+	int copy = 0;
+
+	if (e->kind == CKFS_ENTRY_TENSOR)
+		return ckfs_entry_chunks(e, coord, source, rank, out, err);
+	if (e->kind != CKFS_ENTRY_DTENSOR)
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "tensor '%s': a ShardedTensor's "
+				 "pieces cannot be foreseen", e->key);
+	CKFS_TRY(dtensor_lists(e, coord, store, lists, &copy, err));
+	if (copy)
+		return CKFS_OK;
+	/* A contiguous local view of the interval totals, at position 0. */
+	int64_t stride = 1;
+	for (int k = x.dtensor->ndim - 1; k >= 0; k--) {
+		x.local.shape[k] = ivl_total(&lists[k]);
+		x.local.stride[k] = stride;
+		stride *= x.local.shape[k] ? x.local.shape[k] : 1;
+	}
+	x.local.ndim = x.dtensor->ndim;
+	x.local.storage_offset = 0;
+	x.local.storage_pos = 0;
+	return chunks_from_view(&x, lists, source, rank, out, err);
+}
+
 enum ckfs_code ckfs_entry_chunks(const struct ckfs_sd_entry *e, const int64_t *coord,
 				 uint32_t source, int rank, struct ckfs_chunk_list *out,
 				 struct ckfs_error *err)
@@ -196,25 +256,8 @@ enum ckfs_code ckfs_entry_chunks(const struct ckfs_sd_entry *e, const int64_t *c
 		}
 		return chunks_from_view(e, lists, source, rank, out, err);
 	}
-	const struct ckfs_dtensor_info *di = e->dtensor;
-	for (int k = 0; k < di->ndim; k++) {
-		lists[k] = (struct ivl_list){ store[k], 1 };
-		store[k][0] = (struct ivl){ 0, 0, di->global_shape[k] };
-	}
 	int copy = 0;
-	for (int i = 0; i < di->mesh_ndim; i++) {
-		const struct ckfs_placement *p = &di->placements[i];
-		if (p->kind == CKFS_PLACE_PARTIAL)
-			return ckfs_fail(err, CKFS_E_UNSUPPORTED,
-					 "tensor '%s': Partial placement (unreduced "
-					 "values) is not supported", e->key);
-		if (p->kind == CKFS_PLACE_REPLICATE) {
-			copy |= coord[i] != 0; /* a copy of coordinate 0's data */
-			continue;
-		}
-		CKFS_TRY(apply_placement(p, di->mesh_shape[i], coord[i], &lists[p->dim],
-					 MAX_PIECES, e->key, err));
-	}
+	CKFS_TRY(dtensor_lists(e, coord, store, lists, &copy, err));
 	if (!copy)
 		return chunks_from_view(e, lists, source, rank, out, err);
 	/* A copy contributes nothing, but its view must still fit its
@@ -235,7 +278,7 @@ enum ckfs_code ckfs_chunks_box(struct ckfs_chunk_list *out, const struct ckfs_te
 
 	for (uint32_t i = 0; i < r->n_chunks; i++) {
 		const struct ckfs_chunk *c = &r->chunks[i];
-		struct ckfs_chunk x = *c;
+		struct ckfs_chunk_spec x;
 		int64_t a[CKFS_MAX_DIMS], b[CKFS_MAX_DIMS];
 		int empty = 0;
 		uint64_t skip = 0;
@@ -250,6 +293,7 @@ enum ckfs_code ckfs_chunks_box(struct ckfs_chunk_list *out, const struct ckfs_te
 			continue;
 		for (int k = 0; k < r->ndim; k++)
 			skip += (uint64_t)(a[k] - c->offset[k]) * (uint64_t)c->stride[k];
+		ckfs_chunk_unpack(c, r->ndim, &x);
 		x.pos = c->pos + skip * esz; /* inside the validated raw chunk */
 		int s = ndrop;
 		for (int k = s; k < r->ndim; k++) {

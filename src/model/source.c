@@ -108,6 +108,7 @@ void ckfs_model_free(struct ckfs_model *m)
 {
 	if (!m)
 		return;
+	ckfs_checks_free(m); /* its thread reads the sources */
 	for (size_t i = 0; i < m->n_sources; i++)
 		close(m->sources[i].fd);
 	for (size_t i = 0; m->lora && i < m->lora->n_pairs; i++) {
@@ -124,6 +125,7 @@ void ckfs_model_free(struct ckfs_model *m)
 		pthread_mutex_destroy(&m->fp8_kept->lock);
 	}
 	ckfs_model_free(m->base);
+	ckfs_model_dims_release(m);
 	ckfs_arena_release(&m->arena);
 	free(m);
 }

@@ -362,7 +362,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		ct->ndim = pts[t].ndim;
 		memcpy(ct->shape, pts[t].shape, sizeof(ct->shape));
 		ct->numel = pts[t].numel;
-		ct->chunks = lists[t].v;
+		ct->chunks = ckfs_model_chunks(m, lists[t].v, lists[t].n, ct->ndim);
+		if (!ct->chunks)
+			abort();
 		ct->n_chunks = (uint32_t)lists[t].n;
 		ct->placement = "fuzz";
 		ckfs_error_clear(&err);

@@ -81,7 +81,7 @@ static void check_range(int ndim, const int64_t *shape, uint64_t numel, uint64_t
 	CHECK(ckfs_flat_blocks(ndim, shape, first, count, &seg, 1000, &out, &err) == CKFS_OK);
 	ok &= out.n <= (size_t)(ndim ? 2 * ndim - 1 : 1);
 	for (size_t i = 0; i < out.n; i++) {
-		const struct ckfs_chunk *c = &out.v[i];
+		const struct ckfs_chunk_spec *c = &out.v[i];
 		uint64_t n = 1;
 		ok &= c->source == 3 && c->rank == 2 && c->dtype == CKFS_DTYPE_F32;
 		for (int k = 0; k < ndim; k++)

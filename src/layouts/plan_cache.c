@@ -1,0 +1,195 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The plan cache (src/layouts/layouts.h): what checking a checkpoint's
+ * rank files found (for verl FSDP, the file position of every block of
+ * ranks 1 .. W-1), kept on disk under the identity of all its sources, so
+ * that opening the same files again need not parse them again.
+ *
+ * The identity is, for every source in order, its name, device, inode,
+ * size, mtime and ctime (ctime changes with any write or chmod and cannot
+ * be set back), plus the checkpoint folder, the kind of record and this
+ * format's number and ckfs's version. A record is used only when that
+ * text is equal byte for byte, the value count is the one asked for and
+ * the checksum over both matches; the file must be a regular file owned
+ * by this user and writable by nobody else, in a folder made 0700. Any
+ * miss is silent: the caller checks the files itself and stores what it
+ * found. Writes go to a temporary name renamed into place.
+ *
+ * Where: $CKFS_PLAN_CACHE (a folder; "off" or empty disables it), else
+ * $XDG_CACHE_HOME/ckfs/plans, else $HOME/.cache/ckfs/plans.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckfs/log.h"
+#include "ckfs/strbuf.h"
+#include "layouts/layouts.h"
+
+#define PLAN_CACHE_FORMAT 1
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+	const unsigned char *b = p;
+	for (size_t i = 0; i < n; i++) {
+		h ^= b[i];
+		h *= 0x100000001b3ull;
+	}
+	return h;
+}
+
+#define FNV_START 0xcbf29ce484222325ull
+
+/* The cache folder (created 0700 when missing), or NULL: none. */
+static int cache_dir(char *out, size_t size)
+{
+	const char *env = getenv("CKFS_PLAN_CACHE");
+	const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+	int n;
+
+	if (env)
+		n = !*env || strcmp(env, "off") == 0 ? -1 : snprintf(out, size, "%s", env);
+	else if (xdg && *xdg)
+		n = snprintf(out, size, "%s/ckfs/plans", xdg);
+	else if (home && *home)
+		n = snprintf(out, size, "%s/.cache/ckfs/plans", home);
+	else
+		n = -1;
+	if (n < 0 || (size_t)n >= size)
+		return 0;
+	/* mkdir -p, each new level 0700 */
+	for (char *p = out + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = '\0';
+		if (mkdir(out, 0700) != 0 && errno != EEXIST)
+			return 0;
+		*p = '/';
+	}
+	if (mkdir(out, 0700) != 0 && errno != EEXIST)
+		return 0;
+	return 1;
+}
+
+/* The identity text of m's sources for records of `kind`. */
+static int identity(const struct ckfs_model *m, const char *kind, struct ckfs_strbuf *b)
+{
+	ckfs_strbuf_fmt(b, "ckfs plan cache %d, ckfs %s\n%s\n%s\n%zu sources\n",
+			   PLAN_CACHE_FORMAT, CKFS_VERSION, kind, m->src_dir, m->n_sources);
+	for (size_t i = 0; i < m->n_sources; i++) {
+		const struct ckfs_source *s = &m->sources[i];
+		struct stat st;
+		if (fstat(s->fd, &st) != 0 || (uint64_t)st.st_size != s->size ||
+		    st.st_ino != s->ino || st.st_dev != s->dev)
+			return 0; /* changed since it was opened: no record */
+		ckfs_strbuf_fmt(b, "%s %llu %llu %llu %lld.%09ld %lld.%09ld\n", s->name,
+				   (unsigned long long)st.st_dev, (unsigned long long)st.st_ino,
+				   (unsigned long long)st.st_size, (long long)st.st_mtim.tv_sec,
+				   st.st_mtim.tv_nsec, (long long)st.st_ctim.tv_sec,
+				   st.st_ctim.tv_nsec);
+	}
+	return !b->failed;
+}
+
+/* The record's path for identity text id. */
+static int record_path(const char *id, size_t id_len, char *out, size_t size)
+{
+	char dir[4096];
+
+	if (!cache_dir(dir, sizeof(dir)))
+		return 0;
+	int n = snprintf(out, size, "%s/%016llx.plan", dir,
+			 (unsigned long long)fnv(FNV_START, id, id_len));
+	return n > 0 && (size_t)n < size;
+}
+
+static int read_all(int fd, void *buf, size_t n)
+{
+	unsigned char *p = buf;
+	while (n) {
+		ssize_t r = read(fd, p, n);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return 0;
+		p += r;
+		n -= (size_t)r;
+	}
+	return 1;
+}
+
+static int write_all(int fd, const void *buf, size_t n)
+{
+	const unsigned char *p = buf;
+	while (n) {
+		ssize_t r = write(fd, p, n);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return 0;
+		p += r;
+		n -= (size_t)r;
+	}
+	return 1;
+}
+
+bool ckfs_plan_cache_load(const struct ckfs_model *m, const char *kind, uint64_t *v, size_t n)
+{
+	struct ckfs_strbuf id = { 0 };
+	char path[4200];
+	bool hit = false;
+	int fd = -1;
+
+	if (!identity(m, kind, &id) || !record_path(id.p, id.len, path, sizeof(path)))
+		goto out;
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	struct stat st;
+	size_t want = id.len + 8 + n * 8 + 8;
+	if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+	    (st.st_mode & 022) || (uint64_t)st.st_size != want)
+		goto out;
+	char *stored = malloc(id.len + 1);
+	uint64_t count = 0, sum = 0;
+	if (!stored)
+		goto out;
+	hit = read_all(fd, stored, id.len) && memcmp(stored, id.p, id.len) == 0 &&
+	      read_all(fd, &count, 8) && count == n && read_all(fd, v, n * 8) &&
+	      read_all(fd, &sum, 8) &&
+	      sum == fnv(fnv(FNV_START, id.p, id.len), v, n * 8);
+	free(stored);
+out:
+	if (fd >= 0)
+		close(fd);
+	free(id.p);
+	if (hit)
+		ckfs_log(CKFS_LOG_INFO, "'%s': %s from the plan cache", m->src_dir, kind);
+	return hit;
+}
+
+void ckfs_plan_cache_store(const struct ckfs_model *m, const char *kind, const uint64_t *v,
+			   size_t n)
+{
+	struct ckfs_strbuf id = { 0 };
+	char path[4200], tmp[4300];
+	int fd = -1;
+
+	if (!identity(m, kind, &id) || !record_path(id.p, id.len, path, sizeof(path)))
+		goto out;
+	snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", path, (long)getpid());
+	fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		goto out;
+	uint64_t count = n, sum = fnv(fnv(FNV_START, id.p, id.len), v, n * 8);
+	int ok = write_all(fd, id.p, id.len) && write_all(fd, &count, 8) &&
+		 write_all(fd, v, n * 8) && write_all(fd, &sum, 8);
+	ok &= close(fd) == 0;
+	fd = -1;
+	if (!ok || rename(tmp, path) != 0)
+		unlink(tmp);
+out:
+	free(id.p);
+}
