@@ -13,11 +13,14 @@
  * the checksum over both matches; the file must be a regular file owned
  * by this user and writable by nobody else, in a folder made 0700. Any
  * miss is silent: the caller checks the files itself and stores what it
- * found. Writes go to a temporary name renamed into place.
+ * found. Writes go to a temporary name renamed into place. The folder is
+ * kept under PLAN_CACHE_BUDGET bytes: after a store, the records used
+ * least recently (a hit touches its record's mtime) are removed.
  *
  * Where: $CKFS_PLAN_CACHE (a folder; "off" or empty disables it), else
  * $XDG_CACHE_HOME/ckfs/plans, else $HOME/.cache/ckfs/plans.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -31,6 +34,8 @@
 #include "layouts/layouts.h"
 
 #define PLAN_CACHE_FORMAT 1
+/* A 235B-parameter MoE actor at world size 64 takes 19 MB. */
+#define PLAN_CACHE_BUDGET (256ull << 20)
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
 {
@@ -161,6 +166,8 @@ bool ckfs_plan_cache_load(const struct ckfs_model *m, const char *kind, uint64_t
 	      read_all(fd, &sum, 8) &&
 	      sum == fnv(fnv(FNV_START, id.p, id.len), v, n * 8);
 	free(stored);
+	if (hit)
+		futimens(fd, NULL); /* recently used: kept by prune */
 out:
 	if (fd >= 0)
 		close(fd);
@@ -168,6 +175,61 @@ out:
 	if (hit)
 		ckfs_log(CKFS_LOG_INFO, "'%s': %s from the plan cache", m->src_dir, kind);
 	return hit;
+}
+
+struct record {
+	char name[64];
+	off_t size;
+	struct timespec mtime;
+};
+
+static int cmp_oldest(const void *a, const void *b)
+{
+	const struct timespec *x = &((const struct record *)a)->mtime;
+	const struct timespec *y = &((const struct record *)b)->mtime;
+	if (x->tv_sec != y->tv_sec)
+		return x->tv_sec < y->tv_sec ? -1 : 1;
+	return (x->tv_nsec > y->tv_nsec) - (x->tv_nsec < y->tv_nsec);
+}
+
+/* Remove the least recently used records of folder dir until the rest
+ * fit PLAN_CACHE_BUDGET. Best effort: a failure leaves the folder as is. */
+static void prune(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct record *r = NULL;
+	size_t n = 0, cap = 0;
+	unsigned long long total = 0;
+	struct dirent *de;
+
+	if (!d)
+		return;
+	while ((de = readdir(d))) {
+		size_t len = strlen(de->d_name);
+		struct stat st;
+		if (len < 6 || len >= sizeof(r->name) || strcmp(de->d_name + len - 5, ".plan") ||
+		    fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+		    !S_ISREG(st.st_mode))
+			continue;
+		if (n == cap) {
+			struct record *g = realloc(r, (cap = cap ? 2 * cap : 64) * sizeof(*r));
+			if (!g)
+				goto out;
+			r = g;
+		}
+		memcpy(r[n].name, de->d_name, len + 1);
+		r[n].size = st.st_size;
+		r[n].mtime = st.st_mtim;
+		total += (unsigned long long)st.st_size;
+		n++;
+	}
+	qsort(r, n, sizeof(*r), cmp_oldest);
+	for (size_t i = 0; i < n && total > PLAN_CACHE_BUDGET; i++)
+		if (unlinkat(dirfd(d), r[i].name, 0) == 0)
+			total -= (unsigned long long)r[i].size;
+out:
+	free(r);
+	closedir(d);
 }
 
 void ckfs_plan_cache_store(const struct ckfs_model *m, const char *kind, const uint64_t *v,
@@ -188,8 +250,12 @@ void ckfs_plan_cache_store(const struct ckfs_model *m, const char *kind, const u
 		 write_all(fd, v, n * 8) && write_all(fd, &sum, 8);
 	ok &= close(fd) == 0;
 	fd = -1;
-	if (!ok || rename(tmp, path) != 0)
+	if (!ok || rename(tmp, path) != 0) {
 		unlink(tmp);
+	} else {
+		*strrchr(path, '/') = '\0';
+		prune(path);
+	}
 out:
 	free(id.p);
 }

@@ -12,7 +12,8 @@
 # as `ckfs export` with the checks deferred, and again when a second mount
 # takes the positions from the plan cache; a damaged record, a record
 # others may write, and a rank file changed since (its ctime moves) make
-# the ranks checked again.
+# the ranks checked again. The cache keeps to its budget (256 MiB): a
+# store removes the records used least recently.
 source "$(dirname "$0")/lib.sh"
 require_fuse
 
@@ -106,4 +107,16 @@ if "$CKFS" inspect "$WORK/base" >/dev/null 2>"$WORK/log-changed"; then
 fi
 grep -qF "global shape [8, 4] on rank 0 but [10, 4] on rank 1" "$WORK/log-changed" ||
 	fail "changed: message '$(cat "$WORK/log-changed")'"
+
+# ---- the budget: a store removes the least recently used records ----
+# (sparse stand-ins: their sizes count, not their blocks)
+truncate -s 200M "$CKFS_PLAN_CACHE/0000000000000001.plan"
+truncate -s 100M "$CKFS_PLAN_CACHE/0000000000000002.plan"
+touch -d '2 days ago' "$CKFS_PLAN_CACHE/0000000000000001.plan"
+touch -d '1 day ago' "$CKFS_PLAN_CACHE/0000000000000002.plan"
+rm -rf "$WORK/good2" && cp -a "$FIXTURES/qwen2_fsdp2_w2" "$WORK/good2"
+"$CKFS" inspect "$WORK/good2" >/dev/null || fail "budget: inspect"
+[ -e "$CKFS_PLAN_CACHE/0000000000000001.plan" ] && fail "budget: the oldest record was kept"
+[ -e "$CKFS_PLAN_CACHE/0000000000000002.plan" ] || fail "budget: a record within the budget was removed"
+[ "$(ls "$CKFS_PLAN_CACHE"/*.plan | wc -l)" -ge 3 ] || fail "budget: the new record is missing"
 finish
