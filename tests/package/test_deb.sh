@@ -135,11 +135,12 @@ fi
 [ -x "$ROOT/usr/bin/apt-get" ] || fail "the root has no apt-get"
 
 # What is on the root before the package, for the check after its removal
-# (logs, caches and apt's and dpkg's own records aside).
+# (logs, caches and apt's and dpkg's own records aside; root's ~/.cache is
+# the user's, as ckfs's plan cache there: a purge leaves user data alone).
 snapshot() {
 	(cd "$ROOT" && find . -xdev \( -path ./proc -o -path ./dev -o -path ./tmp -o -path ./run \
 		-o -path ./var/log -o -path ./var/cache -o -path ./var/lib/apt -o -path ./var/lib/dpkg \
-		-o -path ./srv -o -path ./mnt \) -prune -o -print | sort)
+		-o -path ./srv -o -path ./mnt -o -path ./root/.cache \) -prune -o -print | sort)
 }
 snapshot >"$WORK/before"
 
