@@ -277,36 +277,27 @@ static int serve(const struct ckfs_mount_options *opt, int ready_fd)
 	/* A run (global_step_<N> folders, the tracker) or one step of it is
 	 * served by src/fuse/run.c; a checkpoint folder as before. */
 	kind = ckfs_run_kind(opt->src);
-	if (kind != CKFS_RUN_NOT)
-		goto run_setup;
-	if (ckfs_model_open(opt->src, &opt->model, &m, &err) != CKFS_OK)
-		goto err_out0;
-	for (size_t i = 0; i < m->n_warnings; i++)
-		ckfs_log(CKFS_LOG_WARNING, "warning: %s", m->warnings[i]);
-	if (ckfs_folder_build(m, &opt->folder, &f, &err) != CKFS_OK)
-		goto err_out1;
+	if (kind == CKFS_RUN_NOT) {
+		if (ckfs_model_open(opt->src, &opt->model, &m, &err) != CKFS_OK)
+			goto err_out0;
+		for (size_t i = 0; i < m->n_warnings; i++)
+			ckfs_log(CKFS_LOG_WARNING, "warning: %s", m->warnings[i]);
+		if (ckfs_folder_build(m, &opt->folder, &f, &err) != CKFS_OK)
+			goto err_out1;
+	}
 
-	/* The cache starts its read-ahead workers: they inherit a mask
-	 * without the stop signals, which must reach the main thread. */
+	/* The cache starts its read-ahead workers (and a run its watcher):
+	 * they inherit a mask without the stop signals, which must reach the
+	 * main thread. */
 	sigemptyset(&stop_signals);
 	sigaddset(&stop_signals, SIGTERM);
 	sigaddset(&stop_signals, SIGINT);
 	sigaddset(&stop_signals, SIGHUP);
 	sigaddset(&stop_signals, SIGQUIT);
 	pthread_sigmask(SIG_BLOCK, &stop_signals, &old_mask);
-	if (ckfs_fs_init(&fs, opt, m, f, &err) != CKFS_OK)
+	if ((kind == CKFS_RUN_NOT ? ckfs_fs_init(&fs, opt, m, f, &err)
+				  : ckfs_run_new(opt, kind == CKFS_RUN_STEP, &run, &err)) != CKFS_OK)
 		goto err_out3;
-	if (0) {
-run_setup:
-		sigemptyset(&stop_signals);
-		sigaddset(&stop_signals, SIGTERM);
-		sigaddset(&stop_signals, SIGINT);
-		sigaddset(&stop_signals, SIGHUP);
-		sigaddset(&stop_signals, SIGQUIT);
-		pthread_sigmask(SIG_BLOCK, &stop_signals, &old_mask);
-		if (ckfs_run_new(opt, kind == CKFS_RUN_STEP, &run, &err) != CKFS_OK)
-			goto err_out3;
-	}
 	/* Unblocked again before anything is spawned (fusermount3 inherits
 	 * the mask; with auto_unmount it stays running). */
 	pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
