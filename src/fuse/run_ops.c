@@ -854,6 +854,7 @@ static void run_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 	else
 		fuse_reply_buf(req, NULL, 0);
 }
+
 static struct fuse_lowlevel_ops run_ops;
 
 /* ckfs_ll_ops with the handlers that know the run; the rest (EROFS for
