@@ -43,6 +43,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "ckfs/hash.h"
 #include "ckfs/limits.h"
 
 #define ZIP_LOCAL_SIG 0x04034b50u
@@ -654,16 +655,10 @@ static int zip_key_cmp(const void *a, const void *b)
 	return x->idx < y->idx ? -1 : x->idx > y->idx;
 }
 
-#define ZIP_HASH_START 0xcbf29ce484222325ull
-
-/* FNV-1a of s, continuing from h. */
+/* The hash of s, continuing from h. */
 static uint64_t zip_name_hash(uint64_t h, const char *s)
 {
-	for (; *s; s++) {
-		h ^= (unsigned char)*s;
-		h *= 0x100000001b3ull;
-	}
-	return h;
+	return ckfs_fnv1a(h, s, strlen(s));
 }
 
 /* Sorted index and hash index for ckfs_zip_find; duplicate names are
@@ -709,7 +704,7 @@ static enum ckfs_code zip_build_index(struct ckfs_zip *z,
 	if (!z->hash)
 		return ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory", z->label);
 	for (size_t i = 0; i < n; i++) {
-		size_t j = (size_t)zip_name_hash(ZIP_HASH_START, z->entries[i].name) &
+		size_t j = (size_t)zip_name_hash(CKFS_FNV1A_START, z->entries[i].name) &
 			   (z->hash_cap - 1);
 		while (z->hash[j])
 			j = (j + 1) & (z->hash_cap - 1);
@@ -824,7 +819,7 @@ const struct ckfs_zip_entry *ckfs_zip_find(const struct ckfs_zip *z,
 	if (!z || !record || !z->sorted || !z->prefix)
 		return NULL;
 	if (z->hash) {
-		size_t j = (size_t)zip_name_hash(zip_name_hash(ZIP_HASH_START, z->prefix), record) &
+		size_t j = (size_t)zip_name_hash(zip_name_hash(CKFS_FNV1A_START, z->prefix), record) &
 			   (z->hash_cap - 1);
 		for (; z->hash[j]; j = (j + 1) & (z->hash_cap - 1)) {
 			const struct ckfs_zip_entry *e = &z->entries[z->hash[j] - 1];

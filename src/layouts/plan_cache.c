@@ -29,6 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckfs/hash.h"
 #include "ckfs/log.h"
 #include "ckfs/strbuf.h"
 #include "layouts/layouts.h"
@@ -36,18 +37,6 @@
 #define PLAN_CACHE_FORMAT 1
 /* A 235B-parameter MoE actor at world size 64 takes 19 MB. */
 #define PLAN_CACHE_BUDGET (256ull << 20)
-
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-	const unsigned char *b = p;
-	for (size_t i = 0; i < n; i++) {
-		h ^= b[i];
-		h *= 0x100000001b3ull;
-	}
-	return h;
-}
-
-#define FNV_START 0xcbf29ce484222325ull
 
 /* The cache folder (created 0700 when missing), or NULL: none. */
 static int cache_dir(char *out, size_t size)
@@ -108,8 +97,14 @@ static int record_path(const char *id, size_t id_len, char *out, size_t size)
 	if (!cache_dir(dir, sizeof(dir)))
 		return 0;
 	int n = snprintf(out, size, "%s/%016llx.plan", dir,
-			 (unsigned long long)fnv(FNV_START, id, id_len));
+			 (unsigned long long)ckfs_fnv1a(CKFS_FNV1A_START, id, id_len));
 	return n > 0 && (size_t)n < size;
+}
+
+/* The checksum a record ends with: of its identity text and values. */
+static uint64_t record_sum(const struct ckfs_strbuf *id, const uint64_t *v, size_t n)
+{
+	return ckfs_fnv1a(ckfs_fnv1a(CKFS_FNV1A_START, id->p, id->len), v, n * 8);
 }
 
 static int read_all(int fd, void *buf, size_t n)
@@ -164,7 +159,7 @@ bool ckfs_plan_cache_load(const struct ckfs_model *m, const char *kind, uint64_t
 	hit = read_all(fd, stored, id.len) && memcmp(stored, id.p, id.len) == 0 &&
 	      read_all(fd, &count, 8) && count == n && read_all(fd, v, n * 8) &&
 	      read_all(fd, &sum, 8) &&
-	      sum == fnv(fnv(FNV_START, id.p, id.len), v, n * 8);
+	      sum == record_sum(&id, v, n);
 	free(stored);
 	if (hit)
 		futimens(fd, NULL); /* recently used: kept by prune */
@@ -245,7 +240,7 @@ void ckfs_plan_cache_store(const struct ckfs_model *m, const char *kind, const u
 	fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (fd < 0)
 		goto out;
-	uint64_t count = n, sum = fnv(fnv(FNV_START, id.p, id.len), v, n * 8);
+	uint64_t count = n, sum = record_sum(&id, v, n);
 	int ok = write_all(fd, id.p, id.len) && write_all(fd, &count, 8) &&
 		 write_all(fd, v, n * 8) && write_all(fd, &sum, 8);
 	ok &= close(fd) == 0;

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "ckfs/file.h"
+#include "ckfs/hash.h"
 #include "ckfs/layouts.h"
 #include "ckfs/run.h"
 #include "ckfs/text.h"
@@ -224,7 +225,6 @@ static enum ckfs_code add_ignored(struct ckfs_run_scan *s, size_t *cap, const ch
 	return CKFS_OK;
 }
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n);
 
 /* A step's role folders, counted and hashed by name; one that cannot be
  * listed (being removed) has none. */
@@ -234,7 +234,7 @@ static enum ckfs_code count_roles(const char *src, struct ckfs_run_step *s,
 	char path[4096], **names;
 	size_t n;
 	struct ckfs_error e;
-	uint64_t h = UINT64_C(14695981039346656037);
+	uint64_t h = CKFS_FNV1A_START;
 
 	snprintf(path, sizeof(path), "%s/%s", src, s->name);
 	struct stat st;
@@ -256,8 +256,8 @@ static enum ckfs_code count_roles(const char *src, struct ckfs_run_step *s,
 			id[1] = (uint64_t)rst.st_mtim.tv_sec;
 			id[2] = (uint64_t)rst.st_mtim.tv_nsec;
 		}
-		h = fnv(h, names[i], strlen(names[i]) + 1);
-		h = fnv(h, id, sizeof(id));
+		h = ckfs_fnv1a(h, names[i], strlen(names[i]) + 1);
+		h = ckfs_fnv1a(h, id, sizeof(id));
 	}
 	s->n_roles = n;
 	s->roles_hash = h;
@@ -460,18 +460,6 @@ enum ckfs_code ckfs_run_roles(const char *step_dir, char ***names, size_t *n,
 
 /* ---- fingerprint ---- */
 
-/* FNV-1a, 64 bits: enough to tell a changed folder from the same one. */
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-	const unsigned char *b = p;
-
-	for (size_t i = 0; i < n; i++) {
-		h ^= b[i];
-		h *= UINT64_C(1099511628211);
-	}
-	return h;
-}
-
 static enum ckfs_code fp_walk(int dirfd_, int depth, uint64_t *h, struct timespec *newest,
 			      struct ckfs_error *err)
 {
@@ -491,8 +479,8 @@ static enum ckfs_code fp_walk(int dirfd_, int depth, uint64_t *h, struct timespe
 			continue; /* gone meanwhile: the names hash still differs */
 		uint64_t rec[4] = { (uint64_t)st.st_mode, (uint64_t)st.st_size,
 				    (uint64_t)st.st_mtim.tv_sec, (uint64_t)st.st_mtim.tv_nsec };
-		*h = fnv(*h, names[i], strlen(names[i]) + 1);
-		*h = fnv(*h, rec, sizeof(rec));
+		*h = ckfs_fnv1a(*h, names[i], strlen(names[i]) + 1);
+		*h = ckfs_fnv1a(*h, rec, sizeof(rec));
 		if (st.st_mtim.tv_sec > newest->tv_sec ||
 		    (st.st_mtim.tv_sec == newest->tv_sec && st.st_mtim.tv_nsec > newest->tv_nsec))
 			*newest = st.st_mtim;
@@ -501,7 +489,7 @@ static enum ckfs_code fp_walk(int dirfd_, int depth, uint64_t *h, struct timespe
 					O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 			if (fd >= 0)
 				rc = fp_walk(fd, depth + 1, h, newest, err);
-			*h = fnv(*h, "/", 1); /* where the folder ends */
+			*h = ckfs_fnv1a(*h, "/", 1); /* where the folder ends */
 		}
 	}
 	ckfs_run_roles_free(names, n);
@@ -513,7 +501,7 @@ enum ckfs_code ckfs_run_fingerprint(const char *dir, uint64_t *fp, struct timesp
 				    struct ckfs_error *err)
 {
 	struct timespec nw = { 0, 0 };
-	uint64_t h = UINT64_C(14695981039346656037);
+	uint64_t h = CKFS_FNV1A_START;
 	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	enum ckfs_code rc;
 
