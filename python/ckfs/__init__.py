@@ -154,11 +154,12 @@ def _long_options(command: str, options: Dict[str, OptionValue]) -> List[str]:
     option out. A name that is not one of its options is refused (a name
     such as "config=/etc/passwd" would otherwise be read as an option and
     its value)."""
-    table = _names(command, "options")
+    table: Optional[Dict[str, bool]] = None
     args: List[str] = []
     for name, value in options.items():
         if value is None or value is False:
             continue
+        table = table or _names(command, "options")  # asked only when there is a name
         flag = name.replace("_", "-")
         if flag not in table:
             raise _usage(f"unknown option {_quoted(name)} of ckfs {command}")
@@ -173,11 +174,12 @@ def _mount_options(options: Dict[str, OptionValue]) -> List[str]:
     values are: a name that is not a key of the mount's option table (such
     as "dtype=fp32,allow_other", which would add allow_other), and a value
     holding a comma, are refused before anything is mounted."""
-    table = _names("mount", "keys")
+    table: Optional[Dict[str, bool]] = None
     keys: List[str] = []
     for name, value in options.items():
         if value is None or value is False:
             continue
+        table = table or _names("mount", "keys")
         whole = name if value is True else f"{name}={_value_text(value)}"
         if name not in table:
             raise _usage(f"unknown mount option {_quoted(whole)}")
