@@ -4,12 +4,14 @@
  *
  * A checkpoint may come from someone else, so a file is checked before
  * anything is opened or read: it must resolve inside the checkpoint
- * folder (the symlink policy, unless --follow-symlinks), and be a regular
- * file (a FIFO would block the open or the read, a device could do
- * anything on open, a folder is not a file). The open itself cannot block
- * (O_NONBLOCK) and the opened file must be the one checked, so a link
- * swapped in between is noticed. Readers then keep the descriptor, and
- * src/model/source.c records its identity to detect later changes.
+ * folder (the symlink policy, unless --follow-symlinks: under its real
+ * path, or below it by identity where a bind mount gives it another
+ * name), and be a regular file (a FIFO would block the open or the read,
+ * a device could do anything on open, a folder is not a file). The open
+ * itself cannot block (O_NONBLOCK) and the opened file must be the one
+ * checked, so a link swapped in between is noticed. Readers then keep
+ * the descriptor, and src/model/source.c records its identity to detect
+ * later changes.
  */
 #ifndef CKFS_FILE_H
 #define CKFS_FILE_H
@@ -74,6 +76,15 @@ bool ckfs_path_has_acl(const char *path);
 
 /* path names root or something under it (both real paths). */
 bool ckfs_path_under(const char *path, const char *root);
+
+/*
+ * Whether the folder dir (its stat) is path (a folder) or a folder above
+ * what path names, following symlinks: walked up from path's folder by
+ * "..", comparing (st_dev, st_ino). Names cannot tell: a bind mount, or
+ * an export mounted twice, shows one folder under two paths. 1: it is;
+ * 0: it is not; -1 (errno): path cannot be resolved.
+ */
+int ckfs_path_within(const char *path, const struct stat *dir);
 
 /* stat(2) says: a folder; anything that exists. */
 bool ckfs_path_is_dir(const char *path);

@@ -106,7 +106,7 @@ struct ckfs_tensor {
 /*
  * Block-wise FP8 of a 2-D weight W [rows, cols] (src/model/fp8.c): per
  * block of CKFS_FP8_BLOCK x CKFS_FP8_BLOCK (partial at the edges) a scale
- * s = amax(|block|) / 448 (1 for an all-zero block), and values
+ * s = max(amax(|block|), 1e-10) / 448 (never 0: vLLM's floor), and values
  * float8_e4m3fn(clamp(W / s, -448, 448)). The scales of a block row are
  * computed on the first read that needs them, from the whole block row,
  * and kept: a later read of any rows in it reads only those rows.

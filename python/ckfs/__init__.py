@@ -103,35 +103,90 @@ def _run(args: List[str]) -> subprocess.CompletedProcess:
     return proc
 
 
-def _long_options(options: Dict[str, OptionValue]) -> List[str]:
-    """Keyword arguments as long options: raw_names=True -> --raw-names,
-    dtype="fp32" -> --dtype fp32; False and None leave an option out."""
+_tables: Dict[tuple, Dict[str, Any]] = {}
+_tables_lock = threading.Lock()
+
+
+def _names(command: str, kind: str) -> Dict[str, bool]:
+    """The names ``command`` takes, each mapped to whether it takes a value:
+    kind "options" its long options, "keys" the mount's -o keys. Asked of
+    the binary itself (``ckfs help --options-json``, made from the option
+    tables of its C source), once per binary, so the two cannot drift."""
+    path = binary()
+    try:
+        st = os.stat(path)
+        key: tuple = (path, st.st_mtime_ns, st.st_size)
+    except OSError:
+        key = (path,)
+    with _tables_lock:
+        table = _tables.get(key)
+    if table is None:
+        table = json.loads(_run(["help", "--options-json"]).stdout)
+        with _tables_lock:
+            _tables[key] = table
+    return table[command][kind]
+
+
+def _quoted(text: str) -> str:
+    """text in quotes on one line: control characters escaped."""
+    return "'" + "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text) + "'"
+
+
+def _usage(message: str) -> Error:
+    """A usage error found before anything runs (exit status 2, as ckfs's)."""
+    return Error(message, 2, [])
+
+
+def _value_text(value: OptionValue) -> str:
+    return os.fspath(value) if isinstance(value, os.PathLike) else str(value)
+
+
+def _check_value(name: str, value: OptionValue, takes_value: bool) -> None:
+    if takes_value and value is True:
+        raise _usage(f"option {_quoted(name)} needs a value")
+    if not takes_value and value is not True:
+        raise _usage(f"option {_quoted(name)} takes no value (pass True)")
+
+
+def _long_options(command: str, options: Dict[str, OptionValue]) -> List[str]:
+    """Keyword arguments as ``command``'s long options: raw_names=True ->
+    --raw-names, dtype="fp32" -> --dtype fp32; False and None leave an
+    option out. A name that is not one of its options is refused (a name
+    such as "config=/etc/passwd" would otherwise be read as an option and
+    its value)."""
+    table: Optional[Dict[str, bool]] = None
     args: List[str] = []
     for name, value in options.items():
         if value is None or value is False:
             continue
-        flag = "--" + name.replace("_", "-")
-        if value is True:
-            args.append(flag)
-        else:
-            args += [flag, os.fspath(value) if isinstance(value, os.PathLike) else str(value)]
+        table = table or _names(command, "options")  # asked only when there is a name
+        flag = name.replace("_", "-")
+        if flag not in table:
+            raise _usage(f"unknown option {_quoted(name)} of ckfs {command}")
+        _check_value(name, value, table[flag])
+        args += ["--" + flag] if value is True else ["--" + flag, _value_text(value)]
     return args
 
 
 def _mount_options(options: Dict[str, OptionValue]) -> List[str]:
     """Keyword arguments as the mount's -o keys: cache_size="2GiB" ->
-    cache_size=2GiB, allow_other=True -> allow_other."""
+    cache_size=2GiB, allow_other=True -> allow_other. Names are checked as
+    values are: a name that is not a key of the mount's option table (such
+    as "dtype=fp32,allow_other", which would add allow_other), and a value
+    holding a comma, are refused before anything is mounted."""
+    table: Optional[Dict[str, bool]] = None
     keys: List[str] = []
     for name, value in options.items():
         if value is None or value is False:
             continue
-        if value is True:
-            keys.append(name)
-            continue
-        text = os.fspath(value) if isinstance(value, os.PathLike) else str(value)
-        if "," in text:
-            raise ValueError(f"mount option {name}={text!r}: a value cannot hold a comma")
-        keys.append(f"{name}={text}")
+        table = table or _names("mount", "keys")
+        whole = name if value is True else f"{name}={_value_text(value)}"
+        if name not in table:
+            raise _usage(f"unknown mount option {_quoted(whole)}")
+        _check_value(name, value, table[name])
+        if "," in whole:
+            raise _usage(f"mount option {_quoted(whole)}: a value cannot hold a comma")
+        keys.append(whole)
     return ["-o", ",".join(keys)] if keys else []
 
 
@@ -144,9 +199,10 @@ def inspect(src: StrPath, **options: OptionValue) -> Dict[str, Any]:
     ``global_step_<N>`` folders, ``kind`` is ``"run"`` or ``"step"`` and
     ``steps`` lists each step's ``state`` and its ``roles`` (``layout``,
     ``bytes``, ... or ``error``). Keyword arguments are ``inspect``'s
-    long options (``dtype="fp32"``, ``config=path``, ``raw_names=True``).
+    long options (``dtype="fp32"``, ``config=path``, ``raw_names=True``);
+    any other name is refused with :class:`Error` (``returncode`` 2).
     """
-    proc = _run(["inspect", "--json", *_long_options(options), "--", os.fspath(src)])
+    proc = _run(["inspect", "--json", *_long_options("inspect", options), "--", os.fspath(src)])
     return json.loads(proc.stdout)
 
 
@@ -158,7 +214,8 @@ def export(src: StrPath, dst: StrPath, dtype: str = "bf16",
     ``dtype``: ``bf16`` (verl's output), ``fp16``, ``fp32`` or ``auto`` (as
     stored); ``max_shard_size``: bytes, or a size such as ``"5GB"``, for
     sharded weights with an index; ``force``: replace an existing ``dst``.
-    Other keyword arguments are ``export``'s long options. ``dst`` appears
+    Other keyword arguments are ``export``'s long options (any other name
+    is refused with :class:`Error`, ``returncode`` 2). ``dst`` appears
     only once every file is written. Returns ``dst`` as a Path.
     """
     args = ["export", "--dtype", dtype]
@@ -166,7 +223,7 @@ def export(src: StrPath, dst: StrPath, dtype: str = "bf16",
         args += ["--max-shard-size", str(max_shard_size)]
     if force:
         args.append("--force")
-    _run([*args, *_long_options(options), "--", os.fspath(src), os.fspath(dst)])
+    _run([*args, *_long_options("export", options), "--", os.fspath(src), os.fspath(dst)])
     return Path(dst)
 
 
@@ -204,11 +261,13 @@ class Mount:
                  **options: OptionValue):
         self.source = os.path.abspath(os.fspath(src))
         self._made_dir: Optional[str] = None
-        args = _mount_options(options)  # refuse a bad value before mounting
+        args = _mount_options(options)  # refuse a bad name or value before mounting
         if mountpoint is None:
             self._made_dir = tempfile.mkdtemp(prefix="ckfs-")
             mountpoint = self._made_dir
         self.path = os.path.abspath(os.fspath(mountpoint))
+        if self._made_dir is None:
+            _check_empty(self.path)
         try:
             _run(["mount", *args, "--", self.source, self.path])
         except BaseException:
@@ -261,6 +320,23 @@ class Mount:
         return f"<ckfs.Mount {self.source!r} at {self.path!r} ({state})>"
 
 
+def _check_empty(path: str) -> None:
+    """A given mount point must be an empty folder: mounting over files
+    hides them until the unmount, and a caller naming a full folder has
+    most likely named the wrong one. (`ckfs mount` itself mounts over a
+    non-empty folder, as mount(8) and libfuse 3 do for fstab and systemd;
+    docs/mount.md.)"""
+    try:
+        entries = os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # ckfs mount says what is wrong with it
+    except OSError as e:
+        raise Error(f"{_quoted(path)}: cannot list: {e.strerror}", 1, []) from None
+    if entries:
+        raise Error(f"{_quoted(path)}: mount point is not empty; mount on an empty "
+                    f"folder", 1, [])
+
+
 def _is_mount_point(path: str) -> bool:
     """Whether path is in this process's mount table (a dead FUSE mount too)."""
     try:
@@ -276,10 +352,14 @@ def _is_mount_point(path: str) -> bool:
 def mount(src: StrPath, mountpoint: Optional[StrPath] = None, **options: OptionValue) -> Mount:
     """Mount checkpoint ``src`` as its merged Hugging Face folder.
 
-    ``mountpoint``: an existing empty folder; a temporary one (removed
-    afterwards) when not given. Keyword arguments are the mount's ``-o`` keys
+    ``mountpoint``: an existing empty folder (a folder holding anything is
+    refused with :class:`Error`); a temporary one (removed afterwards) when
+    not given. Keyword arguments are the mount's ``-o`` keys
     (``dtype="fp32"``, ``cache_size="2GiB"``, ``allow_other=True``,
-    ``max_shard_size="5GB"``; see ``ckfs mount --help``). Returns once the
+    ``max_shard_size="5GB"``; see ``ckfs mount --help``): any other name,
+    a value for a flag, ``True`` for a key that needs a value, or a value
+    holding a comma is refused with :class:`Error` (``returncode`` 2)
+    before anything is mounted. Returns once the
     folder is ready, as a :class:`Mount`; as a context manager its value is
     the folder's path, unmounted when the block ends, and every mount still
     in place is unmounted when the interpreter exits::

@@ -2,10 +2,12 @@
 /*
  * Where `ckfs export` may write, and what earlier exports left there.
  *
- * An export never deletes or overwrites anything it reads. DIR (its real
- * path, through symlinks) must not be the checkpoint or a folder above
- * it, and replacing an existing DIR (--force) must not remove a file the
- * plan reads: a rank file, config.json, a side file, a --config file.
+ * An export never deletes or overwrites anything it reads. DIR (through
+ * symlinks) must not be the checkpoint or a folder above it, and
+ * replacing an existing DIR (--force) must not remove a file the plan
+ * reads: a rank file, a metadata file, config.json, a side file, a
+ * --config or --base file, nor anything through a mount point inside it.
+ * Folders are compared by identity (st_dev, st_ino), never by name.
  * verl's docs merge into `actor/huggingface`, the folder holding the
  * config and tokenizer the export reads: that is refused with advice (the
  * export copies them into the new folder anyway). A new DIR inside the
@@ -29,6 +31,7 @@
 #include <ftw.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,77 +39,185 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* The real path dst has or would have: through every symlink, the last
- * component too when it exists. 0, or -1 with errno. */
-static int real_dest(const char *dst, char *out, size_t size)
+/* The paths an export reads: every file of the plan (rank files and
+ * other sources, the layout's metadata files, config.json, side files)
+ * and the folders they are read from (SRC first, its Hugging Face
+ * folder), the --base model's too. NULL-terminated, malloc'd; NULL: out
+ * of memory. */
+static const char **read_paths(const struct ckfs_model *m, const struct ckfs_folder *f)
 {
-	char parent[PATH_MAX], buf[PATH_MAX];
-	const char *slash = strrchr(dst, '/');
+	const struct ckfs_model *b = m->base;
+	size_t cap = m->n_sources + m->n_meta_files + f->n_nodes + 8 +
+		     (b ? b->n_meta_files : 0), n = 0;
+	const char **p = malloc(cap * sizeof(*p));
 
-	if (realpath(dst, buf)) {
-		snprintf(out, size, "%s", buf);
-		return 0;
+	if (!p)
+		return NULL;
+	for (const struct ckfs_model *x = m; x; x = x == m ? b : NULL) {
+		p[n++] = x->src_dir;
+		p[n++] = x->hf_dir;
+		p[n++] = x->config_path;
+		for (size_t i = 0; i < x->n_meta_files; i++)
+			p[n++] = x->meta_files[i].path;
 	}
-	if (errno != ENOENT)
-		return -1;
-	if (!slash)
-		snprintf(parent, sizeof(parent), ".");
-	else if (slash == dst)
-		snprintf(parent, sizeof(parent), "/");
-	else
-		snprintf(parent, sizeof(parent), "%.*s", (int)(slash - dst), dst);
-	if (!realpath(parent, buf))
-		return -1;
-	const char *base = slash ? slash + 1 : dst;
-	if ((size_t)snprintf(out, size, "%s%s%s", buf, strcmp(buf, "/") ? "/" : "", base) >= size) {
-		errno = ENAMETOOLONG;
-		return -1;
+	for (size_t i = 0; i < m->n_sources; i++)
+		p[n++] = m->sources[i].path;
+	for (size_t i = 0; i < f->n_nodes; i++)
+		if (f->nodes[i].kind == CKFS_NODE_PASSTHROUGH)
+			p[n++] = f->nodes[i].src.path;
+	/* drop the absent (no hf_dir, no --base) */
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++)
+		if (p[i])
+			p[k++] = p[i];
+	p[k] = NULL;
+	return p;
+}
+
+/* DIR (identity dir) is path's folder or above it: name both. */
+static enum ckfs_code above(const char *dst, const struct stat *dir, const char *path,
+			    const struct ckfs_model *m, struct ckfs_error *err)
+{
+	int r = ckfs_path_within(path, dir);
+
+	if (r < 0)
+		return ckfs_fail_errno(err, "'%s': cannot resolve", path);
+	if (r == 0)
+		return CKFS_OK;
+	if (strcmp(path, m->src_dir) == 0)
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': is the checkpoint '%s' or a "
+				 "folder above it: export to a new folder", dst, m->src_dir);
+	return ckfs_fail(err, CKFS_E_INVALID, "'%s': holds '%s', which this export reads; "
+			 "replacing the folder would delete it: export to another folder",
+			 dst, path);
+}
+
+/* What the removal of an old DIR would reach, walked the way it walks
+ * (ckfs_export_dest_remove: no symlink followed, no other file system
+ * entered): a file this export reads, found by identity, or a mount point
+ * of the same file system (a bind mount), whose files the removal would
+ * delete. nftw takes no context: the CLI checks one DIR at a time. */
+static struct {
+	struct stat *ids;
+	const char **paths;
+	size_t n;
+	uint64_t mnt_id;
+	bool has_mnt_id;
+	const char *hit_read;   /* the read path found, or NULL */
+	char hit[PATH_MAX];     /* where in DIR */
+} walk;
+
+static bool mount_id(const char *path, uint64_t *id)
+{
+	struct statx sx;
+
+	if (statx(AT_FDCWD, path, AT_SYMLINK_NOFOLLOW, STATX_MNT_ID, &sx) != 0 ||
+	    !(sx.stx_mask & STATX_MNT_ID))
+		return false;
+	*id = sx.stx_mnt_id;
+	return true;
+}
+
+static int walk_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	uint64_t id;
+
+	(void)flag;
+	for (size_t i = 0; i < walk.n; i++)
+		if (walk.ids[i].st_dev == sb->st_dev && walk.ids[i].st_ino == sb->st_ino) {
+			walk.hit_read = walk.paths[i];
+			snprintf(walk.hit, sizeof(walk.hit), "%s", path);
+			return 1;
+		}
+	if (ftw->level > 0 && S_ISDIR(sb->st_mode) && walk.has_mnt_id &&
+	    mount_id(path, &id) && id != walk.mnt_id) {
+		snprintf(walk.hit, sizeof(walk.hit), "%s", path);
+		return 1;
 	}
 	return 0;
 }
 
-/* A file the plan reads lies in real_dst: name it. */
-static enum ckfs_code read_inside(const char *dst, const char *real_dst, const char *path,
-				  struct ckfs_error *err)
+static enum ckfs_code walk_dest(const char *dst, const char **paths, struct ckfs_error *err)
 {
-	char real[PATH_MAX];
+	size_t n = 0;
+	enum ckfs_code rc = CKFS_OK;
 
-	if (!path || !realpath(path, real) || !ckfs_path_under(real, real_dst))
+	while (paths[n])
+		n++;
+	memset(&walk, 0, sizeof(walk));
+	walk.ids = malloc((n + 1) * sizeof(*walk.ids));
+	walk.paths = malloc((n + 1) * sizeof(*walk.paths));
+	if (!walk.ids || !walk.paths)
+		rc = ckfs_nomem(err);
+	for (size_t i = 0; i < n && rc == CKFS_OK; i++)
+		if (stat(paths[i], &walk.ids[walk.n]) == 0)
+			walk.paths[walk.n++] = paths[i];
+		else
+			rc = ckfs_fail_errno(err, "'%s': cannot resolve", paths[i]);
+	walk.has_mnt_id = mount_id(dst, &walk.mnt_id);
+	int r = rc == CKFS_OK ? nftw(dst, walk_entry, 16, FTW_PHYS | FTW_MOUNT) : 0;
+	if (r < 0)
+		rc = ckfs_fail_errno(err, "'%s': cannot list", dst);
+	else if (r > 0 && walk.hit_read)
+		rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': holds %s'%s' (as '%s')%s; replacing "
+			       "the folder would delete it: export to another folder", dst,
+			       walk.hit_read == paths[0] ? "the checkpoint " : "", walk.hit_read,
+			       walk.hit, walk.hit_read == paths[0] ? "" : ", which this export reads");
+	else if (r > 0)
+		rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': holds a mount point, '%s'; replacing "
+			       "the folder would delete files through it: unmount it or export "
+			       "to another folder", dst, walk.hit);
+	free(walk.ids);
+	free(walk.paths);
+	memset(&walk, 0, sizeof(walk));
+	return rc;
+}
+
+/* The checks by identity, (st_dev, st_ino), not by name: a bind mount or
+ * an export mounted twice shows one folder under two names, and "DIR is
+ * not SRC" by name then deleted SRC (issue #22). */
+static enum ckfs_code check_identity(const char *dst, const struct stat *dir, bool replacing,
+				     const struct ckfs_model *m, const char **paths,
+				     struct ckfs_error *err)
+{
+	struct stat hf;
+
+	CKFS_TRY(above(dst, dir, m->src_dir, m, err));
+	if (!replacing)
 		return CKFS_OK;
-	return ckfs_fail(err, CKFS_E_INVALID, "'%s': holds '%s', which this export reads; "
-			 "replacing the folder would delete it: export to another folder",
-			 dst, path);
+	if (m->hf_dir && stat(m->hf_dir, &hf) == 0 && hf.st_dev == dir->st_dev &&
+	    hf.st_ino == dir->st_ino)
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': is the checkpoint's Hugging "
+				 "Face folder, whose config and tokenizer this export reads "
+				 "(and copies): export to a new folder, e.g. '%s/merged'", dst,
+				 m->src_dir);
+	for (size_t i = 0; paths[i]; i++)
+		CKFS_TRY(above(dst, dir, paths[i], m, err));
+	/* Walking up from each read file misses a DIR above another name of
+	 * its folder (DIR holds d, and SRC is b/ckpt with b bound to d): the
+	 * walk down through what the removal would reach does not. */
+	return walk_dest(dst, paths, err);
 }
 
 enum ckfs_code ckfs_export_dest_check(const char *dst, bool replacing,
 				      const struct ckfs_model *m,
 				      const struct ckfs_folder *f, struct ckfs_error *err)
 {
-	char real_dst[PATH_MAX], real_hf[PATH_MAX];
 	const char *base = strrchr(dst, '/') ? strrchr(dst, '/') + 1 : dst;
+	struct stat dir;
 
 	if (!*base || strcmp(base, ".") == 0 || strcmp(base, "..") == 0)
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': name the folder to write, not "
 				 "'.' or '..'", dst);
-	if (real_dest(dst, real_dst, sizeof(real_dst)) != 0)
-		return ckfs_fail_errno(err, "'%s': cannot resolve", dst);
-	if (ckfs_path_under(m->src_dir, real_dst))
-		return ckfs_fail(err, CKFS_E_INVALID, "'%s': is the checkpoint '%s' or a "
-				 "folder above it: export to a new folder", dst, m->src_dir);
-	if (!replacing)
-		return CKFS_OK;
-	if (m->hf_dir && realpath(m->hf_dir, real_hf) && strcmp(real_hf, real_dst) == 0)
-		return ckfs_fail(err, CKFS_E_INVALID, "'%s': is the checkpoint's Hugging "
-				 "Face folder, whose config and tokenizer this export reads "
-				 "(and copies): export to a new folder, e.g. '%s/merged'", dst,
-				 m->src_dir);
-	CKFS_TRY(read_inside(dst, real_dst, m->config_path, err));
-	for (size_t i = 0; i < m->n_sources; i++)
-		CKFS_TRY(read_inside(dst, real_dst, m->sources[i].path, err));
-	for (size_t i = 0; i < f->n_nodes; i++)
-		if (f->nodes[i].kind == CKFS_NODE_PASSTHROUGH)
-			CKFS_TRY(read_inside(dst, real_dst, f->nodes[i].src.path, err));
-	return CKFS_OK;
+	if (stat(dst, &dir) != 0)
+		/* nothing there (or a dangling link): above nothing */
+		return errno == ENOENT ? CKFS_OK : ckfs_fail_errno(err, "'%s': cannot resolve", dst);
+	const char **paths = read_paths(m, f);
+	if (!paths)
+		return ckfs_nomem(err);
+	enum ckfs_code rc = check_identity(dst, &dir, replacing, m, paths, err);
+	free(paths);
+	return rc;
 }
 
 int ckfs_export_dest_lock(const char *dir)

@@ -76,6 +76,14 @@ void ckfs_cli_say(const char *fmt, ...)
 	fprintf(stderr, "ckfs: %s\n", line);
 }
 
+/* The library's log lines as the command's other lines: "ckfs: <line>"
+ * (a mount's daemon sets its own sink, src/fuse/session.c). */
+static void cli_log_sink(enum ckfs_log_level level, const char *line)
+{
+	(void)level;
+	fprintf(stderr, "ckfs: %s\n", line);
+}
+
 const char *ckfs_cli_shown(const char *s)
 {
 	static char bufs[4][4096];
@@ -118,6 +126,7 @@ int main(int argc, char **argv)
 	mallopt(M_TRIM_THRESHOLD, 64 << 20);
 #endif
 
+	ckfs_log_set_sink(cli_log_sink);
 	if (cmd && strcmp(cmd, "help") == 0 && argc > 2)
 		return ckfs_cmd_help(argc - 1, argv + 1);
 	if (!cmd || strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 ||

@@ -1,12 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * ckfs help: a command's --help by name, and, hidden, the manual page
- * ckfs(1) (`ckfs help --man`) and the bash completion script (`ckfs help
- * --bash-completion`). The build runs the binary to make both, so they
- * come from the same option tables as --help and cannot disagree with it:
- * every command of ckfs_commands, every option of its table, every -o
- * key of the mount's.
+ * ckfs(1) (`ckfs help --man`), the bash completion script (`ckfs help
+ * --bash-completion`) and the option names as JSON for programs that
+ * pass options (`ckfs help --options-json`: python/ckfs checks keyword
+ * names against it). The build runs the binary to make the first two, so
+ * they come from the same option tables as --help and cannot disagree
+ * with it: every command of ckfs_commands, every option of its table,
+ * every -o key of the mount's.
  */
+#include <cjson/cJSON.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -426,6 +429,55 @@ static void print_completion(FILE *to)
 	fputs(completion_body, to);
 }
 
+/* ---- option names as JSON ---- */
+
+/* {"<command>": {"options": {"<long option>": <takes a value>, ...},
+ * and for the mount "keys": {"<-o key>": <takes a value>, ...}}}: the
+ * table's long options (not --help) and -o keys, and the libfuse keys
+ * the mount passes on. */
+static cJSON *options_json(void)
+{
+	cJSON *all = cJSON_CreateObject();
+
+	for (const struct cli_command *const *c = ckfs_commands; all && *c; c++) {
+		cJSON *cmd = cJSON_AddObjectToObject(all, (*c)->name);
+		cJSON *opts = cmd ? cJSON_AddObjectToObject(cmd, "options") : NULL;
+		cJSON *keys = opts && takes_o(*c) ? cJSON_AddObjectToObject(cmd, "keys") : opts;
+		if (!keys)
+			goto fail;
+		for (const struct cli_opt *const *o = (*c)->opts; *o; o++)
+			if (((*o)->name && !cJSON_AddBoolToObject(opts, (*o)->name, (*o)->arg != NULL)) ||
+			    (keys != opts && (*o)->key &&
+			     !cJSON_AddBoolToObject(keys, (*o)->key, (*o)->arg != NULL)))
+				goto fail;
+		for (const char *const *w = ckfs_mount_fuse_flags; keys != opts && *w; w++)
+			if (!cJSON_AddFalseToObject(keys, *w))
+				goto fail;
+		for (const char *const *w = ckfs_mount_fuse_keys; keys != opts && *w; w++)
+			if (!cJSON_AddTrueToObject(keys, *w))
+				goto fail;
+	}
+	return all;
+fail:
+	cJSON_Delete(all);
+	return NULL;
+}
+
+static int print_options_json(FILE *to)
+{
+	cJSON *j = options_json();
+	char *text = j ? cJSON_Print(j) : NULL;
+
+	cJSON_Delete(j);
+	if (!text) {
+		ckfs_cli_say("out of memory");
+		return 1;
+	}
+	fprintf(to, "%s\n", text);
+	cJSON_free(text);
+	return fflush(to) == 0 ? 0 : 1;
+}
+
 int ckfs_cmd_help(int argc, char **argv)
 {
 	if (argc != 2) {
@@ -436,6 +488,8 @@ int ckfs_cmd_help(int argc, char **argv)
 		print_man(stdout);
 		return fflush(stdout) == 0 ? 0 : 1;
 	}
+	if (strcmp(argv[1], "--options-json") == 0)
+		return print_options_json(stdout);
 	if (strcmp(argv[1], "--bash-completion") == 0) {
 		print_completion(stdout);
 		return fflush(stdout) == 0 ? 0 : 1;

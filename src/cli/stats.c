@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/xattr.h>
 
+#include "ckfs/json.h"
 #include "ckfs/units.h"
 
 #include "cli/cli.h"
@@ -247,7 +248,7 @@ static int stats_apply(void *ctx, const struct cli_opt *o, const char *value)
 
 /* The daemon's counters (JSON text) into *out (malloc'd: a run's grow
  * with its steps): 0, or 1 after saying why. */
-static int read_stats(const char *mnt, char **out)
+static int read_stats(const char *mnt, char **out, size_t *len)
 {
 	ssize_t n = getxattr(mnt, CKFS_STATS_XATTR, NULL, 0);
 	char *buf = NULL;
@@ -264,6 +265,7 @@ static int read_stats(const char *mnt, char **out)
 	if (n >= 0) {
 		buf[n] = '\0';
 		*out = buf;
+		*len = (size_t)n;
 		return 0;
 	}
 	free(buf);
@@ -287,18 +289,24 @@ int ckfs_cmd_stats(int argc, char **argv)
 	if (rc)
 		return rc < 0 ? 0 : rc;
 	const char *mnt = argv[first];
-	if (read_stats(mnt, &buf) != 0)
+	size_t len;
+	if (read_stats(mnt, &buf, &len) != 0)
 		return 1;
-	if (format == STATS_JSON) {
+	/* Checked whole for --json too: any file system may answer the xattr. */
+	struct ckfs_error err;
+	cJSON *o = NULL;
+	ckfs_error_clear(&err);
+	rc = ckfs_json_parse_object(CKFS_STATS_XATTR, buf, len, &o, &err);
+	if (rc == CKFS_OK && format == STATS_JSON)
 		fputs(buf, stdout);
-		free(buf);
-		return 0;
-	}
-	cJSON *o = cJSON_Parse(buf);
 	free(buf);
-	if (!o) {
-		ckfs_cli_say("'%s': unreadable statistics", mnt);
+	if (rc != CKFS_OK) {
+		ckfs_cli_say("'%s': unreadable statistics (%s)", mnt, err.msg);
 		return 1;
+	}
+	if (format == STATS_JSON) {
+		cJSON_Delete(o);
+		return fflush(stdout) == 0 ? 0 : 1;
 	}
 	if (format == STATS_PROMETHEUS)
 		print_prometheus(o, ckfs_abs_path(mnt, abs_mnt, sizeof(abs_mnt)) == 0 ? abs_mnt

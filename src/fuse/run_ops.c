@@ -722,7 +722,7 @@ static void json_str(struct ckfs_strbuf *b, const char *s)
 	ckfs_strbuf_json(b, s);
 }
 
-/* ,"key":value (ckfs_strbuf_fmt formats 128 bytes at most: one pair per call). */
+/* ,"key":value */
 static void kv(struct ckfs_strbuf *b, const char *key, uint64_t v)
 {
 	ckfs_strbuf_fmt(b, ",\"%s\":%" PRIu64, key, v);

@@ -156,7 +156,7 @@ static enum ckfs_code check_mountpoint(const char *mnt, const char *src,
 				       struct ckfs_error *err)
 {
 	struct stat st;
-	char type[128], real_mnt[PATH_MAX], real_src[PATH_MAX];
+	char type[128], real_src[PATH_MAX];
 
 	if (strncmp(mnt, "/dev/fd/", 8) == 0)
 		return CKFS_OK; /* mount.fuse3 -o drop_privileges: already open */
@@ -172,11 +172,12 @@ static enum ckfs_code check_mountpoint(const char *mnt, const char *src,
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': mount point is not a directory",
 				 mnt);
 	/* Mounted over its own checkpoint, the daemon would look up its
-	 * sources through itself: every source check fails. */
-	if (realpath(mnt, real_mnt) && realpath(src, real_src) &&
-	    ckfs_path_under(real_src, real_mnt))
+	 * sources through itself: every source check fails. By identity: a
+	 * bind mount shows the same folder under another name. */
+	if (ckfs_path_within(src, &st) == 1)
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': is the checkpoint '%s' or a "
-				 "folder above it: mount elsewhere", mnt, real_src);
+				 "folder above it: mount elsewhere", mnt,
+				 realpath(src, real_src) ? real_src : src);
 	if (ckfs_mountinfo_lookup(mnt, type, sizeof(type), NULL, 0) == 1) {
 		/* stat may have been answered from cached attributes; statfs
 		 * always asks the daemon. */

@@ -11,18 +11,27 @@
  * format's number and ckfs's version. A record is used only when that
  * text is equal byte for byte, the value count is the one asked for and
  * the checksum over both matches; the file must be a regular file owned
- * by this user and writable by nobody else, in a folder made 0700. Any
- * miss is silent: the caller checks the files itself and stores what it
+ * by this user and writable by nobody else, in a folder made 0700 (an
+ * existing folder not owned by this user, or writable by others, turns
+ * the cache off with one warning). Any other miss is silent: the caller checks the files itself and stores what it
  * found. Writes go to a temporary name renamed into place. The folder is
  * kept under PLAN_CACHE_BUDGET bytes: after a store, the records used
  * least recently (a hit touches its record's mtime) are removed.
  *
  * Where: $CKFS_PLAN_CACHE (a folder; "off" or empty disables it), else
  * $XDG_CACHE_HOME/ckfs/plans, else $HOME/.cache/ckfs/plans.
+ *
+ * Trust: the checksum catches damage, not forgery. A record is as
+ * trusted as the user's own files: whoever can write this user's files
+ * can write a record with a checksum that matches (and could as well
+ * change the user's shell startup files); its positions are then used
+ * without the rank checks. Records and folders others may write are not
+ * used.
  */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +46,27 @@
 #define PLAN_CACHE_FORMAT 1
 /* A 235B-parameter MoE actor at world size 64 takes 19 MB. */
 #define PLAN_CACHE_BUDGET (256ull << 20)
+
+/* The folder is used only when it is ours and nobody else may write in
+ * it: others could otherwise remove, swap or plant records. Else no cache,
+ * said once per process. */
+static int folder_usable(const char *dir)
+{
+	static atomic_flag warned = ATOMIC_FLAG_INIT;
+	struct stat st;
+
+	if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+		return 0;
+	if (st.st_uid == geteuid() && !(st.st_mode & 022))
+		return 1;
+	if (!atomic_flag_test_and_set(&warned))
+		ckfs_log(CKFS_LOG_WARNING, "warning: '%s': plan cache folder %s (mode %04o, "
+			 "owner %u); plan cache off: chmod go-w it, or set CKFS_PLAN_CACHE",
+			 dir, st.st_uid != geteuid() ? "not owned by this user"
+						    : "writable by others",
+			 (unsigned)(st.st_mode & 07777), (unsigned)st.st_uid);
+	return 0;
+}
 
 /* The cache folder (created 0700 when missing), or NULL: none. */
 static int cache_dir(char *out, size_t size)
@@ -66,7 +96,7 @@ static int cache_dir(char *out, size_t size)
 	}
 	if (mkdir(out, 0700) != 0 && errno != EEXIST)
 		return 0;
-	return 1;
+	return folder_usable(out);
 }
 
 /* The identity text of m's sources for records of `kind`. */

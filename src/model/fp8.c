@@ -5,8 +5,10 @@
  * 128 x 128 block, computed from the weight's elements in fp32 (with its
  * LoRA pair added when fused):
  *
- *   s = amax(|block|) / 448, or 1 for an all-zero block (the canonical
- *       NaN when the block holds a NaN, as torch's amax gives);
+ *   s = max(amax(|block|), 1e-10) / 448 (the canonical NaN when the
+ *       block holds a NaN, as torch's amax gives): the floor is vLLM's
+ *       eps (per_token_group_quant_fp8, docs/formats.md), without which
+ *       one fp32 subnormal among zeros gave s = 0 and every zero 0 / 0;
  *   q = float8_e4m3fn(clamp(w / s, -448, 448)), rounded to nearest even
  *       (ckfs_f32_to_f8e4m3).
  *
@@ -93,11 +95,14 @@ static void amax_rows(const struct ckfs_fp8 *q, const float *w, int64_t nrows, s
 		}
 }
 
+/* The floor on amax: an fp32 1e-10, as torch's clamp(min=1e-10) makes it. */
+#define AMAX_FLOOR 1e-10f
+
 static float scale_of(const struct amax *a, int64_t b)
 {
 	if (a->has_nan[b]) /* torch's amax: the canonical NaN, whatever the input's */
 		return NAN;
-	return a->max[b] == 0.0f ? 1.0f : a->max[b] / 448.0f;
+	return (a->max[b] > AMAX_FLOOR ? a->max[b] : AMAX_FLOOR) / 448.0f;
 }
 
 /* Block row states (q->ready): its scales unknown, being computed by one

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,81 @@ bool ckfs_path_under(const char *path, const char *root)
 	if (n == 1 && root[0] == '/')
 		return path[0] == '/';
 	return strncmp(path, root, n) == 0 && (path[n] == '\0' || path[n] == '/');
+}
+
+static bool same_file(const struct stat *a, const struct stat *b)
+{
+	return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
+}
+
+/* Walk up from the folder fd (an O_PATH descriptor, closed here) by "..",
+ * until dir or the top (where ".." is the folder itself). */
+static int walk_up(int fd, const struct stat *dir)
+{
+	struct stat st, up;
+
+	if (fstat(fd, &st) != 0)
+		goto fail;
+	/* PATH_MAX / 2 steps: no real path is deeper ("a/" per level). */
+	for (int depth = 0; depth < PATH_MAX / 2; depth++) {
+		if (same_file(&st, dir)) {
+			close(fd);
+			return 1;
+		}
+		int parent = openat(fd, "..", O_PATH | O_DIRECTORY | O_CLOEXEC);
+		if (parent < 0)
+			goto fail;
+		close(fd);
+		fd = parent;
+		if (fstat(fd, &up) != 0)
+			goto fail;
+		if (same_file(&up, &st)) {
+			close(fd);
+			return 0;
+		}
+		st = up;
+	}
+	errno = ELOOP;
+fail:;
+	int e = errno;
+	close(fd);
+	errno = e;
+	return -1;
+}
+
+int ckfs_path_within(const char *path, const struct stat *dir)
+{
+	struct stat st;
+	int fd = open(path, O_PATH | O_CLOEXEC);
+
+	if (fd < 0)
+		return -1;
+	if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode))
+		return walk_up(fd, dir);
+	close(fd);
+	/* A file: from the folder that really holds it. */
+	char *real = realpath(path, NULL);
+	if (!real)
+		return -1;
+	char *slash = strrchr(real, '/');
+	if (slash == real)
+		slash[1] = '\0';
+	else
+		*slash = '\0';
+	fd = open(real, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	free(real);
+	return fd < 0 ? -1 : walk_up(fd, dir);
+}
+
+/* Inside the folder root (a real path): under it by name, or, where names
+ * differ (a bind mount, one export mounted twice), by identity. */
+static bool inside(const char *real, const char *root)
+{
+	struct stat st;
+
+	if (ckfs_path_under(real, root))
+		return true;
+	return stat(root, &st) == 0 && ckfs_path_within(real, &st) == 1;
 }
 
 /* A path that does not resolve: missing, or a link to nothing. */
@@ -42,7 +118,7 @@ static enum ckfs_code resolve(const struct ckfs_file_policy *pol, const char *pa
 		return errno == ENOENT || errno == ENOTDIR
 			       ? not_found(path, err)
 			       : ckfs_fail_errno(err, "'%s': cannot open", path);
-	if (!ckfs_path_under(r, pol->root) && !(pol->alt_root && ckfs_path_under(r, pol->alt_root))) {
+	if (!inside(r, pol->root) && !(pol->alt_root && inside(r, pol->alt_root))) {
 		free(r);
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': symlink leads outside the "
 				 "checkpoint; use --follow-symlinks", path);
@@ -59,11 +135,6 @@ enum ckfs_code ckfs_file_check_policy(const struct ckfs_file_policy *pol, const 
 	CKFS_TRY(resolve(pol, path, &real, err));
 	free(real);
 	return CKFS_OK;
-}
-
-static bool same_file(const struct stat *a, const struct stat *b)
-{
-	return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
 }
 
 enum ckfs_code ckfs_file_open(const struct ckfs_file_policy *pol, const char *path,

@@ -2,6 +2,7 @@
 /* JSON inputs: see include/ckfs/json.h. cJSON's allocation hook notes a
  * failure in a per-thread flag. */
 #include "ckfs/json.h"
+#include "ckfs/text.h"
 
 #include <cjson/cJSON.h>
 #include <pthread.h>
@@ -59,6 +60,67 @@ static const char *duplicate_key(const cJSON *v, bool *oom)
 	return dup;
 }
 
+/* The UTF-8 sequence at s (avail bytes left): its length, 0 when it is
+ * not one. Never reads past avail. */
+static size_t utf8_at(const unsigned char *s, size_t avail)
+{
+	unsigned char b[4] = { 0 };
+
+	memcpy(b, s, avail < 4 ? avail : 4);
+	size_t k = ckfs_utf8_seq(b);
+	return k <= avail ? k : 0;
+}
+
+static bool json_space(unsigned char c)
+{
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* What cJSON takes and Python's json and serde_json refuse, anywhere in
+ * the text: a NUL (cJSON's whitespace is any byte up to 32, and a C
+ * string ends there: a reader in C would stop where Python sees more), a
+ * raw control character in a string or between tokens, bytes that are not
+ * UTF-8, a byte order mark. */
+static enum ckfs_code check_bytes(const char *what, const unsigned char *s, size_t len,
+				  struct ckfs_error *err)
+{
+	bool in_string = false;
+
+	if (len >= 3 && s[0] == 0xEF && s[1] == 0xBB && s[2] == 0xBF)
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': starts with a byte order mark", what);
+	for (size_t i = 0, k; i < len; i += k) {
+		unsigned char c = s[i];
+		k = 1;
+		if (c == 0)
+			return ckfs_fail(err, CKFS_E_FORMAT, "'%s': NUL byte at offset %zu", what, i);
+		if (c < 0x20 && (in_string || !json_space(c)))
+			return ckfs_fail(err, CKFS_E_FORMAT, "'%s': control character 0x%02x "
+					 "at offset %zu", what, c, i);
+		if (c >= 0x80 && !(k = utf8_at(s + i, len - i)))
+			return ckfs_fail(err, CKFS_E_FORMAT, "'%s': not UTF-8 at offset %zu", what, i);
+		if (in_string && c == '\\' && i + 1 < len && s[i + 1] >= 0x20 && s[i + 1] < 0x80)
+			k = 2; /* an escaped quote does not end the string */
+		else if (c == '"')
+			in_string = !in_string;
+	}
+	return CKFS_OK;
+}
+
+/* Only JSON whitespace after the value, as Python's json ("Extra data")
+ * and serde_json ("trailing characters") require. */
+static enum ckfs_code check_end(const char *what, const char *text, size_t len,
+				const char *end, struct ckfs_error *err)
+{
+	size_t at = (size_t)(end - text);
+
+	while (at < len && json_space((unsigned char)text[at]))
+		at++;
+	if (at < len)
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': data after the JSON value at "
+				 "offset %zu", what, at);
+	return CKFS_OK;
+}
+
 enum ckfs_code ckfs_json_parse(const char *what, const char *text, size_t len,
 			       cJSON **out, struct ckfs_error *err)
 {
@@ -67,6 +129,7 @@ enum ckfs_code ckfs_json_parse(const char *what, const char *text, size_t len,
 	bool oom = false;
 
 	*out = NULL;
+	CKFS_TRY(check_bytes(what, (const unsigned char *)text, len, err));
 	pthread_once(&once, install_hooks);
 	alloc_failed = false;
 	cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
@@ -81,6 +144,10 @@ enum ckfs_code ckfs_json_parse(const char *what, const char *text, size_t len,
 		}
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': invalid JSON at line %u, "
 				 "column %u", what, line, col);
+	}
+	if (check_end(what, text, len, end, err) != CKFS_OK) {
+		cJSON_Delete(j);
+		return CKFS_E_FORMAT;
 	}
 	const char *dup = duplicate_key(j, &oom);
 	if (oom || dup) {

@@ -36,13 +36,24 @@ void ckfs_strbuf_str(struct ckfs_strbuf *b, const char *s)
 void ckfs_strbuf_fmt(struct ckfs_strbuf *b, const char *fmt, ...)
 {
 	char tmp[128];
-	va_list ap;
+	va_list ap, again;
 
 	va_start(ap, fmt);
+	va_copy(again, ap);
 	int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
 	va_end(ap);
-	if (n > 0)
-		ckfs_strbuf_put(b, tmp, (size_t)n < sizeof(tmp) ? (size_t)n : sizeof(tmp) - 1);
+	if (n > 0 && (size_t)n < sizeof(tmp)) {
+		ckfs_strbuf_put(b, tmp, (size_t)n);
+	} else if (n > 0) {
+		/* longer than tmp: formatted again, whole (it was cut) */
+		char *big = malloc((size_t)n + 1);
+		if (big && vsnprintf(big, (size_t)n + 1, fmt, again) == n)
+			ckfs_strbuf_put(b, big, (size_t)n);
+		else
+			b->failed = 1;
+		free(big);
+	}
+	va_end(again);
 }
 
 void ckfs_strbuf_json(struct ckfs_strbuf *b, const char *s)

@@ -17,7 +17,9 @@ named <category>_<what>:
              wrapped modules that clash or are FSDP1 flat parameters; plain
              (non-DTensor) multi-rank checkpoints and HSDP replica ranks
              that are missing or disagree
-    cfg_*    fsdp_config.json and huggingface/config.json
+    cfg_*    fsdp_config.json and huggingface/config.json (values, duplicate
+             keys, and what Python's json refuses: a NUL and what follows
+             it, a second value, raw control characters, non-UTF-8, a BOM)
     fs_*     the folder itself: zero-byte and directory rank files, symlink
              loops, symlinks leading outside the checkpoint; rank file names
              that are zero-padded, signed, suffixed or overflowing, and two
@@ -29,6 +31,7 @@ named <category>_<what>:
              wrapper names are removed
     hf_*     Hugging Face safetensors whose header lies: offsets past the
              end, overlapping tensors, a bad dtype, a huge header length;
+             headers and indexes safetensors 0.7 refuses (NUL padding, ...);
              two keys of one name once wrapper names are removed
     megatron_* legacy Megatron rank folders: a TP rank missing, TP sizes
              that disagree
@@ -530,6 +533,21 @@ def main() -> None:
     case("cfg_hf_config_nested_duplicate_key", {R0: r0, R1: r1},
          config='{"model_type": "llama", "torch_dtype": "float32",\n'
                 ' "rope_scaling": {"factor": 2.0, "type": "linear", "factor": 4.0}}\n')
+    # Read whole, as Python's json reads them: a C reader stopping at a NUL
+    # would take world size 2 or an untied model, Python refuses the file.
+    fsdp_text = json.dumps({"FSDP_version": 2, "world_size": 2}, indent=4)
+    case("cfg_fsdp_nul_junk", {R0: r0, R1: r1}, fsdp_config=fsdp_text + '\0{"world_size": 9}')
+    case("cfg_fsdp_trailing_data", {R0: r0, R1: r1},
+         fsdp_config=fsdp_text + '\n{"FSDP_version": 2, "world_size": 4}\n')
+    cfg_text = json.dumps(CONFIG, indent=2)
+    case("cfg_hf_config_nul_junk", {R0: r0, R1: r1}, config=cfg_text + '\0{"tie_word_embeddings": true}')
+    case("cfg_hf_config_control_char", {R0: r0, R1: r1},
+         config=cfg_text.replace('"llama"', '"lla\tma"'))
+    for name, data in (("cfg_hf_config_not_utf8", cfg_text.encode().replace(b'"llama"', b'"llam\xe4"')),
+                       ("cfg_hf_config_bom", b"\xef\xbb\xbf" + cfg_text.encode())):
+        p = case(name, {R0: r0, R1: r1}, config=False)
+        with open(os.path.join(p, "huggingface", "config.json"), "wb") as f:
+            f.write(data)
 
     # ---- the folder ----
     case("fs_zero_byte_rank", {R0: r0, R1: b""})
@@ -745,6 +763,11 @@ def hf_cases() -> None:
     hf_case("hf_metadata_value_not_string", with_text(json.dumps(h, separators=(",", ":")).encode()))
     entry = json.dumps(header[first], separators=(",", ":")).encode()
     hf_case("hf_duplicate_tensor_key", with_text(compact[:-1] + b',"%s":%s}' % (first.encode(), entry)))
+    # Padding: spaces (and JSON whitespace) after the value, as save_file
+    # writes it; NULs are refused by safetensors 0.7 ("trailing characters").
+    nul = compact + b"\0" * (8 - (8 + len(compact)) % 8)
+    hf_case("hf_header_nul_padding", struct.pack("<Q", len(nul)) + nul + base[8 + hlen:])
+    hf_case("hf_header_control_char", with_text(compact.replace(b'"format"', b'"for\x01mat"')))
     # The weights behind a symlink that leads outside the checkpoint: refused
     # before a byte of the target is read (it would say "bad header length").
     path = _fresh("hf_symlink_outside_weights")
@@ -799,6 +822,7 @@ def hf_cases() -> None:
     dup = text.replace('"weight_map": {', '"weight_map": {\n    "model.norm.weight": '
                        '"model-00001-of-00002.safetensors",', 1)
     sharded_case("hf_index_duplicate_key", dup + "\n")
+    sharded_case("hf_index_nul_junk", text + "\n\0" + '{"weight_map": {}}')
     sharded_case("hf_index_symlink_outside_shard", index, link="model-00002-of-00002.safetensors")
 
 
@@ -892,6 +916,7 @@ def lora_cases() -> None:
     fsdp_fixture_case("lora_meta_malformed", only, meta='{\n    "r": 8,\n')
     fsdp_fixture_case("lora_meta_duplicate_key", only, meta='{"r": 8, "lora_alpha": 16, "r": 4}')
     fsdp_fixture_case("lora_meta_not_object", only, meta='[8, 16]')
+    fsdp_fixture_case("lora_meta_trailing_data", only, meta=json.dumps(meta) + '\n{"r": 16}\n')
 
 
 def names_cases() -> None:

@@ -3,11 +3,17 @@
 """The reference for --dtype fp8 (block-wise FP8 on read), written by torch.
 
 `reference_quantize(w)`: per 128 x 128 block of a 2-D weight (partial blocks at the edges)
-    s = amax(|block|) / 448          (1 for an all-zero block; torch's amax gives NaN for a
-                                      block holding one)
+    s = max(amax(|block|), 1e-10) / 448   (torch's amax and clamp give NaN for a block holding
+                                           one)
     q = (w / s).clamp(-448, 448).to(torch.float8_e4m3fn)
 which is what vLLM, SGLang and transformers read as `weight` (F8_E4M3) and `weight_scale_inv`
-(F32, one per block; the name is DeepSeek-V3's: dequantized w = q * s).
+(F32, one per block; the name is DeepSeek-V3's: dequantized w = q * s). The floor on amax is
+vLLM's (`per_token_group_quant_fp8`, vllm/model_executor/layers/quantization/utils/
+fp8_utils.py: eps = 1e-10, `_absmax = max(max(|y|), eps)`, scale = _absmax / fp8_max,
+q = clamp(y / scale)); SGLang's `sglang_per_token_group_quant_fp8` takes the same eps. Without
+it, one fp32 subnormal among zeros gives amax / 448 = 0 and every zero of the block 0 / 0 = NaN;
+with it every block of finite values dequantizes to finite values (an all-zero block: scale
+1e-10 / 448, values 0).
 
 Writes, for the C tests (tests/unit/test_fp8.c) to compare with bit for bit:
     tests/fixtures/fp8/edge_<fp32|bf16>/   a Hugging Face folder (safetensors.save_file) of weights
@@ -36,6 +42,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 FIX = os.path.join(ROOT, "tests", "fixtures")
 OUT = os.path.join(FIX, "fp8")
 BLOCK = 128
+AMAX_FLOOR = 1e-10  # vLLM's eps (per_token_group_quant_fp8), as an fp32 clamp on amax
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -48,8 +55,7 @@ def reference_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     for i in range(br):
         for j in range(bc):
             b = w[i * BLOCK:(i + 1) * BLOCK, j * BLOCK:(j + 1) * BLOCK]
-            amax = b.abs().amax()
-            s = torch.where(amax == 0, torch.ones_like(amax), amax / 448)
+            s = b.abs().amax().clamp(min=AMAX_FLOOR) / 448
             scales[i, j] = s
             q[i * BLOCK:(i + 1) * BLOCK, j * BLOCK:(j + 1) * BLOCK] = (b / s).clamp(-448, 448).to(
                 torch.float8_e4m3fn)
@@ -71,7 +77,13 @@ def edge_weights(dtype) -> dict:
     up[128:, 64:] = torch.linspace(-3e38, 3e38, 128 * 64).reshape(128, 64)
     gate = torch.randn(1, 5, generator=g) * 2 ** -12
     q = torch.randn(130, 129, generator=g)
-    return {"model.layers.0.mlp.down_proj.weight": down.to(dtype),
+    # amax / 448 underflowing: one fp32 subnormal among zeros (0 in bf16), an all-zero block, a
+    # block below the floor, a plain one
+    o = torch.zeros(256, 256)
+    o[3, 5] = 2.0 ** -149
+    o[140, 200] = -1e-12
+    o[128:, :128] = torch.randn(128, 128, generator=g)
+    return {"model.layers.0.self_attn.o_proj.weight": o.to(dtype),"model.layers.0.mlp.down_proj.weight": down.to(dtype),
             "model.layers.0.mlp.up_proj.weight": up.to(dtype),
             "model.layers.0.mlp.gate_proj.weight": gate.to(dtype),
             "model.layers.0.self_attn.q_proj.weight": q.to(dtype),

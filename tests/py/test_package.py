@@ -228,6 +228,76 @@ def test_mount_errors(venv, tmp_path):
     assert not os.listdir(venv.tmp), f"temporary mount points left: {os.listdir(venv.tmp)}"
 
 
+def test_option_names_checked(venv, tmp_path):
+    """Keyword names are checked against the binary's own option tables (`ckfs help
+    --options-json`), as values are: a name that would add options (issue #22:
+    `**{"dtype=fp32,allow_other": True}` mounted with allow_other), an unknown name, a value
+    for a flag, True for a key that needs a value and a comma in a value are refused with
+    ckfs.Error naming the key (usage error, 2) before anything is mounted or run."""
+    p = venv.python("""
+        import json, os, sys, ckfs
+        out = []
+        def attempt(fn, *args, **opts):
+            try:
+                fn(*args, **opts)
+                out.append("ran")
+            except ckfs.Error as e:
+                out.append([str(e), e.returncode])
+        src, mnt = sys.argv[1], os.path.join(sys.argv[2], "mnt")
+        os.mkdir(mnt)
+        for opts in [{"dtype=fp32,allow_other": True}, {"allow_other,dtype": "fp32"},
+                     {"allow_other": "1"}, {"dtype": True}, {"dtype": "fp32,allow_other"},
+                     {"x\\ny": True}]:
+            attempt(ckfs.mount, src, mnt, **opts)
+        attempt(ckfs.inspect, src, **{"config=/etc/passwd": True})
+        attempt(ckfs.inspect, src, raw_namez=True)
+        attempt(ckfs.export, src, os.path.join(sys.argv[2], "out"), **{"force --quiet": True})
+        attempt(ckfs.inspect, src, raw_names=True, dtype="fp32")  # names of the table: run
+        # a flag and a valued key of the table, named by their Python spelling, mount
+        with ckfs.mount(src, mnt, follow_symlinks=True, dtype="fp32") as path:
+            out.append(json.load(open(os.path.join(path, "config.json")))["dtype"])
+        print(json.dumps([out, os.listdir(mnt), os.path.ismount(mnt)]))
+        """, FIXTURE, tmp_path)
+    out, left, still = json.loads(p.stdout)
+    assert out == [
+        ["unknown mount option 'dtype=fp32,allow_other'", 2],
+        ["unknown mount option 'allow_other,dtype=fp32'", 2],
+        ["option 'allow_other' takes no value (pass True)", 2],
+        ["option 'dtype' needs a value", 2],
+        ["mount option 'dtype=fp32,allow_other': a value cannot hold a comma", 2],
+        ["unknown mount option 'x\\ny'", 2],
+        ["unknown option 'config=/etc/passwd' of ckfs inspect", 2],
+        ["unknown option 'raw_namez' of ckfs inspect", 2],
+        ["unknown option 'force --quiet' of ckfs export", 2],
+        "ran", "float32"], out
+    assert left == [] and not still
+    assert not (tmp_path / "out").exists()
+    # the names are the binary's, flags and keys that take a value told apart
+    keys = json.loads(venv.run("ckfs", "help", "--options-json").stdout)["mount"]["keys"]
+    assert keys["allow_other"] is False and keys["cache_size"] is True and "bogus" not in keys
+
+
+def test_mount_into_non_empty_folder(venv, tmp_path):
+    """A given mount point must be empty: a folder holding a file is refused with ckfs.Error
+    naming it, nothing mounted, the file still there (`ckfs mount` itself mounts over it, as
+    mount(8) and libfuse 3 do: docs/mount.md)."""
+    if not os.path.exists("/dev/fuse"):
+        pytest.fail("/dev/fuse is missing: the mount API cannot be tested here", pytrace=False)
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    (mnt / "keep").write_text("x")
+    p = venv.python("""
+        import json, sys, ckfs
+        try:
+            ckfs.mount(sys.argv[1], sys.argv[2])
+            print(json.dumps("mounted"))
+        except ckfs.Error as e:
+            print(json.dumps([str(e), e.returncode]))
+        """, FIXTURE, mnt)
+    assert json.loads(p.stdout) == [f"'{mnt}': mount point is not empty; mount on an empty folder", 1]
+    assert not mounted(str(mnt)) and (mnt / "keep").read_text() == "x"
+
+
 @pytest.mark.parametrize("ending", ["returns", "raises"])
 def test_unmounted_at_interpreter_exit(venv, ending):
     if not os.path.exists("/dev/fuse"):

@@ -19,6 +19,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include "ckfs/file.h"
 #include "ckfs/folder.h"
 #include "ckfs/layouts.h"
 #include "ckfs/model.h"
@@ -139,8 +140,48 @@ static void test_every_file_of_every_layout(void)
 	       (int)N_KINDS);
 }
 
+/* ckfs_path_within: by identity, through symlinks and "..", files from
+ * the folder that really holds them (bind mounts: tests/cli/
+ * test_export_dest.sh, which needs root). */
+static void test_path_within(void)
+{
+	char top[] = "/tmp/ckfs-within-XXXXXX", p[PATH_MAX];
+	struct stat a, b, root;
+
+	CHECK(mkdtemp(top) != NULL);
+	CHECK(test_sh("cd '%s' && mkdir -p a/sub b && touch a/sub/f b/g && "
+		      "ln -s ../a/sub b/link && ln -s ../a/sub/f b/flink", top) == 0);
+	snprintf(p, sizeof(p), "%s/a", top);
+	CHECK(stat(p, &a) == 0);
+	snprintf(p, sizeof(p), "%s/b", top);
+	CHECK(stat(p, &b) == 0);
+	CHECK(stat("/", &root) == 0);
+	snprintf(p, sizeof(p), "%s/a/sub/f", top);
+	CHECK_EQ_INT(ckfs_path_within(p, &a), 1);
+	CHECK_EQ_INT(ckfs_path_within(p, &b), 0);
+	CHECK_EQ_INT(ckfs_path_within(p, &root), 1);
+	snprintf(p, sizeof(p), "%s/a", top);
+	CHECK_EQ_INT(ckfs_path_within(p, &a), 1); /* the folder itself */
+	/* through links: where they lead, not where they are */
+	snprintf(p, sizeof(p), "%s/b/link", top);
+	CHECK_EQ_INT(ckfs_path_within(p, &a), 1);
+	CHECK_EQ_INT(ckfs_path_within(p, &b), 0);
+	snprintf(p, sizeof(p), "%s/b/flink", top);
+	CHECK_EQ_INT(ckfs_path_within(p, &a), 1);
+	CHECK_EQ_INT(ckfs_path_within(p, &b), 0);
+	snprintf(p, sizeof(p), "%s/b/../a/sub/../sub/f", top);
+	CHECK_EQ_INT(ckfs_path_within(p, &a), 1);
+	snprintf(p, sizeof(p), "%s/b/g", top);
+	CHECK_EQ_INT(ckfs_path_within(p, &a), 0);
+	snprintf(p, sizeof(p), "%s/missing", top);
+	CHECK_EQ_INT(ckfs_path_within(p, &a), -1);
+	CHECK_EQ_INT(errno, ENOENT);
+	CHECK(test_sh("rm -rf '%s'", top) == 0);
+}
+
 int main(void)
 {
 	RUN(test_every_file_of_every_layout);
+	RUN(test_path_within);
 	return test_summary();
 }

@@ -9,8 +9,10 @@
  *  - read in odd pieces from the end backwards, so a block row's scales
  *    are first computed for a read of a few of its rows;
  *  - read by four threads at once, each in its own order (TSan in CI);
- * and every other tensor served as bf16.
+ * and every other tensor served as bf16; every block of finite values
+ * (a subnormal among zeros, all zeros) dequantizes to finite values.
  */
+#include <math.h>
 #include <pthread.h>
 #include <string.h>
 #include <unistd.h>
@@ -201,9 +203,74 @@ static void test_threads(void)
 	ckfs_model_free(m);
 }
 
+/* Whole tensor t as bytes (NULL on a failed read). */
+static unsigned char *read_whole(const struct ckfs_model *m, const struct ckfs_tensor *t)
+{
+	unsigned char *buf = malloc(t->numel * ckfs_dtype_size(t->out_dtype) + 1);
+	struct ckfs_read_scratch s = { 0 };
+	struct ckfs_error err;
+
+	ckfs_error_clear(&err);
+	if (buf && ckfs_tensor_read(m, t, 0, t->numel, buf, &s, &err) != CKFS_OK) {
+		fprintf(stderr, "%s: %s\n", t->name, err.msg);
+		free(buf);
+		buf = NULL;
+	}
+	ckfs_read_scratch_release(&s);
+	return buf;
+}
+
+/* Every block of finite values dequantizes to finite values: its scale
+ * is finite and above 0, and none of its values is NaN (0x7f, 0xff), also
+ * for a block whose amax / 448 underflows (one fp32 subnormal among
+ * zeros: 0 / 0 before the floor) and an all-zero block. The reference's
+ * bytes are compared by test_bit_identical. */
+static void test_blocks_finite(void)
+{
+	for (size_t c = 0; c < 2; c++) { /* the edge weights, fp32 and bf16 */
+		struct ckfs_model *m = open_fp8(&cases[c]);
+		size_t checked = 0;
+		for (size_t i = 0; m && i < m->n_tensors; i++) {
+			const struct ckfs_tensor *t = &m->tensors[i];
+			if (!t->fp8 || t->fp8_scales)
+				continue;
+			const struct ckfs_fp8 *q = t->fp8;
+			const struct ckfs_tensor *st = NULL;
+			for (size_t k = 0; k < m->n_tensors && !st; k++)
+				if (m->tensors[k].fp8 == q && m->tensors[k].fp8_scales)
+					st = &m->tensors[k];
+			CHECK(st != NULL);
+			unsigned char *v = read_whole(m, t);
+			float *sc = st ? (float *)read_whole(m, st) : NULL;
+			CHECK(v && sc);
+			for (int64_t r = 0; v && sc && r < q->rows; r++)
+				for (int64_t col = 0; col < q->cols; col++) {
+					float s = sc[(r / CKFS_FP8_BLOCK) * q->block_cols + col / CKFS_FP8_BLOCK];
+					unsigned char b = v[r * q->cols + col];
+					if (!isfinite(s))
+						continue; /* the block holds a NaN or an Inf */
+					if (!(s > 0.0f) || (b & 0x7f) == 0x7f) {
+						fprintf(stderr, "%s: %s [%lld, %lld]: scale %g, value 0x%02x\n",
+							cases[c].src, t->name, (long long)r,
+							(long long)col, (double)s, b);
+						CHECK(0);
+						r = q->rows;
+						break;
+					}
+					checked++;
+				}
+			free(v);
+			free(sc);
+		}
+		CHECK(checked > 0);
+		ckfs_model_free(m);
+	}
+}
+
 int main(void)
 {
 	RUN(test_bit_identical);
+	RUN(test_blocks_finite);
 	RUN(test_threads);
 	test_tmp_cleanup();
 	return test_summary();

@@ -191,6 +191,15 @@ static void test_broken(void)
 			 "printf '{\"contents\": {}, \"contents\": {}}' > \"$D/ckpt_contents.json\"",
 			 CKFS_E_FORMAT, "/ckpt_contents.json': key 'contents' appears twice in one "
 			 "object", NULL);
+	/* Read whole, as Python's json reads them: a NUL and what follows it,
+	 * or a second value, is refused with its offset. */
+	expect_broken_in("llama_pp2_vpp2_head", "",
+			 "printf '\\000{}' >> \"$D/ckpt_contents.json\"", CKFS_E_FORMAT,
+			 "/ckpt_contents.json': NUL byte at offset ", NULL);
+	expect_broken_in("qwen2_tp2", "",
+			 "printf '{\"sharded_backend\": \"zarr\"}' >> \"$D/dist_ckpt/metadata.json\"",
+			 CKFS_E_FORMAT, "/dist_ckpt/metadata.json': data after the JSON value at "
+			 "offset ", NULL);
 	/* Sizes that are not whole numbers, or out of range. */
 	expect_broken_in("qwen2_tp2", "", "sed -i 's/\"hidden_size\": 64/\"hidden_size\": 64.5/' " CFG,
 			 CKFS_E_FORMAT, "config.json': hidden_size is not a whole number from 0 "

@@ -11,6 +11,7 @@
 #include "ckfs/err.h"
 #include "ckfs/log.h"
 #include "ckfs/text.h"
+#include "ckfs/strbuf.h"
 #include "test.h"
 
 /* No byte a terminal would act on: C0, DEL, C1, or bytes outside valid
@@ -93,9 +94,29 @@ static void test_log_lines(void)
 	CHECK_EQ_STR(logged, "'model\\x0a.safetensors\\x1b[2J': read failed");
 }
 
+/* ckfs_strbuf_fmt appends the whole formatted text, however long (it
+ * kept 127 bytes: the plan cache's identity lost the checkpoint folder's
+ * end, the source count and, for long lines, the sources' ctimes). */
+static void test_strbuf_fmt_long(void)
+{
+	struct ckfs_strbuf b = { 0 };
+	char path[301];
+
+	memset(path, 'p', 300);
+	path[300] = '\0';
+	ckfs_strbuf_fmt(&b, "x\n%s\n%d sources\n", path, 3);
+	CHECK(!b.failed);
+	CHECK_EQ_INT(b.len, 2 + 300 + 11);
+	CHECK(b.p && strncmp(b.p + 2, path, 300) == 0 && strcmp(b.p + 302, "\n3 sources\n") == 0);
+	ckfs_strbuf_fmt(&b, "%s", "");
+	CHECK_EQ_INT(b.len, 313);
+	free(b.p);
+}
+
 int main(void)
 {
 	RUN(test_escape);
+	RUN(test_strbuf_fmt_long);
 	RUN(test_error_messages);
 	RUN(test_log_lines);
 	return test_summary();
