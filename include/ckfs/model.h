@@ -180,6 +180,8 @@ struct ckfs_model {
 	const char *src_dir;
 	const char *layout;             /* "verl-fsdp", "dcp", "megatron",
 					 * "megatron-dist", "deepspeed" or "hf" */
+	const char *written_by;         /* the torch release(s) the files show
+					 * they were written by, or NULL */
 	int world_size;
 	int fsdp_version;               /* 1 or 2; 0 when not recorded */
 	int mesh_ndim;

@@ -7,9 +7,11 @@
  * Understood values: plain tensors (_rebuild_tensor, _v2, _v3, any storage
  * offset and strides, the neg bit), nn.Parameter, DTensor (under
  * torch.distributed._tensor or torch.distributed.tensor; placements Shard,
- * Replicate, _StridedShard and Partial, meshes with or without
- * _coordinate_on_dim) and ShardedTensor (local shards with their offsets).
- * Anything else is reported with the key it sits under.
+ * Replicate, _StridedShard and Partial; the DeviceMesh of every torch
+ * release from 2.4 to 2.15: a rank tensor, or a layout over a rank map)
+ * and ShardedTensor (local shards with their offsets). Anything else, and
+ * any field of the distributed classes ckfs does not know, is reported
+ * with the key it sits under.
  */
 #ifndef CKFS_TORCH_H
 #define CKFS_TORCH_H
@@ -101,6 +103,11 @@ struct ckfs_torch_file {
 	size_t *part_end;
 	size_t n_parts;
 	size_t n_skipped;
+	int writer_lo, writer_hi;  /* torch 2.lo .. 2.hi: see ckfs_torch_writer */
+	/* The last DeviceMesh decoded and its result: every DTensor of a
+	 * file shares one mesh object, decoded once. */
+	const struct ckfs_pv *mesh_pv;
+	const struct ckfs_dtensor_info *mesh_di;
 };
 
 /*
@@ -160,6 +167,11 @@ enum ckfs_code ckfs_torch_decode_value(struct ckfs_torch_file *tf,
 enum ckfs_code ckfs_view_check_bounds(const struct ckfs_tensor_view *v,
 				      const char *what,
 				      struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/* The torch releases tf can have been written by, as far as its zip
+ * records and pickled classes tell ("torch 2.9-2.12", "torch 2.13 or
+ * newer"), in buf; NULL when they tell nothing or contradict each other. */
+const char *ckfs_torch_writer(const struct ckfs_torch_file *tf, char *buf, size_t size);
 
 /* "Shard(0)", "Replicate()", "_StridedShard(dim=0, sf=2)", "Partial()". */
 void ckfs_placement_format(const struct ckfs_placement *p, char *buf,

@@ -52,6 +52,10 @@ static int print_json(const struct ckfs_model *m, const struct ckfs_folder *f)
 	cJSON_AddStringToObject(root, "source", m->src_dir);
 	cJSON_AddStringToObject(root, "layout", m->layout);
 	cJSON_AddNumberToObject(root, "world_size", m->world_size);
+	if (m->written_by)
+		cJSON_AddStringToObject(root, "written_by", m->written_by);
+	else
+		cJSON_AddNullToObject(root, "written_by");
 	if (m->fsdp_version)
 		cJSON_AddNumberToObject(root, "fsdp_version", m->fsdp_version);
 	if (m->tp_size) {
@@ -203,6 +207,8 @@ static void print_text(const struct ckfs_model *m, const struct ckfs_folder *f)
 			printf("mesh         none (plain tensors or ShardedTensor)\n");
 		}
 	}
+	if (m->written_by)
+		printf("written by   %s\n", m->written_by);
 	if (m->n_ranks_read) {
 		printf("ranks read   ");
 		for (size_t i = 0; i < m->n_ranks_read; i++)

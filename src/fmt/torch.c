@@ -328,6 +328,131 @@ unknown:
 			 fn ? fn->u.global.name : "");
 }
 
+/* ---- what each torch release pickles ----
+ *
+ * The distributed classes changed between releases; every BUILD-state key
+ * ckfs knows is listed here, by class, with the releases that write it
+ * (docs/formats.md "torch releases"; a real file of each release is in
+ * tests/fixtures/matrix). A key not listed is refused, naming it: a newer
+ * torch may have changed what the known ones mean.
+ */
+static const char *const mesh_keys[] = {
+	/* 2.4-2.9: the ranks as an n-d tensor (2.4-2.7 _dim_group_infos, 2.8 on
+	 * _dim_group_names; 2.4 _parent_mesh) */
+	"device_type", "mesh", "mesh_dim_names", "_flatten_mesh_list", "_parent_mesh",
+	"_dim_group_infos",
+	/* 2.10 on: a layout over a flat rank map (2.11 on _rank) */
+	"_device_type", "_layout", "_rank_map", "_mesh_dim_names", "_root_mesh",
+	"_flatten_mapping", "_flatten_rank_map", "_rank",
+	/* 2.15: process-group rank order (not the mesh's) */
+	"_preserve_rank_order",
+	/* every release */
+	"_thread_id", "_dim_group_names", "_coordinate_on_dim", "_hash", NULL
+};
+static const char *const mesh_layout_keys[] = { "shape", "stride", "axes", NULL };
+static const char *const flat_layout_keys[] = { "shape", "stride", NULL };
+static const char *const spec_keys[] = {
+	"mesh", "placements", "tensor_meta", "_hash",
+	"shard_order", /* 2.10 on */
+	"use_strided_shard_as_shard_order", NULL /* 2.11 on */
+};
+static const char *const dtensor_keys[] = { "_local_tensor", "_spec", NULL };
+static const char *const shard_keys[] = { "dim", NULL };
+static const char *const strided_keys[] = { "dim", "split_factor", NULL };
+static const char *const partial_keys[] = { "reduce_op", NULL };
+static const char *const no_keys[] = { NULL };
+
+/* Which torch releases a file can have been written by: each fact below
+ * bounds the minor version 2.lo .. 2.hi, as the version matrix shows
+ * (tests/fixtures/matrix, docs/formats.md "torch releases"). */
+static const struct {
+	const char *cls, *field;
+	int lo, hi;
+} dated_fields[] = {
+	{ "DeviceMesh", "mesh", 0, 9 },              /* the rank tensor */
+	{ "DeviceMesh", "_parent_mesh", 0, 4 },
+	{ "DeviceMesh", "_dim_group_infos", 0, 7 },
+	{ "DeviceMesh", "_dim_group_names", 8, 99 },
+	{ "DeviceMesh", "_layout", 10, 99 },         /* a layout over _rank_map */
+	{ "DeviceMesh", "_rank", 11, 99 },
+	{ "DeviceMesh", "_preserve_rank_order", 15, 99 },
+	{ "_MeshLayout", "shape", 10, 12 },          /* sizes and strides */
+	{ "_MeshLayout", "axes", 13, 99 },           /* _FlatLayout per dim */
+	{ "DTensorSpec", "shard_order", 10, 99 },
+	{ "DTensorSpec", "use_strided_shard_as_shard_order", 11, 99 },
+};
+
+static void bound_writer(struct ckfs_torch_file *tf, int lo, int hi)
+{
+	if (lo > tf->writer_lo)
+		tf->writer_lo = lo;
+	if (hi < tf->writer_hi)
+		tf->writer_hi = hi;
+}
+
+const char *ckfs_torch_writer(const struct ckfs_torch_file *tf, char *buf, size_t size)
+{
+	int lo = tf->writer_lo, hi = tf->writer_hi;
+
+	if (lo > hi || (lo == 0 && hi == 99))
+		return NULL;
+	if (lo == hi)
+		snprintf(buf, size, "torch 2.%d", lo);
+	else if (hi == 99)
+		snprintf(buf, size, "torch 2.%d or newer", lo);
+	else if (lo == 0)
+		snprintf(buf, size, "torch 2.%d or older", hi);
+	else
+		snprintf(buf, size, "torch 2.%d-2.%d", lo, hi);
+	return buf;
+}
+
+/* Bound the releases tf can be from by the keys of a BUILD state. */
+static void date_keys(struct ckfs_torch_file *tf, const struct ckfs_pv *st, const char *cls)
+{
+	for (size_t i = 0; st && st->kind == CKFS_PV_DICT && i < st->u.dict.n; i++)
+		for (size_t j = 0; j < sizeof(dated_fields) / sizeof(dated_fields[0]); j++)
+			if (strcmp(cls, dated_fields[j].cls) == 0 &&
+			    ckfs_pv_is_str(st->u.dict.keys[i], dated_fields[j].field))
+				bound_writer(tf, dated_fields[j].lo, dated_fields[j].hi);
+}
+
+/* Refuse a BUILD-state key of obj that `keys` does not list. */
+static enum ckfs_code check_keys(struct ckfs_torch_file *tf, const struct ckfs_pv *obj,
+				 const char *cls, const char *const *keys, const char *key,
+				 struct ckfs_error *err)
+{
+	const struct ckfs_pv *st = obj && obj->kind == CKFS_PV_OBJECT ? obj->u.obj.state
+				   : obj && obj->kind == CKFS_PV_CALL ? obj->u.call.state : NULL;
+
+	if (st && st->kind == CKFS_PV_TUPLE && st->u.seq.n == 2) {
+		/* (dict, slots): check both */
+		CKFS_TRY(check_keys(tf, &(struct ckfs_pv){ .kind = CKFS_PV_OBJECT,
+				    .u.obj.state = st->u.seq.items[0] }, cls, keys, key, err));
+		st = st->u.seq.items[1];
+	}
+	if (!st || st->kind != CKFS_PV_DICT)
+		return CKFS_OK;
+	date_keys(tf, st, cls); /* first, so that a refusal can say it */
+	for (size_t i = 0; i < st->u.dict.n; i++) {
+		const struct ckfs_pv *k = st->u.dict.keys[i];
+		size_t j = 0;
+		while (keys[j] && !ckfs_pv_is_str(k, keys[j]))
+			j++;
+		if (!keys[j]) {
+			char when[64];
+			const char *w = ckfs_torch_writer(tf, when, sizeof(when));
+			return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+					 "'%s': '%s' was written by a torch ckfs does not "
+					 "know (%s field '%s'; the file looks like %s)",
+					 vlabel(tf), key, cls,
+					 k && k->kind == CKFS_PV_STR ? k->u.str.s : "?",
+					 w ? w : "no release ckfs knows");
+		}
+	}
+	return CKFS_OK;
+}
+
 static enum ckfs_code decode_placement(struct ckfs_torch_file *tf,
 				       const struct ckfs_pv *p, const char *key,
 				       struct ckfs_placement *out,
@@ -338,11 +463,11 @@ static enum ckfs_code decode_placement(struct ckfs_torch_file *tf,
 
 	if (is_dist_class(cls, "Replicate")) {
 		out->kind = CKFS_PLACE_REPLICATE;
-		return CKFS_OK;
+		return check_keys(tf, p, "Replicate", no_keys, key, err);
 	}
 	if (is_dist_class(cls, "Partial") || is_dist_class(cls, "_Partial")) {
 		out->kind = CKFS_PLACE_PARTIAL;
-		return CKFS_OK;
+		return check_keys(tf, p, "Partial", partial_keys, key, err);
 	}
 	int strided = is_dist_class(cls, "_StridedShard");
 	if (!strided && !is_dist_class(cls, "Shard"))
@@ -364,10 +489,126 @@ static enum ckfs_code decode_placement(struct ckfs_torch_file *tf,
 	if (dim < 0 || dim >= CKFS_MAX_DIMS || sf < 1)
 		return ckfs_fail(err, CKFS_E_FORMAT,
 				 "'%s': bad shard placement of '%s'", vlabel(tf), key);
+	CKFS_TRY(check_keys(tf, p, strided ? "_StridedShard" : "Shard",
+			    strided ? strided_keys : shard_keys, key, err));
 	out->kind = strided ? CKFS_PLACE_STRIDED_SHARD : CKFS_PLACE_SHARD;
 	out->dim = (int)dim;
 	out->split_factor = sf;
 	return CKFS_OK;
+}
+
+/* An int, or a nested tuple of ints, flattened in order into sizes[]. */
+static int flatten_ints(const struct ckfs_pv *v, int64_t *out, int *n, int max, int depth)
+{
+	int64_t x;
+
+	if (get_int(v, &x)) {
+		if (*n >= max)
+			return 0;
+		out[(*n)++] = x;
+		return 1;
+	}
+	if (depth > 4 || !v || (v->kind != CKFS_PV_TUPLE && v->kind != CKFS_PV_LIST))
+		return 0;
+	for (size_t i = 0; i < v->u.seq.n; i++)
+		if (!flatten_ints(v->u.seq.items[i], out, n, max, depth + 1))
+			return 0;
+	return 1;
+}
+
+/* One mesh dim of a layout: its modes (size, stride), appended to the
+ * rank-map view in order. torch orders the modes of a dim
+ * lexicographically (the last fastest), as the view enumerates them. */
+static enum ckfs_code add_mesh_dim(struct ckfs_torch_file *tf, const struct ckfs_pv *shape,
+				   const struct ckfs_pv *stride, int dim, const char *key,
+				   struct ckfs_dtensor_info *di, struct ckfs_error *err)
+{
+	int64_t sizes[CKFS_MAX_DIMS], strides[CKFS_MAX_DIMS];
+	int ns = 0, nd = 0;
+	struct ckfs_tensor_view *v = &di->mesh_tensor;
+
+	if (!flatten_ints(shape, sizes, &ns, CKFS_MAX_DIMS, 0) ||
+	    !flatten_ints(stride, strides, &nd, CKFS_MAX_DIMS, 0) || ns != nd)
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': device mesh of '%s' has a malformed layout for dim %d",
+				 vlabel(tf), key, dim);
+	di->mesh_shape[dim] = 1;
+	for (int i = 0; i < ns; i++) {
+		if (sizes[i] < 1 || strides[i] < 0 || sizes[i] > CKFS_MAX_RANKS)
+			return ckfs_fail(err, CKFS_E_FORMAT,
+					 "'%s': device mesh of '%s' has a bad size or stride "
+					 "in dim %d", vlabel(tf), key, dim);
+		di->mesh_shape[dim] *= sizes[i];
+		if (di->mesh_shape[dim] > CKFS_MAX_RANKS)
+			return ckfs_fail(err, CKFS_E_LIMIT, "'%s': device mesh of '%s' is "
+					 "too large", vlabel(tf), key);
+		if (sizes[i] == 1)
+			continue;
+		if (v->ndim == CKFS_MAX_DIMS)
+			return ckfs_fail(err, CKFS_E_LIMIT, "'%s': device mesh of '%s' has "
+					 "too many layout modes", vlabel(tf), key);
+		v->shape[v->ndim] = sizes[i];
+		v->stride[v->ndim++] = strides[i];
+	}
+	return CKFS_OK;
+}
+
+/* A DeviceMesh of torch 2.10 on: _layout (2.10-2.12: shape and stride
+ * tuples, one entry per mesh dim, nested for a flattened dim; 2.13 on:
+ * axes, one _FlatLayout of shape and stride tuples per dim) indexes the
+ * flat _rank_map. The mesh's ranks are the rank map viewed through the
+ * layout, which is what di->mesh_tensor becomes. */
+static enum ckfs_code decode_mesh_layout(struct ckfs_torch_file *tf, const struct ckfs_pv *mesh,
+					 const char *key, struct ckfs_dtensor_info *di,
+					 struct ckfs_error *err)
+{
+	const struct ckfs_pv *layout = attr(mesh, "_layout"), *rank_map = attr(mesh, "_rank_map");
+	const struct ckfs_pv *axes = attr(layout, "axes");
+	size_t n;
+
+	if (!layout || !rank_map)
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+				 "'%s': device mesh of '%s' has neither a rank tensor nor "
+				 "a layout and rank map", vlabel(tf), key);
+	CKFS_TRY(check_keys(tf, layout, "_MeshLayout", mesh_layout_keys, key, err));
+	CKFS_TRY(decode_plain(tf, rank_map, key, 0, &di->mesh_tensor, err));
+	if (di->mesh_tensor.ndim != 1 || di->mesh_tensor.stride[0] != 1)
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': device mesh rank map of '%s' "
+				 "is not a flat contiguous tensor", vlabel(tf), key);
+	di->mesh_tensor.ndim = 0;
+	if (axes) {
+		n = seq_len(axes);
+	} else {
+		n = seq_len(attr(layout, "shape"));
+		if (n != seq_len(attr(layout, "stride")))
+			n = 0;
+	}
+	if (n == 0 || n > CKFS_MAX_DIMS)
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+				 "'%s': device mesh of '%s' has a layout of %zu dims",
+				 vlabel(tf), key, n);
+	for (size_t i = 0; i < n; i++) {
+		const struct ckfs_pv *shape, *stride;
+		if (axes) {
+			const struct ckfs_pv *ax = axes->u.seq.items[i];
+			if (!ckfs_pv_is_global_named(obj_class(ax), "torch.distributed", "_FlatLayout"))
+				return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+						 "'%s': device mesh of '%s' has a layout axis that "
+						 "is not a _FlatLayout", vlabel(tf), key);
+			CKFS_TRY(check_keys(tf, ax, "_FlatLayout", flat_layout_keys, key, err));
+			shape = attr(ax, "shape");
+			stride = attr(ax, "stride");
+		} else {
+			shape = attr(layout, "shape")->u.seq.items[i];
+			stride = attr(layout, "stride")->u.seq.items[i];
+		}
+		CKFS_TRY(add_mesh_dim(tf, shape, stride, (int)i, key, di, err));
+	}
+	di->mesh_ndim = (int)n;
+	di->have_mesh_tensor = true;
+	char what[CKFS_MAX_NAME + 64];
+	snprintf(what, sizeof(what), "'%s': device mesh layout of '%s'", vlabel(tf), key);
+	return ckfs_view_check_bounds(&di->mesh_tensor, what, err);
 }
 
 static enum ckfs_code decode_mesh(struct ckfs_torch_file *tf,
@@ -377,38 +618,20 @@ static enum ckfs_code decode_mesh(struct ckfs_torch_file *tf,
 {
 	const struct ckfs_pv *t = attr(mesh, "mesh"), *names, *coord;
 
+	if (!is_dist_class(obj_class(mesh), "DeviceMesh"))
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+				 "'%s': the device mesh of '%s' is not a DeviceMesh", vlabel(tf), key);
+	const struct ckfs_pv *layout = attr(mesh, "_layout");
+	if (layout && layout->kind == CKFS_PV_OBJECT)
+		date_keys(tf, layout->u.obj.state, "_MeshLayout");
+	CKFS_TRY(check_keys(tf, mesh, "DeviceMesh", mesh_keys, key, err));
 	if (t) {
 		CKFS_TRY(decode_plain(tf, t, key, 0, &di->mesh_tensor, err));
 		di->mesh_ndim = di->mesh_tensor.ndim;
 		memcpy(di->mesh_shape, di->mesh_tensor.shape, sizeof(di->mesh_shape));
 		di->have_mesh_tensor = true;
 	} else {
-		/* Newer DeviceMesh: a _layout with top-level sizes and a
-		 * flat _rank_map tensor. */
-		const struct ckfs_pv *layout = attr(mesh, "_layout");
-		const struct ckfs_pv *shape = attr(layout, "shape");
-		size_t n = seq_len(shape);
-		if (!shape || n == 0 || n > CKFS_MAX_DIMS)
-			return ckfs_fail(err, CKFS_E_UNSUPPORTED,
-					 "'%s': device mesh of '%s' has no shape",
-					 vlabel(tf), key);
-		for (size_t i = 0; i < n; i++) {
-			const struct ckfs_pv *s = shape->u.seq.items[i];
-			int64_t size = 1, x;
-			if (get_int(s, &x))
-				size = x;
-			else
-				for (size_t j = 0; j < seq_len(s); j++)
-					if (get_int(s->u.seq.items[j], &x))
-						size *= x;
-			di->mesh_shape[i] = size;
-		}
-		di->mesh_ndim = (int)n;
-		const struct ckfs_pv *rank_map = attr(mesh, "_rank_map");
-		if (rank_map &&
-		    decode_plain(tf, rank_map, key, 0, &di->mesh_tensor, err) == CKFS_OK)
-			di->have_mesh_tensor = true;
-		ckfs_error_clear(err);
+		CKFS_TRY(decode_mesh_layout(tf, mesh, key, di, err));
 	}
 	names = attr(mesh, "mesh_dim_names");
 	if (!names)
@@ -426,6 +649,85 @@ static enum ckfs_code decode_mesh(struct ckfs_torch_file *tf,
 				di->have_coord = false;
 	}
 	return CKFS_OK;
+}
+
+/* The order in which the mesh dims that shard tensor dim d are applied,
+ * as the placements imply it: mesh dims ascending, except that a
+ * _StridedShard(d, sf) was applied after the mesh dims whose sizes
+ * multiply to sf (torch 2.10's rule for reading a shard order out of
+ * _StridedShard placements: walk the mesh dims from the last, insert each
+ * where the product of the sizes before it equals its split factor).
+ * Returns the count, or -1 when no order gives those split factors. */
+static int implied_order(const struct ckfs_dtensor_info *di, int d, int64_t *order)
+{
+	int n = 0;
+
+	for (int m = di->mesh_ndim - 1; m >= 0; m--) {
+		const struct ckfs_placement *p = &di->placements[m];
+		if ((p->kind != CKFS_PLACE_SHARD && p->kind != CKFS_PLACE_STRIDED_SHARD) ||
+		    p->dim != d)
+			continue;
+		int64_t sf = p->kind == CKFS_PLACE_STRIDED_SHARD ? p->split_factor : 1, acc = 1;
+		int at = -1;
+		for (int i = 0; i <= n && at < 0; i++) {
+			if (acc == sf)
+				at = i;
+			else if (i < n)
+				acc *= di->mesh_shape[order[i]];
+		}
+		if (at < 0)
+			return -1;
+		memmove(order + at + 1, order + at, sizeof(*order) * (size_t)(n - at));
+		order[at] = m;
+		n++;
+	}
+	return n;
+}
+
+/* DTensorSpec.shard_order (2.10 on): ShardOrderEntry(tensor_dim,
+ * mesh_dims) for each sharded tensor dim, the order its mesh dims were
+ * applied in. ckfs reads a tensor by its placements, so a stored order
+ * must be the one they imply (2.10-2.14 store it for every DTensor;
+ * 2.15 leaves it None when use_strided_shard_as_shard_order says the
+ * _StridedShard placements are the order). Anything else is refused. */
+static enum ckfs_code check_shard_order(struct ckfs_torch_file *tf, const struct ckfs_pv *spec,
+					const struct ckfs_dtensor_info *di, const char *key,
+					struct ckfs_error *err)
+{
+	const struct ckfs_pv *order = attr(spec, "shard_order");
+	const struct ckfs_pv *as_order = attr(spec, "use_strided_shard_as_shard_order");
+	int strided = 0;
+	size_t e = 0;
+
+	for (int m = 0; m < di->mesh_ndim; m++)
+		strided |= di->placements[m].kind == CKFS_PLACE_STRIDED_SHARD;
+	if (strided && as_order && as_order->kind == CKFS_PV_BOOL && !as_order->u.i)
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+				 "'%s': DTensor '%s' has _StridedShard placements that its "
+				 "spec says are not a shard order", vlabel(tf), key);
+	if (!order || order->kind == CKFS_PV_NONE)
+		return CKFS_OK;
+	for (int d = 0; d < di->ndim; d++) {
+		int64_t want[CKFS_MAX_DIMS], got[CKFS_MAX_DIMS], td;
+		int nw = implied_order(di, d, want), ng = 0;
+		if (nw == 0)
+			continue;
+		const struct ckfs_pv *entry = tuple_item(order, e++);
+		const struct ckfs_pv *args = entry && entry->kind == CKFS_PV_OBJECT ? entry->u.obj.args
+					     : NULL;
+		if (nw < 0 ||
+		    !ckfs_pv_is_global_named(obj_class(entry), "torch.distributed", "ShardOrderEntry") ||
+		    !get_int(tuple_item(args, 0), &td) || td != d ||
+		    !flatten_ints(tuple_item(args, 1), got, &ng, CKFS_MAX_DIMS, 1) ||
+		    ng != nw || memcmp(got, want, sizeof(int64_t) * (size_t)nw) != 0)
+			goto refuse;
+	}
+	if (e == seq_len(order))
+		return CKFS_OK;
+refuse:
+	return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+			 "'%s': DTensor '%s' has a shard order other than its placements imply",
+			 vlabel(tf), key);
 }
 
 static enum ckfs_code decode_dtensor(struct ckfs_torch_file *tf,
@@ -458,9 +760,22 @@ static enum ckfs_code decode_dtensor(struct ckfs_torch_file *tf,
 		if (meta && meta->kind == CKFS_PV_OBJECT)
 			size = tuple_item(meta->u.obj.args, 0);
 	}
+	CKFS_TRY(check_keys(tf, &holder, "DTensor", dtensor_keys, key, err));
+	if (!is_dist_class(obj_class(spec), "DTensorSpec"))
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+				 "'%s': the _spec of DTensor '%s' is not a DTensorSpec",
+				 vlabel(tf), key);
+	CKFS_TRY(check_keys(tf, spec, "DTensorSpec", spec_keys, key, err));
+	const struct ckfs_pv *mesh = attr(spec, "mesh");
+	if (mesh && mesh == tf->mesh_pv) {
+		*di = *tf->mesh_di; /* the mesh fields; the rest is set below */
+	} else {
+		CKFS_TRY(decode_mesh(tf, mesh, key, di, err));
+		tf->mesh_pv = mesh;
+		tf->mesh_di = di;
+	}
 	CKFS_TRY(get_dims(size, di->global_shape, &di->ndim, "global size", key,
 			  tf, err));
-	CKFS_TRY(decode_mesh(tf, attr(spec, "mesh"), key, di, err));
 	placements = attr(spec, "placements");
 	if (seq_len(placements) != (size_t)di->mesh_ndim)
 		return ckfs_fail(err, CKFS_E_FORMAT,
@@ -482,6 +797,7 @@ static enum ckfs_code decode_dtensor(struct ckfs_torch_file *tf,
 		return ckfs_fail(err, CKFS_E_FORMAT,
 				 "'%s': DTensor '%s' local and global ranks differ",
 				 vlabel(tf), key);
+	CKFS_TRY(check_shard_order(tf, spec, di, key, err));
 	out->kind = CKFS_ENTRY_DTENSOR;
 	out->dtensor = di;
 	return CKFS_OK;
@@ -619,6 +935,11 @@ static enum ckfs_code open_pickle(struct ckfs_torch_file *tf, int fd,
 	}
 	if ((rc = check_byteorder(tf, err)) != CKFS_OK)
 		goto fail;
+	tf->writer_hi = 99;
+	if (ckfs_zip_find(&tf->zip, ".format_version")) /* written from torch 2.7 on */
+		bound_writer(tf, 7, 99);
+	else
+		bound_writer(tf, 0, 6);
 	rc = ckfs_zip_read_record(&tf->zip, pkl, CKFS_MAX_METADATA_BYTES, &bytes,
 				  &len, err);
 	if (rc != CKFS_OK)
@@ -794,6 +1115,8 @@ void ckfs_torch_close(struct ckfs_torch_file *tf)
 	tf->part_end = NULL;
 	tf->n_parts = 0;
 	tf->n_skipped = 0;
+	tf->mesh_pv = NULL;
+	tf->mesh_di = NULL;
 }
 
 void ckfs_placement_format(const struct ckfs_placement *p, char *buf, size_t size)

@@ -663,6 +663,10 @@ static enum ckfs_code open_ranks(struct build *b, struct rank_scan *rs, struct c
 		CKFS_TRY(open_source(m, r, &src, err));
 	}
 	CKFS_TRY(ckfs_torch_open(&b->first, m->sources[0].fd, m->sources[0].path, err));
+	char when[64];
+	if (ckfs_torch_writer(&b->first, when, sizeof(when)) &&
+	    !(m->written_by = ckfs_arena_strdup(&m->arena, when)))
+		return ckfs_nomem(err);
 	b->n_keys = b->first.n_entries;
 	if (b->n_keys == 0)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': the state dict is empty",

@@ -43,6 +43,11 @@ named <category>_<what>:
     names_*  names held in memory (tests/fixtures/moe_fsdp/, vlm/) under a
              model_type whose save_pretrained form ckfs has not checked, and
              fused expert stacks without their other half
+    mesh_*, spec_* torch 2.15 rank files (tests/fixtures/matrix) whose
+             DeviceMesh or DTensorSpec holds what ckfs must not guess at: a
+             field it does not know, a layout past the rank map, a rank map
+             that contradicts the file's coordinate, a shard order other
+             than the placements'
     deepspeed_* DeepSpeed ZeRO checkpoints (checkpoint-N/ layout): rank
              files missing, extra, doubled or from another run; partitions
              that disagree with param_shapes or group_paddings; zero_stage
@@ -64,6 +69,7 @@ it is outside each case's checkpoint folder.
     .venv/bin/python tests/gen/make_broken_checkpoints.py   # ~10 s
     .venv/bin/python tests/gen/make_broken_checkpoints.py layouts  # only those
     .venv/bin/python tests/gen/make_broken_checkpoints.py deepspeed  # only deepspeed_*
+    .venv/bin/python tests/gen/make_broken_checkpoints.py matrix  # only mesh_*, spec_*
     (CKFS_BROKEN_OUT=DIR writes the cases elsewhere, e.g. to compare)
 
 Outputs are committed, so the C tests never need Python. Re-running with
@@ -1154,7 +1160,33 @@ def deepspeed_cases() -> None:
     ds_case("deepspeed_optim_file_truncated", z3, cut)
 
 
+def matrix_cases() -> None:
+    """torch 2.15 rank files (tests/fixtures/matrix) whose DeviceMesh or
+    DTensorSpec says something ckfs must not guess at."""
+    base = "matrix/torch-2.15.0/"
+    ranks = [f"model_world_size_4_rank_{r}.pt" for r in range(4)]
+    every = lambda fn: {r: fn for r in ranks}  # noqa: E731
+    # A field no release ckfs knows writes (a newer torch's, say).
+    fsdp_fixture_case("mesh_unknown_field", base + "hsdp", every(
+        lambda b: pkl_patch(b, b"_preserve_rank_order", b"_preserve_rank_ordex")))
+    # A layout whose first axis strides past the 4-rank map: (2:5),(2:1).
+    fsdp_fixture_case("mesh_layout_past_rank_map", base + "hsdp", every(
+        lambda b: pkl_patch_after(b, b"_FlatLayout", b"K\x02\x85", b"K\x05\x85", skip=b"stride")))
+    # Ranks 0 and 1 swapped in the rank map: rank 0's file says it is at
+    # (0, 0), the map puts it at (0, 1).
+    swap = struct.pack("<4i", 1, 0, 2, 3)
+    fsdp_fixture_case("mesh_rank_map_swapped", base + "hsdp", every(
+        lambda b: rezip(b, {"data/1": swap})))
+    # Shard(0) on mesh dim 1 said to be applied on mesh dim 0.
+    fsdp_fixture_case("spec_shard_order_not_default", base + "hsdp", every(
+        lambda b: pkl_patch_after(b, b"shard_order", b"K\x00K\x01\x85", b"K\x00K\x00\x85")))
+    # _StridedShard placements that the spec says are not a shard order.
+    fsdp_fixture_case("spec_strided_not_order", base + "fsdp2_tp", every(
+        lambda b: pkl_patch_after(b, b"use_strided_shard_as_shard_order", b"\x88", b"\x89")))
+
+
 def layout_cases() -> None:
+    matrix_cases()
     dcp_cases()
     hf_cases()
     megatron_cases()
@@ -1170,5 +1202,7 @@ if __name__ == "__main__":
         layout_cases()
     elif sys.argv[1:] == ["deepspeed"]:
         deepspeed_cases()
+    elif sys.argv[1:] == ["matrix"]:
+        matrix_cases()
     else:
         main()
