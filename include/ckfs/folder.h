@@ -47,8 +47,26 @@ struct ckfs_node {
 	size_t n_children;
 };
 
+/* What verl's merger writes into config.json differs by the transformers
+ * release it runs with (docs/formats.md "config.json by transformers
+ * release", recorded in tests/fixtures/matrix/transformers-*): the
+ * releases ckfs imitates, and what differs between them. */
+struct ckfs_transformers_release {
+	const char *release;            /* "5.23": every 5.23.x */
+	bool vl_drops_token_ids;        /* Qwen2-VL / Qwen2.5-VL lose their
+					 * top-level bos, eos and pad ids */
+};
+/* The release a version string ("5.10.4", "5.23") names, or NULL when
+ * ckfs does not know what that release's merger writes; NULL (the
+ * default) gives the newest known. */
+const struct ckfs_transformers_release *ckfs_transformers_release(const char *version);
+/* "5.10, 5.23": the releases known, for messages. */
+const char *ckfs_transformers_releases_known(void);
+
 struct ckfs_folder_options {
 	uint64_t max_shard_size;        /* 0: one model.safetensors */
+	/* --transformers-version; NULL: the newest known */
+	const struct ckfs_transformers_release *transformers;
 };
 
 struct ckfs_folder {
@@ -85,6 +103,7 @@ enum ckfs_code ckfs_folder_read(const struct ckfs_folder *f,
 struct ckfs_config_edits {
 	const char *dtype;          /* the dtype keys' value ("bfloat16") */
 	const char *model_type;     /* per-model rules; NULL when unknown */
+	bool vl_drops_token_ids;    /* see struct ckfs_transformers_release */
 	const char *quantization;   /* a JSON object for "quantization_config";
 				     * NULL: none added */
 };
@@ -93,7 +112,7 @@ struct ckfs_config_edits {
  * config.json for the output (config_json.c): the source text with the
  * dtype keys of the top level and of its sub-configs set to e->dtype,
  * attn_implementation dropped, for Qwen2-VL / Qwen2.5-VL the top-level
- * token ids dropped, and e->quantization as "quantization_config";
+ * token ids dropped when e->vl_drops_token_ids, and e->quantization as "quantization_config";
  * everything else byte for byte. Returns a malloc'd NUL-terminated string.
  */
 enum ckfs_code ckfs_render_config(const char *json, size_t len, const struct ckfs_config_edits *e,

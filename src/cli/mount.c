@@ -91,7 +91,7 @@ static const struct cli_opt opt_max_plans = {
 };
 
 static const struct cli_opt *const mount_opts[] = {
-	&opt_foreground, &opt_debug, &opt_options, &cli_opt_dtype, &cli_opt_max_shard_size,
+	&opt_foreground, &opt_debug, &opt_options, &cli_opt_dtype, &cli_opt_max_shard_size, &cli_opt_transformers_version,
 	&opt_cache_size, &opt_threads, &opt_readahead, &cli_opt_config,
 	&cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_lora, &cli_opt_base,
 	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_fp8_skip, &cli_opt_log_level,

@@ -22,6 +22,11 @@ const struct cli_opt cli_opt_max_shard_size = {
 	"split the weights into shards of at most SIZE (e.g. 5GB, 500MB, 2GiB) "
 	"with model.safetensors.index.json; default one model.safetensors"
 };
+const struct cli_opt cli_opt_transformers_version = {
+	OPT_TRANSFORMERS_VERSION, "transformers-version", 0, "transformers_version", "V",
+	"write config.json as verl's merger does with transformers V (5.10 or "
+	"5.23; default 5.23, the newest checked)"
+};
 const struct cli_opt cli_opt_config = {
 	OPT_CONFIG, "config", 0, "config", "PATH",
 	"config.json (or a folder holding one, whose other files are served "
@@ -258,6 +263,13 @@ int cli_apply_common(const struct cli_command *cmd, struct cli_common *c,
 		return 0;
 	case OPT_CONFIG:
 		c->model.config_path = value;
+		return 0;
+	case OPT_TRANSFORMERS_VERSION:
+		if (!(c->folder.transformers = ckfs_transformers_release(value)))
+			return ckfs_cli_usage_error(cmd->name, "--transformers-version %s: ckfs "
+						    "knows what verl's merger writes with "
+						    "transformers %s", value,
+						    ckfs_transformers_releases_known());
 		return 0;
 	case OPT_FOLLOW_SYMLINKS:
 		c->model.follow_symlinks = true;

@@ -19,7 +19,7 @@ enum cli_opt_id {
 	/* options of several commands (cli_apply_common) */
 	OPT_DTYPE = 1, OPT_MAX_SHARD_SIZE, OPT_CONFIG, OPT_FOLLOW_SYMLINKS, OPT_RAW_NAMES,
 	OPT_LOG_LEVEL, OPT_JSON, OPT_LORA, OPT_BASE, OPT_LORA_ALPHA, OPT_RSLORA,
-	OPT_FP8_SKIP, OPT_RANK_CHECKS,
+	OPT_FP8_SKIP, OPT_RANK_CHECKS, OPT_TRANSFORMERS_VERSION,
 	/* export */
 	OPT_FORCE, OPT_EXPORT_THREADS, OPT_QUIET,
 	/* verify */
@@ -62,7 +62,7 @@ extern const struct cli_command *const ckfs_commands[];
 extern const struct cli_opt cli_opt_dtype, cli_opt_max_shard_size, cli_opt_config,
 	cli_opt_follow_symlinks, cli_opt_raw_names, cli_opt_log_level, cli_opt_json,
 	cli_opt_lora, cli_opt_base, cli_opt_lora_alpha, cli_opt_rslora, cli_opt_fp8_skip,
-	cli_opt_rank_checks;
+	cli_opt_rank_checks, cli_opt_transformers_version;
 /* -h, --help: implied in every command (after its table). */
 extern const struct cli_opt cli_opt_help;
 

@@ -11,8 +11,9 @@
  *  - "attn_implementation" is dropped: a runtime choice verl's
  *    override_config saves into the checkpoint, not part of the model;
  *  - Qwen2-VL and Qwen2.5-VL lose their top-level bos_token_id,
- *    eos_token_id and pad_token_id (their config class keeps those in
- *    text_config only);
+ *    eos_token_id and pad_token_id when the merger's transformers does
+ *    (5.10: its config class keeps those in text_config only; 5.23 keeps
+ *    them at the top level too);
  *  - with --dtype fp8, "quantization_config" says so (its value replaced
  *    in place, or the key added first), as transformers'
  *    FineGrainedFP8Config and vLLM read it.
@@ -208,6 +209,32 @@ static enum ckfs_code put_sub_config(struct ckfs_strbuf *o, const char *s, size_
 	return CKFS_OK;
 }
 
+/* Newest first: the default. */
+static const struct ckfs_transformers_release transformers_releases[] = {
+	{ "5.23", false },
+	{ "5.10", true },
+};
+
+const struct ckfs_transformers_release *ckfs_transformers_release(const char *version)
+{
+	size_t n = sizeof(transformers_releases) / sizeof(transformers_releases[0]);
+
+	if (!version)
+		return &transformers_releases[0];
+	for (size_t i = 0; i < n; i++) {
+		size_t len = strlen(transformers_releases[i].release);
+		if (strncmp(version, transformers_releases[i].release, len) == 0 &&
+		    (version[len] == '\0' || version[len] == '.'))
+			return &transformers_releases[i];
+	}
+	return NULL;
+}
+
+const char *ckfs_transformers_releases_known(void)
+{
+	return "5.10, 5.23";
+}
+
 /* Top-level keys the served file leaves out. */
 static int dropped(const char *s, const struct member *mb, const struct ckfs_config_edits *e)
 {
@@ -218,7 +245,7 @@ static int dropped(const char *s, const struct member *mb, const struct ckfs_con
 
 	if (key_is(s, mb, "attn_implementation"))
 		return 1;
-	for (size_t i = 0; qwen2_vl && i < 3; i++)
+	for (size_t i = 0; qwen2_vl && e->vl_drops_token_ids && i < 3; i++)
 		if (key_is(s, mb, token_ids[i]))
 			return 1;
 	return 0;

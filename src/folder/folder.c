@@ -196,7 +196,10 @@ static enum ckfs_code add_model(struct ckfs_folder *f, const struct ckfs_folder_
 		CKFS_TRY(add_rendered(f, "model.safetensors.index.json", index,
 				      f->layout.index_len, NULL, &f->layout, err));
 	}
-	struct ckfs_config_edits e = { config_dtype(m), m->model_type, NULL };
+	const struct ckfs_transformers_release *tr =
+		opt->transformers ? opt->transformers : ckfs_transformers_release(NULL);
+	struct ckfs_config_edits e = { config_dtype(m), m->model_type, tr->vl_drops_token_ids,
+				       NULL };
 	char *quant = NULL;
 	if (m->n_fp8)
 		CKFS_TRY(ckfs_fp8_quantization_json(m->fp8_unconverted, m->n_fp8_unconverted,

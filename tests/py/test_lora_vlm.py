@@ -66,7 +66,11 @@ class _Mounts:
             if key not in self.points:
                 mnt = self.root / f"m{len(self.points)}"
                 mnt.mkdir()
-                p = subprocess.run([ckfs_bin(), "mount", str(ckpt(case)), str(mnt), *opts],
+                # verl's merger wrote expected/ with the venv's transformers: imitate that one
+                import transformers
+
+                tv = ("--transformers-version", transformers.__version__)
+                p = subprocess.run([ckfs_bin(), "mount", str(ckpt(case)), str(mnt), *tv, *opts],
                                    capture_output=True, text=True, timeout=120)
                 assert p.returncode == 0, f"ckfs mount failed: {p.stderr}"
                 self.points[key] = mnt

@@ -14,6 +14,8 @@
 #include "ckfs/folder.h"
 #include "test.h"
 
+static bool drops_vl_ids = true; /* transformers 5.10's merger */
+
 static void expect_render_with(const char *model_type, const char *quant, const char *in,
 			       const char *want)
 {
@@ -22,7 +24,7 @@ static void expect_render_with(const char *model_type, const char *quant, const 
 	size_t n = 0;
 
 	ckfs_error_clear(&err);
-	struct ckfs_config_edits e = { "bfloat16", model_type, quant };
+	struct ckfs_config_edits e = { "bfloat16", model_type, drops_vl_ids, quant };
 	CHECK_EQ_INT(ckfs_render_config(in, strlen(in), &e, &out, &n, &err), CKFS_OK);
 	CHECK_EQ_STR(out, want);
 	CHECK_EQ_INT(n, strlen(want));
@@ -101,6 +103,29 @@ static void test_dropped_keys(void)
 	expect_render_as(NULL, vl, "{\"bos_token_id\": 1, \"dtype\": \"bfloat16\", "
 			 "\"eos_token_id\": 2, \"text_config\": {\"bos_token_id\": 3}, "
 			 "\"pad_token_id\": 0}");
+	/* transformers 5.23's merger keeps them. */
+	drops_vl_ids = false;
+	expect_render_as("qwen2_vl", vl, "{\"bos_token_id\": 1, \"dtype\": \"bfloat16\", "
+			 "\"eos_token_id\": 2, \"text_config\": {\"bos_token_id\": 3}, "
+			 "\"pad_token_id\": 0}");
+	drops_vl_ids = true;
+}
+
+/* --transformers-version: the releases whose merger output is recorded
+ * (tests/fixtures/matrix/transformers-*), by major.minor; the newest by
+ * default; others refused. */
+static void test_transformers_releases(void)
+{
+	CHECK_EQ_STR(ckfs_transformers_release(NULL)->release, "5.23");
+	CHECK_EQ_STR(ckfs_transformers_release("5.23.0")->release, "5.23");
+	CHECK_EQ_STR(ckfs_transformers_release("5.10.4")->release, "5.10");
+	CHECK_EQ_STR(ckfs_transformers_release("5.10")->release, "5.10");
+	CHECK(ckfs_transformers_release("5.10")->vl_drops_token_ids);
+	CHECK(!ckfs_transformers_release("5.23")->vl_drops_token_ids);
+	CHECK(ckfs_transformers_release("5.1") == NULL);
+	CHECK(ckfs_transformers_release("5.100") == NULL);
+	CHECK(ckfs_transformers_release("4.57.6") == NULL);
+	CHECK(ckfs_transformers_release("") == NULL);
 }
 
 /* --dtype fp8: quantization_config added first, or its value replaced in
@@ -122,6 +147,7 @@ static void test_quantization(void)
 
 int main(void)
 {
+	RUN(test_transformers_releases);
 	RUN(test_dtype_values_replaced_in_place);
 	RUN(test_sub_configs);
 	RUN(test_dropped_keys);
