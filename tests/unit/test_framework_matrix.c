@@ -1,0 +1,191 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The framework version matrix (issue #21): the same checkpoints written
+ * by other releases of the training frameworks than the pinned ones,
+ * tests/fixtures/matrix/<framework>-<version>/<case>/ (the torch-* cells
+ * are test_torch_matrix's):
+ *  - deepspeed-<v>: tests/gen/make_deepspeed_fixtures.py --version-matrix
+ *    run with DeepSpeed <v>; each case served --dtype fp32 equals, tensor
+ *    by tensor and bit for bit, that release's own zero_to_fp32
+ *    (oracle/zero_to_fp32.safetensors; absent for BF16_Optimizer, which
+ *    it refuses) and the fp32 masters gathered in training
+ *    (oracle/live_fp32.safetensors).
+ * Every cell and case listed here must exist, and every folder of those
+ * frameworks under matrix/ must be listed here (a new cell is registered,
+ * not silently skipped). oracle/case.json must name the release.
+ */
+#include <dirent.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckfs/layouts.h"
+#include "ckfs/model.h"
+#include "ckfs/safetensors.h"
+#include "test.h"
+#include "model_check.h"
+
+#define MX CKFS_FIXTURES "/matrix"
+
+/* ---- DeepSpeed ---- */
+
+static const struct {
+	const char *version, *name;
+	int ws, stage; /* stage 0: BF16_Optimizer */
+	int z2f;       /* oracle/zero_to_fp32.safetensors exists */
+} ds_cases[] = {
+	{ "0.16.9", "z1_w2_bf16", 2, 1, 1 },
+	{ "0.16.9", "z2_w3_tied_fp32", 3, 2, 1 },
+	{ "0.16.9", "z3_w3_tied_fp32", 3, 3, 1 },
+	{ "0.16.9", "bf16opt_w3_tied", 3, 0, 0 },
+};
+#define N_DS (sizeof(ds_cases) / sizeof(ds_cases[0]))
+
+/* ref = dir/<file>, opened through a folder of its own (a link to it). */
+static int open_ref(const char *dir, const char *file, const char *tag, struct ckfs_st_set *ref)
+{
+	const char *tmp = test_tmp_dir("matrix", tag);
+	struct ckfs_error err;
+
+	if (test_sh("rm -rf '%s' && mkdir -p '%s' && ln -s '%s/%s' '%s/model.safetensors'", tmp,
+		    tmp, dir, file, tmp) != 0)
+		return -1;
+	ckfs_error_clear(&err);
+	if (ckfs_st_set_open(tmp, NULL, ref, &err) != CKFS_OK) {
+		fprintf(stderr, "%s/%s: %s\n", dir, file, err.msg);
+		return -1;
+	}
+	return 0;
+}
+
+/* oracle/case.json was written by that release: it holds `"key": "version"`. */
+static void check_written_by(const char *case_json, const char *key, const char *version)
+{
+	size_t len = 0;
+	unsigned char *txt = test_slurp(case_json, &len);
+	char want[128];
+
+	CHECK(txt != NULL);
+	if (!txt)
+		return;
+	snprintf(want, sizeof(want), "\"%s\": \"%s\"", key, version);
+	if (!strstr((const char *)txt, want)) {
+		fprintf(stderr, "%s: no %s\n", case_json, want);
+		CHECK(0);
+	}
+	free(txt);
+}
+
+static void check_ds_case(size_t i)
+{
+	char src[512], cfg[600], oracle[600], file[700], tag[128];
+	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_F32, .config_path = cfg };
+	struct ckfs_model *m = NULL;
+	struct ckfs_st_set ref;
+	struct ckfs_error err;
+
+	snprintf(src, sizeof(src), MX "/deepspeed-%s/%s", ds_cases[i].version, ds_cases[i].name);
+	snprintf(cfg, sizeof(cfg), "%s/oracle/config.json", src);
+	snprintf(oracle, sizeof(oracle), "%s/oracle", src);
+	snprintf(tag, sizeof(tag), "ds-%s-%s", ds_cases[i].version, ds_cases[i].name);
+	snprintf(file, sizeof(file), "%s/case.json", oracle);
+	check_written_by(file, "deepspeed", ds_cases[i].version);
+	ckfs_error_clear(&err);
+	CHECK_EQ_INT(ckfs_model_open(src, &opt, &m, &err), CKFS_OK);
+	if (!m) {
+		fprintf(stderr, "%s: %s\n", src, err.msg);
+		return;
+	}
+	CHECK_EQ_STR(m->layout, "deepspeed");
+	CHECK_EQ_INT(m->world_size, ds_cases[i].ws);
+	CHECK_EQ_INT(m->zero_stage, ds_cases[i].stage);
+	CHECK_EQ_STR(m->ds_tag, "global_step2");
+	CHECK_EQ_INT(m->n_ranks_read, ds_cases[i].ws);
+	CHECK_EQ_INT(m->n_sources, ds_cases[i].ws + (ds_cases[i].stage == 3 ? ds_cases[i].ws : 1));
+	struct stat st;
+	snprintf(file, sizeof(file), "%s/zero_to_fp32.safetensors", oracle);
+	CHECK_EQ_INT(stat(file, &st) == 0, ds_cases[i].z2f);
+	if (ds_cases[i].z2f && open_ref(oracle, "zero_to_fp32.safetensors", tag, &ref) == 0) {
+		CHECK_EQ_INT(m->n_tensors, ref.n_entries);
+		test_model_equals(m, &ref, CKFS_DTYPE_F32, src);
+		ckfs_st_set_release(&ref);
+	}
+	if (open_ref(oracle, "live_fp32.safetensors", tag, &ref) == 0) {
+		CHECK_EQ_INT(m->n_tensors, ref.n_entries);
+		test_model_equals(m, &ref, CKFS_DTYPE_F32, src);
+		ckfs_st_set_release(&ref);
+	} else {
+		CHECK(0);
+	}
+	ckfs_model_free(m);
+}
+
+static void test_deepspeed(void)
+{
+	for (size_t i = 0; i < N_DS; i++)
+		check_ds_case(i);
+}
+
+/* ---- every cell on disk is listed ---- */
+
+static int ds_listed(const char *version, const char *name)
+{
+	for (size_t i = 0; i < N_DS; i++)
+		if (strcmp(ds_cases[i].version, version) == 0 &&
+		    (!name || strcmp(ds_cases[i].name, name) == 0))
+			return 1;
+	return 0;
+}
+
+/* Calls listed(version, case) for every case folder of prefix-* cells. */
+static void check_listed(const char *prefix, int (*listed)(const char *, const char *))
+{
+	DIR *d = opendir(MX);
+	struct dirent *e;
+	size_t plen = strlen(prefix), cells = 0;
+
+	CHECK(d != NULL);
+	while (d && (e = readdir(d))) {
+		if (strncmp(e->d_name, prefix, plen) != 0)
+			continue;
+		const char *version = e->d_name + plen;
+		char sub[512];
+		cells++;
+		if (!listed(version, NULL)) {
+			fprintf(stderr, "matrix/%s: not listed in test_framework_matrix.c\n", e->d_name);
+			CHECK(0);
+			continue;
+		}
+		snprintf(sub, sizeof(sub), MX "/%s", e->d_name);
+		DIR *c = opendir(sub);
+		struct dirent *ce;
+		CHECK(c != NULL);
+		while (c && (ce = readdir(c))) {
+			if (ce->d_name[0] == '.')
+				continue;
+			if (!listed(version, ce->d_name)) {
+				fprintf(stderr, "matrix/%s/%s: not listed in "
+					"test_framework_matrix.c\n", e->d_name, ce->d_name);
+				CHECK(0);
+			}
+		}
+		if (c)
+			closedir(c);
+	}
+	if (d)
+		closedir(d);
+	CHECK(cells > 0);
+}
+
+static void test_all_listed(void)
+{
+	check_listed("deepspeed-", ds_listed);
+}
+
+int main(void)
+{
+	RUN(test_deepspeed);
+	RUN(test_all_listed);
+	test_tmp_cleanup();
+	return test_summary();
+}
