@@ -52,9 +52,21 @@ CELLS = {
     "megatron-core-0.14.0": dict(
         python="python3.11",
         steps=[
+            # psutil: megatron-core's async checkpoint writer needs it (not among its requirements)
             ["torch==2.6.0", "numpy==1.26.4", "safetensors==0.7.0", "transformers==4.57.6",
-             "huggingface_hub==0.36.2", "tokenizers==0.22.2", "packaging==25.0"],
+             "huggingface_hub==0.36.2", "tokenizers==0.22.2", "packaging==25.0", "psutil==7.2.2"],
             ["--no-deps", "megatron-core==0.14.0"],
+        ],
+        env={},
+        generators=[["make_megatron_fixtures.py", "--version-matrix"],
+                    ["make_mcore_dist_fixtures.py", "--version-matrix"]],
+    ),
+    "megatron-core-0.19.2": dict(
+        python="python3.12",  # megatron-core 0.19 requires Python >= 3.12 and torch >= 2.6
+        steps=[
+            ["torch==2.8.0", "numpy==2.2.6", "safetensors==0.7.0", "transformers==5.10.4",
+             "huggingface_hub==1.33.0", "tokenizers==0.22.2", "packaging==25.0", "psutil==7.2.2"],
+            ["--no-deps", "megatron-core==0.19.2"],
         ],
         env={},
         generators=[["make_megatron_fixtures.py", "--version-matrix"],

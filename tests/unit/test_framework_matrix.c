@@ -126,6 +126,63 @@ static void test_deepspeed(void)
 		check_ds_case(i);
 }
 
+/* ---- megatron-core ---- */
+
+static const struct {
+	const char *version;
+	const char *kind; /* megatron (per-rank files) or mcore_dist (torch_dist) */
+	const char *name;
+	int tp, pp, world;
+} mg_cases[] = {
+	{ "0.14.0", "megatron", "qwen2_tp2_pp2", 2, 2, 4 },
+	{ "0.14.0", "mcore_dist", "qwen2_tp2", 2, 1, 2 },
+	{ "0.14.0", "mcore_dist", "llama_pp3_uneven", 1, 3, 3 },
+};
+#define N_MG (sizeof(mg_cases) / sizeof(mg_cases[0]))
+
+static void check_mg_case(size_t i)
+{
+	char src[512], orig[600], file[600];
+	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_INVALID };
+	struct ckfs_model *m = NULL;
+	struct ckfs_st_set ref;
+	struct ckfs_error err;
+	int legacy = strcmp(mg_cases[i].kind, "megatron") == 0;
+
+	snprintf(src, sizeof(src), MX "/megatron-core-%s/%s/%s", mg_cases[i].version,
+		 mg_cases[i].kind, mg_cases[i].name);
+	snprintf(orig, sizeof(orig), "%s/original", src);
+	snprintf(file, sizeof(file), MX "/megatron-core-%s/%s/MANIFEST.json", mg_cases[i].version,
+		 mg_cases[i].kind);
+	check_written_by(file, "megatron-core", mg_cases[i].version);
+	ckfs_error_clear(&err);
+	CHECK_EQ_INT(ckfs_model_open(src, &opt, &m, &err), CKFS_OK);
+	if (!m) {
+		fprintf(stderr, "%s: %s\n", src, err.msg);
+		return;
+	}
+	CHECK_EQ_STR(m->layout, legacy ? "megatron" : "megatron-dist");
+	CHECK_EQ_INT(m->world_size, mg_cases[i].world);
+	if (legacy) {
+		CHECK_EQ_INT(m->tp_size, mg_cases[i].tp);
+		CHECK_EQ_INT(m->pp_size, mg_cases[i].pp);
+	}
+	ckfs_error_clear(&err);
+	CHECK_EQ_INT(ckfs_st_set_open(orig, NULL, &ref, &err), CKFS_OK);
+	if (ref.n_entries) {
+		CHECK_EQ_INT(m->n_tensors, ref.n_entries);
+		test_model_equals(m, &ref, CKFS_DTYPE_BF16, src);
+		ckfs_st_set_release(&ref);
+	}
+	ckfs_model_free(m);
+}
+
+static void test_megatron(void)
+{
+	for (size_t i = 0; i < N_MG; i++)
+		check_mg_case(i);
+}
+
 /* ---- every cell on disk is listed ---- */
 
 static int ds_listed(const char *version, const char *name)
@@ -137,8 +194,34 @@ static int ds_listed(const char *version, const char *name)
 	return 0;
 }
 
-/* Calls listed(version, case) for every case folder of prefix-* cells. */
-static void check_listed(const char *prefix, int (*listed)(const char *, const char *))
+/* Every entry of cell/kind is listed(version, "kind/entry"). */
+static void check_kind(const char *cell, const char *version, const char *kind,
+		       int (*listed)(const char *, const char *))
+{
+	char sub[1024], name[600];
+	DIR *d;
+	struct dirent *e;
+
+	snprintf(sub, sizeof(sub), "%s/%s", cell, kind);
+	d = opendir(sub);
+	CHECK(d != NULL);
+	while (d && (e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(name, sizeof(name), "%s/%s", kind, e->d_name);
+		if (!listed(version, name)) {
+			fprintf(stderr, "%s/%s: not listed in test_framework_matrix.c\n", sub,
+				e->d_name);
+			CHECK(0);
+		}
+	}
+	if (d)
+		closedir(d);
+}
+
+/* Calls listed(version, case) for every case folder of prefix-* cells;
+ * kinds: the cells hold <kind>/<case> folders. */
+static void check_listed(const char *prefix, int (*listed)(const char *, const char *), int kinds)
 {
 	DIR *d = opendir(MX);
 	struct dirent *e;
@@ -167,7 +250,10 @@ static void check_listed(const char *prefix, int (*listed)(const char *, const c
 				fprintf(stderr, "matrix/%s/%s: not listed in "
 					"test_framework_matrix.c\n", e->d_name, ce->d_name);
 				CHECK(0);
+				continue;
 			}
+			if (kinds)
+				check_kind(sub, version, ce->d_name, listed);
 		}
 		if (c)
 			closedir(c);
@@ -177,14 +263,33 @@ static void check_listed(const char *prefix, int (*listed)(const char *, const c
 	CHECK(cells > 0);
 }
 
+/* name: "<kind>" or "<kind>/<case>" (MANIFEST.json of a kind is not a case) */
+static int mg_listed(const char *version, const char *name)
+{
+	for (size_t i = 0; i < N_MG; i++) {
+		if (strcmp(mg_cases[i].version, version) != 0)
+			continue;
+		size_t kl = strlen(mg_cases[i].kind);
+		if (!name || strcmp(name, mg_cases[i].kind) == 0)
+			return 1;
+		if (strncmp(name, mg_cases[i].kind, kl) == 0 && name[kl] == '/' &&
+		    (strcmp(name + kl + 1, mg_cases[i].name) == 0 ||
+		     strcmp(name + kl + 1, "MANIFEST.json") == 0))
+			return 1;
+	}
+	return 0;
+}
+
 static void test_all_listed(void)
 {
-	check_listed("deepspeed-", ds_listed);
+	check_listed("deepspeed-", ds_listed, 0);
+	check_listed("megatron-core-", mg_listed, 1);
 }
 
 int main(void)
 {
 	RUN(test_deepspeed);
+	RUN(test_megatron);
 	RUN(test_all_listed);
 	test_tmp_cleanup();
 	return test_summary();
