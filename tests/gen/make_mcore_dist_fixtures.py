@@ -5,7 +5,7 @@
     .venv/bin/pip install --no-deps megatron-core==0.12.2    # generators only (no test imports it), so not in tests/python-requirements.txt
     nice -n 10 .venv/bin/python tests/gen/make_mcore_dist_fixtures.py    # ~6 min on 2 cores
     nice -n 10 .venv/bin/python tests/gen/make_mcore_dist_fixtures.py qwen3_moe_ep2   # some cases
-    python3 tests/gen/framework_matrix.py megatron-core-0.14.0   # version matrix (issue #21): a
+    python3 tests/gen/framework_matrix.py megatron-core-0.19.2   # version matrix (0.14.0 too): a
         # venv with that release, then --version-matrix (MATRIX_CASES into
         # tests/fixtures/matrix/megatron-core-<version>/mcore_dist/) here and in
         # make_megatron_fixtures.py; megatron-core >= 0.14 needs psutil for its writer

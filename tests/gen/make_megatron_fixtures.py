@@ -6,7 +6,7 @@
     .venv/bin/python tests/gen/make_megatron_fixtures.py --moe-only      # MoE and critic cases only
     .venv/bin/python tests/gen/make_megatron_fixtures.py --broken-only   # broken/, *_te/
     .venv/bin/python tests/gen/make_megatron_fixtures.py --only a,b      # the named cases only
-    python3 tests/gen/framework_matrix.py megatron-core-0.14.0  # version matrix (issue #21):
+    python3 tests/gen/framework_matrix.py megatron-core-0.19.2  # version matrix (issue #21), 0.14.0 too:
         # a venv with that release, then --version-matrix here (MATRIX_CASES into
         # tests/fixtures/matrix/megatron-core-<version>/megatron/) and in make_mcore_dist_fixtures.py
     .venv/bin/python tests/gen/make_megatron_fixtures.py --self-check    # Megatron forward
