@@ -18,6 +18,8 @@ The generators' --version-matrix option is documented in each of them:
                                release's zero_to_fp32 and the live fp32 masters as oracles
   make_megatron_fixtures.py    MATRIX_CASES -> matrix/megatron-core-<version>/megatron/<case>/
   make_mcore_dist_fixtures.py  MATRIX_CASES -> matrix/megatron-core-<version>/mcore_dist/<case>/
+  make_fixtures.py             MATRIX_CONFIGS -> matrix/verl-<version>/{fsdp,original,expected}/,
+                               saved by that verl's FSDPCheckpointManager, merged by its merger
 tests/unit/test_framework_matrix.c reads every cell (and fails on one it does not list).
 """
 
@@ -74,6 +76,42 @@ CELLS = {
     ),
 }
 
+# verl releases: the venv of tests/setup-venv.sh (torch 2.8.0; verl 0.9.1's dependencies) with the
+# release's own code and transformers 4.57.6 (verl 0.5-0.8 do not import, or wrap a model, with
+# transformers 5) installed --no-deps into an overlay folder put first on PYTHONPATH; with it
+# huggingface_hub < 1 (transformers 4 checks it), and datasets 4.8.5 (5.x imports what only
+# huggingface_hub 1.x has; verl >= 0.6 imports datasets with its checkpoint manager).
+VERL_OVERLAY = ["transformers==4.57.6", "huggingface_hub==0.36.2", "datasets==4.8.5"]
+for _v in ("0.5.0", "0.6.1", "0.7.1", "0.8.0"):
+    CELLS[f"verl-{_v}"] = dict(overlay=[f"verl=={_v}"] + VERL_OVERLAY, env={},
+                               generators=[["make_fixtures.py", "--version-matrix"]])
+
+
+def project_venv():
+    venv = os.environ.get("CKFS_VENV", os.path.join(CACHE, "venv"))
+    py = os.path.join(venv, "bin", "python")
+    if not os.path.exists(py):
+        sys.exit(f"framework_matrix: no venv at {venv}: run tests/setup-venv.sh (CKFS_VENV={venv})")
+    return py
+
+
+def overlay_of(cell):
+    """(python, overlay folder) of a verl cell, the overlay installed once."""
+    py = project_venv()
+    spec = CELLS[cell]
+    over = os.path.join(CACHE, f"{cell}-overlay")
+    stamp = os.path.join(over, ".ckfs-cell")
+    want = repr(spec["overlay"])
+    if not (os.path.exists(stamp) and open(stamp).read() == want):
+        shutil.rmtree(over, ignore_errors=True)
+        print(f"framework_matrix: {cell}: pip install --target {over} --no-deps {' '.join(spec['overlay'])}",
+              flush=True)
+        subprocess.run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+                        "--target", over] + spec["overlay"], check=True)
+        with open(stamp, "w") as f:
+            f.write(want)
+    return py, over
+
 
 def find_python(name):
     """name (python3.12) on PATH if it runs, else pyenv's copy of it."""
@@ -112,9 +150,13 @@ def venv_of(cell):
 
 
 def run_cell(cell):
-    py = venv_of(cell)
     spec = CELLS[cell]
     env = dict(os.environ, **spec["env"])
+    if "overlay" in spec:
+        py, over = overlay_of(cell)
+        env["PYTHONPATH"] = over
+    else:
+        py = venv_of(cell)
     # DeepSpeed builds its CPU op into the extensions folder: one per venv, not shared across torch
     env["TORCH_EXTENSIONS_DIR"] = os.path.join(os.path.dirname(os.path.dirname(py)), "torch_extensions")
     times = []
@@ -130,7 +172,10 @@ def main():
     args = sys.argv[1:]
     if not args or args == ["--list"]:
         for cell, spec in CELLS.items():
-            print(f"{cell:24} {spec['python']}: " + " | ".join(" ".join(s) for s in spec["steps"]))
+            if "overlay" in spec:
+                print(f"{cell:24} the tests/setup-venv.sh venv + --no-deps overlay: {' '.join(spec['overlay'])}")
+            else:
+                print(f"{cell:24} {spec['python']}: " + " | ".join(" ".join(s) for s in spec["steps"]))
         return 0
     cells = list(CELLS) if args == ["all"] else args
     unknown = [c for c in cells if c not in CELLS]

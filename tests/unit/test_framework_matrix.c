@@ -15,6 +15,12 @@
  *    <v>: legacy per-rank files (megatron/) and torch_dist folders
  *    (mcore_dist/), each served --dtype auto equal bit for bit to the
  *    original Hugging Face weights (original/model.safetensors).
+ *  - verl-<v>: make_fixtures.py --version-matrix run with that verl
+ *    release's FSDPCheckpointManager and merger: the fp32 output equals
+ *    the weights before sharding (original/<case>.safetensors) and the
+ *    default bf16 output that release's merger output (expected/<case>/),
+ *    tensor by tensor, bit for bit, and the served model.safetensors is
+ *    that file byte for byte.
  * Every cell and case listed here must exist, and every folder of those
  * frameworks under matrix/ must be listed here (a new cell is registered,
  * not silently skipped). The cell's records (oracle/case.json, MANIFEST.json)
@@ -25,6 +31,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckfs/folder.h"
 #include "ckfs/layouts.h"
 #include "ckfs/model.h"
 #include "ckfs/safetensors.h"
@@ -194,6 +201,117 @@ static void test_megatron(void)
 		check_mg_case(i);
 }
 
+/* ---- verl ---- */
+
+static const struct {
+	const char *version, *name;
+	int world, fsdp_version;
+} verl_cases[] = {
+	{ "0.5.0", "llama_fsdp2_w3_noplacement", 3, 2 },
+	{ "0.6.1", "llama_fsdp2_w3_noplacement", 3, 2 },
+	{ "0.7.1", "llama_fsdp2_w3_noplacement", 3, 2 },
+	{ "0.8.0", "llama_fsdp2_w3_noplacement", 3, 2 },
+};
+#define N_VERL (sizeof(verl_cases) / sizeof(verl_cases[0]))
+
+/* ref = that file, opened through a folder of its own; -1 on failure. */
+static int open_file_ref(const char *path, const char *tag, struct ckfs_st_set *ref)
+{
+	char dir[600];
+	const char *slash = strrchr(path, '/');
+
+	snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path);
+	return open_ref(dir, slash + 1, tag, ref);
+}
+
+/* The model.safetensors m serves is byte for byte the file at want. */
+static void check_served_file(const struct ckfs_model *m, const char *want_path)
+{
+	struct ckfs_folder_options fopt = { 0 };
+	struct ckfs_read_scratch s = { 0 };
+	struct ckfs_folder *f = NULL;
+	struct ckfs_error err;
+	size_t len = 0, got = 0;
+	unsigned char *want = test_slurp(want_path, &len), *buf = NULL;
+
+	CHECK(want != NULL);
+	ckfs_error_clear(&err);
+	CHECK_EQ_INT(ckfs_folder_build(m, &fopt, &f, &err), CKFS_OK);
+	const struct ckfs_node *n = NULL;
+	for (size_t k = 0; f && k < f->n_nodes; k++)
+		if (strcmp(f->nodes[k].name, "model.safetensors") == 0)
+			n = &f->nodes[k];
+	CHECK(n != NULL);
+	if (want && n) {
+		CHECK_EQ_INT(n->size, len);
+		buf = malloc(len ? len : 1);
+		ckfs_error_clear(&err);
+		CHECK_EQ_INT(ckfs_folder_read(f, n, 0, len, buf, &got, &s, &err), CKFS_OK);
+		CHECK_EQ_INT(got, len);
+		if (got != len || memcmp(buf, want, len) != 0) {
+			fprintf(stderr, "%s: the served model.safetensors differs\n", want_path);
+			CHECK(0);
+		}
+	}
+	free(buf);
+	free(want);
+	ckfs_read_scratch_release(&s);
+	ckfs_folder_free(f);
+}
+
+static void check_verl_case(size_t i)
+{
+	char cell[512], src[600], file[700], tag[128];
+	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_F32 };
+	struct ckfs_model *m = NULL;
+	struct ckfs_st_set ref;
+	struct ckfs_error err;
+
+	snprintf(cell, sizeof(cell), MX "/verl-%s", verl_cases[i].version);
+	snprintf(src, sizeof(src), "%s/fsdp/%s", cell, verl_cases[i].name);
+	snprintf(tag, sizeof(tag), "verl-%s-%s", verl_cases[i].version, verl_cases[i].name);
+	snprintf(file, sizeof(file), "%s/MANIFEST.json", cell);
+	check_written_by(file, "verl", verl_cases[i].version);
+	for (int pass = 0; pass < 2; pass++) {
+		/* fp32: the weights before sharding; bf16 (the default): that
+		 * release's own merger output */
+		opt.out_dtype = pass ? CKFS_DTYPE_BF16 : CKFS_DTYPE_F32;
+		ckfs_error_clear(&err);
+		CHECK_EQ_INT(ckfs_model_open(src, &opt, &m, &err), CKFS_OK);
+		if (!m) {
+			fprintf(stderr, "%s: %s\n", src, err.msg);
+			return;
+		}
+		CHECK_EQ_STR(m->layout, "verl-fsdp");
+		CHECK_EQ_INT(m->world_size, verl_cases[i].world);
+		CHECK_EQ_INT(m->fsdp_version, verl_cases[i].fsdp_version);
+		CHECK_EQ_INT(m->n_warnings, 0);
+		if (pass)
+			snprintf(file, sizeof(file), "%s/expected/%s/model.safetensors", cell,
+				 verl_cases[i].name);
+		else
+			snprintf(file, sizeof(file), "%s/original/%s.safetensors", cell,
+				 verl_cases[i].name);
+		if (open_file_ref(file, tag, &ref) == 0) {
+			CHECK_EQ_INT(m->n_tensors, ref.n_entries);
+			test_model_equals(m, &ref, CKFS_DTYPE_F32, src); /* stored fp32 */
+			ckfs_st_set_release(&ref);
+		} else {
+			CHECK(0);
+		}
+		if (pass)
+			check_served_file(m, file);
+		ckfs_model_free(m);
+		m = NULL;
+	}
+}
+
+static void test_verl(void)
+{
+	for (size_t i = 0; i < N_VERL; i++)
+		check_verl_case(i);
+}
+
 /* ---- every cell on disk is listed ---- */
 
 static int ds_listed(const char *version, const char *name)
@@ -263,7 +381,10 @@ static void check_listed(const char *prefix, int (*listed)(const char *, const c
 				CHECK(0);
 				continue;
 			}
-			if (kinds)
+			char path[1024];
+			struct stat st;
+			snprintf(path, sizeof(path), "%s/%s", sub, ce->d_name);
+			if (kinds && stat(path, &st) == 0 && S_ISDIR(st.st_mode))
 				check_kind(sub, version, ce->d_name, listed);
 		}
 		if (c)
@@ -291,16 +412,44 @@ static int mg_listed(const char *version, const char *name)
 	return 0;
 }
 
+/* name: "<kind>" or "<kind>/<entry>" of fsdp/, original/, expected/, or
+ * MANIFEST.json */
+static int verl_listed(const char *version, const char *name)
+{
+	char want[300];
+
+	for (size_t i = 0; i < N_VERL; i++) {
+		if (strcmp(verl_cases[i].version, version) != 0)
+			continue;
+		if (!name || strcmp(name, "fsdp") == 0 || strcmp(name, "original") == 0 ||
+		    strcmp(name, "expected") == 0 || strcmp(name, "MANIFEST.json") == 0)
+			return 1;
+		const char *n = verl_cases[i].name;
+		snprintf(want, sizeof(want), "fsdp/%s", n);
+		if (strcmp(name, want) == 0)
+			return 1;
+		snprintf(want, sizeof(want), "expected/%s", n);
+		if (strcmp(name, want) == 0)
+			return 1;
+		snprintf(want, sizeof(want), "original/%s.safetensors", n);
+		if (strcmp(name, want) == 0)
+			return 1;
+	}
+	return 0;
+}
+
 static void test_all_listed(void)
 {
 	check_listed("deepspeed-", ds_listed, 0);
 	check_listed("megatron-core-", mg_listed, 1);
+	check_listed("verl-", verl_listed, 1);
 }
 
 int main(void)
 {
 	RUN(test_deepspeed);
 	RUN(test_megatron);
+	RUN(test_verl);
 	RUN(test_all_listed);
 	test_tmp_cleanup();
 	return test_summary();
