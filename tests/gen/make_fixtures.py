@@ -163,8 +163,8 @@ CONFIGS = [
 # The verl version matrix (issue #21): this configuration saved by an older verl release's own
 # FSDPCheckpointManager and merged by its own merger, into
 # tests/fixtures/matrix/verl-<version>/{fsdp,original,expected}/ (tests/gen/framework_matrix.py
-# puts the release on PYTHONPATH). FSDP2 with torch's default placement: verl 0.5.0 has no
-# get_shard_placement_fn yet.
+# puts the release on PYTHONPATH). FSDP2 with torch's default placement (Shard(0)), which the
+# workers of verl 0.5.0 and of 0.8.0 on pass; 0.5.0 has no get_shard_placement_fn.
 MATRIX_CONFIGS = ["llama_fsdp2_w3_noplacement"]
 
 TOKENIZER_WORDS = ["hello", "world", "the", "a", "model", "checkpoint", "merge", "shard", "tensor",
@@ -381,8 +381,8 @@ def _worker(rank, spec, srcdir, outdir, infodir):
             "reshard_after_forward": True,
         }
         if spec["placement_fn"]:
-            # verl (fsdp_workers.py up to 0.5.x, still defined in verl.utils.fsdp_utils; not yet
-            # in verl 0.5.0's, so imported only here)
+            # verl (fsdp_workers.py of 0.6.1 and 0.7.1 passes it; verl.utils.fsdp_utils defines
+            # it from 0.6.1 on, verl 0.5.0 has none, so it is imported only here)
             from verl.utils.fsdp_utils import get_shard_placement_fn
 
             fsdp_kwargs["shard_placement_fn"] = get_shard_placement_fn(fsdp_size=mesh.shape[-1])
