@@ -90,9 +90,11 @@ zero_to_fp32 among them. One command makes the venv with the cell's pins and run
 
     python3 tests/gen/framework_matrix.py deepspeed-0.16.9   # torch 2.6.0, transformers 4.57.6
 
-(DeepSpeed 0.16.9: 23-107 s per case, 5 minutes for the four on the shared 2 cores; its
+(DeepSpeed 0.16.9: 23-193 s per case, 5-7 minutes for the four on the shared 2 cores; its
 optimizer does not record round_robin_bit16_offsets, so live_fp32() packs the group's
-parameters end to end as 0.16's flatten does.)
+parameters end to end as 0.16's flatten does. A second run through framework_matrix.py
+rewrote every file byte for byte but the uninitialised per-parameter padding of ZeRO-3's last
+rank, never read, with its zip record, and the order of a set in a recorded error message.)
 
 (DS_ACCELERATOR is set to cpu by the script when unset.) Each case is regenerated alone: its
 folder tests/fixtures/deepspeed/<case>/ is replaced and nothing else is touched. About 30-60 s
