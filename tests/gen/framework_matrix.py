@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The framework version matrix (issue #21): DeepSpeed and megatron-core releases other than the
-pinned ones write a few of their fixtures again, into tests/fixtures/matrix/<cell>/.
+"""The framework version matrix (issue #21): DeepSpeed, megatron-core and verl releases other than
+the pinned ones write a few of their fixtures again, into tests/fixtures/matrix/<cell>/.
 
     python3 tests/gen/framework_matrix.py --list              # the cells and their pins
     python3 tests/gen/framework_matrix.py deepspeed-0.16.9    # (re)write one cell
@@ -10,6 +10,8 @@ For each cell: a venv ~/.cache/ckfs/<cell>-venv with the cell's pinned packages 
 torch's wheels are looked for in ~/.cache/ckfs/wheels first, where tests/gen/torch_matrix.py
 keeps them, then fetched from the package registry), then the cell's generators run in it with
 --version-matrix, each printing where it writes; the time each took is printed at the end.
+verl cells instead use the venv of tests/setup-venv.sh ($CKFS_VENV, default ~/.cache/ckfs/venv)
+with the release installed --no-deps into ~/.cache/ckfs/<cell>-overlay, first on PYTHONPATH.
 Needs python3 with venv and pip, and the cell's Python (python3.11, python3.12: on PATH, or
 ~/.pyenv/versions/3.12.*).
 
@@ -157,8 +159,9 @@ def run_cell(cell):
         env["PYTHONPATH"] = over
     else:
         py = venv_of(cell)
-    # DeepSpeed builds its CPU op into the extensions folder: one per venv, not shared across torch
-    env["TORCH_EXTENSIONS_DIR"] = os.path.join(os.path.dirname(os.path.dirname(py)), "torch_extensions")
+        # DeepSpeed builds its CPU op into the extensions folder: one per venv, not shared
+        # across torch releases
+        env["TORCH_EXTENSIONS_DIR"] = os.path.join(os.path.dirname(os.path.dirname(py)), "torch_extensions")
     times = []
     for gen in spec["generators"]:
         t0 = time.monotonic()

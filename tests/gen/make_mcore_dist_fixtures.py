@@ -97,8 +97,8 @@ CASES = [
 
 # The megatron-core version matrix (issue #21): these cases, written by another megatron-core
 # release, go to tests/fixtures/matrix/megatron-core-<version>/mcore_dist/<case>/: TP 2 (v1
-# layout) and uneven PP 3.
-MATRIX_CASES = ["qwen2_tp2", "llama_pp3_uneven"]
+# layout), uneven PP 3, and MoE at EP 2 (the expert axis of the sharded keys).
+MATRIX_CASES = ["qwen2_tp2", "llama_pp3_uneven", "qwen3_moe_ep2"]
 
 
 def dist_dir(outdir, layout):
@@ -186,11 +186,12 @@ def worker(rank, case, port, sd_path, outdir):
                 if key.endswith("_extra_state") or p is None:
                     continue
                 g = glob[int(key.split(".")[2])] if key.startswith("decoder.layers.") else None
-                experts = etp_rank = None
+                experts = etp = None
                 if ".mlp.experts." in key:
                     experts = m.decoder.layers[int(key.split(".")[2])].mlp.local_expert_indices
-                    etp_rank = ps.get_expert_tensor_parallel_rank()
-                val = mg.local_value(key, g, hf_sd, arch, tp, tp_rank, tuple(p.shape), experts, etp_rank)
+                    # (expert tensor parallel size, rank), as local_value takes it
+                    etp = (ps.get_expert_tensor_parallel_world_size(), ps.get_expert_tensor_parallel_rank())
+                val = mg.local_value(key, g, hf_sd, arch, tp, tp_rank, tuple(p.shape), experts, etp)
                 assert tuple(val.shape) == tuple(p.shape), (key, val.shape, p.shape)
                 p.copy_(val)
         chunks.append(Float16Module(cfg, m))

@@ -150,9 +150,11 @@ static const struct {
 	{ "0.14.0", "megatron", "qwen2_tp2_pp2", 2, 2, 4 },
 	{ "0.14.0", "mcore_dist", "qwen2_tp2", 2, 1, 2 },
 	{ "0.14.0", "mcore_dist", "llama_pp3_uneven", 1, 3, 3 },
+	{ "0.14.0", "mcore_dist", "qwen3_moe_ep2", 1, 1, 2 },
 	{ "0.19.2", "megatron", "qwen2_tp2_pp2", 2, 2, 4 },
 	{ "0.19.2", "mcore_dist", "qwen2_tp2", 2, 1, 2 },
 	{ "0.19.2", "mcore_dist", "llama_pp3_uneven", 1, 3, 3 },
+	{ "0.19.2", "mcore_dist", "qwen3_moe_ep2", 1, 1, 2 },
 };
 #define N_MG (sizeof(mg_cases) / sizeof(mg_cases[0]))
 
