@@ -12,6 +12,7 @@ oracle/live_fp32.safetensors (read with a small safetensors parser, also numpy o
 
     .venv/bin/python tests/gen/check_deepspeed_fixtures.py [--layout] [CASE...]  # one line a case
     .venv/bin/python tests/gen/check_deepspeed_fixtures.py --dump CASE           # object graphs
+    .venv/bin/python tests/gen/check_deepspeed_fixtures.py --root tests/fixtures/matrix/deepspeed-0.16.9
 
 Needs numpy only (the venv of tests/setup-venv.sh has it). Exits non-zero on the first
 mismatch, naming the case and the tensor.
@@ -145,6 +146,9 @@ ALLOWED = {
     ("deepspeed.runtime.zero.config", "ZeroStageEnum"): opaque_class("ZeroStageEnum"),
     ("deepspeed.runtime.fp16.loss_scaler", "LossScaler"): opaque_class("LossScaler"),
     ("deepspeed.utils.tensor_fragment", "fragment_address"): opaque_class("fragment_address"),
+    # DeepSpeed 0.16's model states hold sparse_tensor_module_names, a set (protocol 2 spells
+    # it __builtin__.set, REDUCE of a list)
+    ("__builtin__", "set"): set,
 }
 for _k in STORAGE_DTYPES:
     ALLOWED[("torch", _k)] = _k
@@ -564,8 +568,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dump", help="print the object graphs of one case")
     ap.add_argument("--layout", action="store_true", help="also check and print the partition layout")
+    ap.add_argument("--root", help="the folder of the cases (default tests/fixtures/deepspeed; "
+                                   "e.g. tests/fixtures/matrix/deepspeed-0.16.9)")
     ap.add_argument("cases", nargs="*")
     a = ap.parse_args()
+    if a.root:
+        global FIXTURES
+        FIXTURES = os.path.abspath(a.root)
     if a.dump:
         dump(a.dump)
         return 0

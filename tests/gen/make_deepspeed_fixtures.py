@@ -83,6 +83,19 @@ Run (from the repository root, with the venv of tests/setup-venv.sh):
     DS_ACCELERATOR=cpu .venv/bin/python tests/gen/make_deepspeed_fixtures.py --only z2_w3_tied_fp32
     .venv/bin/python tests/gen/make_deepspeed_fixtures.py --list
 
+Version matrix (issue #21): with another DeepSpeed release installed, --version-matrix writes
+MATRIX_CASES (ZeRO-1 bf16, ZeRO-2 and ZeRO-3 at 3 ranks tied, BF16_Optimizer) into
+tests/fixtures/matrix/deepspeed-<version>/<case>/ with the same oracles, that release's
+zero_to_fp32 among them. One command makes the venv with the cell's pins and runs it:
+
+    python3 tests/gen/framework_matrix.py deepspeed-0.16.9   # torch 2.6.0, transformers 4.57.6
+
+(DeepSpeed 0.16.9: 23-193 s per case, 5-7 minutes for the four on the shared 2 cores; its
+optimizer does not record round_robin_bit16_offsets, so live_fp32() packs the group's
+parameters end to end as 0.16's flatten does. A second run through framework_matrix.py
+rewrote every file byte for byte but the uninitialised per-parameter padding of ZeRO-3's last
+rank, never read, with its zip record, and the order of a set in a recorded error message.)
+
 (DS_ACCELERATOR is set to cpu by the script when unset.) Each case is regenerated alone: its
 folder tests/fixtures/deepspeed/<case>/ is replaced and nothing else is touched. About 30-60 s
 per case on 2 cores, 8 minutes for all. Training is deterministic (seeded data and weights, one thread): a rerun
@@ -98,6 +111,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import time
 import traceback
 import warnings
 import zlib
@@ -187,6 +201,14 @@ CASES = [
          "checkpoint-2/ without weights file beside global_step2/", tied=True, trainer=True),
 ]
 BY_NAME = {c["name"]: c for c in CASES}
+
+# The DeepSpeed version matrix (issue #21): these cases, written by another DeepSpeed release,
+# go to tests/fixtures/matrix/deepspeed-<version>/<case>/ with the same oracles (that release's
+# zero_to_fp32, the live masters). One per partition layout: ZeRO-1 with bf16 (bf16_ file
+# names), ZeRO-2 and ZeRO-3 at 3 ranks with tied embeddings (uneven partitions, tail and
+# per-parameter padding), BF16_Optimizer (padded partitions, no zero_stage).
+MATRIX_CASES = ["z1_w2_bf16", "z2_w3_tied_fp32", "z3_w3_tied_fp32", "bf16opt_w3_tied"]
+MATRIX = os.path.join(REPO, "tests", "fixtures", "matrix")
 
 
 def log(*a):
@@ -336,7 +358,14 @@ def live_fp32(engine, tied_aliases):
             pieces = [torch.empty_like(part) for _ in range(dist.get_world_size(group=pg))]
             dist.all_gather(pieces, part, group=pg)
             full = torch.cat(pieces)
-            for p, off in zip(group, opt.round_robin_bit16_offsets[i]):
+            # the offsets the optimizer flattened the group at: DeepSpeed 0.19 records them
+            # (round_robin_bit16_offsets, with parameter_alignment paddings); older releases
+            # (0.16) pack the parameters end to end, padding only the group's tail
+            if hasattr(opt, "round_robin_bit16_offsets"):
+                offsets = opt.round_robin_bit16_offsets[i]
+            else:
+                offsets = [sum(q.numel() for q in group[:k]) for k in range(len(group))]
+            for p, off in zip(group, offsets):
                 masters[id(p)] = full[off:off + p.numel()].view(p.shape).clone()
     api = {}
     for n, p in named:
@@ -562,14 +591,14 @@ def file_list(root):
     return sorted(out)
 
 
-def make_case(spec):
+def make_case(spec, out=OUT):
     import deepspeed
     import safetensors
     import transformers
     from safetensors.torch import load_file
 
     name = spec["name"]
-    dst = os.path.join(OUT, name)
+    dst = os.path.join(out, name)
     work = tempfile.mkdtemp(prefix=f"ckfs-ds-{name}-")
     try:
         oracle = os.path.join(work, "oracle")
@@ -634,23 +663,35 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", help="comma-separated case names")
     ap.add_argument("--list", action="store_true", help="print the case names and exit")
+    ap.add_argument("--version-matrix", action="store_true",
+                    help="write MATRIX_CASES (or --only) with the installed DeepSpeed into "
+                         "tests/fixtures/matrix/deepspeed-<version>/")
     a = ap.parse_args()
     if a.list:
         for c in CASES:
-            print(f"{c['name']:32} {c['desc']}")
+            print(f"{c['name']:32} {c['desc']}{'  [matrix]' if c['name'] in MATRIX_CASES else ''}")
         return 0
+    out = OUT
     names = a.only.split(",") if a.only else [c["name"] for c in CASES]
+    if a.version_matrix:
+        import deepspeed
+
+        out = os.path.join(MATRIX, f"deepspeed-{deepspeed.__version__}")
+        names = a.only.split(",") if a.only else MATRIX_CASES
+        log(f"version matrix: DeepSpeed {deepspeed.__version__}, torch {torch.__version__} -> {out}")
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
         sys.exit(f"make_deepspeed_fixtures: unknown case(s) {unknown}; --list shows them")
-    os.makedirs(OUT, exist_ok=True)
+    os.makedirs(out, exist_ok=True)
     failed = []
     for n in names:
+        t0 = time.monotonic()
         try:
-            make_case(BY_NAME[n])
+            make_case(BY_NAME[n], out)
         except Exception:  # noqa: BLE001 (report every case, then fail)
             traceback.print_exc()
             failed.append(n)
+        log(f"[{n}] {time.monotonic() - t0:.0f} s")
     if failed:
         sys.exit(f"make_deepspeed_fixtures: failed: {failed}")
     return 0

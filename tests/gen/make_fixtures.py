@@ -9,6 +9,10 @@ Hugging Face folders.
 
     .venv/bin/python tests/gen/make_fixtures.py            # everything (about 2-3 min on 2 cores)
     .venv/bin/python tests/gen/make_fixtures.py --only qwen2_fsdp2_w2 --only qwen2_hsdp_2x4
+    python3 tests/gen/framework_matrix.py verl-0.5.0   # version matrix (issue #21): that verl
+        # release (and transformers 4.57.6, which it needs) installed --no-deps into an overlay
+        # on the venv's path, then --version-matrix here: MATRIX_CONFIGS saved by its own
+        # FSDPCheckpointManager and merged by its own merger into tests/fixtures/matrix/verl-<v>/
 
 Outputs (relative to tests/fixtures/):
     fsdp/<name>/                 the checkpoint (model/extra[/optim]_world_size_W_rank_R.pt,
@@ -155,6 +159,13 @@ CONFIGS = [
         desc="legacy checkpoint: identical to qwen2_fsdp1_w2 minus fsdp_config.json; verl's merger "
              "refuses it, the expected output is qwen2_fsdp1_w2's"),
 ]
+
+# The verl version matrix (issue #21): this configuration saved by an older verl release's own
+# FSDPCheckpointManager and merged by its own merger, into
+# tests/fixtures/matrix/verl-<version>/{fsdp,original,expected}/ (tests/gen/framework_matrix.py
+# puts the release on PYTHONPATH). FSDP2 with torch's default placement (Shard(0)), which the
+# workers of verl 0.5.0 and of 0.8.0 on pass; 0.5.0 has no get_shard_placement_fn.
+MATRIX_CONFIGS = ["llama_fsdp2_w3_noplacement"]
 
 TOKENIZER_WORDS = ["hello", "world", "the", "a", "model", "checkpoint", "merge", "shard", "tensor",
                    "verl", "fsdp", "user", "assistant", "system", "is", "good", "!", "?", ".", ","]
@@ -325,7 +336,7 @@ def _worker(rank, spec, srcdir, outdir, infodir):
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoConfig
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
-    from verl.utils.fsdp_utils import apply_fsdp2, get_fsdp_wrap_policy, get_shard_placement_fn
+    from verl.utils.fsdp_utils import apply_fsdp2, get_fsdp_wrap_policy
     from verl.utils.tokenizer import hf_tokenizer
 
     W = spec["world_size"]
@@ -370,7 +381,10 @@ def _worker(rank, spec, srcdir, outdir, infodir):
             "reshard_after_forward": True,
         }
         if spec["placement_fn"]:
-            # verl (fsdp_workers.py up to 0.5.x, still defined in verl.utils.fsdp_utils)
+            # verl (fsdp_workers.py of 0.6.1 and 0.7.1 passes it; verl.utils.fsdp_utils defines
+            # it from 0.6.1 on, verl 0.5.0 has none, so it is imported only here)
+            from verl.utils.fsdp_utils import get_shard_placement_fn
+
             fsdp_kwargs["shard_placement_fn"] = get_shard_placement_fn(fsdp_size=mesh.shape[-1])
         full_state = model.state_dict()
         apply_fsdp2(model, fsdp_kwargs, {})
@@ -607,11 +621,18 @@ def main():
     ap.add_argument("--out", default=FIXTURES, help="fixtures root (default tests/fixtures)")
     ap.add_argument("--jobs", type=int, default=2, help="parallel verl merger runs")
     ap.add_argument("--layout", action="store_true", help="print the full per-tensor layout of every config")
+    ap.add_argument("--version-matrix", action="store_true",
+                    help="MATRIX_CONFIGS with the verl on the path into tests/fixtures/matrix/verl-<version>/")
     args = ap.parse_args()
 
     import safetensors
     import transformers
     import verl
+
+    if args.version_matrix:
+        args.out = os.path.join(FIXTURES, "matrix", f"verl-{verl.__version__}")
+        args.only = args.only or MATRIX_CONFIGS
+        log(f"version matrix: verl {verl.__version__} from {os.path.dirname(verl.__file__)} -> {args.out}")
 
     t_start = time.time()
     specs = [s for s in CONFIGS if not args.only or s["name"] in args.only]

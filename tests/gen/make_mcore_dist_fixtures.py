@@ -5,6 +5,10 @@
     .venv/bin/pip install --no-deps megatron-core==0.12.2    # generators only (no test imports it), so not in tests/python-requirements.txt
     nice -n 10 .venv/bin/python tests/gen/make_mcore_dist_fixtures.py    # ~6 min on 2 cores
     nice -n 10 .venv/bin/python tests/gen/make_mcore_dist_fixtures.py qwen3_moe_ep2   # some cases
+    python3 tests/gen/framework_matrix.py megatron-core-0.19.2   # version matrix (0.14.0 too): a
+        # venv with that release, then --version-matrix (MATRIX_CASES into
+        # tests/fixtures/matrix/megatron-core-<version>/mcore_dist/) here and in
+        # make_megatron_fixtures.py; megatron-core >= 0.14 needs psutil for its writer
 
 Cases: Qwen2 TP=2 (qkv bias), Llama PP=3 uneven (1, 2, 1 layers), tied Qwen3 TP=2 PP=2 (q/k
 norm), Llama PP=2 VPP=2 (HEAD layout), and MoE with expert parallelism 2 (every layer MoE,
@@ -48,9 +52,10 @@ What is REAL and what is reproduced:
       - torch.cuda.current_device returns "cpu" (async_utils.py sync_all_async_calls places the
         all-reduced "still writing" flag on it; the save itself is synchronous here);
       - megatron-core 0.12.2's filesystem_async calls torch's private _write_item without the
-        serialization_format argument torch 2.8 added; the call gets
+        serialization_format argument torch 2.8 added; such a call gets
         SerializationFormat.TORCH_SAVE, torch's own FileSystemWriter default (items are
-        torch.save archives, formats.md 5.3).
+        torch.save archives, formats.md 5.3). Calls that pass every argument (a
+        megatron-core that knows it) and torch releases without it are left alone.
   * Deviations from verl: local layer spec (input_layernorm / pre_mlp_layernorm instead of TE's
     fused layer_norm_weight keys; no _extra_state ShardedObjects); no optimizer/lr_scheduler
     entries (verl's v1 dist_ckpt also holds them; ckfs skips every key outside the model);
@@ -90,6 +95,12 @@ CASES = [
 ]
 
 
+# The megatron-core version matrix (issue #21): these cases, written by another megatron-core
+# release, go to tests/fixtures/matrix/megatron-core-<version>/mcore_dist/<case>/: TP 2 (v1
+# layout), uneven PP 3, and MoE at EP 2 (the expert axis of the sharded keys).
+MATRIX_CASES = ["qwen2_tp2", "llama_pp3_uneven", "qwen3_moe_ep2"]
+
+
 def dist_dir(outdir, layout):
     return os.path.join(outdir, "dist_ckpt" if layout == "v1" else os.path.join("model", "dist_ckpt"))
 
@@ -113,8 +124,17 @@ def worker(rank, case, port, sd_path, outdir):
     torch.cuda.synchronize = lambda *a, **k: None  # see the docstring
     torch.cuda.current_device = lambda: "cpu"
     from megatron.core.dist_checkpointing.strategies import filesystem_async
-    from torch.distributed.checkpoint.filesystem import SerializationFormat, _write_item
-    filesystem_async._write_item = lambda *a: _write_item(*a, SerializationFormat.TORCH_SAVE)
+    import inspect
+    from torch.distributed.checkpoint.filesystem import _write_item
+    params = inspect.signature(_write_item).parameters
+    if "serialization_format" in params:  # torch >= 2.7; megatron-core may predate it
+        from torch.distributed.checkpoint.filesystem import SerializationFormat
+
+        def write_item(*a, **k):
+            if len(a) + len(k) < len(params):
+                k["serialization_format"] = SerializationFormat.TORCH_SAVE
+            return _write_item(*a, **k)
+        filesystem_async._write_item = write_item
     if tied and pp > 1:
         torch.Tensor.cuda = lambda self, *a, **k: self
     ps.initialize_model_parallel(tp, pp, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
@@ -166,11 +186,12 @@ def worker(rank, case, port, sd_path, outdir):
                 if key.endswith("_extra_state") or p is None:
                     continue
                 g = glob[int(key.split(".")[2])] if key.startswith("decoder.layers.") else None
-                experts = etp_rank = None
+                experts = etp = None
                 if ".mlp.experts." in key:
                     experts = m.decoder.layers[int(key.split(".")[2])].mlp.local_expert_indices
-                    etp_rank = ps.get_expert_tensor_parallel_rank()
-                val = mg.local_value(key, g, hf_sd, arch, tp, tp_rank, tuple(p.shape), experts, etp_rank)
+                    # (expert tensor parallel size, rank), as local_value takes it
+                    etp = (ps.get_expert_tensor_parallel_world_size(), ps.get_expert_tensor_parallel_rank())
+                val = mg.local_value(key, g, hf_sd, arch, tp, tp_rank, tuple(p.shape), experts, etp)
                 assert tuple(val.shape) == tuple(p.shape), (key, val.shape, p.shape)
                 p.copy_(val)
         chunks.append(Float16Module(cfg, m))
@@ -214,10 +235,16 @@ def head_manifest(arch, world):
 
 def main():
     from safetensors.torch import load_file, save_file
+    global OUT
+    only = sys.argv[1:]  # case names to (re)generate; all when empty
+    if only == ["--version-matrix"]:
+        OUT = mg.matrix_dir("mcore_dist")
+        print(f"version matrix: megatron-core {mg.mcore_version()}, torch {torch.__version__} -> {OUT}")
+        shutil.rmtree(OUT, ignore_errors=True)
+        only = MATRIX_CASES
     os.makedirs(OUT, exist_ok=True)
     manifest = []
     tmp = tempfile.mkdtemp()
-    only = sys.argv[1:]  # case names to (re)generate; all when empty
     if only and os.path.exists(os.path.join(OUT, "MANIFEST.json")):
         with open(os.path.join(OUT, "MANIFEST.json")) as f:
             manifest = [c for c in json.load(f)["cases"] if c["name"] not in only]
@@ -252,7 +279,7 @@ def main():
     shutil.rmtree(tmp)
     with open(os.path.join(OUT, "MANIFEST.json"), "w") as f:
         json.dump(dict(generator="tests/gen/make_mcore_dist_fixtures.py",
-                       versions={"torch": torch.__version__, "megatron-core": "0.12.2"},
+                       versions={"torch": torch.__version__, "megatron-core": mg.mcore_version()},
                        cases=sorted(manifest, key=lambda c: [x[0] for x in CASES].index(c["name"]))),
                   f, indent=1)
     return 0

@@ -6,6 +6,9 @@
     .venv/bin/python tests/gen/make_megatron_fixtures.py --moe-only      # MoE and critic cases only
     .venv/bin/python tests/gen/make_megatron_fixtures.py --broken-only   # broken/, *_te/
     .venv/bin/python tests/gen/make_megatron_fixtures.py --only a,b      # the named cases only
+    python3 tests/gen/framework_matrix.py megatron-core-0.19.2  # version matrix (issue #21), 0.14.0 too:
+        # a venv with that release, then --version-matrix here (MATRIX_CASES into
+        # tests/fixtures/matrix/megatron-core-<version>/megatron/) and in make_mcore_dist_fixtures.py
     .venv/bin/python tests/gen/make_megatron_fixtures.py --self-check    # Megatron forward
         # of TP=2 Llama/Qwen2/Qwen3 and TP=2 EP=2 Qwen2-MoE/Mixtral (expert tensor parallel
         # size TP and 1) filled like the fixtures vs transformers' logits (2026-11-29: all five
@@ -618,6 +621,22 @@ def make_moe_broken():
     torch.save(out, os.path.join(OUT, "broken", "qwen2_moe_dense_rank.pt"))
 
 
+def mcore_version():
+    from importlib.metadata import version
+    return version("megatron-core")
+
+
+# The megatron-core version matrix (issue #21): this case, written by another megatron-core
+# release, goes to tests/fixtures/matrix/megatron-core-<version>/megatron/<case>/ (TP and PP
+# together: mp_rank_TT_PPP folders, stage split, TP layout); make_mcore_dist_fixtures.py
+# --version-matrix writes the torch_dist cases of the same cell.
+MATRIX_CASES = ["qwen2_tp2_pp2"]
+
+
+def matrix_dir(kind):
+    return os.path.join(ROOT, "tests", "fixtures", "matrix", f"megatron-core-{mcore_version()}", kind)
+
+
 def write_manifest(entries):
     path = os.path.join(OUT, "MANIFEST.json")
     cases = []
@@ -628,7 +647,7 @@ def write_manifest(entries):
     cases = [c for c in cases if c["name"] not in names] + entries
     with open(path, "w") as f:
         json.dump(dict(generator="tests/gen/make_megatron_fixtures.py",
-                       versions={"torch": torch.__version__, "megatron-core": "0.12.2"},
+                       versions={"torch": torch.__version__, "megatron-core": mcore_version()},
                        cases=cases), f, indent=1)
 
 
@@ -641,6 +660,12 @@ def main():
         return 0
     if sys.argv[1:] == ["--self-check"]:
         return self_check()
+    if sys.argv[1:] == ["--version-matrix"]:
+        global OUT
+        OUT = matrix_dir("megatron")
+        print(f"version matrix: megatron-core {mcore_version()}, torch {torch.__version__} -> {OUT}")
+        shutil.rmtree(OUT, ignore_errors=True)
+        sys.argv[1:] = ["--only", ",".join(MATRIX_CASES)]
     if sys.argv[1:2] == ["--only"] and len(sys.argv) == 3:
         # regenerate the named cases only (comma-separated), the others and broken/ untouched
         names = sys.argv[2].split(",")
