@@ -35,8 +35,8 @@ def vkey(v):
     return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
 
 
-def registry_versions(package):
-    out = subprocess.run([sys.executable, "-m", "pip", "index", "versions", package],
+def registry_versions(package, extra=()):
+    out = subprocess.run([sys.executable, "-m", "pip", "index", "versions", package, *extra],
                          capture_output=True, text=True, check=True).stdout
     m = re.search(r"Available versions:\s*(.*)", out)
     if not m:
