@@ -58,6 +58,8 @@
 #include <unistd.h>
 
 #include "ckfs/perm.h"
+#include "ckfs/strbuf.h"
+#include "fuse/counters.h"
 #include "fuse/fs.h"
 
 /* Nothing changes while mounted: let the kernel keep names and
@@ -858,65 +860,19 @@ static void ckfs_ll_statfs(fuse_req_t req, fuse_ino_t ino)
 	fuse_reply_statfs(req, &st);
 }
 
-/* Append s to the JSON being built, escaped as a JSON string body. */
-static size_t json_escape(char *out, size_t cap, size_t pos, const char *s)
+/* The counters as one JSON object (src/fuse/counters.h). */
+static void stats_json(struct ckfs_fs *fs, struct ckfs_strbuf *b)
 {
-	for (; *s && pos + 7 < cap; s++) {
-		unsigned char c = (unsigned char)*s;
-		if (c == '"' || c == '\\') {
-			out[pos++] = '\\';
-			out[pos++] = (char)c;
-		} else if (c < 0x20) {
-			pos += (size_t)snprintf(out + pos, cap - pos, "\\u%04x", c);
-		} else {
-			out[pos++] = (char)c;
-		}
-	}
-	out[pos] = '\0';
-	return pos;
-}
+	uint64_t v[CKFS_STAT_COUNTERS];
 
-#define STATS_MAX 8192
-
-/* The counters as one JSON object; returns its length. */
-static size_t stats_json(struct ckfs_fs *fs, char *out, size_t cap)
-{
-	struct ckfs_cache_stats cs;
-	struct timespec now;
-	size_t pos;
-
-	ckfs_cache_get_stats(fs->cache, &cs);
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	pos = (size_t)snprintf(out, cap, "{\"source\":\"");
-	pos = json_escape(out, cap, pos, fs->opt->src);
-	pos += (size_t)snprintf(
-		out + pos, cap - pos,
-		"\",\"pid\":%ld,\"files\":%zu,\"uptime_s\":%.3f,"
-		"\"hits\":%" PRIu64 ",\"misses\":%" PRIu64 ",\"waits\":%" PRIu64
-		",\"evictions\":%" PRIu64 ",\"fills\":%" PRIu64 ",\"fill_errors\":%" PRIu64
-		",\"bytes_filled\":%" PRIu64 ",\"bytes_cached\":%" PRIu64
-		",\"slices_cached\":%" PRIu64 ",\"budget\":%" PRIu64 ",\"slice_size\":%zu"
-		",\"prefetch_queued\":%" PRIu64 ",\"prefetch_dropped\":%" PRIu64
-		",\"prefetch_hits\":%" PRIu64 ",\"recycled\":%" PRIu64 ",\"readahead_sequential\":%" PRIu64
-		",\"readahead_slices\":%" PRIu64 ",\"readahead_skipped\":%" PRIu64
-		",\"source_bytes_read\":%" PRIu64
-		",\"reads\":%" PRIu64 ",\"bytes_read\":%" PRIu64 ",\"opens\":%" PRIu64
-		",\"errors\":%" PRIu64 "}\n",
-		(long)getpid(), fs->folder->n_nodes,
-		(double)(now.tv_sec - fs->ready_at.tv_sec) +
-			(double)(now.tv_nsec - fs->ready_at.tv_nsec) / 1e9,
-		cs.hits, cs.misses, cs.waits, cs.evictions, cs.fills, cs.fill_errors,
-		cs.bytes_filled, cs.bytes_cached, cs.slices_cached, cs.budget_bytes,
-		fs->slice_size, cs.prefetch_queued, cs.prefetch_dropped, cs.prefetch_hits, cs.recycled,
-		(uint64_t)atomic_load(&fs->stats.ra_sequential),
-		(uint64_t)atomic_load(&fs->stats.ra_slices),
-		(uint64_t)atomic_load(&fs->stats.ra_skipped),
-		ckfs_source_bytes_read() - fs->source_bytes_at_ready,
-		(uint64_t)atomic_load(&fs->stats.reads),
-		(uint64_t)atomic_load(&fs->stats.bytes_read),
-		(uint64_t)atomic_load(&fs->stats.opens),
-		(uint64_t)atomic_load(&fs->stats.errors));
-	return pos < cap ? pos : cap - 1;
+	ckfs_strbuf_str(b, "{\"source\":");
+	ckfs_strbuf_json(b, fs->opt->src);
+	ckfs_strbuf_fmt(b, ",\"pid\":%ld,\"%s\":%zu", (long)getpid(), CKFS_KEY(FILES),
+			fs->folder->n_nodes);
+	ckfs_stats_put_uptime(fs, b);
+	ckfs_stats_counters(fs, v);
+	ckfs_stats_put(b, ckfs_stat_rows, CKFS_STAT_COUNTERS, v);
+	ckfs_strbuf_str(b, "}\n");
 }
 
 void ckfs_fs_reply_xattr(fuse_req_t req, const char *value, size_t len, size_t size,
@@ -943,16 +899,14 @@ static void ckfs_ll_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 		return;
 	}
 	if (ino == FUSE_ROOT_ID && strcmp(name, CKFS_STATS_XATTR) == 0) {
-		char *buf = malloc(STATS_MAX);
-		if (!buf) {
+		struct ckfs_strbuf b = { 0 };
+		stats_json(fs, &b);
+		if (b.failed || !b.p)
 			fuse_reply_err(req, ENOMEM);
-			return;
-		}
-		size_t len = stats_json(fs, buf, STATS_MAX);
-		/* The size query answers an upper bound: counters move between
-		 * the query and the read. */
-		ckfs_fs_reply_xattr(req, buf, len, size, STATS_MAX);
-		free(buf);
+		else /* the size query answers an upper bound: counters move
+		      * between the query and the read */
+			ckfs_fs_reply_xattr(req, b.p, b.len, size, b.len + 4096);
+		free(b.p);
 		return;
 	}
 	if (ino == FUSE_ROOT_ID && strcmp(name, CKFS_SOURCE_XATTR) == 0) {

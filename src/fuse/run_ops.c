@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "ckfs/strbuf.h"
+#include "fuse/counters.h"
 #include "fuse/fs.h"
 #include "fuse/run.h"
 #include "fuse/run_int.h"
@@ -722,92 +723,66 @@ static void json_str(struct ckfs_strbuf *b, const char *s)
 	ckfs_strbuf_json(b, s);
 }
 
-/* ,"key":value (ckfs_strbuf_fmt formats 128 bytes at most: one pair per call). */
-static void kv(struct ckfs_strbuf *b, const char *key, uint64_t v)
+/* The per-step object of step s (under run->lock). */
+static void step_json(struct ckfs_strbuf *b, const struct run_step *s, bool first)
 {
-	ckfs_strbuf_fmt(b, ",\"%s\":%" PRIu64, key, v);
-}
+	struct run_stats *st = s->stats;
+	uint64_t v[CKFS_STEP_ROWS] = { 0 };
 
-static uint64_t ld(atomic_uint_fast64_t *a)
-{
-	return (uint64_t)atomic_load(a);
+	for (size_t r = 0; r < s->n_roles; r++)
+		v[CKFS_STEP_PLANS_CACHED] += s->roles[r].plan != NULL;
+	v[CKFS_STEP_PLANS_BUILT] = atomic_load(&st->plans_built);
+	v[CKFS_STEP_PLAN_ERRORS] = atomic_load(&st->plan_errors);
+	v[CKFS_STEP_OPENS] = atomic_load(&st->opens);
+	v[CKFS_STEP_READS] = atomic_load(&st->reads);
+	v[CKFS_STEP_BYTES_READ] = atomic_load(&st->bytes_read);
+	v[CKFS_STEP_ERRORS] = atomic_load(&st->errors);
+	ckfs_strbuf_fmt(b, "%s{\"step\":%" PRIu64 ",\"name\":", first ? "" : ",", s->step);
+	json_str(b, s->name);
+	ckfs_stats_put(b, ckfs_step_stat_rows, CKFS_STEP_ROWS, v);
+	ckfs_strbuf_str(b, ",\"broken\":[");
+	first = true;
+	for (size_t r = 0; r < s->n_roles; r++) {
+		if (!s->roles[r].error)
+			continue;
+		ckfs_strbuf_str(b, first ? "{\"role\":" : ",{\"role\":");
+		json_str(b, s->roles[r].name);
+		ckfs_strbuf_str(b, ",\"error\":");
+		json_str(b, s->roles[r].error);
+		ckfs_strbuf_str(b, "}");
+		first = false;
+	}
+	ckfs_strbuf_str(b, "]}");
 }
 
 static void stats_json(struct ckfs_run *run, struct ckfs_strbuf *b)
 {
-	struct ckfs_cache_stats cs;
-	struct timespec now;
+	uint64_t v[CKFS_STAT_ROWS] = { 0 };
 
-	ckfs_cache_get_stats(run->fs.cache, &cs);
-	clock_gettime(CLOCK_MONOTONIC, &now);
 	ckfs_strbuf_str(b, "{\"source\":");
 	json_str(b, run->opt->src);
-	ckfs_strbuf_fmt(b, ",\"run\":true,\"pid\":%ld,\"uptime_s\":%.3f", (long)getpid(),
-			(double)(now.tv_sec - run->fs.ready_at.tv_sec) +
-				(double)(now.tv_nsec - run->fs.ready_at.tv_nsec) / 1e9);
+	ckfs_strbuf_fmt(b, ",\"run\":true,\"pid\":%ld", (long)getpid());
+	ckfs_stats_put_uptime(&run->fs, b);
 	pthread_mutex_lock(&run->lock);
-	size_t live = 0, files = 0;
 	for (struct run_plan *p = run->all; p; p = p->all_next) {
-		live++;
-		files += p->f->n_nodes;
+		v[CKFS_STAT_PLANS_OPEN]++;
+		v[CKFS_STAT_FILES] += p->f->n_nodes;
 	}
 	ckfs_strbuf_str(b, ",\"latest\":");
 	if (run->latest[0])
 		json_str(b, run->latest);
 	else
 		ckfs_strbuf_str(b, "null");
-	kv(b, "steps_shown", run->n_steps);
-	kv(b, "plans_cached", run->n_lru);
-	kv(b, "plans_open", live);
-	kv(b, "max_plans", (uint64_t)run->opt->max_plans);
-	kv(b, "files", files);
-	const struct { const char *k; uint64_t v; } c[] = {
-		{ "hits", cs.hits }, { "misses", cs.misses }, { "waits", cs.waits },
-		{ "evictions", cs.evictions }, { "fills", cs.fills }, { "fill_errors", cs.fill_errors },
-		{ "bytes_filled", cs.bytes_filled }, { "bytes_cached", cs.bytes_cached },
-		{ "slices_cached", cs.slices_cached }, { "budget", cs.budget_bytes },
-		{ "slice_size", run->fs.slice_size }, { "prefetch_queued", cs.prefetch_queued },
-		{ "prefetch_dropped", cs.prefetch_dropped }, { "prefetch_hits", cs.prefetch_hits },
-		{ "recycled", cs.recycled },
-		{ "readahead_sequential", ld(&run->fs.stats.ra_sequential) },
-		{ "readahead_slices", ld(&run->fs.stats.ra_slices) },
-		{ "readahead_skipped", ld(&run->fs.stats.ra_skipped) },
-		{ "source_bytes_read", ckfs_source_bytes_read() - run->fs.source_bytes_at_ready },
-		{ "reads", ld(&run->fs.stats.reads) }, { "bytes_read", ld(&run->fs.stats.bytes_read) },
-		{ "opens", ld(&run->fs.stats.opens) }, { "errors", ld(&run->fs.stats.errors) },
-	};
-	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++)
-		kv(b, c[i].k, c[i].v);
+	v[CKFS_STAT_STEPS_SHOWN] = run->n_steps;
+	v[CKFS_STAT_PLANS_CACHED] = run->n_lru;
+	v[CKFS_STAT_MAX_PLANS] = (uint64_t)run->opt->max_plans;
+	ckfs_stats_put(b, &ckfs_stat_rows[CKFS_STAT_STEPS_SHOWN], 4, &v[CKFS_STAT_STEPS_SHOWN]);
+	ckfs_stats_put(b, &ckfs_stat_rows[CKFS_STAT_FILES], 1, &v[CKFS_STAT_FILES]);
+	ckfs_stats_counters(&run->fs, v);
+	ckfs_stats_put(b, ckfs_stat_rows, CKFS_STAT_COUNTERS, v);
 	ckfs_strbuf_str(b, ",\"steps\":[");
-	for (size_t i = 0; i < run->n_steps; i++) {
-		struct run_step *s = run->steps[i];
-		struct run_stats *st = s->stats;
-		size_t cached = 0;
-		for (size_t r = 0; r < s->n_roles; r++)
-			cached += s->roles[r].plan != NULL;
-		ckfs_strbuf_fmt(b, "%s{\"step\":%" PRIu64 ",\"name\":", i ? "," : "", s->step);
-		json_str(b, s->name);
-		kv(b, "plans_cached", cached);
-		kv(b, "plans_built", ld(&st->plans_built));
-		kv(b, "plan_errors", ld(&st->plan_errors));
-		kv(b, "opens", ld(&st->opens));
-		kv(b, "reads", ld(&st->reads));
-		kv(b, "bytes_read", ld(&st->bytes_read));
-		kv(b, "errors", ld(&st->errors));
-		ckfs_strbuf_str(b, ",\"broken\":[");
-		bool first = true;
-		for (size_t r = 0; r < s->n_roles; r++) {
-			if (!s->roles[r].error)
-				continue;
-			ckfs_strbuf_str(b, first ? "{\"role\":" : ",{\"role\":");
-			json_str(b, s->roles[r].name);
-			ckfs_strbuf_str(b, ",\"error\":");
-			json_str(b, s->roles[r].error);
-			ckfs_strbuf_str(b, "}");
-			first = false;
-		}
-		ckfs_strbuf_str(b, "]}");
-	}
+	for (size_t i = 0; i < run->n_steps; i++)
+		step_json(b, run->steps[i], i == 0);
 	pthread_mutex_unlock(&run->lock);
 	ckfs_strbuf_str(b, "]}\n");
 }
