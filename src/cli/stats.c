@@ -36,7 +36,7 @@ static const char *size_at(const cJSON *o, enum ckfs_stat k, char buf[32])
 	return buf;
 }
 
-/* A run (src/fuse/run.c): its plans and one line per step shown. */
+/* A run (src/fuse/run_tree.c): its plans and one line per step shown. */
 static void print_run(const cJSON *o)
 {
 	const cJSON *latest = cJSON_GetObjectItemCaseSensitive(o, "latest");

@@ -6,10 +6,11 @@
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ckfs/strbuf.h"
 #include "fuse/counters.h"
-#include "fuse/fs.h"
+#include "fuse/tree.h"
 
 const struct ckfs_stat_row ckfs_stat_rows[CKFS_STAT_ROWS] = {
 	[CKFS_STAT_HITS] = { "hits", "ckfs_cache_hits_total", "counter",
@@ -98,7 +99,7 @@ static uint64_t ld(atomic_uint_fast64_t *a)
 	return (uint64_t)atomic_load(a);
 }
 
-void ckfs_stats_counters(struct ckfs_fs *fs, uint64_t v[CKFS_STAT_COUNTERS])
+static void counters_now(struct ckfs_fs *fs, uint64_t v[CKFS_STAT_COUNTERS])
 {
 	struct ckfs_cache_stats cs;
 
@@ -122,10 +123,10 @@ void ckfs_stats_counters(struct ckfs_fs *fs, uint64_t v[CKFS_STAT_COUNTERS])
 	v[CKFS_STAT_READAHEAD_SLICES] = ld(&fs->stats.ra_slices);
 	v[CKFS_STAT_READAHEAD_SKIPPED] = ld(&fs->stats.ra_skipped);
 	v[CKFS_STAT_SOURCE_BYTES_READ] = ckfs_source_bytes_read() - fs->source_bytes_at_ready;
-	v[CKFS_STAT_READS] = ld(&fs->stats.reads);
-	v[CKFS_STAT_BYTES_READ] = ld(&fs->stats.bytes_read);
-	v[CKFS_STAT_OPENS] = ld(&fs->stats.opens);
-	v[CKFS_STAT_ERRORS] = ld(&fs->stats.errors);
+	v[CKFS_STAT_READS] = ld(&fs->stats.io.n[CKFS_IO_READS]);
+	v[CKFS_STAT_BYTES_READ] = ld(&fs->stats.io.n[CKFS_IO_BYTES_READ]);
+	v[CKFS_STAT_OPENS] = ld(&fs->stats.io.n[CKFS_IO_OPENS]);
+	v[CKFS_STAT_ERRORS] = ld(&fs->stats.io.n[CKFS_IO_ERRORS]);
 }
 
 void ckfs_stats_put_uptime(struct ckfs_fs *fs, struct ckfs_strbuf *b)
@@ -136,4 +137,23 @@ void ckfs_stats_put_uptime(struct ckfs_fs *fs, struct ckfs_strbuf *b)
 	ckfs_strbuf_fmt(b, ",\"%s\":%.3f", CKFS_KEY(UPTIME),
 			(double)(now.tv_sec - fs->ready_at.tv_sec) +
 				(double)(now.tv_nsec - fs->ready_at.tv_nsec) / 1e9);
+}
+
+void ckfs_stats_put_pid(struct ckfs_strbuf *b)
+{
+	ckfs_strbuf_fmt(b, ",\"pid\":%ld", (long)getpid());
+}
+
+void ckfs_stats_json(struct ckfs_fs *fs, struct ckfs_strbuf *b)
+{
+	uint64_t v[CKFS_STAT_COUNTERS];
+
+	ckfs_strbuf_str(b, "{\"source\":");
+	ckfs_strbuf_json(b, fs->opt->src);
+	fs->ops->stats_head(fs, b);
+	counters_now(fs, v);
+	ckfs_stats_put(b, ckfs_stat_rows, CKFS_STAT_COUNTERS, v);
+	if (fs->ops->stats_tail)
+		fs->ops->stats_tail(fs, b);
+	ckfs_strbuf_str(b, "}\n");
 }

@@ -86,11 +86,13 @@ extern const struct ckfs_stat_row ckfs_step_stat_rows[CKFS_STEP_ROWS];
 void ckfs_stats_put(struct ckfs_strbuf *b, const struct ckfs_stat_row *rows, size_t n,
 		    const uint64_t *v);
 
-/* The counters every mount writes (the rows up to CKFS_STAT_COUNTERS) of
- * the mount fs, now; then the JSON text of them: ,"hits":N,... */
+/* The JSON a mount answers in user.ckfs.stats: {"source", the tree's head,
+ * the counters, the tree's tail}. */
 struct ckfs_fs;
-void ckfs_stats_counters(struct ckfs_fs *fs, uint64_t v[CKFS_STAT_COUNTERS]);
-/* ,"uptime_s":seconds since the mount became ready. */
+void ckfs_stats_json(struct ckfs_fs *fs, struct ckfs_strbuf *b);
+/* ,"pid":the daemon's and ,"uptime_s":seconds since the mount became
+ * ready: for the trees' heads. */
+void ckfs_stats_put_pid(struct ckfs_strbuf *b);
 void ckfs_stats_put_uptime(struct ckfs_fs *fs, struct ckfs_strbuf *b);
 
 #endif
