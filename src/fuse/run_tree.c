@@ -266,7 +266,10 @@ static void run_stats_head(struct ckfs_fs *fs, struct ckfs_strbuf *b)
 	v[CKFS_STAT_PLANS_CACHED] = run->n_lru;
 	v[CKFS_STAT_MAX_PLANS] = (uint64_t)run->opt->max_plans;
 	pthread_mutex_unlock(&run->lock);
-	ckfs_stats_put(b, &ckfs_stat_rows[CKFS_STAT_STEPS_SHOWN], 4, &v[CKFS_STAT_STEPS_SHOWN]);
+	/* steps_shown .. max_plans, then files (the order of the first run
+	 * mounts' JSON) */
+	ckfs_stats_put(b, &ckfs_stat_rows[CKFS_STAT_STEPS_SHOWN],
+		       CKFS_STAT_ROWS - CKFS_STAT_STEPS_SHOWN, &v[CKFS_STAT_STEPS_SHOWN]);
 	ckfs_stats_put(b, &ckfs_stat_rows[CKFS_STAT_FILES], 1, &v[CKFS_STAT_FILES]);
 }
 
