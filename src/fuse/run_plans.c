@@ -20,6 +20,7 @@
  * file ids (plan id << 20) | node, plan ids never reused, so a rebuilt
  * plan never sees the slices of another.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <malloc.h>
@@ -202,21 +203,23 @@ struct run_step *run_step_new(struct ckfs_run *run, const struct ckfs_run_step *
 	return s;
 }
 
-/* The roles of s, listed on first use (a readdir of the step folder). */
-int run_step_roles(struct ckfs_run *run, struct run_step *s)
+/* The roles of the step with this serial, listed on first use (a lookup
+ * or readdir in the step folder): 0, ENOENT when the step is gone, or
+ * ENOMEM. */
+int run_step_roles(struct ckfs_run *run, uint64_t serial)
 {
 	char path[PATH_MAX], **names;
 	size_t n;
 	struct ckfs_error err;
-	uint64_t serial;
 
 	pthread_mutex_lock(&run->lock);
-	bool listed = s->roles_listed;
-	serial = s->serial;
-	snprintf(path, sizeof(path), "%s/%s", run->base, s->name);
+	struct run_step *s = run_step_by_serial(run, serial);
+	bool listed = !s || s->roles_listed;
+	if (s)
+		snprintf(path, sizeof(path), "%s/%s", run->base, s->name);
 	pthread_mutex_unlock(&run->lock);
 	if (listed)
-		return 0;
+		return s ? 0 : ENOENT;
 	ckfs_error_clear(&err);
 	if (ckfs_run_roles(path, &names, &n, &err) != CKFS_OK) {
 		ckfs_log(CKFS_LOG_WARNING, "%s", err.msg);
@@ -229,7 +232,7 @@ int run_step_roles(struct ckfs_run *run, struct run_step *s)
 	struct run_role *roles = calloc(n ? n : 1, sizeof(*roles));
 	if (!roles) {
 		ckfs_run_roles_free(names, all);
-		return -1;
+		return ENOMEM;
 	}
 	for (size_t i = 0; i < n; i++) {
 		roles[i].name = names[i];
@@ -237,8 +240,9 @@ int run_step_roles(struct ckfs_run *run, struct run_step *s)
 	}
 	ckfs_run_roles_free(names, all);
 	pthread_mutex_lock(&run->lock);
-	/* Still the same step, and nobody listed it meanwhile? */
-	if (run_step_by_serial(run, serial) == s && !s->roles_listed) {
+	/* Still shown, and nobody listed it meanwhile? */
+	s = run_step_by_serial(run, serial);
+	if (s && !s->roles_listed) {
 		s->roles = roles;
 		s->n_roles = n;
 		s->roles_listed = true;

@@ -191,22 +191,11 @@ static void run_put(struct ckfs_fs *fs, struct ckfs_served *s)
 
 /* ---- the run's own folders: the top, a step, a role left empty ---- */
 
-/* The step at dir, its roles listed (0), or an errno. */
-static int listed_step(struct ckfs_run *run, const struct ino_ref *r)
-{
-	pthread_mutex_lock(&run->lock);
-	struct run_step *s = run_step_by_serial(run, r->serial);
-	pthread_mutex_unlock(&run->lock);
-	if (!s)
-		return ENOENT;
-	return run_step_roles(run, s) != 0 ? ENOMEM : 0;
-}
-
 static int run_list(struct ckfs_fs *fs, const struct ckfs_at *dir, struct ckfs_list *l)
 {
 	struct ckfs_run *run = run_of(fs);
 	struct ino_ref r = ino_decode(run, dir->ino);
-	int rc = r.kind == INO_STEP ? listed_step(run, &r) : 0;
+	int rc = r.kind == INO_STEP ? run_step_roles(run, r.serial) : 0;
 
 	if (rc)
 		return rc;

@@ -114,7 +114,7 @@ struct run_step *run_step_by_name(struct ckfs_run *run, const char *name);
 struct run_step *run_step_new(struct ckfs_run *run, const struct ckfs_run_step *rs);
 void run_step_free_locked(struct ckfs_run *run, struct run_step *s, struct run_plan **drop,
 			  size_t *n_drop);
-int run_step_roles(struct ckfs_run *run, struct run_step *s);
+int run_step_roles(struct ckfs_run *run, uint64_t serial);
 struct run_plan *run_role_plan(struct ckfs_run *run, uint64_t serial, size_t r, bool *broken);
 void run_plans_free(struct ckfs_run *run);
 
