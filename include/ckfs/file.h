@@ -18,7 +18,9 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 
 #include "ckfs/err.h"
 
@@ -68,6 +70,11 @@ enum ckfs_code ckfs_file_read_small(const struct ckfs_file_policy *pol, const ch
 				    size_t max, char **out, size_t *len,
 				    struct ckfs_file_access *access,
 				    struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/* pread(2) until len bytes at off are read, again after EINTR and short
+ * reads: the bytes read, fewer than len only at end of file; -1 with
+ * errno when a read fails. */
+ssize_t ckfs_pread_full(int fd, void *buf, size_t len, uint64_t off);
 
 /* Whether a file has an access ACL (POSIX or NFSv4), whose entries may
  * deny users its mode bits let in. */

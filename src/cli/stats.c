@@ -16,6 +16,7 @@
 
 #include "cli/cli.h"
 #include "cli/options.h"
+#include "fuse/counters.h"
 #include "fuse/fs.h"
 
 static double num(const cJSON *o, const char *key)
@@ -24,54 +25,38 @@ static double num(const cJSON *o, const char *key)
 	return cJSON_IsNumber(v) ? v->valuedouble : 0;
 }
 
-static const char *bytes(const cJSON *o, const char *key, char *buf, size_t size)
+/* The value of a mount's row k (src/fuse/counters.h), and as a size. */
+static double at(const cJSON *o, enum ckfs_stat k)
 {
-	ckfs_format_bytes(num(o, key), buf, size);
+	return num(o, ckfs_stat_rows[k].key);
+}
+
+static const char *size_at(const cJSON *o, enum ckfs_stat k, char buf[32])
+{
+	ckfs_format_bytes(at(o, k), buf, 32);
 	return buf;
 }
 
-static void print_stats(const cJSON *o)
+/* A run (src/fuse/run_tree.c): its plans and one line per step shown. */
+static void print_run(const cJSON *o)
 {
-	char a[32], b[32], s[32];
-	const cJSON *src = cJSON_GetObjectItemCaseSensitive(o, "source");
-	double hits = num(o, "hits"), misses = num(o, "misses");
-
-	printf("source          %s\n", cJSON_IsString(src) ? src->valuestring : "?");
-	printf("daemon pid      %.0f\n", num(o, "pid"));
-	printf("files           %.0f\n", num(o, "files"));
-	printf("uptime          %.1f s\n", num(o, "uptime_s"));
-	printf("cache           %s of %s in %.0f slices of %s\n",
-	       bytes(o, "bytes_cached", a, sizeof(a)), bytes(o, "budget", b, sizeof(b)),
-	       num(o, "slices_cached"), bytes(o, "slice_size", s, sizeof(s)));
-	printf("hits/misses     %.0f / %.0f (%.1f%% hits), %.0f waits, %.0f evictions\n",
-	       hits, misses, hits + misses > 0 ? 100.0 * hits / (hits + misses) : 0.0,
-	       num(o, "waits"), num(o, "evictions"));
-	printf("filled          %s in %.0f fills, %.0f failed, %.0f into recycled buffers\n",
-	       bytes(o, "bytes_filled", a, sizeof(a)), num(o, "fills"),
-	       num(o, "fill_errors"), num(o, "recycled"));
-	printf("read-ahead      %.0f sequential reads, %.0f slices queued, %.0f dropped, "
-	       "%.0f used\n",
-	       num(o, "readahead_sequential"), num(o, "prefetch_queued"),
-	       num(o, "prefetch_dropped"), num(o, "prefetch_hits"));
-	printf("served          %.0f reads, %s, %.0f opens, %.0f errors\n", num(o, "reads"),
-	       bytes(o, "bytes_read", a, sizeof(a)), num(o, "opens"), num(o, "errors"));
-	printf("source read     %s\n", bytes(o, "source_bytes_read", a, sizeof(a)));
-	if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "run")))
-		return;
-	/* A run (src/fuse/run.c): its plans and one line per step shown. */
 	const cJSON *latest = cJSON_GetObjectItemCaseSensitive(o, "latest");
-	printf("run             %.0f steps shown, latest %s; %.0f plans cached of %.0f, "
-	       "%.0f open\n", num(o, "steps_shown"),
-	       cJSON_IsString(latest) ? latest->valuestring : "(none)", num(o, "plans_cached"),
-	       num(o, "max_plans"), num(o, "plans_open"));
 	const cJSON *step;
+	char a[32];
+
+	printf("run             %.0f steps shown, latest %s; %.0f plans cached of %.0f, "
+	       "%.0f open\n", at(o, CKFS_STAT_STEPS_SHOWN),
+	       cJSON_IsString(latest) ? latest->valuestring : "(none)",
+	       at(o, CKFS_STAT_PLANS_CACHED), at(o, CKFS_STAT_MAX_PLANS),
+	       at(o, CKFS_STAT_PLANS_OPEN));
 	cJSON_ArrayForEach(step, cJSON_GetObjectItemCaseSensitive(o, "steps")) {
 		const cJSON *name = cJSON_GetObjectItemCaseSensitive(step, "name");
+		ckfs_format_bytes(num(step, CKFS_STEP_KEY(BYTES_READ)), a, sizeof(a));
 		printf("  %-20s %.0f plans built, %.0f failed, %.0f opens, %.0f reads, %s, "
 		       "%.0f errors\n", cJSON_IsString(name) ? name->valuestring : "?",
-		       num(step, "plans_built"), num(step, "plan_errors"), num(step, "opens"),
-		       num(step, "reads"), bytes(step, "bytes_read", a, sizeof(a)),
-		       num(step, "errors"));
+		       num(step, CKFS_STEP_KEY(PLANS_BUILT)), num(step, CKFS_STEP_KEY(PLAN_ERRORS)),
+		       num(step, CKFS_STEP_KEY(OPENS)), num(step, CKFS_STEP_KEY(READS)), a,
+		       num(step, CKFS_STEP_KEY(ERRORS)));
 		const cJSON *br;
 		cJSON_ArrayForEach(br, cJSON_GetObjectItemCaseSensitive(step, "broken")) {
 			const cJSON *role = cJSON_GetObjectItemCaseSensitive(br, "role");
@@ -82,53 +67,36 @@ static void print_stats(const cJSON *o)
 	}
 }
 
-/* The counters as Prometheus metrics: the stats field, the metric's name,
- * its type and help. The help is the same on every mount, as the textfile
- * collector requires of one metric read from several files. */
-static const struct prom_metric {
-	const char *field, *name, *type, *help;
-} prom_metrics[] = {
-	{ "hits", "ckfs_cache_hits_total", "counter",
-	  "Slice lookups found ready in the slice cache." },
-	{ "misses", "ckfs_cache_misses_total", "counter",
-	  "Slice lookups that needed a fill." },
-	{ "waits", "ckfs_cache_waits_total", "counter",
-	  "Slice lookups that waited on another thread's fill." },
-	{ "fills", "ckfs_cache_fills_total", "counter",
-	  "Slices assembled from the sources." },
-	{ "fill_errors", "ckfs_cache_fill_errors_total", "counter",
-	  "Slice fills that failed (a source changed or could not be read)." },
-	{ "bytes_filled", "ckfs_cache_filled_bytes_total", "counter",
-	  "Bytes of slices assembled from the sources." },
-	{ "recycled", "ckfs_cache_recycled_total", "counter",
-	  "Fills that reused the buffer of a slice already served." },
-	{ "evictions", "ckfs_cache_evictions_total", "counter",
-	  "Slices evicted from the slice cache." },
-	{ "bytes_cached", "ckfs_cache_bytes", "gauge", "Bytes held by the slice cache." },
-	{ "slices_cached", "ckfs_cache_slices", "gauge", "Slices held by the slice cache." },
-	{ "budget", "ckfs_cache_budget_bytes", "gauge", "The slice cache's budget in bytes." },
-	{ "slice_size", "ckfs_cache_slice_bytes", "gauge", "The size of a cache slice in bytes." },
-	{ "prefetch_queued", "ckfs_prefetch_queued_total", "counter",
-	  "Slices queued for read-ahead." },
-	{ "prefetch_dropped", "ckfs_prefetch_dropped_total", "counter",
-	  "Read-ahead slices dropped because the queue was full." },
-	{ "prefetch_hits", "ckfs_prefetch_hits_total", "counter",
-	  "Read-ahead slices that were later read." },
-	{ "readahead_sequential", "ckfs_readahead_sequential_reads_total", "counter",
-	  "Reads judged sequential." },
-	{ "readahead_slices", "ckfs_readahead_slices_total", "counter",
-	  "Slices handed to read-ahead." },
-	{ "readahead_skipped", "ckfs_readahead_skipped_total", "counter",
-	  "Slices read-ahead left alone: the kernel already had them." },
-	{ "reads", "ckfs_reads_total", "counter", "FUSE read requests." },
-	{ "bytes_read", "ckfs_read_bytes_total", "counter", "Bytes replied to read requests." },
-	{ "errors", "ckfs_read_errors_total", "counter", "Read requests answered with an error." },
-	{ "opens", "ckfs_opens_total", "counter", "Files opened." },
-	{ "source_bytes_read", "ckfs_source_read_bytes_total", "counter",
-	  "Bytes of checkpoint files read to serve data since the mount became ready." },
-	{ "files", "ckfs_files", "gauge", "Files in the served folder." },
-	{ "uptime_s", "ckfs_uptime_seconds", "gauge", "Seconds since the mount became ready." },
-};
+static void print_stats(const cJSON *o)
+{
+	char a[32], b[32], s[32];
+	const cJSON *src = cJSON_GetObjectItemCaseSensitive(o, "source");
+	double hits = at(o, CKFS_STAT_HITS), misses = at(o, CKFS_STAT_MISSES);
+
+	printf("source          %s\n", cJSON_IsString(src) ? src->valuestring : "?");
+	printf("daemon pid      %.0f\n", num(o, "pid"));
+	printf("files           %.0f\n", at(o, CKFS_STAT_FILES));
+	printf("uptime          %.1f s\n", at(o, CKFS_STAT_UPTIME));
+	printf("cache           %s of %s in %.0f slices of %s\n",
+	       size_at(o, CKFS_STAT_BYTES_CACHED, a), size_at(o, CKFS_STAT_BUDGET, b),
+	       at(o, CKFS_STAT_SLICES_CACHED), size_at(o, CKFS_STAT_SLICE_SIZE, s));
+	printf("hits/misses     %.0f / %.0f (%.1f%% hits), %.0f waits, %.0f evictions\n",
+	       hits, misses, hits + misses > 0 ? 100.0 * hits / (hits + misses) : 0.0,
+	       at(o, CKFS_STAT_WAITS), at(o, CKFS_STAT_EVICTIONS));
+	printf("filled          %s in %.0f fills, %.0f failed, %.0f into recycled buffers\n",
+	       size_at(o, CKFS_STAT_BYTES_FILLED, a), at(o, CKFS_STAT_FILLS),
+	       at(o, CKFS_STAT_FILL_ERRORS), at(o, CKFS_STAT_RECYCLED));
+	printf("read-ahead      %.0f sequential reads, %.0f slices queued, %.0f dropped, "
+	       "%.0f used\n",
+	       at(o, CKFS_STAT_READAHEAD_SEQUENTIAL), at(o, CKFS_STAT_PREFETCH_QUEUED),
+	       at(o, CKFS_STAT_PREFETCH_DROPPED), at(o, CKFS_STAT_PREFETCH_HITS));
+	printf("served          %.0f reads, %s, %.0f opens, %.0f errors\n",
+	       at(o, CKFS_STAT_READS), size_at(o, CKFS_STAT_BYTES_READ, a),
+	       at(o, CKFS_STAT_OPENS), at(o, CKFS_STAT_ERRORS));
+	printf("source read     %s\n", size_at(o, CKFS_STAT_SOURCE_BYTES_READ, a));
+	if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "run")))
+		print_run(o);
+}
 
 /* A label value: backslash, double quote and newline escaped. */
 static void prom_label(const char *s)
@@ -154,32 +122,24 @@ static void prom_value(double v)
 /* A run's per-step counters, labelled with the mount point and the step. */
 static void print_prometheus_steps(const cJSON *o, const char *mnt)
 {
-	static const struct prom_metric step_metrics[] = {
-		{ "plans_built", "ckfs_step_plans_built_total", "counter",
-		  "Plans (model and folder) built for the step's roles." },
-		{ "opens", "ckfs_step_opens_total", "counter", "Files of the step opened." },
-		{ "reads", "ckfs_step_reads_total", "counter", "Read requests on the step's files." },
-		{ "bytes_read", "ckfs_step_read_bytes_total", "counter",
-		  "Bytes replied from the step's files." },
-		{ "errors", "ckfs_step_read_errors_total", "counter",
-		  "Reads of the step's files answered with an error." },
-	};
 	const cJSON *steps = cJSON_GetObjectItemCaseSensitive(o, "steps");
 
 	if (!cJSON_IsArray(steps))
 		return;
-	for (size_t i = 0; i < sizeof(step_metrics) / sizeof(step_metrics[0]); i++) {
-		const struct prom_metric *m = &step_metrics[i];
+	for (size_t i = 0; i < CKFS_STEP_ROWS; i++) {
+		const struct ckfs_stat_row *m = &ckfs_step_stat_rows[i];
 		const cJSON *step;
-		printf("# HELP %s %s\n# TYPE %s %s\n", m->name, m->help, m->name, m->type);
+		if (!m->metric)
+			continue;
+		printf("# HELP %s %s\n# TYPE %s %s\n", m->metric, m->help, m->metric, m->type);
 		cJSON_ArrayForEach(step, steps) {
 			const cJSON *name = cJSON_GetObjectItemCaseSensitive(step, "name");
-			printf("%s{mountpoint=\"", m->name);
+			printf("%s{mountpoint=\"", m->metric);
 			prom_label(mnt);
 			fputs("\",step=\"", stdout);
 			prom_label(cJSON_IsString(name) ? name->valuestring : "");
 			fputs("\"} ", stdout);
-			prom_value(num(step, m->field));
+			prom_value(num(step, m->key));
 		}
 	}
 }
@@ -198,13 +158,13 @@ static void print_prometheus(const cJSON *o, const char *mnt)
 	fputs("\",source=\"", stdout);
 	prom_label(cJSON_IsString(src) ? src->valuestring : "");
 	printf("\",pid=\"%.0f\",version=\"%s\"} 1\n", num(o, "pid"), CKFS_VERSION);
-	for (size_t i = 0; i < sizeof(prom_metrics) / sizeof(prom_metrics[0]); i++) {
-		const struct prom_metric *m = &prom_metrics[i];
-		const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, m->field);
-		if (!cJSON_IsNumber(v))
+	for (size_t i = 0; i < CKFS_STAT_ROWS; i++) {
+		const struct ckfs_stat_row *m = &ckfs_stat_rows[i];
+		const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, m->key);
+		if (!m->metric || !cJSON_IsNumber(v))
 			continue;
-		printf("# HELP %s %s\n# TYPE %s %s\n%s{mountpoint=\"", m->name, m->help, m->name,
-		       m->type, m->name);
+		printf("# HELP %s %s\n# TYPE %s %s\n%s{mountpoint=\"", m->metric, m->help, m->metric,
+		       m->type, m->metric);
 		prom_label(mnt);
 		fputs("\"} ", stdout);
 		prom_value(v->valuedouble);

@@ -43,6 +43,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "ckfs/file.h"
 #include "ckfs/hash.h"
 #include "ckfs/limits.h"
 
@@ -105,27 +106,16 @@ static uint64_t le64(const unsigned char *p)
 static enum ckfs_code zip_pread(const struct ckfs_zip *z, void *buf, size_t n,
 				uint64_t rel, struct ckfs_error *err)
 {
-	unsigned char *p = buf;
 	uint64_t off = z->base + rel;
+	ssize_t got = ckfs_pread_full(z->fd, buf, n, off);
 
-	while (n) {
-		size_t want = n < ZIP_IO_CHUNK ? n : ZIP_IO_CHUNK;
-		ssize_t r = pread(z->fd, p, want, (off_t)off);
-
-		if (r < 0) {
-			if (errno == EINTR)
-				continue;
-			return ckfs_fail_errno(err, "'%s': cannot read at offset %llu",
-					       z->label, (ull)off);
-		}
-		if (r == 0)
-			return ckfs_fail(err, CKFS_E_TRUNCATED,
-					 "'%s': unexpected end of file at offset %llu",
-					 z->label, (ull)off);
-		p += r;
-		n -= (size_t)r;
-		off += (uint64_t)r;
-	}
+	if (got < 0)
+		return ckfs_fail_errno(err, "'%s': cannot read at offset %llu",
+				       z->label, (ull)off);
+	if ((size_t)got < n)
+		return ckfs_fail(err, CKFS_E_TRUNCATED,
+				 "'%s': unexpected end of file at offset %llu",
+				 z->label, (ull)(off + (uint64_t)got));
 	return CKFS_OK;
 }
 

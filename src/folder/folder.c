@@ -400,21 +400,13 @@ enum ckfs_code ckfs_folder_read(const struct ckfs_folder *f,
 	case CKFS_NODE_DIR:
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': a folder", n->name);
 	case CKFS_NODE_PASSTHROUGH: {
-		size_t done = 0;
 		CKFS_TRY(ckfs_source_check(&n->src, err));
-		while (done < len) {
-			ssize_t r = pread(n->src.fd, (char *)buf + done, len - done,
-					  (off_t)(off + done));
-			if (r < 0 && errno == EINTR)
-				continue;
-			if (r < 0)
-				return ckfs_fail_errno(err, "'%s': read failed", n->src.path);
-			if (r == 0)
-				return ckfs_fail(err, CKFS_E_CHANGED,
-						 "'%s': file shrank since it was opened",
-						 n->src.path);
-			done += (size_t)r;
-		}
+		ssize_t r = ckfs_pread_full(n->src.fd, buf, len, off);
+		if (r < 0)
+			return ckfs_fail_errno(err, "'%s': read failed", n->src.path);
+		if ((size_t)r < len)
+			return ckfs_fail(err, CKFS_E_CHANGED,
+					 "'%s': file shrank since it was opened", n->src.path);
 		ckfs_source_note_read(len);
 		CKFS_TRY(ckfs_source_check(&n->src, err));
 		break;

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * A whole training run as one mount: listing the run again as it changes
- * (src/fuse/run_int.h for the whole).
+ * (src/fuse/run_tree.h for the whole).
  *
  * Steps. The run folder is listed at mount (names, the tracker and stat
  * only: src/layouts/run.c) and again whenever inotify reports a change in
@@ -28,9 +28,7 @@
 #include <unistd.h>
 
 #include "ckfs/run.h"
-#include "fuse/fs.h"
-#include "fuse/run.h"
-#include "fuse/run_int.h"
+#include "fuse/run_tree.h"
 
 /* Coalescing of inotify bursts (rmtree removes many files): wait this
  * long for the burst to end before listing the run again. */
@@ -45,68 +43,59 @@ static void inval_top(struct ckfs_run *run, const char *name)
 		fuse_lowlevel_notify_inval_entry(run->se, FUSE_ROOT_ID, name, strlen(name));
 }
 
-/* List the run folder and make the step table match it. Returns the
- * seconds until it must be listed again without an event (0: never); or,
- * when the folder cannot be listed, -1 with *fail set (fail given: the
- * first listing) or 0 after logging it (the steps shown stay). */
-static long rescan(struct ckfs_run *run, struct ckfs_error *fail)
-{
-	struct ckfs_run_scan scan;
-	struct ckfs_error err;
-	struct timespec now;
-	char **gone = NULL, **came = NULL, old_latest[40];
-	size_t n_gone = 0, n_came = 0, n_drop = 0;
-	struct run_plan **drop = NULL;
-	long pending;
+/* What a listing changed in the step table. */
+struct change {
+	char **gone, **came;                /* step names (NULL: out of memory) */
+	size_t n_gone, n_came;
+	struct run_plan **drop;             /* the plans of steps gone */
+	size_t n_drop;
+	bool latest_moved;
+};
 
-	/* Listed without the lock (I/O); only the tracker's last good value
-	 * is taken from the previous listing. */
+static void change_free(struct change *c)
+{
+	for (size_t i = 0; i < c->n_gone; i++)
+		free(c->gone[i]);
+	for (size_t i = 0; i < c->n_came; i++)
+		free(c->came[i]);
+	free(c->gone);
+	free(c->came);
+	free(c->drop);
+}
+
+/* List the run folder, without the lock (I/O); only the tracker's last
+ * good value is taken from the previous listing. *pending: when to list
+ * again without an event. */
+static enum ckfs_code list_run(struct ckfs_run *run, struct ckfs_run_scan *scan, long *pending,
+			       struct ckfs_error *err)
+{
 	struct ckfs_run_scan prev;
+	struct timespec now;
+
 	memset(&prev, 0, sizeof(prev));
-	ckfs_error_clear(&err);
 	pthread_mutex_lock(&run->lock);
 	prev.tracker_ok = run->scan.tracker_ok;
 	prev.tracker = run->scan.tracker;
 	pthread_mutex_unlock(&run->lock);
-	enum ckfs_code rc = ckfs_run_scan(run->base, &prev, &scan, &err);
-	if (rc != CKFS_OK && fail) {
-		*fail = err;
-		return -1;
-	}
-	if (rc != CKFS_OK) {
-		ckfs_log(CKFS_LOG_ERR, "%s; the steps shown stay as they were", err.msg);
-		return 0;
-	}
+	CKFS_TRY(ckfs_run_scan(run->base, &prev, scan, err));
 	clock_gettime(CLOCK_REALTIME, &now);
-	pending = ckfs_run_classify(&scan, &now);
-	if (scan.tracker_error[0])
-		ckfs_log(CKFS_LOG_WARNING, "%s%s", scan.tracker_error,
-			 scan.tracker_ok ? "; the step it named before is kept" : "");
+	*pending = ckfs_run_classify(scan, &now);
+	if (scan->tracker_error[0])
+		ckfs_log(CKFS_LOG_WARNING, "%s%s", scan->tracker_error,
+			 scan->tracker_ok ? "; the step it named before is kept" : "");
+	return CKFS_OK;
+}
 
-	pthread_mutex_lock(&run->lock);
-	size_t room = run->n_steps + scan.n_steps;
-	gone = calloc(room + 1, sizeof(*gone));
-	came = calloc(room + 1, sizeof(*came));
-	size_t roles = 0;
-	for (size_t i = 0; i < run->n_steps; i++)
-		roles += run->steps[i]->n_roles;
-	drop = calloc(roles + 1, sizeof(*drop));
-	struct run_step **next = calloc(scan.n_steps + 1, sizeof(*next));
-	if (!gone || !came || !drop || !next) {
-		pthread_mutex_unlock(&run->lock);
-		ckfs_log(CKFS_LOG_ERR, "out of memory listing '%s'", run->base);
-		free(gone);
-		free(came);
-		free(drop);
-		free(next);
-		ckfs_run_scan_release(&scan);
-		return 0;
-	}
+/* The steps scan shows, in next[]: a shown step is kept as it is when
+ * still shown with the same roles; anything else is new (its old inodes
+ * die with its serial). Returns how many (run->lock held). */
+static size_t next_steps_locked(struct ckfs_run *run, const struct ckfs_run_scan *scan,
+				struct run_step **next, struct change *c)
+{
 	size_t n_next = 0;
-	/* Keep a shown step as it is when it is still shown with the same
-	 * roles; anything else leaves (its inodes die with its serial). */
-	for (size_t i = 0; i < scan.n_steps; i++) {
-		const struct ckfs_run_step *rs = &scan.steps[i];
+
+	for (size_t i = 0; i < scan->n_steps; i++) {
+		const struct ckfs_run_step *rs = &scan->steps[i];
 		bool shown = rs->state == CKFS_STEP_SHOWN || (run->single && i == 0);
 		if (!shown)
 			continue;
@@ -119,8 +108,29 @@ static long rescan(struct ckfs_run *run, struct ckfs_error *fail)
 		if (!ns)
 			continue; /* left out; the next event tries again */
 		next[n_next++] = ns;
-		came[n_came++] = strdup(rs->name);
+		c->came[c->n_came++] = strdup(rs->name);
 	}
+	return n_next;
+}
+
+/* Make the step table and latest match scan, which it takes (run->lock
+ * held); false when out of memory (nothing changed). */
+static bool apply_locked(struct ckfs_run *run, struct ckfs_run_scan *scan, struct change *c)
+{
+	char old_latest[40];
+	size_t roles = 0;
+
+	for (size_t i = 0; i < run->n_steps; i++)
+		roles += run->steps[i]->n_roles;
+	c->gone = calloc(run->n_steps + 1, sizeof(*c->gone));
+	c->came = calloc(scan->n_steps + 1, sizeof(*c->came));
+	c->drop = calloc(roles + 1, sizeof(*c->drop));
+	struct run_step **next = calloc(scan->n_steps + 1, sizeof(*next));
+	if (!c->gone || !c->came || !c->drop || !next) {
+		free(next);
+		return false;
+	}
+	size_t n_next = next_steps_locked(run, scan, next, c);
 	for (size_t i = 0; i < run->n_steps; i++) {
 		struct run_step *s = run->steps[i];
 		bool kept = false;
@@ -128,48 +138,81 @@ static long rescan(struct ckfs_run *run, struct ckfs_error *fail)
 			kept = next[k] == s;
 		if (kept)
 			continue;
-		gone[n_gone++] = strdup(s->name);
-		run_step_free_locked(run, s, drop, &n_drop);
+		c->gone[c->n_gone++] = strdup(s->name);
+		run_step_free_locked(run, s, c->drop, &c->n_drop);
 	}
 	free(run->steps);
 	run->steps = next;
 	run->n_steps = n_next;
 	snprintf(old_latest, sizeof(old_latest), "%s", run->latest);
-	const struct ckfs_run_step *lt = ckfs_run_latest(&scan);
+	const struct ckfs_run_step *lt = ckfs_run_latest(scan);
 	snprintf(run->latest, sizeof(run->latest), "%s",
 		 lt && run_step_by_name(run, lt->name) ? lt->name : "");
-	bool latest_moved = strcmp(old_latest, run->latest) != 0;
+	c->latest_moved = strcmp(old_latest, run->latest) != 0;
 	ckfs_run_scan_release(&run->scan);
-	run->scan = scan;
-	pthread_mutex_unlock(&run->lock);
+	run->scan = *scan;
+	return true;
+}
 
-	for (size_t i = 0; i < n_drop; i++)
-		run_plan_put(run, drop[i]);
-	for (size_t i = 0; i < n_gone; i++) {
-		if (gone[i]) {
-			ckfs_log(CKFS_LOG_NOTICE, "%s: no longer shown", gone[i]);
-			inval_top(run, gone[i]);
+/* After the table changed: drop the plans of steps gone, say what
+ * changed, and have the kernel forget it. */
+static void publish_change(struct ckfs_run *run, struct change *c)
+{
+	for (size_t i = 0; i < c->n_drop; i++)
+		run_plan_put(run, c->drop[i]);
+	for (size_t i = 0; i < c->n_gone; i++) {
+		if (c->gone[i]) {
+			ckfs_log(CKFS_LOG_NOTICE, "%s: no longer shown", c->gone[i]);
+			inval_top(run, c->gone[i]);
 		}
-		free(gone[i]);
 	}
-	for (size_t i = 0; i < n_came; i++) {
-		if (came[i]) {
-			ckfs_log(CKFS_LOG_INFO, "%s: shown", came[i]);
-			inval_top(run, came[i]);
+	for (size_t i = 0; i < c->n_came; i++) {
+		if (c->came[i]) {
+			ckfs_log(CKFS_LOG_INFO, "%s: shown", c->came[i]);
+			inval_top(run, c->came[i]);
 		}
-		free(came[i]);
 	}
-	if (latest_moved) {
+	if (c->latest_moved) {
 		inval_top(run, "latest");
 		if (run->se && !run->single)
 			fuse_lowlevel_notify_inval_inode(run->se, INO_LATEST, 0, 0);
 		ckfs_log(CKFS_LOG_INFO, "latest -> %s", run->latest[0] ? run->latest : "(none)");
 	}
-	if ((n_gone || n_came || latest_moved) && run->se && !run->single)
+	if ((c->n_gone || c->n_came || c->latest_moved) && run->se && !run->single)
 		fuse_lowlevel_notify_inval_inode(run->se, FUSE_ROOT_ID, 0, 0);
-	free(gone);
-	free(came);
-	free(drop);
+}
+
+/* List the run folder and make the step table match it. Returns the
+ * seconds until it must be listed again without an event (0: never); or,
+ * when the folder cannot be listed, -1 with *fail set (fail given: the
+ * first listing) or 0 after logging it (the steps shown stay). */
+static long rescan(struct ckfs_run *run, struct ckfs_error *fail)
+{
+	struct ckfs_run_scan scan;
+	struct change c = { 0 };
+	struct ckfs_error err;
+	long pending = 0;
+
+	ckfs_error_clear(&err);
+	if (list_run(run, &scan, &pending, &err) != CKFS_OK) {
+		if (fail) {
+			*fail = err;
+			return -1;
+		}
+		ckfs_log(CKFS_LOG_ERR, "%s; the steps shown stay as they were", err.msg);
+		return 0;
+	}
+	pthread_mutex_lock(&run->lock);
+	bool applied = apply_locked(run, &scan, &c);
+	pthread_mutex_unlock(&run->lock);
+	if (applied) {
+		publish_change(run, &c);
+	} else {
+		ckfs_log(CKFS_LOG_ERR, "out of memory listing '%s'", run->base);
+		ckfs_run_scan_release(&scan);
+		pending = 0;
+	}
+	change_free(&c);
 	return pending;
 }
 
@@ -243,11 +286,10 @@ enum ckfs_code run_watch_init(struct ckfs_run *run, struct ckfs_error *err)
 	return CKFS_OK;
 }
 
-enum ckfs_code ckfs_run_start(struct ckfs_run *run, struct fuse_session *se,
-			      struct ckfs_error *err)
+enum ckfs_code run_watch_start(struct ckfs_run *run, struct fuse_session *se,
+			       struct ckfs_error *err)
 {
 	run->se = se;
-	ckfs_fs_mark_ready(&run->fs, run->opt->mountpoint);
 	if (run->single)
 		return CKFS_OK;
 	if (pipe2(run->wake, O_CLOEXEC) != 0)
@@ -263,10 +305,8 @@ enum ckfs_code ckfs_run_start(struct ckfs_run *run, struct fuse_session *se,
 	return CKFS_OK;
 }
 
-void ckfs_run_stop(struct ckfs_run *run)
+void run_watch_stop(struct ckfs_run *run)
 {
-	if (!run)
-		return;
 	if (run->watching) {
 		char c = 0;
 		ssize_t w = write(run->wake[1], &c, 1);
@@ -275,4 +315,15 @@ void ckfs_run_stop(struct ckfs_run *run)
 		run->watching = false;
 	}
 	run->se = NULL;
+}
+
+void run_watch_close(struct ckfs_run *run)
+{
+	if (run->ino_fd >= 0)
+		close(run->ino_fd);
+	if (run->wake[0] >= 0) {
+		close(run->wake[0]);
+		close(run->wake[1]);
+	}
+	run->ino_fd = run->wake[0] = run->wake[1] = -1;
 }

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The life of a mount (src/fuse/fs.h): check the mount point, build the
- * model and folder exactly as `ckfs export` does, start the slice cache,
- * create the FUSE session, mount, report readiness, serve, unmount.
+ * The life of a mount (src/fuse/fs.h): check the mount point, open what
+ * SRC is (src/fuse/tree.h: one checkpoint built exactly as `ckfs export`
+ * builds it, or a run listed), start the slice cache, create the FUSE
+ * session, mount, report readiness, serve, unmount.
  *
  * Readiness. Without -f the process forks first, before any thread
  * exists, and the parent waits on a pipe. The child does all the work with
@@ -46,9 +47,7 @@
 #include <syslog.h>
 #include <unistd.h>
 
-#include "ckfs/run.h"
-#include "fuse/fs.h"
-#include "fuse/run.h"
+#include "fuse/tree.h"
 
 /* ---- logging ---- */
 
@@ -253,114 +252,49 @@ static void format_size(uint64_t v, char *buf, size_t size)
 	snprintf(buf, size, u ? "%.1f %s" : "%.0f %s", d, units[u]);
 }
 
-/* Build, mount and serve; returns the exit status. ready_fd >= 0: the
- * pipe to the waiting parent (daemon mode). */
-static int serve(const struct ckfs_mount_options *opt, int ready_fd)
+/* Block the stop signals (SIGTERM, SIGINT, SIGHUP, SIGQUIT) in this
+ * thread, the old mask into *old: threads started meanwhile (read-ahead
+ * workers, a run's watcher) inherit the mask, and the signals must reach
+ * the main thread, where libfuse waits for them. */
+static void block_stop_signals(sigset_t *old)
 {
-	struct ckfs_error err;
-	struct ckfs_model *m = NULL;
-	struct ckfs_folder *f = NULL;
-	struct ckfs_fs fs;
-	struct ckfs_run *run = NULL;
-	enum ckfs_run_kind kind;
-	struct fuse_session *se;
-	struct fuse_loop_config *lc;
-	sigset_t stop_signals, old_mask;
+	sigset_t stop;
+
+	sigemptyset(&stop);
+	sigaddset(&stop, SIGTERM);
+	sigaddset(&stop, SIGINT);
+	sigaddset(&stop, SIGHUP);
+	sigaddset(&stop, SIGQUIT);
+	pthread_sigmask(SIG_BLOCK, &stop, old);
+}
+
+/* Serving: leave the caller's session (ready_fd >= 0: tell the waiting
+ * parent), tell systemd, log it. */
+static void announce(const struct ckfs_mount_options *opt, struct ckfs_fs *fs, int ready_fd)
+{
 	char status_line[PATH_MAX * 2 + 64], size_text[32];
-	int ret = 1;
 
-	memset(&fs, 0, sizeof(fs));
-	ckfs_error_clear(&err);
-	fuse_set_log_func(fuse_log_bridge);
-
-	if (check_mountpoint(opt->mountpoint, opt->src, &err) != CKFS_OK)
-		goto err_out0;
-	/* A run (global_step_<N> folders, the tracker) or one step of it is
-	 * served by src/fuse/run.c; a checkpoint folder as before. */
-	kind = ckfs_run_kind(opt->src);
-	if (kind == CKFS_RUN_NOT) {
-		if (ckfs_model_open(opt->src, &opt->model, &m, &err) != CKFS_OK)
-			goto err_out0;
-		for (size_t i = 0; i < m->n_warnings; i++)
-			ckfs_log(CKFS_LOG_WARNING, "warning: %s", m->warnings[i]);
-		if (ckfs_folder_build(m, &opt->folder, &f, &err) != CKFS_OK)
-			goto err_out1;
-	}
-
-	/* The cache starts its read-ahead workers (and a run its watcher):
-	 * they inherit a mask without the stop signals, which must reach the
-	 * main thread. */
-	sigemptyset(&stop_signals);
-	sigaddset(&stop_signals, SIGTERM);
-	sigaddset(&stop_signals, SIGINT);
-	sigaddset(&stop_signals, SIGHUP);
-	sigaddset(&stop_signals, SIGQUIT);
-	pthread_sigmask(SIG_BLOCK, &stop_signals, &old_mask);
-	if ((kind == CKFS_RUN_NOT ? ckfs_fs_init(&fs, opt, m, f, &err)
-				  : ckfs_run_new(opt, kind == CKFS_RUN_STEP, &run, &err)) != CKFS_OK)
-		goto err_out3;
-	/* Unblocked again before anything is spawned (fusermount3 inherits
-	 * the mask; with auto_unmount it stays running). */
-	pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
-	se = run ? new_session(opt, ckfs_run_ops(), run, &err)
-		 : new_session(opt, &ckfs_ll_ops, &fs, &err);
-	if (!se)
-		goto err_out3;
-	if (ready_fd >= 0) {
-		/* A daemon stops on these whatever the shell that started it
-		 * ignored (a script's "ckfs mount ... &" ignores SIGINT). In the
-		 * foreground an inherited SIG_IGN is kept, as libfuse does, so
-		 * nohup keeps meaning no SIGHUP. */
-		signal(SIGTERM, SIG_DFL);
-		signal(SIGINT, SIG_DFL);
-		signal(SIGHUP, SIG_DFL);
-	}
-	if (fuse_set_signal_handlers(se) != 0) {
-		ckfs_fail(&err, CKFS_E_IO, "cannot install signal handlers");
-		goto err_out4;
-	}
-	capture_begin();
-	if (fuse_session_mount(se, opt->mountpoint) != 0) {
-		capture_end();
-		ckfs_fail(&err, CKFS_E_IO, "'%s': mount failed%s%s", opt->mountpoint,
-			  captured[0] ? ": " : "", captured);
-		goto err_out5;
-	}
-	capture_end();
-
-	/* Mounted: requests queue in the kernel until the loop runs. */
-	if (run) {
-		pthread_sigmask(SIG_BLOCK, &stop_signals, &old_mask);
-		enum ckfs_code rc = ckfs_run_start(run, se, &err);
-		pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
-		if (rc != CKFS_OK)
-			goto err_out6;
-	} else {
-		ckfs_fs_mark_ready(&fs, opt->mountpoint);
-	}
 	if (chdir("/") != 0)
 		ckfs_log(CKFS_LOG_WARNING, "cannot chdir to '/': %s", strerror(errno));
-	if (ready_fd >= 0) {
+	if (ready_fd >= 0)
 		detach(ready_fd);
-		ready_fd = -1;
-	}
 	format_size(opt->cache_size, size_text, sizeof(size_text));
 	snprintf(status_line, sizeof(status_line),
 		 "READY=1\nSTATUS=Serving %s at %s\nMAINPID=%ld", opt->src,
 		 opt->mountpoint, (long)getpid());
 	sd_notify_send(status_line);
-	if (run)
-		ckfs_log(CKFS_LOG_NOTICE, "serving the %s '%s' at '%s': cache %s, %d plans, "
-			 "%d threads", kind == CKFS_RUN_STEP ? "step" : "run", opt->src,
-			 opt->mountpoint, size_text, opt->max_plans, opt->threads);
-	else
-		ckfs_log(CKFS_LOG_NOTICE, "serving '%s' at '%s': %zu files, cache %s, %d threads",
-			 opt->src, opt->mountpoint, f->n_nodes, size_text, opt->threads);
+	fs->ops->log_serving(fs, size_text);
+}
 
-	lc = fuse_loop_cfg_create();
+/* The request loop, until unmounted or stopped by a signal: 0, or 1 when
+ * it failed. */
+static int serve_requests(const struct ckfs_mount_options *opt, struct fuse_session *se)
+{
+	struct fuse_loop_config *lc = fuse_loop_cfg_create();
+
 	if (!lc) {
 		ckfs_log(CKFS_LOG_ERR, "out of memory");
-		goto err_out6;
+		return 1;
 	}
 	fuse_loop_cfg_set_clone_fd(lc, 0);
 	fuse_loop_cfg_set_max_threads(lc, (unsigned)opt->threads);
@@ -372,24 +306,80 @@ static int serve(const struct ckfs_mount_options *opt, int ready_fd)
 	if (loop_rc < 0) {
 		ckfs_log(CKFS_LOG_ERR, "'%s': FUSE loop failed: %s", opt->mountpoint,
 			 strerror(-loop_rc));
-	} else {
-		ckfs_log(CKFS_LOG_NOTICE, "'%s': unmounting", opt->mountpoint);
-		ret = 0;
+		return 1;
 	}
-err_out6:
-	ckfs_run_stop(run); /* its watcher talks to the session */
-	fuse_session_unmount(se);
-err_out5:
-	fuse_remove_signal_handlers(se);
-err_out4:
-	fuse_session_destroy(se);
-err_out3:
+	ckfs_log(CKFS_LOG_NOTICE, "'%s': unmounting", opt->mountpoint);
+	return 0;
+}
+
+/* Build, mount and serve; returns the exit status. ready_fd >= 0: the
+ * pipe to the waiting parent (daemon mode). */
+static int serve(const struct ckfs_mount_options *opt, int ready_fd)
+{
+	struct ckfs_error err;
+	struct ckfs_fs *fs = NULL;
+	struct fuse_session *se;
+	sigset_t old_mask;
+	enum ckfs_code rc;
+	int ret = 1;
+
+	ckfs_error_clear(&err);
+	fuse_set_log_func(fuse_log_bridge);
+	/* What SRC is (src/fuse/tree.h): one checkpoint, built now, or a run
+	 * or one step of it, listed now. */
+	if (check_mountpoint(opt->mountpoint, opt->src, &err) != CKFS_OK ||
+	    ckfs_fs_open(opt, &fs, &err) != CKFS_OK)
+		goto err_out0;
+	block_stop_signals(&old_mask);
+	rc = ckfs_fs_start_cache(fs, &err);
+	/* Unblocked again before anything is spawned (fusermount3 inherits
+	 * the mask; with auto_unmount it stays running). */
 	pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
-	ckfs_run_free(run);
-	ckfs_fs_release(&fs);
-	ckfs_folder_free(f);
+	if (rc != CKFS_OK)
+		goto err_out1;
+	se = new_session(opt, &ckfs_ll_ops, fs, &err);
+	if (!se)
+		goto err_out1;
+	if (ready_fd >= 0) {
+		/* A daemon stops on these whatever the shell that started it
+		 * ignored (a script's "ckfs mount ... &" ignores SIGINT). In the
+		 * foreground an inherited SIG_IGN is kept, as libfuse does, so
+		 * nohup keeps meaning no SIGHUP. */
+		signal(SIGTERM, SIG_DFL);
+		signal(SIGINT, SIG_DFL);
+		signal(SIGHUP, SIG_DFL);
+	}
+	if (fuse_set_signal_handlers(se) != 0) {
+		ckfs_fail(&err, CKFS_E_IO, "cannot install signal handlers");
+		goto err_out2;
+	}
+	capture_begin();
+	if (fuse_session_mount(se, opt->mountpoint) != 0) {
+		capture_end();
+		ckfs_fail(&err, CKFS_E_IO, "'%s': mount failed%s%s", opt->mountpoint,
+			  captured[0] ? ": " : "", captured);
+		goto err_out3;
+	}
+	capture_end();
+
+	/* Mounted: requests queue in the kernel until the loop runs. */
+	block_stop_signals(&old_mask);
+	rc = ckfs_fs_start(fs, se, opt->mountpoint, &err);
+	pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+	if (rc != CKFS_OK)
+		goto err_out4;
+	announce(opt, fs, ready_fd);
+	ready_fd = -1;
+	ret = serve_requests(opt, se);
+err_out4:
+	ckfs_fs_stop(fs); /* a run's watcher talks to the session */
+	fuse_session_unmount(se);
+err_out3:
+	fuse_remove_signal_handlers(se);
+err_out2:
+	fuse_session_destroy(se);
 err_out1:
-	ckfs_model_free(m);
+	ckfs_fs_free(fs);
 err_out0:
 	if (err.code != CKFS_OK)
 		ckfs_log(CKFS_LOG_ERR, "%s", err.msg[0] ? err.msg : ckfs_strerror(err.code));

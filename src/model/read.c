@@ -60,25 +60,16 @@ static enum ckfs_code read_exact(const struct ckfs_model *m, uint32_t src,
 				 struct ckfs_error *err)
 {
 	const struct ckfs_source *s = &m->sources[src];
-	size_t done = 0;
+	ssize_t got = ckfs_pread_full(s->fd, buf, len, pos);
 
-	while (done < len) {
-		ssize_t r = pread(s->fd, (char *)buf + done, len - done,
-				  (off_t)(pos + done));
-		if (r < 0) {
-			if (errno == EINTR)
-				continue;
-			return ckfs_fail_errno(err, "'%s': read failed", s->path);
-		}
-		if (r == 0)
-			return ckfs_fail(err, CKFS_E_CHANGED,
-					 "'%s': file ends at %llu, expected data "
-					 "up to %llu (was it truncated?)",
-					 s->path,
-					 (unsigned long long)(pos + done),
-					 (unsigned long long)(pos + len));
-		done += (size_t)r;
-	}
+	if (got < 0)
+		return ckfs_fail_errno(err, "'%s': read failed", s->path);
+	if ((size_t)got < len)
+		return ckfs_fail(err, CKFS_E_CHANGED,
+				 "'%s': file ends at %llu, expected data "
+				 "up to %llu (was it truncated?)",
+				 s->path, (unsigned long long)(pos + (uint64_t)got),
+				 (unsigned long long)(pos + len));
 	ckfs_source_note_read(len);
 	return CKFS_OK;
 }

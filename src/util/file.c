@@ -183,6 +183,23 @@ out:
 	return rc;
 }
 
+ssize_t ckfs_pread_full(int fd, void *buf, size_t len, uint64_t off)
+{
+	size_t done = 0;
+
+	while (done < len) {
+		ssize_t r = pread(fd, (char *)buf + done, len - done, (off_t)(off + done));
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return -1;
+		if (r == 0)
+			break;
+		done += (size_t)r;
+	}
+	return (ssize_t)done;
+}
+
 enum ckfs_code ckfs_file_read_small(const struct ckfs_file_policy *pol, const char *path,
 				    size_t max, char **out, size_t *len,
 				    struct ckfs_file_access *access, struct ckfs_error *err)
@@ -200,22 +217,17 @@ enum ckfs_code ckfs_file_read_small(const struct ckfs_file_policy *pol, const ch
 		close(fd);
 		return ckfs_nomem(err);
 	}
-	size_t done = 0;
-	while (done < (size_t)st.st_size) {
-		ssize_t r = read(fd, buf + done, (size_t)st.st_size - done);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0) {
-			int e = errno;
-			free(buf);
-			close(fd);
-			errno = e;
-			return r < 0 ? ckfs_fail_errno(err, "'%s': read failed", path)
-				     : ckfs_fail(err, CKFS_E_CHANGED, "'%s': shrank while "
-						 "being read", path);
-		}
-		done += (size_t)r;
+	ssize_t got = ckfs_pread_full(fd, buf, (size_t)st.st_size, 0);
+	if (got != (ssize_t)st.st_size) {
+		int e = errno;
+		free(buf);
+		close(fd);
+		errno = e;
+		return got < 0 ? ckfs_fail_errno(err, "'%s': read failed", path)
+			       : ckfs_fail(err, CKFS_E_CHANGED, "'%s': shrank while "
+					   "being read", path);
 	}
+	size_t done = (size_t)got;
 	if (access) {
 		access->mode = st.st_mode;
 		access->uid = st.st_uid;

@@ -10,7 +10,7 @@
  * them: ckfs's first read can approach that figure, not exceed it.
  *
  * To measure the same transport, everything FUSE sees is ckfs's choice
- * (src/cli/mount.c, src/fuse/session.c, src/fuse/ll.c), kept in step by
+ * (src/cli/mount.c, src/fuse/session.c, src/fuse/ll_ops.c), kept in step by
  * hand: mount options "ro,default_permissions,max_read=1048576" plus
  * subtype and fsname; init asks for async reads, no writeback cache, no
  * auto data invalidation, max_read = max_write = 1 MiB, max_background 64,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# A training run mounted whole (src/fuse/run.c) with small slices, a small
+# A training run mounted whole (src/fuse/run_tree.c) with small slices, a small
 # cache and max_plans=1, so reads straddle slices, slices and plans are
 # evicted all the time: every file of every step and role equals
 # `ckfs export` of that role (cat, dd at odd block sizes, O_DIRECT, mmap);

@@ -1,4 +1,4 @@
-"""A training run as one mount (src/fuse/run.c, include/ckfs/run.h).
+"""A training run as one mount (src/fuse/run_tree.c, include/ckfs/run.h).
 
 Fixtures: tests/fixtures/run/ (tests/gen/make_run_fixtures.py: a real FSDP2 training loop saving
 step after step through verl's checkpoint manager with rotation and the tracker file, a run

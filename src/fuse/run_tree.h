@@ -7,19 +7,19 @@
  *
  * or, for SRC a single global_step_<N> folder, its roles at the top.
  *
- * The state the run's files share (private to them; src/fuse/run.h is what
- * the session sees). Files: run.c (the run's state: steps, serials, plans
- * and their references, the LRU, plan building, the cache's fill, life
- * cycle), run_ops.c (the FUSE handlers: inodes, attributes, listings,
- * reads, the stats xattr), run_watch.c (listing the run again: rescan,
- * inotify, the timer, kernel invalidation).
+ * The state the run's files share (private to them; the handlers see the
+ * run only as a tree, src/fuse/tree.h). Files: run_tree.c (the tree:
+ * inodes, what they are, listings, the stats, life cycle), run_plans.c
+ * (steps, serials, plans and their references, the LRU, plan building),
+ * run_watch.c (listing the run again: rescan, inotify, the timer, kernel
+ * invalidation).
  *
  * Locks. run->lock guards the step table, plans' reference counts and the
  * LRU; it is never held while building a plan, reading a file or talking
  * to the kernel. run->build_lock makes builds one at a time.
  */
-#ifndef CKFS_FUSE_RUN_INT_H
-#define CKFS_FUSE_RUN_INT_H
+#ifndef CKFS_FUSE_RUN_TREE_H
+#define CKFS_FUSE_RUN_TREE_H
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -31,11 +31,11 @@
 
 #include "ckfs/err.h"
 #include "ckfs/run.h"
-#include "fuse/fs.h"
-#include "fuse/run.h"
+#include "fuse/served.h"
+#include "fuse/tree.h"
 
-/* Inodes and cache file ids (run_ops.c, "Inodes"; run.c, "Cache"), and
- * the roles per step and files per role they have room for. */
+/* Inodes and cache file ids (run_tree.c, "Inodes"; run_plans.c, "Cache"),
+ * and the roles per step and files per role they have room for. */
 #define INO_LATEST 2
 #define ROLE_SHIFT 20
 #define SERIAL_SHIFT 32
@@ -46,23 +46,19 @@
 struct run_stats {
 	int refs;                           /* under run->lock */
 	uint64_t step;
-	atomic_uint_fast64_t plans_built, plan_errors, opens, reads, bytes_read, errors;
+	struct ckfs_io_counters io;         /* its files' opens, reads, ... */
+	atomic_uint_fast64_t plans_built, plan_errors;
 };
 
+/* A role's plan: its served folder, shared by the handlers. */
 struct run_plan {
+	struct ckfs_served served;          /* first: a served folder is its plan */
 	int refs;                           /* LRU + open files + users; run->lock */
 	uint64_t id;
-	char label[96];                     /* global_step_N/role */
-	struct ckfs_model *m;
-	struct ckfs_folder *f;
-	mode_t *modes;
-	mode_t root_mode;
-	_Atomic uint32_t **replied;         /* per node and slice (fuse/fs.h) */
 	struct run_stats *stats;
 	struct run_plan *prev, *next;       /* LRU, most recent first */
 	struct run_plan *all_next;          /* every live plan, for the fill */
 	bool in_lru;
-	atomic_int_fast64_t err_logged_at;
 };
 
 struct run_role {
@@ -88,7 +84,7 @@ struct run_step {
 };
 
 struct ckfs_run {
-	struct ckfs_fs fs;                  /* the cache, scratch, counters */
+	struct ckfs_fs fs;                  /* first: the handlers' userdata */
 	const struct ckfs_mount_options *opt;
 	struct fuse_session *se;
 	bool single;                        /* SRC is one step */
@@ -109,22 +105,29 @@ struct ckfs_run {
 	long pending_s;                     /* no tracker: re-check in this long */
 };
 
-/* ---- run.c: plans and the step table (each described where defined) ---- */
+/* ---- run_plans.c: plans and the step table (each described where defined) ---- */
 
 void run_plan_put(struct ckfs_run *run, struct run_plan *p);
+struct run_plan *run_plan_by_id(struct ckfs_run *run, uint64_t id);
 struct run_step *run_step_by_serial(struct ckfs_run *run, uint64_t serial);
 struct run_step *run_step_by_name(struct ckfs_run *run, const char *name);
 struct run_step *run_step_new(struct ckfs_run *run, const struct ckfs_run_step *rs);
 void run_step_free_locked(struct ckfs_run *run, struct run_step *s, struct run_plan **drop,
 			  size_t *n_drop);
-int run_step_roles(struct ckfs_run *run, struct run_step *s);
+int run_step_roles(struct ckfs_run *run, uint64_t serial);
 struct run_plan *run_role_plan(struct ckfs_run *run, uint64_t serial, size_t r, bool *broken);
+void run_plans_free(struct ckfs_run *run);
 
 /* ---- run_watch.c ---- */
 
 /* Watch the run folder, list it the first time (failing as the listing
  * does) and watch its steps; the watcher thread itself starts with
- * ckfs_run_start. */
+ * run_watch_start, once mounted. */
 enum ckfs_code run_watch_init(struct ckfs_run *run, struct ckfs_error *err) CKFS_WARN_UNUSED;
+enum ckfs_code run_watch_start(struct ckfs_run *run, struct fuse_session *se,
+			       struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* Stop watching (before the session goes); then close the watch. */
+void run_watch_stop(struct ckfs_run *run);
+void run_watch_close(struct ckfs_run *run);
 
 #endif
