@@ -89,7 +89,6 @@ const struct ckfs_stat_row ckfs_step_stat_rows[CKFS_STEP_ROWS] = {
 void ckfs_stats_put(struct ckfs_strbuf *b, const struct ckfs_stat_row *rows, size_t n,
 		    const uint64_t *v)
 {
-	/* ckfs_strbuf_fmt formats 128 bytes at most: one pair per call. */
 	for (size_t i = 0; i < n; i++)
 		ckfs_strbuf_fmt(b, ",\"%s\":%" PRIu64, rows[i].key, v[i]);
 }

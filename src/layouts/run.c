@@ -4,7 +4,7 @@
  * folder holds, which of them are complete, and a fingerprint of a role
  * folder. Names, the tracker file and stat(2) only: mounting a run of a
  * hundred steps opens no rank file. Everything here is a pure function of
- * the folder's listing, so the FUSE side (src/fuse/run.c) and inspect
+ * the folder's listing, so the FUSE side (src/fuse/run_tree.c) and inspect
  * decide the same way.
  */
 #include <dirent.h>
