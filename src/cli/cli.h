@@ -28,9 +28,6 @@ extern const struct cli_command ckfs_cmd_inspect_def, ckfs_cmd_export_def,
 extern const char *const ckfs_mount_ignored_keys[], *const ckfs_mount_fuse_flags[],
 	*const ckfs_mount_fuse_keys[];
 
-/* "bf16" | "fp16" | "fp32" | "auto" (and torch names) -> dtype; auto gives
- * CKFS_DTYPE_INVALID. Returns 0 on success, -1 for an unknown name. */
-int ckfs_cli_parse_dtype(const char *name, enum ckfs_dtype *out);
 
 /* Print "ckfs: <msg>" to stderr and return exit status 1 (2 for usage). */
 int ckfs_cli_report(const struct ckfs_error *err);

@@ -20,23 +20,6 @@
 #include "cli/cli.h"
 #include "cli/options.h"
 
-int ckfs_cli_parse_dtype(const char *name, enum ckfs_dtype *out)
-{
-	static const struct { const char *name; enum ckfs_dtype t; } names[] = {
-		{ "bf16", CKFS_DTYPE_BF16 }, { "bfloat16", CKFS_DTYPE_BF16 },
-		{ "fp16", CKFS_DTYPE_F16 },  { "float16", CKFS_DTYPE_F16 },
-		{ "half", CKFS_DTYPE_F16 },  { "fp32", CKFS_DTYPE_F32 },
-		{ "float32", CKFS_DTYPE_F32 }, { "float", CKFS_DTYPE_F32 },
-		{ "auto", CKFS_DTYPE_INVALID }, { "fp8", CKFS_DTYPE_F8_E4M3 },
-	};
-	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-		if (strcmp(name, names[i].name) == 0) {
-			*out = names[i].t;
-			return 0;
-		}
-	return -1;
-}
-
 int ckfs_cli_report(const struct ckfs_error *err)
 {
 	fprintf(stderr, "ckfs: %s\n", err->msg[0] ? err->msg : ckfs_strerror(err->code));

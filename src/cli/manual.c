@@ -17,22 +17,6 @@
 #include "cli/cli.h"
 #include "cli/options.h"
 
-/* Values an option takes, for completion (by option id: the tables hold
- * help text, these are the words a shell offers). */
-static const char *choices(enum cli_opt_id id)
-{
-	switch (id) {
-	case OPT_DTYPE:
-		return "bf16 fp16 fp32 auto";
-	case OPT_LOG_LEVEL:
-		return "err warning notice info debug";
-	case OPT_RANK_CHECKS:
-		return "mount read auto";
-	default:
-		return NULL;
-	}
-}
-
 /* The options of cmd's --help, in its order: the table, then --help. */
 static const struct cli_opt *nth_opt(const struct cli_command *cmd, size_t i)
 {
@@ -345,12 +329,16 @@ static void completion_choices(FILE *to)
 	for (const struct cli_command *const *c = ckfs_commands; *c; c++)
 		for (const struct cli_opt *const *p = (*c)->opts; *p; p++) {
 			const struct cli_opt *o = *p;
-			if (!choices(o->id) || seen[o->id])
+			const struct cli_choice *w = cli_choices(o->id);
+			if (!w || seen[o->id])
 				continue;
 			seen[o->id] = true;
-			fprintf(to, "\t%s%s%s%s) echo '%s' ;;\n", o->name ? "--" : "",
+			fprintf(to, "\t%s%s%s%s) echo '", o->name ? "--" : "",
 				o->name ? o->name : "", o->name && o->key ? "|" : "",
-				o->key ? o->key : "", choices(o->id));
+				o->key ? o->key : "");
+			for (; w->word; w++)
+				fprintf(to, "%s%s", w->word, w[1].word ? " " : "");
+			fputs("' ;;\n", to);
 		}
 	fputs("\tesac\n}\n", to);
 }

@@ -11,6 +11,56 @@
 #include "ckfs/units.h"
 #include "cli/cli.h"
 
+/* ---- the words options take ---- */
+
+static const struct cli_choice dtype_words[] = {
+	{ "bf16", CKFS_DTYPE_BF16 },  { "bfloat16", CKFS_DTYPE_BF16 },
+	{ "fp16", CKFS_DTYPE_F16 },   { "float16", CKFS_DTYPE_F16 },
+	{ "half", CKFS_DTYPE_F16 },   { "fp32", CKFS_DTYPE_F32 },
+	{ "float32", CKFS_DTYPE_F32 }, { "float", CKFS_DTYPE_F32 },
+	{ "auto", CKFS_DTYPE_INVALID }, { "fp8", CKFS_DTYPE_F8_E4M3 },
+	{ NULL, 0 }
+};
+static const struct cli_choice lora_words[] = {
+	{ "adapter", CKFS_LORA_ADAPTER }, { "fuse", CKFS_LORA_FUSE },
+	{ "base", CKFS_LORA_BASE }, { NULL, 0 }
+};
+static const struct cli_choice rank_checks_words[] = {
+	{ "mount", CKFS_RANK_CHECKS_OPEN }, { "read", CKFS_RANK_CHECKS_READ },
+	{ "auto", CKFS_RANK_CHECKS_AUTO }, { NULL, 0 }
+};
+/* ckfs_log_parse_level's names (util/log.c, below the CLI) */
+static const struct cli_choice log_level_words[] = {
+	{ "err", 0 }, { "error", 0 }, { "warning", 0 }, { "warn", 0 },
+	{ "notice", 0 }, { "info", 0 }, { "debug", 0 }, { NULL, 0 }
+};
+/* the releases ckfs_transformers_release knows (each also as major.minor.patch) */
+static const struct cli_choice transformers_words[] = {
+	{ "5.10", 0 }, { "5.23", 0 }, { NULL, 0 }
+};
+
+const struct cli_choice *cli_choices(enum cli_opt_id id)
+{
+	switch (id) {
+	case OPT_DTYPE: return dtype_words;
+	case OPT_LORA: return lora_words;
+	case OPT_RANK_CHECKS: return rank_checks_words;
+	case OPT_LOG_LEVEL: return log_level_words;
+	case OPT_TRANSFORMERS_VERSION: return transformers_words;
+	default: return NULL;
+	}
+}
+
+int cli_choice(enum cli_opt_id id, const char *word, int *value)
+{
+	for (const struct cli_choice *c = cli_choices(id); c && c->word; c++)
+		if (strcmp(c->word, word) == 0) {
+			*value = c->value;
+			return 0;
+		}
+	return -1;
+}
+
 const struct cli_opt cli_opt_dtype = {
 	OPT_DTYPE, "dtype", 0, "dtype", "T",
 	"output dtype: bf16 (default, as verl's merger), fp16, fp32, auto "
@@ -252,10 +302,13 @@ void cli_help(const struct cli_command *cmd, FILE *to)
 int cli_apply_common(const struct cli_command *cmd, struct cli_common *c,
 		     const struct cli_opt *o, const char *value)
 {
+	int v;
+
 	switch (o->id) {
 	case OPT_DTYPE:
-		if (ckfs_cli_parse_dtype(value, &c->model.out_dtype) != 0)
+		if (cli_choice(o->id, value, &v) != 0)
 			return ckfs_cli_usage_error(cmd->name, "unknown dtype '%s'", value);
+		c->model.out_dtype = (enum ckfs_dtype)v;
 		return 0;
 	case OPT_MAX_SHARD_SIZE:
 		if (!(c->folder.max_shard_size = ckfs_parse_size(value)))
@@ -288,26 +341,21 @@ int cli_apply_common(const struct cli_command *cmd, struct cli_common *c,
 		c->json = true;
 		return 0;
 	case OPT_LORA:
-		if (strcmp(value, "adapter") == 0)
-			c->model.lora = CKFS_LORA_ADAPTER;
-		else if (strcmp(value, "fuse") == 0)
-			c->model.lora = CKFS_LORA_FUSE;
-		else if (strcmp(value, "base") == 0)
-			c->model.lora = CKFS_LORA_BASE;
-		else
+		if (cli_choice(o->id, value, &v) != 0)
 			return ckfs_cli_usage_error(cmd->name, "--lora is adapter, fuse or base, "
 						    "not '%s'", value);
+		c->model.lora = (enum ckfs_lora_mode)v;
 		return 0;
 	case OPT_BASE:
 		c->model.base_path = value;
 		return 0;
 	case OPT_LORA_ALPHA: {
 		char *end;
-		long long v = strtoll(value, &end, 10);
-		if (!*value || *end || v < 1 || v > INT32_MAX)
+		long long alpha = strtoll(value, &end, 10);
+		if (!*value || *end || alpha < 1 || alpha > INT32_MAX)
 			return ckfs_cli_usage_error(cmd->name, "--lora-alpha is a whole number "
 						    "from 1, not '%s'", value);
-		c->model.lora_alpha = v;
+		c->model.lora_alpha = alpha;
 		return 0;
 	}
 	case OPT_RSLORA:
@@ -317,15 +365,10 @@ int cli_apply_common(const struct cli_command *cmd, struct cli_common *c,
 		c->model.fp8_skip = value;
 		return 0;
 	case OPT_RANK_CHECKS:
-		if (strcmp(value, "mount") == 0)
-			c->model.rank_checks = CKFS_RANK_CHECKS_OPEN;
-		else if (strcmp(value, "read") == 0)
-			c->model.rank_checks = CKFS_RANK_CHECKS_READ;
-		else if (strcmp(value, "auto") == 0)
-			c->model.rank_checks = CKFS_RANK_CHECKS_AUTO;
-		else
+		if (cli_choice(o->id, value, &v) != 0)
 			return ckfs_cli_usage_error(cmd->name, "rank_checks is mount, read or "
 						    "auto, not '%s'", value);
+		c->model.rank_checks = (enum ckfs_rank_checks)v;
 		return 0;
 	default:
 		return -1;

@@ -54,6 +54,18 @@ struct cli_command {
 	int (*run)(int argc, char **argv);
 };
 
+/* The words an option takes, with what each means: the parser looks a
+ * value up here and the completion offers every word, so they cannot
+ * disagree (tests/cli/test_docs.sh). NULL-terminated. */
+struct cli_choice {
+	const char *word;
+	int value;
+};
+/* id's words, or NULL for an option whose value is free (a path, a size). */
+const struct cli_choice *cli_choices(enum cli_opt_id id);
+/* The value of word among id's choices: 0, or -1 when it is none of them. */
+int cli_choice(enum cli_opt_id id, const char *word, int *value);
+
 /* The commands, NULL-terminated (main.c), for `ckfs --help`, the man page
  * and completion. */
 extern const struct cli_command *const ckfs_commands[];

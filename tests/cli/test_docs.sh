@@ -112,13 +112,40 @@ expect_completion() { # LINE EXPECTED...
 }
 expect_completion "ckfs mo" mount
 expect_completion "ckfs mount --cache-s" --cache-size
-expect_completion "ckfs export --dtype f" fp16 fp32
+expect_completion "ckfs export --dtype f" fp16 float16 fp32 float32 float fp8
 expect_completion "ckfs mount -o cache_s" cache_size=
-expect_completion "ckfs mount -o dtype=fp" fp16 fp32        # bash replaces after '='
+expect_completion "ckfs mount -o dtype=fp" fp16 fp32 fp8    # bash replaces after '='
 expect_completion "ckfs mount -o ro,dtype=bf16,slice_s" bf16,slice_size=
 expect_completion "ckfs mount -o allow_ot" allow_other
 expect_completion "ckfs help st" stats
 expect_completion "ckfs export --config " # a path: bash's own completion
+# Every value the parser takes is offered, and every word offered is
+# taken (a word that is none exits 2). The parser's words, written down
+# here apart from the table both come from (src/cli/options.c):
+takes() { # OPTION-ARGS-PREFIX COMPLETION-LINE WORDS...
+	local opt=$1 line=$2
+	shift 2
+	local offered
+	offered=" $(complete_line "$line" | tr '\n' ' ')"
+	for w in "$@"; do
+		case "$offered" in *" $w "*) ;; *) bad "'$line' does not offer '$w'"; continue ;; esac
+		if "$CKFS" mount $opt"$w" --help >/dev/null 2>&1; then
+			ok "'$line' offers '$w', which the parser takes"
+		else
+			bad "'$line' offers '$w', which the parser refuses"
+		fi
+	done
+	for w in $offered; do
+		case " $* " in *" $w "*) ;; *) bad "'$line' offers '$w', not in this test's list" ;; esac
+	done
+	"$CKFS" mount $opt"no-such-value" --help >/dev/null 2>&1
+	[ $? = 2 ] && ok "'${opt}no-such-value' is refused" || bad "'${opt}no-such-value' is taken"
+}
+takes "--dtype=" "ckfs mount --dtype " bf16 bfloat16 fp16 float16 half fp32 float32 float auto fp8
+takes "--lora=" "ckfs mount --lora " adapter fuse base
+takes "--log-level=" "ckfs mount --log-level " err error warning warn notice info debug
+takes "--transformers-version=" "ckfs mount --transformers-version " 5.10 5.23
+takes "-orank_checks=" "ckfs mount -o rank_checks=" mount read auto
 (source "$COMPLETION" && complete -p ckfs | grep -q -- '-F _ckfs') &&
 	ok "complete -F _ckfs ckfs" || bad "the script does not register _ckfs for ckfs"
 
