@@ -26,9 +26,10 @@ enum ckfs_rank_checks {
 };
 
 struct ckfs_model_options {
-	/* Output dtype; CKFS_DTYPE_INVALID keeps each tensor as stored;
+	/* Output dtype; CKFS_DTYPE_AUTO keeps each tensor as stored;
 	 * CKFS_DTYPE_F8_E4M3 is --dtype fp8 (block-quantized linear weights,
-	 * bf16 for the rest: src/layouts/fp8.c). */
+	 * bf16 for the rest: src/layouts/fp8.c). CKFS_DTYPE_INVALID (options
+	 * left zero) is refused. */
 	enum ckfs_dtype out_dtype;
 	/* --config: a config.json, or a folder holding one; NULL for the
 	 * checkpoint's huggingface/config.json. */

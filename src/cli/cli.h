@@ -29,7 +29,7 @@ extern const char *const ckfs_mount_ignored_keys[], *const ckfs_mount_fuse_flags
 	*const ckfs_mount_fuse_keys[];
 
 /* "bf16" | "fp16" | "fp32" | "auto" (and torch names) -> dtype; auto gives
- * CKFS_DTYPE_INVALID. Returns 0 on success, -1 for an unknown name. */
+ * CKFS_DTYPE_AUTO. Returns 0 on success, -1 for an unknown name. */
 int ckfs_cli_parse_dtype(const char *name, enum ckfs_dtype *out);
 
 /* Print "ckfs: <msg>" to stderr and return exit status 1 (2 for usage). */

@@ -27,7 +27,7 @@ int ckfs_cli_parse_dtype(const char *name, enum ckfs_dtype *out)
 		{ "fp16", CKFS_DTYPE_F16 },  { "float16", CKFS_DTYPE_F16 },
 		{ "half", CKFS_DTYPE_F16 },  { "fp32", CKFS_DTYPE_F32 },
 		{ "float32", CKFS_DTYPE_F32 }, { "float", CKFS_DTYPE_F32 },
-		{ "auto", CKFS_DTYPE_INVALID }, { "fp8", CKFS_DTYPE_F8_E4M3 },
+		{ "auto", CKFS_DTYPE_AUTO }, { "fp8", CKFS_DTYPE_F8_E4M3 },
 	};
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 		if (strcmp(name, names[i].name) == 0) {

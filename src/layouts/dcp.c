@@ -517,7 +517,7 @@ static enum ckfs_code add_tensor(struct dcp *d, const char *fqn, const char *nam
 	if (rc == CKFS_OK) {
 		t->n_chunks = (uint32_t)list.n;
 		t->name = name;
-		t->out_dtype = opt->out_dtype == CKFS_DTYPE_INVALID ? t->stored_dtype
+		t->out_dtype = opt->out_dtype == CKFS_DTYPE_AUTO ? t->stored_dtype
 								    : opt->out_dtype;
 		t->placement = describe_chunks(t);
 		rc = ckfs_plan_validate_tensor(m, t, err);

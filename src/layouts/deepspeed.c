@@ -1118,7 +1118,7 @@ static enum ckfs_code finish(struct ds_build *b, struct ckfs_error *err)
 
 	CKFS_TRY(apply_names(b, err));
 	CKFS_TRY(ckfs_outs_to_model(m, &b->outs, b->opt->out_dtype, b->files.step, err));
-	for (size_t i = 0; i < b->n_buffers && b->opt->out_dtype == CKFS_DTYPE_INVALID; i++)
+	for (size_t i = 0; i < b->n_buffers && b->opt->out_dtype == CKFS_DTYPE_AUTO; i++)
 		if (ckfs_dtype_is_float(m->tensors[i].stored_dtype))
 			m->tensors[i].out_dtype = CKFS_DTYPE_F32;
 	if (ckfs_peft_names(m))

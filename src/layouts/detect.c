@@ -157,10 +157,13 @@ static enum ckfs_code check_base_option(const struct ckfs_model *m,
 enum ckfs_code ckfs_model_open(const char *src, const struct ckfs_model_options *opt,
 			       struct ckfs_model **out, struct ckfs_error *err)
 {
-	struct ckfs_model *m = calloc(1, sizeof(*m));
+	struct ckfs_model *m;
 	enum ckfs_code rc;
 
-	if (!m)
+	if (opt->out_dtype == CKFS_DTYPE_INVALID ||
+	    (opt->out_dtype >= CKFS_DTYPE_COUNT && opt->out_dtype != CKFS_DTYPE_AUTO))
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': no output dtype asked for", src);
+	if (!(m = calloc(1, sizeof(*m))))
 		return ckfs_nomem(err);
 	ckfs_arena_init(&m->arena);
 	m->layout = "unknown";

@@ -195,7 +195,7 @@ enum ckfs_code ckfs_fp8_select(struct ckfs_model *m, const struct ckfs_model_opt
 	const char *scale = quantized_scale(m);
 	regex_t skip;
 
-	if (scale && opt->out_dtype != CKFS_DTYPE_INVALID)
+	if (scale && opt->out_dtype != CKFS_DTYPE_AUTO)
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': already quantized ('%s' holds "
 				 "block scales): serve it as stored with --dtype auto",
 				 m->src_dir, scale);

@@ -85,7 +85,7 @@ static enum ckfs_code add_tensor(struct ckfs_model *m, const struct ckfs_st_entr
 	if (!t->name)
 		return ckfs_nomem(err);
 	t->stored_dtype = e->dtype;
-	t->out_dtype = opt->out_dtype == CKFS_DTYPE_INVALID ? e->dtype : opt->out_dtype;
+	t->out_dtype = opt->out_dtype == CKFS_DTYPE_AUTO ? e->dtype : opt->out_dtype;
 	t->ndim = e->ndim;
 	memcpy(t->shape, e->shape, sizeof(t->shape));
 	/* The reader checked end - begin == numel * element size. */

@@ -60,7 +60,7 @@ enum ckfs_code ckfs_outs_to_model(struct ckfs_model *m, const struct ckfs_outs *
 		t->name = o->name;
 		t->placement = o->placement;
 		t->stored_dtype = o->dtype;
-		t->out_dtype = out_dtype == CKFS_DTYPE_INVALID ? o->dtype : out_dtype;
+		t->out_dtype = out_dtype == CKFS_DTYPE_AUTO ? o->dtype : out_dtype;
 		t->ndim = o->ndim;
 		memcpy(t->shape, o->shape, sizeof(t->shape));
 		t->numel = 1;

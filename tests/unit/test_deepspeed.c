@@ -277,7 +277,7 @@ static void test_trainer_bf16(void)
 static void test_auto(void)
 {
 	struct ckfs_model *m = open_case(DS "/z2_w3_tied_bf16", DS "/z2_w3_tied_bf16/oracle/"
-					 "config.json", CKFS_DTYPE_INVALID);
+					 "config.json", CKFS_DTYPE_AUTO);
 	struct ckfs_st_set z2f;
 
 	CHECK(m != NULL);

@@ -128,7 +128,7 @@ static void test_dcp_matches_dcp_to_torch_save(void)
 		snprintf(src, sizeof(src), DCP "/%s", dcp_names[i]);
 		snprintf(oracle, sizeof(oracle), DCP "/%s.dcp_to_torch_save.safetensors",
 			 dcp_names[i]);
-		struct ckfs_model *m = open_model(src, CKFS_DTYPE_INVALID);
+		struct ckfs_model *m = open_model(src, CKFS_DTYPE_AUTO);
 		CHECK(m != NULL);
 		if (!m)
 			continue;
@@ -188,7 +188,7 @@ static void test_dcp_names(void)
 	ckfs_model_free(m);
 
 	/* A plain save: FQNs are the keys. */
-	m = open_model(DCP "/qwen2_plain_nodist", CKFS_DTYPE_INVALID);
+	m = open_model(DCP "/qwen2_plain_nodist", CKFS_DTYPE_AUTO);
 	CHECK(m != NULL);
 	if (m) {
 		CHECK_EQ_INT(m->n_tensors, 27);
@@ -200,7 +200,7 @@ static void test_dcp_names(void)
 	ckfs_model_free(m);
 
 	/* Uneven pieces at world size 3: 101 + 101 + 99 rows. */
-	m = open_model(DCP "/qwen2_tied_fsdp2_w3", CKFS_DTYPE_INVALID);
+	m = open_model(DCP "/qwen2_tied_fsdp2_w3", CKFS_DTYPE_AUTO);
 	CHECK(m != NULL);
 	if (m) {
 		CHECK_EQ_INT(m->tensors[0].n_chunks, 3);
@@ -250,7 +250,7 @@ static void test_dcp_bf16_equals_converted_oracle(void)
 
 static void test_hf_single_identical(void)
 {
-	struct ckfs_model *m = open_model(HF "/qwen2_single", CKFS_DTYPE_INVALID);
+	struct ckfs_model *m = open_model(HF "/qwen2_single", CKFS_DTYPE_AUTO);
 	struct ckfs_folder_options fopt = { 0 };
 	struct ckfs_folder *f = NULL;
 	struct ckfs_error err;
@@ -280,7 +280,7 @@ static void test_hf_single_identical(void)
 
 static void test_hf_sharded(void)
 {
-	struct ckfs_model *m = open_model(HF "/qwen2_sharded", CKFS_DTYPE_INVALID);
+	struct ckfs_model *m = open_model(HF "/qwen2_sharded", CKFS_DTYPE_AUTO);
 	struct ckfs_folder_options one = { 0 }, many = { .max_shard_size = 50000 };
 	struct ckfs_folder *f = NULL, *fn = NULL;
 	struct ckfs_read_scratch s = { 0 };
@@ -388,6 +388,11 @@ static void test_detection(void)
 	CHECK(strstr(err.msg, ".metadata") != NULL);
 	CHECK(strstr(err.msg, "model.safetensors.index.json") != NULL);
 	CHECK(strchr(err.msg, '\n') == NULL);
+
+	/* options left zero ask for no dtype: refused, not read as auto */
+	struct ckfs_model_options zero = { 0 };
+	ckfs_error_clear(&err);
+	CHECK_EQ_INT(ckfs_model_open(HF "/qwen2_single", &zero, &m, &err), CKFS_E_INVALID);
 }
 
 /* ---- broken DCP folders ---- */
