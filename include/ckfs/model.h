@@ -347,11 +347,12 @@ enum ckfs_code ckfs_lora_read(const struct ckfs_model *m, const struct ckfs_tens
 			      struct ckfs_read_scratch *scratch,
 			      struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Internal to src/model: validation of a finished tensor plan, and of the
- * finished model's names (each served once). */
+ * finished model (its served dtypes chosen): every name and served size
+ * again, each name served once. */
 enum ckfs_code ckfs_plan_validate_tensor(const struct ckfs_model *m,
 					 const struct ckfs_tensor *t,
 					 struct ckfs_error *err) CKFS_WARN_UNUSED;
-enum ckfs_code ckfs_plan_validate_names(const struct ckfs_model *m,
+enum ckfs_code ckfs_plan_validate_model(const struct ckfs_model *m,
 					struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 #endif

@@ -466,9 +466,7 @@ static const char *describe_chunks(const struct ckfs_tensor *t)
 }
 
 static enum ckfs_code add_tensor(struct dcp *d, const char *fqn, const char *name,
-				 const struct ckfs_pv *tsm,
-				 const struct ckfs_model_options *opt,
-				 struct ckfs_error *err)
+				 const struct ckfs_pv *tsm, struct ckfs_error *err)
 {
 	struct ckfs_model *m = d->m;
 	struct ckfs_tensor *t = &m->tensors[m->n_tensors];
@@ -517,8 +515,7 @@ static enum ckfs_code add_tensor(struct dcp *d, const char *fqn, const char *nam
 	if (rc == CKFS_OK) {
 		t->n_chunks = (uint32_t)list.n;
 		t->name = name;
-		t->out_dtype = opt->out_dtype == CKFS_DTYPE_AUTO ? t->stored_dtype
-								    : opt->out_dtype;
+		t->out_dtype = t->stored_dtype;
 		t->placement = describe_chunks(t);
 		rc = ckfs_plan_validate_tensor(m, t, err);
 		if (rc != CKFS_OK)
@@ -646,7 +643,7 @@ static enum ckfs_code build(struct dcp *d, const char *bytes, size_t len,
 		if (strlen(name) > CKFS_MAX_NAME)
 			return ckfs_fail(err, CKFS_E_LIMIT, "'%s': name of '%s' too long",
 					 d->md_path, fqn);
-		CKFS_TRY(add_tensor(d, fqn, name, v, opt, err));
+		CKFS_TRY(add_tensor(d, fqn, name, v, err));
 	}
 	if (m->n_tensors == 0)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': no tensors%s", d->md_path,

@@ -1106,8 +1106,8 @@ static enum ckfs_code plan(struct ds_build *b, struct ckfs_error *err)
 	return warn_left_out(b, err);
 }
 
-/* m's tensors from the outputs; with --dtype auto, floating buffers as
- * fp32 (zero_to_fp32 calls .float() on them). Then the names a module
+/* m's tensors from the outputs; floating buffers served as fp32 unless
+ * --dtype says otherwise (zero_to_fp32 calls .float() on them). Then the names a module
  * holds in memory made what save_pretrained writes, as for FSDP and DCP
  * (the tie rule, vision-language prefixes, fused expert stacks; hf_save.c);
  * PEFT (LoRA) names are refused: how a DeepSpeed-trained adapter should be
@@ -1117,8 +1117,8 @@ static enum ckfs_code finish(struct ds_build *b, struct ckfs_error *err)
 	struct ckfs_model *m = b->m;
 
 	CKFS_TRY(apply_names(b, err));
-	CKFS_TRY(ckfs_outs_to_model(m, &b->outs, b->opt->out_dtype, b->files.step, err));
-	for (size_t i = 0; i < b->n_buffers && b->opt->out_dtype == CKFS_DTYPE_AUTO; i++)
+	CKFS_TRY(ckfs_outs_to_model(m, &b->outs, b->files.step, err));
+	for (size_t i = 0; i < b->n_buffers; i++)
 		if (ckfs_dtype_is_float(m->tensors[i].stored_dtype))
 			m->tensors[i].out_dtype = CKFS_DTYPE_F32;
 	if (ckfs_peft_names(m))

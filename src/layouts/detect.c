@@ -142,6 +142,23 @@ static enum ckfs_code dispatch(struct ckfs_model *m, const char *src,
 	return explain_unknown(m, src, err);
 }
 
+/* The one dtype rule: a layout serves each tensor as --dtype auto would
+ * (as stored, unless its reference tool says otherwise: DeepSpeed's
+ * buffers); any other --dtype applies to every tensor, the adapter's too,
+ * and --dtype fp8 is bf16 for all but the weights fp8.c quantizes. */
+static void apply_dtype(struct ckfs_model *m, const struct ckfs_model_options *opt)
+{
+	enum ckfs_dtype to = opt->out_dtype == CKFS_DTYPE_F8_E4M3 ? CKFS_DTYPE_BF16
+								   : opt->out_dtype;
+
+	if (opt->out_dtype == CKFS_DTYPE_AUTO)
+		return;
+	for (size_t i = 0; i < m->n_tensors; i++)
+		m->tensors[i].out_dtype = to;
+	for (size_t i = 0; m->lora && i < m->lora->n_tensors; i++)
+		m->lora->tensors[i].out_dtype = to;
+}
+
 /* --base belongs to LoRA checkpoints without base weights (peft.c takes it
  * in); any other checkpoint given one is refused, not served without it. */
 static enum ckfs_code check_base_option(const struct ckfs_model *m,
@@ -183,9 +200,11 @@ enum ckfs_code ckfs_model_open(const char *src, const struct ckfs_model_options 
 		goto fail;
 	}
 	if ((rc = dispatch(m, src, opt, err)) != CKFS_OK ||
-	    (rc = check_base_option(m, opt, err)) != CKFS_OK ||
-	    (rc = ckfs_fp8_select(m, opt, err)) != CKFS_OK ||
-	    (rc = ckfs_plan_validate_names(m, err)) != CKFS_OK)
+	    (rc = check_base_option(m, opt, err)) != CKFS_OK)
+		goto fail;
+	apply_dtype(m, opt);
+	if ((rc = ckfs_fp8_select(m, opt, err)) != CKFS_OK ||
+	    (rc = ckfs_plan_validate_model(m, err)) != CKFS_OK)
 		goto fail;
 	*out = m;
 	return CKFS_OK;

@@ -852,8 +852,7 @@ static enum ckfs_code make_tensor(struct build *b, size_t i, struct ckfs_tensor 
 	const char *key = a->key ? a->key : e->key;
 	t->name = b->names[i] == b->keys[i] ? key : b->names[i];
 	t->stored_dtype = a->x.dtype;
-	t->out_dtype = b->opt->out_dtype == CKFS_DTYPE_AUTO ? t->stored_dtype
-								: b->opt->out_dtype;
+	t->out_dtype = t->stored_dtype;
 	const int64_t *shape = e->kind == CKFS_ENTRY_DTENSOR  ? e->dtensor->global_shape
 			       : e->kind == CKFS_ENTRY_SHARDED ? e->sharded->global_shape
 							       : e->local.shape;

@@ -71,7 +71,6 @@ static enum ckfs_code source_of(struct ckfs_model *m, const struct ckfs_st_entry
 }
 
 static enum ckfs_code add_tensor(struct ckfs_model *m, const struct ckfs_st_entry *e,
-				 const struct ckfs_model_options *opt,
 				 struct ckfs_error *err)
 {
 	struct ckfs_tensor *t = &m->tensors[m->n_tensors];
@@ -85,7 +84,7 @@ static enum ckfs_code add_tensor(struct ckfs_model *m, const struct ckfs_st_entr
 	if (!t->name)
 		return ckfs_nomem(err);
 	t->stored_dtype = e->dtype;
-	t->out_dtype = opt->out_dtype == CKFS_DTYPE_AUTO ? e->dtype : opt->out_dtype;
+	t->out_dtype = e->dtype;
 	t->ndim = e->ndim;
 	memcpy(t->shape, e->shape, sizeof(t->shape));
 	/* The reader checked end - begin == numel * element size. */
@@ -172,7 +171,7 @@ enum ckfs_code ckfs_hf_build(struct ckfs_model *m, const struct ckfs_model_optio
 	qsort(order, set.n_entries, sizeof(*order), cmp_file_then_pos);
 	rc = CKFS_OK;
 	for (size_t i = 0; i < set.n_entries && rc == CKFS_OK; i++)
-		rc = add_tensor(m, order[i], opt, err);
+		rc = add_tensor(m, order[i], err);
 	if (rc == CKFS_OK) {
 		/* messages name the one weight file, or the index naming them */
 		char *index = ckfs_arena_printf(&m->arena, "%s/model.safetensors.index.json", dir);

@@ -225,11 +225,11 @@ struct ckfs_out *ckfs_outs_add(struct ckfs_model *m, struct ckfs_outs *l, const 
 			       const char *placement, int ndim, const int64_t *shape,
 			       enum ckfs_dtype dtype, struct ckfs_error *err);
 void ckfs_outs_release(struct ckfs_outs *l);
-/* l's outputs as m's tensors, in l's order, each validated
+/* l's outputs as m's tensors, in l's order (served as stored until
+ * ckfs_model_open applies --dtype), each validated
  * (ckfs_plan_validate_tensor; a failure is prefixed with label). */
 enum ckfs_code ckfs_outs_to_model(struct ckfs_model *m, const struct ckfs_outs *l,
-				  enum ckfs_dtype out_dtype, const char *label,
-				  struct ckfs_error *err) CKFS_WARN_UNUSED;
+				  const char *label, struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /* The part of tensor r inside the box [lo, lo + n) as the tensor *out
  * named name (copied into m's arena), without its first ndrop dims (each

@@ -1271,7 +1271,7 @@ enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
 
 	if ((rc = open_ranks(&c, err)) == CKFS_OK &&
 	    (rc = map_chunks(&c, &dropped_head, err)) == CKFS_OK &&
-	    (rc = ckfs_outs_to_model(m, &c.outs, opt->out_dtype, m->src_dir, err)) == CKFS_OK)
+	    (rc = ckfs_outs_to_model(m, &c.outs, m->src_dir, err)) == CKFS_OK)
 		rc = report(&c, dropped_head, err);
 	ckfs_outs_release(&c.outs);
 	for (int r = 0; c.files && c.state && r < c.n; r++)

@@ -585,8 +585,7 @@ static int keep_model(const char *fqn)
 	return strncmp(fqn, "optimizer.", 10) != 0;
 }
 
-static enum ckfs_code finish(struct ctx *c, const struct ckfs_model_options *opt,
-			     struct ckfs_error *err)
+static enum ckfs_code finish(struct ctx *c, struct ckfs_error *err)
 {
 	struct ckfs_model *m = c->m;
 
@@ -636,7 +635,7 @@ static enum ckfs_code finish(struct ctx *c, const struct ckfs_model_options *opt
 				 "'%s' does not tie the embeddings (tie_word_embeddings)",
 				 c->md, m->config_path);
 
-	return ckfs_outs_to_model(m, &c->outs, opt->out_dtype, c->md, err);
+	return ckfs_outs_to_model(m, &c->outs, c->md, err);
 }
 
 enum ckfs_code ckfs_megatron_dist_build(struct ckfs_model *m,
@@ -690,7 +689,7 @@ enum ckfs_code ckfs_megatron_dist_build(struct ckfs_model *m,
 		goto out;
 	if ((rc = ckfs_megatron_unknown_fail(&c.unknown, c.md, err)) != CKFS_OK)
 		goto out;
-	if ((rc = finish(&c, opt, err)) != CKFS_OK)
+	if ((rc = finish(&c, err)) != CKFS_OK)
 		goto out;
 	if (c.dropped_head)
 		rc = ckfs_model_warn(m, err, "output_layer.weight dropped: tied to "

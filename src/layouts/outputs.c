@@ -47,8 +47,7 @@ void ckfs_outs_release(struct ckfs_outs *l)
 }
 
 enum ckfs_code ckfs_outs_to_model(struct ckfs_model *m, const struct ckfs_outs *l,
-				  enum ckfs_dtype out_dtype, const char *label,
-				  struct ckfs_error *err)
+				  const char *label, struct ckfs_error *err)
 {
 	m->tensors = ckfs_arena_calloc(&m->arena, l->n + 1, sizeof(*m->tensors));
 	if (!m->tensors)
@@ -60,7 +59,7 @@ enum ckfs_code ckfs_outs_to_model(struct ckfs_model *m, const struct ckfs_outs *
 		t->name = o->name;
 		t->placement = o->placement;
 		t->stored_dtype = o->dtype;
-		t->out_dtype = out_dtype == CKFS_DTYPE_AUTO ? o->dtype : out_dtype;
+		t->out_dtype = o->dtype;
 		t->ndim = o->ndim;
 		memcpy(t->shape, o->shape, sizeof(t->shape));
 		t->numel = 1;
