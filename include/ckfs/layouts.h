@@ -58,14 +58,57 @@ struct ckfs_model_options {
 	enum ckfs_rank_checks rank_checks;
 };
 
+/* What ckfs_model_open does after a layout's build, by its flags. */
+enum ckfs_layout_flags {
+	/* Its tensors carry the names a module holds in memory (torch
+	 * state-dict keys): made what verl's merger writes (the LoRA split,
+	 * the tie rule, save_pretrained's conversions, --base: hf_save.c). */
+	CKFS_LAYOUT_HELD_NAMES = 1u << 0,
+	/* Its sources are rank files, each a whole torch.save zip (ckfs verify
+	 * re-reads their records). */
+	CKFS_LAYOUT_RANK_ZIPS = 1u << 1,
+};
+
+/*
+ * A checkpoint layout: one row of the table src/layouts/table.c keeps in
+ * detection order (docs/formats.md, "Which layout a folder has"); the
+ * first row whose detect claims a folder reads it. ckfs_model_open, the
+ * run scanner (a global_step_<N> folder a layout claims is a checkpoint,
+ * not a step) and the message for a folder no row claims all ask the
+ * table.
+ */
+struct ckfs_layout {
+	const char *name;       /* as inspect shows it: "verl-fsdp", "hf", ... */
+	const char *what;       /* for that message: "a verl FSDP checkpoint" */
+	const char *looks_for;  /* what detect looks for: "model_world_size_*_rank_*.pt files" */
+	/* 1 when dir holds this layout, 0 when not, -1 (errno set) when that
+	 * cannot be known (dir cannot be listed, out of memory). Names and
+	 * stat(2) only, but for verl's manifest ckpt_contents.json (read
+	 * under pol), which says which of two layouts a folder holds. */
+	int (*detect)(const char *dir, const struct ckfs_file_policy *pol);
+	/* Fill m (src_dir, policy and layout set): sources, config, the
+	 * tensors served as --dtype auto serves them, each validated;
+	 * ckfs_model_open does the rest (flags). */
+	enum ckfs_code (*build)(struct ckfs_model *m, const struct ckfs_model_options *opt,
+				struct ckfs_error *err);
+	unsigned flags;         /* enum ckfs_layout_flags */
+};
+
 /* Open SRC: a verl actor/critic folder (FSDP rank files, legacy Megatron
  * model/mp_rank_*, or a Megatron dist_ckpt), a torch.distributed.checkpoint
- * folder or a folder of Hugging Face safetensors weights (detection in
- * src/layouts/detect.c). On success *out is a new model the caller frees
+ * folder, a DeepSpeed ZeRO checkpoint or a folder of Hugging Face
+ * safetensors weights: the layout found (src/layouts/table.c), its build,
+ * then, once for every layout (src/layouts/open.c), the names by its
+ * flags, --base, the dtype rule, --dtype fp8, the model's validation and
+ * any deferred checks. On success *out is a new model the caller frees
  * with ckfs_model_free. */
 enum ckfs_code ckfs_model_open(const char *src,
 			       const struct ckfs_model_options *opt,
 			       struct ckfs_model **out,
 			       struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* What ckfs_model_open does after m->layout's build (for builds called
+ * directly: the fuzzers). */
+enum ckfs_code ckfs_model_finish(struct ckfs_model *m, const struct ckfs_model_options *opt,
+				 struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 #endif

@@ -175,11 +175,14 @@ struct ckfs_lora {
 	bool only;                      /* the checkpoint held no base weights */
 };
 
+struct ckfs_layout;
+
 struct ckfs_model {
 	struct ckfs_arena arena;
 	const char *src_dir;
-	const char *layout;             /* "verl-fsdp", "dcp", "megatron",
-					 * "megatron-dist", "deepspeed" or "hf" */
+	/* The layout that read it (include/ckfs/layouts.h: its name, as
+	 * inspect shows it, and what it can say of the model). */
+	const struct ckfs_layout *layout;
 	const char *written_by;         /* the torch release(s) the files show
 					 * they were written by, or NULL */
 	int world_size;
@@ -242,18 +245,31 @@ struct ckfs_model {
 };
 
 /*
- * Deferred checks (checks.c): run(ctx, stop, err) in a thread started now;
- * it checks what the plan was not built from and completes the plan (file
- * positions) before it returns, and returns early with any code when
- * *stop is set (the model is being freed). free_ctx(ctx) is called when
- * the model is freed (or now, on failure). Until run has returned CKFS_OK
- * no tensor byte may be served: readers call ckfs_model_checked first.
+ * Deferred checks (checks.c): a layout's build that leaves some sources to
+ * be checked after open hands a job to ckfs_checks_defer (which takes it:
+ * free_ctx(ctx) is called when the model is freed, or now on failure);
+ * ckfs_model_open starts it with ckfs_checks_start once the model is
+ * complete. ready(ctx, m, err), when set, first confirms that m's tensors
+ * are still those the job completes. run(ctx, stop, err) then runs in a
+ * thread: it checks what the plan was not built from and completes the
+ * plan (file positions) before it returns, and returns early with any code
+ * when *stop is set (the model is being freed). Until run has returned
+ * CKFS_OK no tensor byte may be served: readers call ckfs_model_checked
+ * first.
  */
 typedef enum ckfs_code (*ckfs_checks_fn)(void *ctx, _Atomic bool *stop,
 					  struct ckfs_error *err);
-enum ckfs_code ckfs_checks_start(struct ckfs_model *m, ckfs_checks_fn run, void *ctx,
-				 void (*free_ctx)(void *ctx),
+struct ckfs_checks_job {
+	ckfs_checks_fn run;
+	enum ckfs_code (*ready)(void *ctx, const struct ckfs_model *m,
+				struct ckfs_error *err);
+	void (*free_ctx)(void *ctx);
+	void *ctx;
+};
+enum ckfs_code ckfs_checks_defer(struct ckfs_model *m, const struct ckfs_checks_job *job,
 				 struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The deferred job's thread started (CKFS_OK when there is none). */
+enum ckfs_code ckfs_checks_start(struct ckfs_model *m, struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* CKFS_OK once the deferred checks (if any) have passed, waiting for them
  * if they are running; their failure (the same message every time)
  * after they failed. */

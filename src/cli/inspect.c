@@ -50,7 +50,7 @@ static int print_json(const struct ckfs_model *m, const struct ckfs_folder *f)
 	uint64_t params = 0, in_bytes = 0, out_bytes = 0;
 
 	cJSON_AddStringToObject(root, "source", m->src_dir);
-	cJSON_AddStringToObject(root, "layout", m->layout);
+	cJSON_AddStringToObject(root, "layout", m->layout->name);
 	cJSON_AddNumberToObject(root, "world_size", m->world_size);
 	if (m->written_by)
 		cJSON_AddStringToObject(root, "written_by", m->written_by);
@@ -70,7 +70,7 @@ static int print_json(const struct ckfs_model *m, const struct ckfs_folder *f)
 		for (int i = 0; i < m->pp_size * m->vpp_size; i++)
 			cJSON_AddItemToArray(arr, cJSON_CreateNumber(m->stage_layers[i]));
 	}
-	if (strcmp(m->layout, "deepspeed") == 0) {
+	if (strcmp(m->layout->name, "deepspeed") == 0) {
 		cJSON *ds = cJSON_AddObjectToObject(root, "deepspeed");
 		cJSON_AddNumberToObject(ds, "zero_stage", m->zero_stage);
 		cJSON_AddStringToObject(ds, "optimizer",
@@ -157,16 +157,16 @@ static void print_text(const struct ckfs_model *m, const struct ckfs_folder *f)
 	size_t w = 4;
 
 	printf("source       %s\n", ckfs_cli_shown(m->src_dir));
-	if (strcmp(m->layout, "verl-fsdp") != 0) {
+	if (strcmp(m->layout->name, "verl-fsdp") != 0) {
 		/* dcp, hf: no mesh or ranks, only the files read */
-		printf("layout       %s, %zu source file%s", m->layout, m->n_sources,
+		printf("layout       %s, %zu source file%s", m->layout->name, m->n_sources,
 		       m->n_sources == 1 ? "" : "s");
-		if ((strcmp(m->layout, "dcp") == 0 ||
-		     strcmp(m->layout, "megatron-dist") == 0) && m->world_size > 0)
+		if ((strcmp(m->layout->name, "dcp") == 0 ||
+		     strcmp(m->layout->name, "megatron-dist") == 0) && m->world_size > 0)
 			printf(", saved by %d rank%s", m->world_size,
 			       m->world_size == 1 ? "" : "s");
 		printf("\n");
-		if (strcmp(m->layout, "deepspeed") == 0) {
+		if (strcmp(m->layout->name, "deepspeed") == 0) {
 			if (m->zero_stage)
 				printf("zero         ZeRO-%d", m->zero_stage);
 			else
@@ -188,11 +188,11 @@ static void print_text(const struct ckfs_model *m, const struct ckfs_folder *f)
 		}
 	} else {
 		if (m->fsdp_version)
-			printf("layout       %s (FSDP%d), world size %d\n", m->layout,
+			printf("layout       %s (FSDP%d), world size %d\n", m->layout->name,
 			       m->fsdp_version, m->world_size);
 		else
 			printf("layout       %s (FSDP version unknown), world size %d\n",
-			       m->layout, m->world_size);
+			       m->layout->name, m->world_size);
 		if (m->mesh_ndim) {
 			printf("mesh         (");
 			for (int i = 0; i < m->mesh_ndim; i++)

@@ -37,7 +37,7 @@ static void open_role(const char *src, const char *path, const struct cli_common
 	ckfs_error_clear(&err);
 	if (ckfs_run_open_role(src, path, &c->model, &m, &err) == CKFS_OK &&
 	    ckfs_folder_build(m, &c->folder, &f, &err) == CKFS_OK) {
-		snprintf(ri->layout, sizeof(ri->layout), "%s", m->layout);
+		snprintf(ri->layout, sizeof(ri->layout), "%s", m->layout->name);
 		ri->world_size = m->world_size;
 		ri->tensors = m->n_tensors;
 		for (size_t i = 0; i < m->n_tensors; i++)

@@ -676,7 +676,7 @@ static enum ckfs_code build(struct dcp *d, const char *bytes, size_t len,
 	if (n_bytes)
 		CKFS_TRY(warn_list(m, err, "non-tensor (bytes) entries", n_bytes,
 				   byte_names, n_bytes_names));
-	return ckfs_hf_save_names(m, opt, err);
+	return CKFS_OK;
 }
 
 enum ckfs_code ckfs_dcp_build_from(struct ckfs_model *m,
@@ -693,8 +693,8 @@ enum ckfs_code ckfs_dcp_build_from(struct ckfs_model *m,
 	return rc;
 }
 
-enum ckfs_code ckfs_dcp_build(struct ckfs_model *m, const struct ckfs_model_options *opt,
-			      struct ckfs_error *err)
+static enum ckfs_code dcp_build(struct ckfs_model *m, const struct ckfs_model_options *opt,
+				struct ckfs_error *err)
 {
 	char *bytes = NULL, *path;
 	size_t len = 0;
@@ -730,3 +730,21 @@ enum ckfs_code ckfs_dcp_read_raw(struct ckfs_model *m, const char *dir, const ch
 	*n_bytes = d.n_bytes;
 	return rc;
 }
+
+static int dcp_detect(const char *dir, const struct ckfs_file_policy *pol)
+{
+	char path[4096];
+
+	(void)pol;
+	return (size_t)snprintf(path, sizeof(path), "%s/.metadata", dir) < sizeof(path) &&
+	       ckfs_path_exists(path);
+}
+
+const struct ckfs_layout ckfs_layout_dcp = {
+	.name = "dcp",
+	.what = "a torch.distributed.checkpoint folder",
+	.looks_for = ".metadata",
+	.detect = dcp_detect,
+	.build = dcp_build,
+	.flags = CKFS_LAYOUT_HELD_NAMES,
+};

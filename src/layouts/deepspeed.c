@@ -1107,11 +1107,12 @@ static enum ckfs_code plan(struct ds_build *b, struct ckfs_error *err)
 }
 
 /* m's tensors from the outputs; floating buffers served as fp32 unless
- * --dtype says otherwise (zero_to_fp32 calls .float() on them). Then the names a module
- * holds in memory made what save_pretrained writes, as for FSDP and DCP
- * (the tie rule, vision-language prefixes, fused expert stacks; hf_save.c);
- * PEFT (LoRA) names are refused: how a DeepSpeed-trained adapter should be
- * served has not been checked against a reference. */
+ * --dtype says otherwise (zero_to_fp32 calls .float() on them). The names
+ * are those a module holds in memory, made what save_pretrained writes as
+ * for FSDP and DCP (the row's flag: the tie rule, vision-language
+ * prefixes, fused expert stacks; hf_save.c); PEFT (LoRA) names are
+ * refused: how a DeepSpeed-trained adapter should be served has not been
+ * checked against a reference. */
 static enum ckfs_code finish(struct ds_build *b, struct ckfs_error *err)
 {
 	struct ckfs_model *m = b->m;
@@ -1125,7 +1126,7 @@ static enum ckfs_code finish(struct ds_build *b, struct ckfs_error *err)
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': it holds PEFT (LoRA) names "
 				 "(base_model.model., lora_): LoRA checkpoints of DeepSpeed are "
 				 "not supported yet", b->model0.label);
-	return ckfs_hf_save_names(m, b->opt, err);
+	return CKFS_OK;
 }
 
 static enum ckfs_code build(struct ds_build *b, struct ckfs_error *err)
@@ -1159,8 +1160,8 @@ static void release(struct ds_build *b)
 	free(b->group_pad);
 }
 
-enum ckfs_code ckfs_deepspeed_build(struct ckfs_model *m, const struct ckfs_model_options *opt,
-				    struct ckfs_error *err)
+static enum ckfs_code deepspeed_build(struct ckfs_model *m, const struct ckfs_model_options *opt,
+				      struct ckfs_error *err)
 {
 	struct ds_build b = { .m = m, .opt = opt, .master = CKFS_DTYPE_INVALID };
 	enum ckfs_code rc = build(&b, err);
@@ -1168,3 +1169,12 @@ enum ckfs_code ckfs_deepspeed_build(struct ckfs_model *m, const struct ckfs_mode
 	release(&b);
 	return rc;
 }
+
+const struct ckfs_layout ckfs_layout_deepspeed = {
+	.name = "deepspeed",
+	.what = "a DeepSpeed checkpoint",
+	.looks_for = "*_optim_states.pt in it or a step folder",
+	.detect = ckfs_ds_detect,
+	.build = deepspeed_build,
+	.flags = CKFS_LAYOUT_HELD_NAMES,
+};

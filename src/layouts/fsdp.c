@@ -147,6 +147,20 @@ enum ckfs_rank_name ckfs_fsdp_rank_file_name(const char *name, struct ckfs_rank_
 	return CKFS_RANK_NAME_OK;
 }
 
+/* A rank file's name, well spelt or not: this reader refuses the badly
+ * spelt ones rather than leave them to another layout. */
+static bool is_rank_file_name(const char *name)
+{
+	struct ckfs_rank_file rf;
+	return ckfs_fsdp_rank_file_name(name, &rf) != CKFS_RANK_NAME_NONE;
+}
+
+static int fsdp_detect(const char *dir, const struct ckfs_file_policy *pol)
+{
+	(void)pol;
+	return ckfs_dir_has(dir, is_rank_file_name);
+}
+
 /* ---- rank discovery ---- */
 
 /* A rank file name found in SRC, with what it says. */
@@ -901,11 +915,11 @@ static enum ckfs_code make_tensors(struct build *b, struct ckfs_error *err)
 		return ckfs_nomem(err);
 	for (size_t i = 0; i < b->n_keys; i++, m->n_tensors++)
 		CKFS_TRY(make_tensor(b, i, &m->tensors[i], err));
-	return ckfs_hf_save_names(m, b->opt, err);
+	return CKFS_OK;
 }
 
-enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_options *opt,
-			       struct ckfs_error *err)
+static enum ckfs_code fsdp_build(struct ckfs_model *m, const struct ckfs_model_options *opt,
+				 struct ckfs_error *err)
 {
 	struct build b = { .m = m, .opt = opt };
 	struct rank_scan rs = { 0 };
@@ -922,7 +936,7 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 		if (rc == CKFS_OK)
 			rc = make_tensors(&b, err);
 		if (rc == CKFS_OK && defer) {
-			rc = fsdp_plan_start_checks(rp, m, err);
+			rc = fsdp_plan_defer_checks(rp, m, err);
 			rp = NULL; /* the checks own it (or freed it) */
 		}
 	}
@@ -944,3 +958,12 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 #endif
 	return rc;
 }
+
+const struct ckfs_layout ckfs_layout_fsdp = {
+	.name = "verl-fsdp",
+	.what = "a verl FSDP checkpoint",
+	.looks_for = "model_world_size_*_rank_*.pt files",
+	.detect = fsdp_detect,
+	.build = fsdp_build,
+	.flags = CKFS_LAYOUT_HELD_NAMES | CKFS_LAYOUT_RANK_ZIPS,
+};

@@ -113,24 +113,23 @@ static int parse_rank_dir(const char *name, long v[3])
 	return 0;
 }
 
-int ckfs_megatron_detect(const char *src_dir)
+static bool is_rank_dir(const char *name)
+{
+	long v[3];
+	return parse_rank_dir(name, v) > 0;
+}
+
+/* SRC/model holds an mp_rank_* folder; a model/ that cannot be listed is
+ * not this layout's, unless for want of memory (then nothing can tell). */
+static int megatron_detect(const char *dir, const struct ckfs_file_policy *pol)
 {
 	char path[4096];
-	DIR *d;
-	struct dirent *de;
-	int found = 0;
-	long v[3];
 
-	if ((size_t)snprintf(path, sizeof(path), "%s/model", src_dir) >= sizeof(path))
+	(void)pol;
+	if ((size_t)snprintf(path, sizeof(path), "%s/model", dir) >= sizeof(path))
 		return 0;
-	/* Out of memory listing it: claim the layout, so that the build
-	 * reports the failure instead of "not a checkpoint". */
-	if (!(d = opendir(path)))
-		return errno == ENOMEM;
-	while (!found && (de = readdir(d)))
-		found = parse_rank_dir(de->d_name, v) > 0;
-	closedir(d);
-	return found;
+	int found = ckfs_dir_has(path, is_rank_dir);
+	return found < 0 && errno != ENOMEM ? 0 : found;
 }
 
 /* ---- output tensors under construction ---- */
@@ -1261,9 +1260,8 @@ static enum ckfs_code report(struct ctx *c, int dropped_head, struct ckfs_error 
 	return CKFS_OK;
 }
 
-enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
-				   const struct ckfs_model_options *opt,
-				   struct ckfs_error *err)
+static enum ckfs_code megatron_build(struct ckfs_model *m, const struct ckfs_model_options *opt,
+				     struct ckfs_error *err)
 {
 	struct ctx c = { .m = m, .opt = opt };
 	int dropped_head = 0;
@@ -1282,3 +1280,12 @@ enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
 	free(c.names);
 	return rc;
 }
+
+const struct ckfs_layout ckfs_layout_megatron = {
+	.name = "megatron",
+	.what = "a Megatron checkpoint",
+	.looks_for = "model/mp_rank_*",
+	.detect = megatron_detect,
+	.build = megatron_build,
+	.flags = CKFS_LAYOUT_RANK_ZIPS,
+};

@@ -34,10 +34,11 @@ static void try_folder(size_t fi, const uint8_t *data, size_t size)
 			abort(); /* the fixtures must be there */
 	}
 	ckfs_arena_init(&m->arena);
-	m->layout = "dcp";
+	m->layout = &ckfs_layout_dcp;
 	m->src_dir = real[fi];
 	ckfs_error_clear(&err);
-	if (ckfs_dcp_build_from(m, &opt, (const char *)data, size, &err) == CKFS_OK) {
+	if (ckfs_dcp_build_from(m, &opt, (const char *)data, size, &err) == CKFS_OK &&
+	    ckfs_model_finish(m, &opt, &err) == CKFS_OK) {
 		struct ckfs_st_layout l;
 		if (ckfs_st_layout_build(m, 0, &l, &err) == CKFS_OK)
 			ckfs_st_layout_release(&l);

@@ -304,7 +304,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	memset(files, 0, sizeof(files));
 	memset(lists, 0, sizeof(lists));
 	ckfs_arena_init(&m->arena);
-	m->layout = "fuzz";
 	m->src_dir = "/";
 	m->world_size = world;
 	m->mesh_ndim = mesh_ndim;

@@ -213,7 +213,7 @@ static void check_case(size_t i)
 	CHECK(m != NULL);
 	if (!m)
 		return;
-	CHECK_EQ_STR(m->layout, "deepspeed");
+	CHECK_EQ_STR(m->layout->name, "deepspeed");
 	CHECK_EQ_INT(m->world_size, cases[i].ws);
 	CHECK_EQ_INT(m->zero_stage, cases[i].stage);
 	CHECK_EQ_STR(m->ds_tag, "global_step2");
@@ -401,12 +401,12 @@ static void test_detect(void)
 {
 	struct ckfs_model *m = open_case(DS "/trainer_z2_w2_bf16", NULL, CKFS_DTYPE_BF16);
 
-	CHECK(m && strcmp(m->layout, "deepspeed") == 0);
+	CHECK(m && strcmp(m->layout->name, "deepspeed") == 0);
 	ckfs_model_free(m);
-	CHECK_EQ_INT(ckfs_deepspeed_detect(DS "/z1_w2_fp32"), 1);
-	CHECK_EQ_INT(ckfs_deepspeed_detect(DS "/z1_w2_fp32/global_step2"), 1);
-	CHECK_EQ_INT(ckfs_deepspeed_detect(DS "/z1_w2_fp32/oracle"), 0);
-	CHECK_EQ_INT(ckfs_deepspeed_detect(CKFS_FIXTURES "/dcp"), 0);
+	CHECK_EQ_INT(ckfs_layout_deepspeed.detect(DS "/z1_w2_fp32", NULL), 1);
+	CHECK_EQ_INT(ckfs_layout_deepspeed.detect(DS "/z1_w2_fp32/global_step2", NULL), 1);
+	CHECK_EQ_INT(ckfs_layout_deepspeed.detect(DS "/z1_w2_fp32/oracle", NULL), 0);
+	CHECK_EQ_INT(ckfs_layout_deepspeed.detect(CKFS_FIXTURES "/dcp", NULL), 0);
 }
 
 int main(void)

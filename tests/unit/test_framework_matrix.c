@@ -109,7 +109,7 @@ static void check_ds_case(size_t i)
 		fprintf(stderr, "%s: %s\n", src, err.msg);
 		return;
 	}
-	CHECK_EQ_STR(m->layout, "deepspeed");
+	CHECK_EQ_STR(m->layout->name, "deepspeed");
 	CHECK_EQ_INT(m->world_size, ds_cases[i].ws);
 	CHECK_EQ_INT(m->zero_stage, ds_cases[i].stage);
 	CHECK_EQ_STR(m->ds_tag, "global_step2");
@@ -179,7 +179,7 @@ static void check_mg_case(size_t i)
 		fprintf(stderr, "%s: %s\n", src, err.msg);
 		return;
 	}
-	CHECK_EQ_STR(m->layout, legacy ? "megatron" : "megatron-dist");
+	CHECK_EQ_STR(m->layout->name, legacy ? "megatron" : "megatron-dist");
 	CHECK_EQ_INT(m->world_size, mg_cases[i].world);
 	if (legacy) {
 		CHECK_EQ_INT(m->tp_size, mg_cases[i].tp);
@@ -284,7 +284,7 @@ static void check_verl_case(size_t i)
 			fprintf(stderr, "%s: %s\n", src, err.msg);
 			return;
 		}
-		CHECK_EQ_STR(m->layout, "verl-fsdp");
+		CHECK_EQ_STR(m->layout->name, "verl-fsdp");
 		CHECK_EQ_INT(m->world_size, verl_cases[i].world);
 		CHECK_EQ_INT(m->fsdp_version, verl_cases[i].fsdp_version);
 		CHECK_EQ_INT(m->n_warnings, 0);

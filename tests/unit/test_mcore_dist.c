@@ -65,7 +65,7 @@ static void check_case(size_t i)
 		fprintf(stderr, "%s: %s\n", src, err.msg);
 		return;
 	}
-	CHECK_EQ_STR(m->layout, "megatron-dist");
+	CHECK_EQ_STR(m->layout->name, "megatron-dist");
 	CHECK_EQ_INT(m->world_size, cases[i].world);
 	CHECK_EQ_INT(m->n_sources, cases[i].n_sources);
 	CHECK_EQ_INT(m->tie_word_embeddings, cases[i].tied);
@@ -228,7 +228,7 @@ static void expect_layout(const char *cas, const char *setup, const char *layout
 		fprintf(stderr, "%s: %s\n", dir, err.msg);
 		return;
 	}
-	CHECK_EQ_STR(m->layout, layout);
+	CHECK_EQ_STR(m->layout->name, layout);
 	CHECK_EQ_INT(m->n_tensors, n);
 	ckfs_model_free(m);
 }

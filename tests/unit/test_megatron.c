@@ -87,7 +87,7 @@ static void test_equals_original(void)
 			fprintf(stderr, "%s: %s\n", src, err.msg);
 			continue;
 		}
-		CHECK_EQ_STR(m->layout, "megatron");
+		CHECK_EQ_STR(m->layout->name, "megatron");
 		CHECK_EQ_INT(m->tp_size, cases[i].tp);
 		CHECK_EQ_INT(m->pp_size, cases[i].pp);
 		CHECK_EQ_INT(m->vpp_size, cases[i].vpp);

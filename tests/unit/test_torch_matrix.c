@@ -105,7 +105,7 @@ static void check_cell(struct release *r, size_t c, const char *dir, const char 
 		brief(r->result[c], sizeof(r->result[c]), "FAILED: ", err.msg);
 		goto out;
 	}
-	CHECK_EQ_STR(m->layout, strcmp(cells[c], "dcp") == 0 ? "dcp" : "verl-fsdp");
+	CHECK_EQ_STR(m->layout->name, strcmp(cells[c], "dcp") == 0 ? "dcp" : "verl-fsdp");
 	check_written_by(r->version, m->written_by);
 	CHECK_EQ_INT(m->n_tensors, ref->n_entries);
 	int before = test_case_failed;
