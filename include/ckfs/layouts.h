@@ -69,6 +69,22 @@ enum ckfs_layout_flags {
 	CKFS_LAYOUT_RANK_ZIPS = 1u << 1,
 };
 
+struct cJSON;
+
+/* One thing a layout says of a model beyond its tensors, for ckfs inspect:
+ * a line of its text ("<label>  <text>"), a member of its JSON object
+ * ("<key>": value), or both. */
+struct ckfs_fact {
+	const char *label;      /* NULL: JSON only */
+	char *text;             /* malloc'd; NULL: JSON only */
+	const char *key;        /* NULL: text only */
+	struct cJSON *value;    /* the list's until taken (set to NULL) */
+};
+struct ckfs_facts {
+	struct ckfs_fact *v;
+	size_t n, cap;
+};
+
 /*
  * A checkpoint layout: one row of the table src/layouts/table.c keeps in
  * detection order (docs/formats.md, "Which layout a folder has"); the
@@ -91,6 +107,11 @@ struct ckfs_layout {
 	 * ckfs_model_open does the rest (flags). */
 	enum ckfs_code (*build)(struct ckfs_model *m, const struct ckfs_model_options *opt,
 				struct ckfs_error *err);
+	/* The "layout" line and the layout's own facts (m->layout_info, which
+	 * only it reads); NULL: the layout line alone ("<name>, N source
+	 * files"). */
+	enum ckfs_code (*describe)(const struct ckfs_model *m, struct ckfs_facts *f,
+				   struct ckfs_error *err);
 	unsigned flags;         /* enum ckfs_layout_flags */
 };
 
@@ -106,6 +127,13 @@ enum ckfs_code ckfs_model_open(const char *src,
 			       const struct ckfs_model_options *opt,
 			       struct ckfs_model **out,
 			       struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* m's layout as facts (its row's describe), in the order inspect shows
+ * them: the "layout" line first, "mesh" last (empty for layouts that
+ * record none: inspect --json has always had it). The caller releases
+ * *out with ckfs_facts_release. */
+enum ckfs_code ckfs_model_describe(const struct ckfs_model *m, struct ckfs_facts *out,
+				   struct ckfs_error *err) CKFS_WARN_UNUSED;
+void ckfs_facts_release(struct ckfs_facts *f);
 /* What ckfs_model_open does after m->layout's build (for builds called
  * directly: the fuzzers). */
 enum ckfs_code ckfs_model_finish(struct ckfs_model *m, const struct ckfs_model_options *opt,

@@ -181,29 +181,14 @@ struct ckfs_model {
 	struct ckfs_arena arena;
 	const char *src_dir;
 	/* The layout that read it (include/ckfs/layouts.h: its name, as
-	 * inspect shows it, and what it can say of the model). */
+	 * inspect shows it, and what it can say of the model), and what only
+	 * that layout knows (its describe turns it into facts). */
 	const struct ckfs_layout *layout;
+	void *layout_info;
 	const char *written_by;         /* the torch release(s) the files show
 					 * they were written by, or NULL */
-	int world_size;
-	int fsdp_version;               /* 1 or 2; 0 when not recorded */
-	int mesh_ndim;
-	int64_t mesh_shape[CKFS_MAX_DIMS];
-	const char *mesh_dim_names[CKFS_MAX_DIMS];
-	/* megatron only: tensor/pipeline/virtual-pipeline sizes, and the
-	 * decoder layers of each (vpp, pp) chunk in global order
-	 * (stage_layers[v * pp + p]). */
-	int tp_size, pp_size, vpp_size;
-	int ep_size;                    /* expert parallel; 1 without experts */
-	int etp_size;                   /* expert tensor parallel (1 or TP);
-					 * 0 without expert weights */
-	int *stage_layers;
-	/* deepspeed only: the ZeRO stage (1, 2 or 3; 0 for a BF16_Optimizer
-	 * checkpoint, which records none) and the tag of the step folder
-	 * served (NULL when SRC is the step folder). */
-	int zero_stage;
-	const char *ds_tag;
-	size_t n_ranks_read;
+	int world_size;                 /* ranks that saved it (hf: 1) */
+	size_t n_ranks_read;            /* the ranks whose files are read */
 	int *ranks_read;
 	struct ckfs_source *sources;
 	size_t n_sources;

@@ -740,11 +740,19 @@ static int dcp_detect(const char *dir, const struct ckfs_file_policy *pol)
 	       ckfs_path_exists(path);
 }
 
+/* "layout  dcp, N source files, saved by W ranks" */
+static enum ckfs_code dcp_describe(const struct ckfs_model *m, struct ckfs_facts *f,
+				   struct ckfs_error *err)
+{
+	return ckfs_facts_layout_line(f, m, true, err);
+}
+
 const struct ckfs_layout ckfs_layout_dcp = {
 	.name = "dcp",
 	.what = "a torch.distributed.checkpoint folder",
 	.looks_for = ".metadata",
 	.detect = dcp_detect,
 	.build = dcp_build,
+	.describe = dcp_describe,
 	.flags = CKFS_LAYOUT_HELD_NAMES,
 };

@@ -241,7 +241,7 @@ static enum ckfs_code locate_step(struct ckfs_model *m, struct ckfs_ds_files *f,
 	CKFS_TRY(ckfs_file_check_policy(&m->policy, step, err));
 	f->step = step;
 	f->step_rel = rel;
-	m->ds_tag = tag;
+	f->tag = tag;
 	return CKFS_OK;
 }
 

@@ -25,6 +25,7 @@
  * (hf_save.c, peft.c).
  */
 #include "ckfs/model.h"
+#include "ckfs/strbuf.h"
 #include "ckfs/units.h"
 
 #include <cjson/cJSON.h>
@@ -161,6 +162,19 @@ static int fsdp_detect(const char *dir, const struct ckfs_file_policy *pol)
 	return ckfs_dir_has(dir, is_rank_file_name);
 }
 
+/* What only this layout knows of a model, for its describe. */
+struct fsdp_info {
+	int version;                    /* fsdp_config.json's FSDP_version; 0: none */
+	int mesh_ndim;                  /* rank 0's device mesh; 0: none */
+	int64_t mesh_shape[CKFS_MAX_DIMS];
+	const char *mesh_dim_names[CKFS_MAX_DIMS];
+};
+
+static struct fsdp_info *info_of(const struct ckfs_model *m)
+{
+	return m->layout_info;
+}
+
 /* ---- rank discovery ---- */
 
 /* A rank file name found in SRC, with what it says. */
@@ -227,7 +241,7 @@ static enum ckfs_code read_fsdp_config(struct ckfs_model *m, long *ws,
 	}
 	*ws = w->valueint;
 	if (cJSON_IsNumber(v))
-		m->fsdp_version = v->valueint;
+		info_of(m)->version = v->valueint;
 	cJSON_Delete(j);
 	return CKFS_OK;
 }
@@ -620,13 +634,14 @@ static enum ckfs_code mesh_positions(struct ckfs_model *m, const struct ckfs_dte
 			idx[i] = 0;
 		}
 	}
-	m->mesh_ndim = mesh->mesh_ndim;
-	memcpy(m->mesh_shape, mesh->mesh_shape, sizeof(m->mesh_shape));
+	struct fsdp_info *info = info_of(m);
+	info->mesh_ndim = mesh->mesh_ndim;
+	memcpy(info->mesh_shape, mesh->mesh_shape, sizeof(info->mesh_shape));
 	for (int i = 0; i < mesh->mesh_ndim; i++) {
 		if (!mesh->mesh_dim_names[i])
 			continue;
-		m->mesh_dim_names[i] = ckfs_arena_strdup(&m->arena, mesh->mesh_dim_names[i]);
-		if (!m->mesh_dim_names[i])
+		info->mesh_dim_names[i] = ckfs_arena_strdup(&m->arena, mesh->mesh_dim_names[i]);
+		if (!info->mesh_dim_names[i])
 			return ckfs_nomem(err);
 	}
 	return CKFS_OK;
@@ -927,6 +942,8 @@ static enum ckfs_code fsdp_build(struct ckfs_model *m, const struct ckfs_model_o
 
 	struct rank_plan *rp = NULL;
 
+	if (!(m->layout_info = ckfs_arena_calloc(&m->arena, 1, sizeof(struct fsdp_info))))
+		return ckfs_nomem(err);
 	if ((rc = open_ranks(&b, &rs, err)) == CKFS_OK && (rc = index_keys(&b, err)) == CKFS_OK &&
 	    (rc = place_ranks(&b, err)) == CKFS_OK) {
 		bool defer = false;
@@ -959,11 +976,46 @@ static enum ckfs_code fsdp_build(struct ckfs_model *m, const struct ckfs_model_o
 	return rc;
 }
 
+/* "layout  verl-fsdp (FSDP2), world size 4" and the mesh. */
+static enum ckfs_code fsdp_describe(const struct ckfs_model *m, struct ckfs_facts *f,
+				    struct ckfs_error *err)
+{
+	const struct fsdp_info *info = info_of(m);
+	struct ckfs_strbuf line = { 0 }, mesh = { 0 };
+	char dims[256];
+
+	if (info->version)
+		ckfs_strbuf_fmt(&line, "%s (FSDP%d), world size %d", m->layout->name,
+				info->version, m->world_size);
+	else
+		ckfs_strbuf_fmt(&line, "%s (FSDP version unknown), world size %d",
+				m->layout->name, m->world_size);
+	CKFS_TRY(ckfs_facts_add(f, "layout", &line, NULL, NULL, err));
+	if (info->version)
+		CKFS_TRY(ckfs_facts_add(f, NULL, NULL, "fsdp_version",
+					cJSON_CreateNumber(info->version), err));
+	if (info->mesh_ndim) {
+		ckfs_format_dims(info->mesh_ndim, info->mesh_shape, "(", ")", dims, sizeof(dims));
+		ckfs_strbuf_fmt(&mesh, "%s dims (", dims);
+		for (int i = 0; i < info->mesh_ndim; i++)
+			ckfs_strbuf_fmt(&mesh, "%s%s", i ? ", " : "",
+					info->mesh_dim_names[i] ? info->mesh_dim_names[i] : "?");
+		ckfs_strbuf_str(&mesh, ")");
+	} else {
+		ckfs_strbuf_str(&mesh, "none (plain tensors or ShardedTensor)");
+	}
+	return ckfs_facts_add(f, "mesh", &mesh, "mesh",
+			      ckfs_facts_mesh_json(info->mesh_ndim, info->mesh_shape,
+						   info->mesh_dim_names),
+			      err);
+}
+
 const struct ckfs_layout ckfs_layout_fsdp = {
 	.name = "verl-fsdp",
 	.what = "a verl FSDP checkpoint",
 	.looks_for = "model_world_size_*_rank_*.pt files",
 	.detect = fsdp_detect,
 	.build = fsdp_build,
+	.describe = fsdp_describe,
 	.flags = CKFS_LAYOUT_HELD_NAMES | CKFS_LAYOUT_RANK_ZIPS,
 };

@@ -326,6 +326,26 @@ enum ckfs_code ckfs_layout_not_found(const char *dir, const char *src, struct ck
  * set) when dir cannot be listed. */
 int ckfs_dir_has(const char *dir, bool (*match)(const char *name));
 
+/* ---- facts.c: for describes ---- */
+
+struct ckfs_strbuf;
+/* Append a fact: the text line (label NULL: none; text's buffer becomes
+ * the fact's, a failed one is out of memory) and the JSON member key:
+ * value (key NULL: none; value taken, NULL with a key: out of memory). */
+enum ckfs_code ckfs_facts_add(struct ckfs_facts *f, const char *label, struct ckfs_strbuf *text,
+			      const char *key, struct cJSON *value,
+			      struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* o when ok, else NULL (o freed): for values built with calls that fail
+ * on want of memory. */
+struct cJSON *ckfs_facts_json(struct cJSON *o, bool ok);
+/* The "layout" line: "<name>, N source files", then ", saved by W ranks"
+ * when saved_by and the world size is known. */
+enum ckfs_code ckfs_facts_layout_line(struct ckfs_facts *f, const struct ckfs_model *m,
+				      bool saved_by, struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* A device mesh as inspect --json shows it: {"shape", "dim_names"} (a
+ * name NULL: null); NULL when out of memory. */
+struct cJSON *ckfs_facts_mesh_json(int ndim, const int64_t *shape, const char *const *names);
+
 /* What a file name says about verl FSDP rank files. Every name matching
  * model_world_size_*_rank_*.pt is a rank file name, and it must spell both
  * numbers as verl does (plain decimals: no sign, no leading zero, no other
@@ -363,6 +383,7 @@ enum ckfs_code ckfs_dcp_read_raw(struct ckfs_model *m, const char *dir, const ch
 struct ckfs_ds_files {
 	const char *step;          /* the step folder (an arena string of the model) */
 	const char *step_rel;      /* it relative to SRC: "" or "<tag>/" */
+	const char *tag;           /* the tag SRC/latest names; NULL: SRC is the step folder */
 	/* file names by rank, malloc'd, NULL where absent */
 	char **optim;              /* [bf16_]zero_pp_rank_R_mp_rank_00_optim_states.pt */
 	char **model_rank;         /* zero_pp_rank_R_mp_rank_00_model_states.pt (ZeRO-3) */
@@ -370,8 +391,8 @@ struct ckfs_ds_files {
 	long n_optim, n_model_rank;
 	int ws, stage;             /* set by the caller for ckfs_ds_check_files */
 };
-/* The step folder of m->src_dir (SRC, or the tag in SRC/latest, which sets
- * m->ds_tag) and its DeepSpeed files; refused: files ckfs does not read,
+/* The step folder of m->src_dir (SRC, or the tag in SRC/latest) and its
+ * DeepSpeed files; refused: files ckfs does not read,
  * two files of one rank, no optimizer file. */
 enum ckfs_code ckfs_ds_find_files(struct ckfs_model *m, struct ckfs_ds_files *f,
 				  struct ckfs_error *err) CKFS_WARN_UNUSED;

@@ -82,6 +82,7 @@
 
 #include "ckfs/json.h"
 #include "ckfs/limits.h"
+#include "ckfs/strbuf.h"
 #include "layouts/layouts.h"
 
 #define MAX_PAR 1024
@@ -137,8 +138,18 @@ static int megatron_detect(const char *dir, const struct ckfs_file_policy *pol)
 /* A rank folder of the [ep][pp][tp] grid the names span. */
 enum { R_ABSENT, R_PRESENT, R_OPEN };
 
+/* What only this layout knows of a model, for its describe. */
+struct megatron_info {
+	int tp, pp, vpp, ep;
+	int etp;                       /* expert tensor parallel (1 or TP); 0:
+					* no expert weights */
+	int *stage_layers;             /* decoder layers of each (vpp, pp)
+					* chunk in global order: [v * pp + p] */
+};
+
 struct ctx {
 	struct ckfs_model *m;
+	struct megatron_info *info;    /* m->layout_info */
 	const struct ckfs_model_options *opt;
 	struct ckfs_torch_file *files; /* [ep][pp][tp], open where state R_OPEN */
 	unsigned char *state;          /* [ep][pp][tp]: R_* */
@@ -1112,7 +1123,7 @@ static enum ckfs_code plan_ranks(struct ctx *c, struct ckfs_error *err)
 		return check_grid(c, err);
 	CKFS_TRY(decide_etp(c, ref, ref_r, err));
 	CKFS_TRY(check_ep_complete(c, n_local, ref_r, err));
-	c->m->etp_size = c->etp;
+	c->info->etp = c->etp;
 	if (c->etp == 1 && c->tp > 1)
 		return plan_whole(c, err);
 	return check_grid(c, err);
@@ -1163,9 +1174,9 @@ static enum ckfs_code open_ranks(struct ctx *c, struct ckfs_error *err)
 		CKFS_TRY(check_tp_divides(c, err));
 	CKFS_TRY(plan_ranks(c, err));
 	m->world_size = (int)m->n_ranks_read;
-	m->tp_size = c->tp;
-	m->pp_size = c->pp;
-	m->ep_size = c->ep;
+	c->info->tp = c->tp;
+	c->info->pp = c->pp;
+	c->info->ep = c->ep;
 	const char *ref_path = path_of(c, rank_of(c, 0, 0));
 	c->vpp = (int)ref_file(c)->n_parts;
 	for (int r = 0; r < c->n; r++)
@@ -1173,9 +1184,10 @@ static enum ckfs_code open_ranks(struct ctx *c, struct ckfs_error *err)
 			return ckfs_fail(err, CKFS_E_INVALID, "'%s': %zu virtual-pipeline "
 					 "chunks, '%s' has %d (mismatched checkpoints)",
 					 path_of(c, r), c->files[r].n_parts, ref_path, c->vpp);
-	m->vpp_size = c->vpp;
-	m->stage_layers = ckfs_arena_calloc(&m->arena, (size_t)(c->vpp * c->pp), sizeof(int));
-	return m->stage_layers ? CKFS_OK : ckfs_nomem(err);
+	c->info->vpp = c->vpp;
+	c->info->stage_layers = ckfs_arena_calloc(&m->arena, (size_t)(c->vpp * c->pp),
+						  sizeof(int));
+	return c->info->stage_layers ? CKFS_OK : ckfs_nomem(err);
 }
 
 /* The decoder layers of chunk v of stage p: 0 .. *nl - 1, none missing. */
@@ -1220,7 +1232,7 @@ static enum ckfs_code map_chunks(struct ctx *c, int *dropped_head, struct ckfs_e
 			long nl;
 			CKFS_TRY(check_tp_alike(c, p, lo, hi, v, err));
 			CKFS_TRY(count_layers(c, v, p, &nl, err));
-			c->m->stage_layers[v * c->pp + p] = (int)nl;
+			c->info->stage_layers[v * c->pp + p] = (int)nl;
 			for (size_t i = lo; i < hi; i++)
 				CKFS_TRY(map_key(c, p, i, layer0, dropped_head, err));
 			layer0 += nl;
@@ -1267,6 +1279,8 @@ static enum ckfs_code megatron_build(struct ckfs_model *m, const struct ckfs_mod
 	int dropped_head = 0;
 	enum ckfs_code rc;
 
+	if (!(c.info = m->layout_info = ckfs_arena_calloc(&m->arena, 1, sizeof(*c.info))))
+		return ckfs_nomem(err);
 	if ((rc = open_ranks(&c, err)) == CKFS_OK &&
 	    (rc = map_chunks(&c, &dropped_head, err)) == CKFS_OK &&
 	    (rc = ckfs_outs_to_model(m, &c.outs, m->src_dir, err)) == CKFS_OK)
@@ -1281,11 +1295,40 @@ static enum ckfs_code megatron_build(struct ckfs_model *m, const struct ckfs_mod
 	return rc;
 }
 
+/* The parallel sizes and the layers of each pipeline chunk. */
+static enum ckfs_code megatron_describe(const struct ckfs_model *m, struct ckfs_facts *f,
+					struct ckfs_error *err)
+{
+	const struct megatron_info *info = m->layout_info;
+	const int n = info->pp * info->vpp;
+	struct ckfs_strbuf line = { 0 };
+
+	CKFS_TRY(ckfs_facts_layout_line(f, m, false, err));
+	cJSON *o = cJSON_CreateObject();
+	ckfs_strbuf_fmt(&line, "TP=%d PP=%d VPP=%d EP=%d", info->tp, info->pp, info->vpp,
+			info->ep);
+	if (info->etp)
+		ckfs_strbuf_fmt(&line, " ETP=%d", info->etp);
+	ckfs_strbuf_str(&line, ", layers per chunk (");
+	for (int i = 0; i < n; i++)
+		ckfs_strbuf_fmt(&line, "%s%d", i ? ", " : "", info->stage_layers[i]);
+	ckfs_strbuf_str(&line, ")");
+	bool ok = cJSON_AddNumberToObject(o, "tp", info->tp) &&
+		  cJSON_AddNumberToObject(o, "pp", info->pp) &&
+		  cJSON_AddNumberToObject(o, "vpp", info->vpp) &&
+		  cJSON_AddNumberToObject(o, "ep", info->ep) &&
+		  (!info->etp || cJSON_AddNumberToObject(o, "etp", info->etp)) &&
+		  cJSON_AddItemToObject(o, "stage_layers",
+					cJSON_CreateIntArray(info->stage_layers, n));
+	return ckfs_facts_add(f, "parallelism", &line, "megatron", ckfs_facts_json(o, ok), err);
+}
+
 const struct ckfs_layout ckfs_layout_megatron = {
 	.name = "megatron",
 	.what = "a Megatron checkpoint",
 	.looks_for = "model/mp_rank_*",
 	.detect = megatron_detect,
 	.build = megatron_build,
+	.describe = megatron_describe,
 	.flags = CKFS_LAYOUT_RANK_ZIPS,
 };

@@ -707,10 +707,18 @@ out:
 	return rc;
 }
 
+/* "layout  megatron-dist, N source files, saved by W ranks" */
+static enum ckfs_code megatron_dist_describe(const struct ckfs_model *m, struct ckfs_facts *f,
+					     struct ckfs_error *err)
+{
+	return ckfs_facts_layout_line(f, m, true, err);
+}
+
 const struct ckfs_layout ckfs_layout_megatron_dist = {
 	.name = "megatron-dist",
 	.what = "a Megatron checkpoint",
 	.looks_for = "dist_ckpt/",
 	.detect = megatron_dist_detect,
 	.build = megatron_dist_build,
+	.describe = megatron_dist_describe,
 };

@@ -215,8 +215,10 @@ static void check_case(size_t i)
 		return;
 	CHECK_EQ_STR(m->layout->name, "deepspeed");
 	CHECK_EQ_INT(m->world_size, cases[i].ws);
-	CHECK_EQ_INT(m->zero_stage, cases[i].stage);
-	CHECK_EQ_STR(m->ds_tag, "global_step2");
+	char tag[64];
+	CHECK_EQ_INT(test_fact(m, "deepspeed", "zero_stage", NULL, 0), cases[i].stage);
+	test_fact(m, "deepspeed", "tag", tag, sizeof(tag));
+	CHECK_EQ_STR(tag, "global_step2");
 	CHECK_EQ_INT(m->n_ranks_read, cases[i].ws);
 	/* every optimizer file, and the model states (ZeRO-3: one per rank) */
 	CHECK_EQ_INT(m->n_sources, cases[i].ws + (cases[i].stage == 3 ? cases[i].ws : 1));
@@ -302,7 +304,9 @@ static void test_step_folder(void)
 	CHECK(m != NULL);
 	if (!m)
 		return;
-	CHECK(m->ds_tag == NULL);
+	char tag[64];
+	test_fact(m, "deepspeed", "tag", tag, sizeof(tag));
+	CHECK_EQ_STR(tag, ""); /* null: SRC is the step folder */
 	if (open_oracle("z3_w3_tied_fp32", "zero_to_fp32.safetensors", &z2f) == 0) {
 		CHECK_EQ_INT(m->n_tensors, z2f.n_entries);
 		test_model_equals(m, &z2f, CKFS_DTYPE_F32, "z3_w3_tied_fp32/global_step2");

@@ -88,15 +88,17 @@ static void test_equals_original(void)
 			continue;
 		}
 		CHECK_EQ_STR(m->layout->name, "megatron");
-		CHECK_EQ_INT(m->tp_size, cases[i].tp);
-		CHECK_EQ_INT(m->pp_size, cases[i].pp);
-		CHECK_EQ_INT(m->vpp_size, cases[i].vpp);
-		CHECK_EQ_INT(m->ep_size, cases[i].ep);
-		CHECK_EQ_INT(m->etp_size, cases[i].etp);
+		CHECK_EQ_INT(test_fact(m, "megatron", "tp", NULL, 0), cases[i].tp);
+		CHECK_EQ_INT(test_fact(m, "megatron", "pp", NULL, 0), cases[i].pp);
+		CHECK_EQ_INT(test_fact(m, "megatron", "vpp", NULL, 0), cases[i].vpp);
+		CHECK_EQ_INT(test_fact(m, "megatron", "ep", NULL, 0), cases[i].ep);
+		CHECK_EQ_INT(test_fact(m, "megatron", "etp", NULL, 0),
+			     cases[i].etp ? cases[i].etp : -1);
 		CHECK_EQ_INT(m->world_size, cases[i].folders ? cases[i].folders
 							     : cases[i].tp * cases[i].pp * cases[i].ep);
 		for (int k = 0; k < cases[i].pp * cases[i].vpp; k++)
-			CHECK_EQ_INT(m->stage_layers[k], cases[i].stage_layers[k]);
+			CHECK_EQ_INT(test_fact_at(m, "megatron", "stage_layers", k),
+				     cases[i].stage_layers[k]);
 		CHECK_EQ_INT(m->tie_word_embeddings, cases[i].tied);
 		ckfs_error_clear(&err);
 		CHECK(ckfs_st_set_open(orig, NULL, &ref, &err) == CKFS_OK);
