@@ -486,18 +486,18 @@ static enum ckfs_code add_tensor(struct dcp *d, const char *fqn, const char *nam
 	if (!dt || dt->kind != CKFS_PV_GLOBAL || strcmp(dt->u.global.module, "torch") != 0)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': '%s' has no dtype",
 				 d->md_path, fqn);
-	t->stored_dtype = ckfs_dtype_from_torch_name(dt->u.global.name);
-	if (t->stored_dtype == CKFS_DTYPE_INVALID)
+	enum ckfs_dtype dtype = ckfs_dtype_from_torch_name(dt->u.global.name);
+	int64_t shape[CKFS_MAX_DIMS];
+	int ndim;
+	if (dtype == CKFS_DTYPE_INVALID)
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s' has unsupported "
 				 "dtype %s", d->md_path, fqn, dt->u.global.name);
-	if (!get_dims(field(tsm, "size"), t->shape, &t->ndim))
+	if (!get_dims(field(tsm, "size"), shape, &ndim))
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': bad size of '%s'",
 				 d->md_path, fqn);
-	t->numel = 1;
-	for (int k = 0; k < t->ndim; k++)
-		if (__builtin_mul_overflow(t->numel, (uint64_t)t->shape[k], &t->numel))
-			return ckfs_fail(err, CKFS_E_FORMAT, "'%s': size of '%s' "
-					 "overflows", d->md_path, fqn);
+	if (!ckfs_tensor_set(t, dtype, ndim, shape))
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': size of '%s' "
+				 "overflows", d->md_path, fqn);
 	if (!chunks || chunks->kind != CKFS_PV_LIST)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': '%s' has no chunk list",
 				 d->md_path, fqn);
@@ -515,7 +515,6 @@ static enum ckfs_code add_tensor(struct dcp *d, const char *fqn, const char *nam
 	if (rc == CKFS_OK) {
 		t->n_chunks = (uint32_t)list.n;
 		t->name = name;
-		t->out_dtype = t->stored_dtype;
 		t->placement = describe_chunks(t);
 		rc = ckfs_plan_validate_tensor(m, t, err);
 		if (rc != CKFS_OK)
@@ -740,19 +739,12 @@ static int dcp_detect(const char *dir, const struct ckfs_file_policy *pol)
 	       ckfs_path_exists(path);
 }
 
-/* "layout  dcp, N source files, saved by W ranks" */
-static enum ckfs_code dcp_describe(const struct ckfs_model *m, struct ckfs_facts *f,
-				   struct ckfs_error *err)
-{
-	return ckfs_facts_layout_line(f, m, true, err);
-}
-
 const struct ckfs_layout ckfs_layout_dcp = {
 	.name = "dcp",
 	.what = "a torch.distributed.checkpoint folder",
 	.looks_for = ".metadata",
 	.detect = dcp_detect,
 	.build = dcp_build,
-	.describe = dcp_describe,
+	.describe = ckfs_facts_saved_by,
 	.flags = CKFS_LAYOUT_HELD_NAMES,
 };

@@ -69,6 +69,12 @@ enum ckfs_code ckfs_facts_layout_line(struct ckfs_facts *f, const struct ckfs_mo
 	return ckfs_facts_add(f, "layout", &b, NULL, NULL, err);
 }
 
+enum ckfs_code ckfs_facts_saved_by(const struct ckfs_model *m, struct ckfs_facts *f,
+				   struct ckfs_error *err)
+{
+	return ckfs_facts_layout_line(f, m, true, err);
+}
+
 struct cJSON *ckfs_facts_mesh_json(int ndim, const int64_t *shape, const char *const *names)
 {
 	cJSON *o = cJSON_CreateObject();

@@ -880,20 +880,14 @@ static enum ckfs_code make_tensor(struct build *b, size_t i, struct ckfs_tensor 
 	 * rank 0's file */
 	const char *key = a->key ? a->key : e->key;
 	t->name = b->names[i] == b->keys[i] ? key : b->names[i];
-	t->stored_dtype = a->x.dtype;
-	t->out_dtype = t->stored_dtype;
 	const int64_t *shape = e->kind == CKFS_ENTRY_DTENSOR  ? e->dtensor->global_shape
 			       : e->kind == CKFS_ENTRY_SHARDED ? e->sharded->global_shape
 							       : e->local.shape;
-	t->ndim = e->kind == CKFS_ENTRY_DTENSOR  ? e->dtensor->ndim
-		  : e->kind == CKFS_ENTRY_SHARDED ? e->sharded->ndim
-						  : e->local.ndim;
-	memcpy(t->shape, shape, sizeof(t->shape));
-	t->numel = 1;
-	for (int k = 0; k < t->ndim; k++)
-		if (__builtin_mul_overflow(t->numel, (uint64_t)t->shape[k], &t->numel))
-			return ckfs_fail(err, CKFS_E_FORMAT, "tensor '%s': shape overflows",
-					 t->name);
+	int ndim = e->kind == CKFS_ENTRY_DTENSOR  ? e->dtensor->ndim
+		   : e->kind == CKFS_ENTRY_SHARDED ? e->sharded->ndim
+						   : e->local.ndim;
+	if (!ckfs_tensor_set(t, a->x.dtype, ndim, shape))
+		return ckfs_fail(err, CKFS_E_FORMAT, "tensor '%s': shape overflows", t->name);
 	if (t->stored_dtype == CKFS_DTYPE_INVALID && t->numel)
 		return ckfs_fail(err, CKFS_E_FORMAT, "tensor '%s': no dtype (no rank holds "
 				 "data)", t->name);

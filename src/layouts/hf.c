@@ -84,14 +84,9 @@ static enum ckfs_code add_tensor(struct ckfs_model *m, const struct ckfs_st_entr
 	t->name = ckfs_arena_strdup(&m->arena, e->name);
 	if (!t->name)
 		return ckfs_nomem(err);
-	t->stored_dtype = e->dtype;
-	t->out_dtype = e->dtype;
-	t->ndim = e->ndim;
-	memcpy(t->shape, e->shape, sizeof(t->shape));
-	/* The reader checked end - begin == numel * element size. */
-	t->numel = 1;
-	for (int k = 0; k < t->ndim; k++)
-		t->numel *= (uint64_t)t->shape[k];
+	/* (The reader checked end - begin == numel * element size.) */
+	if (!ckfs_tensor_set(t, e->dtype, e->ndim, e->shape))
+		return ckfs_fail(err, CKFS_E_FORMAT, "tensor '%s': shape overflows", t->name);
 	t->placement = "whole";
 
 	/* A row-major view of the file at begin: placement.c turns it into

@@ -225,8 +225,12 @@ struct ckfs_out *ckfs_outs_add(struct ckfs_model *m, struct ckfs_outs *l, const 
 			       const char *placement, int ndim, const int64_t *shape,
 			       enum ckfs_dtype dtype, struct ckfs_error *err);
 void ckfs_outs_release(struct ckfs_outs *l);
-/* l's outputs as m's tensors, in l's order (served as stored until
- * ckfs_model_open applies --dtype), each validated
+/* t's dtype and shape: stored and served as dtype (ckfs_model_open applies
+ * --dtype later, to the whole model), its element count; false when that
+ * overflows. */
+bool ckfs_tensor_set(struct ckfs_tensor *t, enum ckfs_dtype dtype, int ndim,
+		     const int64_t *shape);
+/* l's outputs as m's tensors, in l's order (ckfs_tensor_set), each validated
  * (ckfs_plan_validate_tensor; a failure is prefixed with label). */
 enum ckfs_code ckfs_outs_to_model(struct ckfs_model *m, const struct ckfs_outs *l,
 				  const char *label, struct ckfs_error *err) CKFS_WARN_UNUSED;
@@ -305,6 +309,11 @@ void ckfs_megatron_unknown(struct ckfs_megatron_unknown *u, const char *key);
 enum ckfs_code ckfs_megatron_unknown_fail(const struct ckfs_megatron_unknown *u,
 					  const char *where,
 					  struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* Megatron's tie rule, applied while its keys are mapped (the head never
+ * becomes a tensor): output_layer is left out when config.json ties the
+ * embeddings, saying so. */
+enum ckfs_code ckfs_megatron_warn_tied(struct ckfs_model *m,
+				       struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /* ---- the layouts: one row each (include/ckfs/layouts.h), table.c lists them ---- */
 
@@ -342,6 +351,10 @@ struct cJSON *ckfs_facts_json(struct cJSON *o, bool ok);
  * when saved_by and the world size is known. */
 enum ckfs_code ckfs_facts_layout_line(struct ckfs_facts *f, const struct ckfs_model *m,
 				      bool saved_by, struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The describe of layouts whose metadata says how many ranks saved them
+ * (dcp, megatron-dist): the layout line, "saved by W ranks" included. */
+enum ckfs_code ckfs_facts_saved_by(const struct ckfs_model *m, struct ckfs_facts *f,
+				   struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* A device mesh as inspect --json shows it: {"shape", "dim_names"} (a
  * name NULL: null); NULL when out of memory. */
 struct cJSON *ckfs_facts_mesh_json(int ndim, const int64_t *shape, const char *const *names);

@@ -1260,8 +1260,7 @@ static enum ckfs_code report(struct ctx *c, int dropped_head, struct ckfs_error 
 	if (c->value_head)
 		CKFS_TRY(value_config(c, err));
 	if (dropped_head)
-		CKFS_TRY(ckfs_model_warn(m, err, "output_layer.weight dropped: tied to "
-					 "model.embed_tokens.weight (tie_word_embeddings)"));
+		CKFS_TRY(ckfs_megatron_warn_tied(m, err));
 	if (c->n_raw)
 		CKFS_TRY(ckfs_model_warn(m, err, "%zu Megatron keys without a Hugging Face "
 					 "name served raw, per rank (--raw-names)", c->n_raw));

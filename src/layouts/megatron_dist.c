@@ -691,8 +691,7 @@ static enum ckfs_code megatron_dist_build(struct ckfs_model *m,
 	if ((rc = finish(&c, err)) != CKFS_OK)
 		goto out;
 	if (c.dropped_head)
-		rc = ckfs_model_warn(m, err, "output_layer.weight dropped: tied to "
-				     "model.embed_tokens.weight (tie_word_embeddings)");
+		rc = ckfs_megatron_warn_tied(m, err);
 	if (rc == CKFS_OK && n_bytes)
 		rc = ckfs_model_warn(m, err, "skipped %zu non-tensor entries (ShardedObjects: "
 				     "_extra_state, rng_state)", n_bytes);
@@ -707,18 +706,11 @@ out:
 	return rc;
 }
 
-/* "layout  megatron-dist, N source files, saved by W ranks" */
-static enum ckfs_code megatron_dist_describe(const struct ckfs_model *m, struct ckfs_facts *f,
-					     struct ckfs_error *err)
-{
-	return ckfs_facts_layout_line(f, m, true, err);
-}
-
 const struct ckfs_layout ckfs_layout_megatron_dist = {
 	.name = "megatron-dist",
 	.what = "a Megatron checkpoint",
 	.looks_for = "dist_ckpt/",
 	.detect = megatron_dist_detect,
 	.build = megatron_dist_build,
-	.describe = megatron_dist_describe,
+	.describe = ckfs_facts_saved_by,
 };
