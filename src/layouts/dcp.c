@@ -22,7 +22,8 @@
  * "extra_state", ...) are dropped with a warning; otherwise every FQN is a
  * name as is, less torch wrapper names (names.c). Non-tensor (bytes)
  * entries are skipped with a warning. The
- * tie rule of verl's merger applies (lm_head.weight dropped when tied).
+ * tie rule of verl's merger applies (lm_head.weight dropped when tied: the
+ * row's flag, applied by open.c).
  *
  * Refused: items with transform_descriptors (compressed items), relative
  * paths leaving SRC, chunks without a storage entry, items that are not

@@ -39,7 +39,8 @@
  *  - zero_to_fp32's order: buffers, frozen, trained, aliases; then, as
  *    for the other layouts of names held in memory, the wrapper rule
  *    (names.c) and what save_pretrained writes (hf_save.c: the tie rule,
- *    vision-language prefixes, fused expert stacks); PEFT names refused.
+ *    vision-language prefixes, fused expert stacks; the row's flag, applied
+ *    by open.c); PEFT names refused.
  */
 #include <cjson/cJSON.h>
 #include <dirent.h>

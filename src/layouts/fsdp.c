@@ -22,7 +22,7 @@
  * Naming follows verl's merger: keys as stored, less torch wrapper names
  * (names.c), then what its save_pretrained writes for names held in
  * memory: LoRA apart, the tie rule, vision-language and expert forms
- * (hf_save.c, peft.c).
+ * (hf_save.c, peft.c; applied by open.c, as the row's flag asks).
  */
 #include "ckfs/model.h"
 #include "ckfs/strbuf.h"
