@@ -46,7 +46,10 @@ enum ckfs_dtype {
 	CKFS_DTYPE_BOOL,
 	CKFS_DTYPE_F8_E4M3,
 	CKFS_DTYPE_F8_E5M2,
-	CKFS_DTYPE_COUNT
+	CKFS_DTYPE_COUNT,
+	/* Not an element type: what options ask for with --dtype auto (each
+	 * tensor served as its layout serves it: as stored). */
+	CKFS_DTYPE_AUTO,
 };
 
 /* Bytes per element (0 for INVALID). */

@@ -26,9 +26,10 @@ enum ckfs_rank_checks {
 };
 
 struct ckfs_model_options {
-	/* Output dtype; CKFS_DTYPE_INVALID keeps each tensor as stored;
+	/* Output dtype; CKFS_DTYPE_AUTO keeps each tensor as stored;
 	 * CKFS_DTYPE_F8_E4M3 is --dtype fp8 (block-quantized linear weights,
-	 * bf16 for the rest: src/layouts/fp8.c). */
+	 * bf16 for the rest: src/layouts/fp8.c). CKFS_DTYPE_INVALID (options
+	 * left zero) is refused. */
 	enum ckfs_dtype out_dtype;
 	/* --config: a config.json, or a folder holding one; NULL for the
 	 * checkpoint's huggingface/config.json. */
@@ -57,14 +58,85 @@ struct ckfs_model_options {
 	enum ckfs_rank_checks rank_checks;
 };
 
+/* What ckfs_model_open does after a layout's build, by its flags. */
+enum ckfs_layout_flags {
+	/* Its tensors carry the names a module holds in memory (torch
+	 * state-dict keys): made what verl's merger writes (the LoRA split,
+	 * the tie rule, save_pretrained's conversions, --base: hf_save.c). */
+	CKFS_LAYOUT_HELD_NAMES = 1u << 0,
+	/* Its sources are rank files, each a whole torch.save zip (ckfs verify
+	 * re-reads their records). */
+	CKFS_LAYOUT_RANK_ZIPS = 1u << 1,
+};
+
+struct cJSON;
+
+/* One thing a layout says of a model beyond its tensors, for ckfs inspect:
+ * a line of its text ("<label>  <text>"), a member of its JSON object
+ * ("<key>": value), or both. */
+struct ckfs_fact {
+	const char *label;      /* NULL: JSON only */
+	char *text;             /* malloc'd; NULL: JSON only */
+	const char *key;        /* NULL: text only */
+	struct cJSON *value;    /* the list's until taken (set to NULL) */
+};
+struct ckfs_facts {
+	struct ckfs_fact *v;
+	size_t n, cap;
+};
+
+/*
+ * A checkpoint layout: one row of the table src/layouts/table.c keeps in
+ * detection order (docs/formats.md, "Which layout a folder has"); the
+ * first row whose detect claims a folder reads it. ckfs_model_open, the
+ * run scanner (a global_step_<N> folder a layout claims is a checkpoint,
+ * not a step) and the message for a folder no row claims all ask the
+ * table.
+ */
+struct ckfs_layout {
+	const char *name;       /* as inspect shows it: "verl-fsdp", "hf", ... */
+	const char *what;       /* for that message: "a verl FSDP checkpoint" */
+	const char *looks_for;  /* what detect looks for: "model_world_size_*_rank_*.pt files" */
+	/* 1 when dir holds this layout, 0 when not, -1 (errno set) when that
+	 * cannot be known (dir cannot be listed, out of memory). Names and
+	 * stat(2) only, but for verl's manifest ckpt_contents.json (read
+	 * under pol), which says which of two layouts a folder holds. */
+	int (*detect)(const char *dir, const struct ckfs_file_policy *pol);
+	/* Fill m (src_dir, policy and layout set): sources, config, the
+	 * tensors served as --dtype auto serves them, each validated;
+	 * ckfs_model_open does the rest (flags). */
+	enum ckfs_code (*build)(struct ckfs_model *m, const struct ckfs_model_options *opt,
+				struct ckfs_error *err);
+	/* The "layout" line and the layout's own facts (m->layout_info, which
+	 * only it reads); NULL: the layout line alone ("<name>, N source
+	 * files"). */
+	enum ckfs_code (*describe)(const struct ckfs_model *m, struct ckfs_facts *f,
+				   struct ckfs_error *err);
+	unsigned flags;         /* enum ckfs_layout_flags */
+};
+
 /* Open SRC: a verl actor/critic folder (FSDP rank files, legacy Megatron
  * model/mp_rank_*, or a Megatron dist_ckpt), a torch.distributed.checkpoint
- * folder or a folder of Hugging Face safetensors weights (detection in
- * src/layouts/detect.c). On success *out is a new model the caller frees
+ * folder, a DeepSpeed ZeRO checkpoint or a folder of Hugging Face
+ * safetensors weights: the layout found (src/layouts/table.c), its build,
+ * then, once for every layout (src/layouts/open.c), the names by its
+ * flags, --base, the dtype rule, --dtype fp8, the model's validation and
+ * any deferred checks. On success *out is a new model the caller frees
  * with ckfs_model_free. */
 enum ckfs_code ckfs_model_open(const char *src,
 			       const struct ckfs_model_options *opt,
 			       struct ckfs_model **out,
 			       struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* m's layout as facts (its row's describe), in the order inspect shows
+ * them: the "layout" line first, "mesh" last (empty for layouts that
+ * record none: inspect --json has always had it). The caller releases
+ * *out with ckfs_facts_release. */
+enum ckfs_code ckfs_model_describe(const struct ckfs_model *m, struct ckfs_facts *out,
+				   struct ckfs_error *err) CKFS_WARN_UNUSED;
+void ckfs_facts_release(struct ckfs_facts *f);
+/* What ckfs_model_open does after m->layout's build (for builds called
+ * directly: the fuzzers). */
+enum ckfs_code ckfs_model_finish(struct ckfs_model *m, const struct ckfs_model_options *opt,
+				 struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 #endif

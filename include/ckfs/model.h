@@ -175,32 +175,20 @@ struct ckfs_lora {
 	bool only;                      /* the checkpoint held no base weights */
 };
 
+struct ckfs_layout;
+
 struct ckfs_model {
 	struct ckfs_arena arena;
 	const char *src_dir;
-	const char *layout;             /* "verl-fsdp", "dcp", "megatron",
-					 * "megatron-dist", "deepspeed" or "hf" */
+	/* The layout that read it (include/ckfs/layouts.h: its name, as
+	 * inspect shows it, and what it can say of the model), and what only
+	 * that layout knows (its describe turns it into facts). */
+	const struct ckfs_layout *layout;
+	void *layout_info;
 	const char *written_by;         /* the torch release(s) the files show
 					 * they were written by, or NULL */
-	int world_size;
-	int fsdp_version;               /* 1 or 2; 0 when not recorded */
-	int mesh_ndim;
-	int64_t mesh_shape[CKFS_MAX_DIMS];
-	const char *mesh_dim_names[CKFS_MAX_DIMS];
-	/* megatron only: tensor/pipeline/virtual-pipeline sizes, and the
-	 * decoder layers of each (vpp, pp) chunk in global order
-	 * (stage_layers[v * pp + p]). */
-	int tp_size, pp_size, vpp_size;
-	int ep_size;                    /* expert parallel; 1 without experts */
-	int etp_size;                   /* expert tensor parallel (1 or TP);
-					 * 0 without expert weights */
-	int *stage_layers;
-	/* deepspeed only: the ZeRO stage (1, 2 or 3; 0 for a BF16_Optimizer
-	 * checkpoint, which records none) and the tag of the step folder
-	 * served (NULL when SRC is the step folder). */
-	int zero_stage;
-	const char *ds_tag;
-	size_t n_ranks_read;
+	int world_size;                 /* ranks that saved it (hf: 1) */
+	size_t n_ranks_read;            /* the ranks whose files are read */
 	int *ranks_read;
 	struct ckfs_source *sources;
 	size_t n_sources;
@@ -242,18 +230,31 @@ struct ckfs_model {
 };
 
 /*
- * Deferred checks (checks.c): run(ctx, stop, err) in a thread started now;
- * it checks what the plan was not built from and completes the plan (file
- * positions) before it returns, and returns early with any code when
- * *stop is set (the model is being freed). free_ctx(ctx) is called when
- * the model is freed (or now, on failure). Until run has returned CKFS_OK
- * no tensor byte may be served: readers call ckfs_model_checked first.
+ * Deferred checks (checks.c): a layout's build that leaves some sources to
+ * be checked after open hands a job to ckfs_checks_defer (which takes it:
+ * free_ctx(ctx) is called when the model is freed, or now on failure);
+ * ckfs_model_open starts it with ckfs_checks_start once the model is
+ * complete. ready(ctx, m, err), when set, first confirms that m's tensors
+ * are still those the job completes. run(ctx, stop, err) then runs in a
+ * thread: it checks what the plan was not built from and completes the
+ * plan (file positions) before it returns, and returns early with any code
+ * when *stop is set (the model is being freed). Until run has returned
+ * CKFS_OK no tensor byte may be served: readers call ckfs_model_checked
+ * first.
  */
 typedef enum ckfs_code (*ckfs_checks_fn)(void *ctx, _Atomic bool *stop,
 					  struct ckfs_error *err);
-enum ckfs_code ckfs_checks_start(struct ckfs_model *m, ckfs_checks_fn run, void *ctx,
-				 void (*free_ctx)(void *ctx),
+struct ckfs_checks_job {
+	ckfs_checks_fn run;
+	enum ckfs_code (*ready)(void *ctx, const struct ckfs_model *m,
+				struct ckfs_error *err);
+	void (*free_ctx)(void *ctx);
+	void *ctx;
+};
+enum ckfs_code ckfs_checks_defer(struct ckfs_model *m, const struct ckfs_checks_job *job,
 				 struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The deferred job's thread started (CKFS_OK when there is none). */
+enum ckfs_code ckfs_checks_start(struct ckfs_model *m, struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* CKFS_OK once the deferred checks (if any) have passed, waiting for them
  * if they are running; their failure (the same message every time)
  * after they failed. */
@@ -347,11 +348,12 @@ enum ckfs_code ckfs_lora_read(const struct ckfs_model *m, const struct ckfs_tens
 			      struct ckfs_read_scratch *scratch,
 			      struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Internal to src/model: validation of a finished tensor plan, and of the
- * finished model's names (each served once). */
+ * finished model (its served dtypes chosen): every name and served size
+ * again, each name served once. */
 enum ckfs_code ckfs_plan_validate_tensor(const struct ckfs_model *m,
 					 const struct ckfs_tensor *t,
 					 struct ckfs_error *err) CKFS_WARN_UNUSED;
-enum ckfs_code ckfs_plan_validate_names(const struct ckfs_model *m,
+enum ckfs_code ckfs_plan_validate_model(const struct ckfs_model *m,
 					struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 #endif

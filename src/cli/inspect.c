@@ -44,53 +44,26 @@ static void add_lora_json(cJSON *root, const struct ckfs_lora *l)
 		cJSON_AddItemToArray(arr, cJSON_CreateString(l->tensors[i].name));
 }
 
-static int print_json(const struct ckfs_model *m, const struct ckfs_folder *f)
+static int print_json(const struct ckfs_model *m, struct ckfs_facts *facts,
+		      const struct ckfs_folder *f)
 {
-	cJSON *root = cJSON_CreateObject(), *arr, *mesh, *tensors, *files;
+	cJSON *root = cJSON_CreateObject(), *arr, *tensors, *files;
 	uint64_t params = 0, in_bytes = 0, out_bytes = 0;
 
 	cJSON_AddStringToObject(root, "source", m->src_dir);
-	cJSON_AddStringToObject(root, "layout", m->layout);
+	cJSON_AddStringToObject(root, "layout", m->layout->name);
 	cJSON_AddNumberToObject(root, "world_size", m->world_size);
 	if (m->written_by)
 		cJSON_AddStringToObject(root, "written_by", m->written_by);
 	else
 		cJSON_AddNullToObject(root, "written_by");
-	if (m->fsdp_version)
-		cJSON_AddNumberToObject(root, "fsdp_version", m->fsdp_version);
-	if (m->tp_size) {
-		cJSON *mg = cJSON_AddObjectToObject(root, "megatron");
-		cJSON_AddNumberToObject(mg, "tp", m->tp_size);
-		cJSON_AddNumberToObject(mg, "pp", m->pp_size);
-		cJSON_AddNumberToObject(mg, "vpp", m->vpp_size);
-		cJSON_AddNumberToObject(mg, "ep", m->ep_size);
-		if (m->etp_size)
-			cJSON_AddNumberToObject(mg, "etp", m->etp_size);
-		arr = cJSON_AddArrayToObject(mg, "stage_layers");
-		for (int i = 0; i < m->pp_size * m->vpp_size; i++)
-			cJSON_AddItemToArray(arr, cJSON_CreateNumber(m->stage_layers[i]));
+	for (size_t i = 0; i < facts->n; i++) {
+		struct ckfs_fact *x = &facts->v[i];
+		if (x->key) {
+			cJSON_AddItemToObject(root, x->key, x->value);
+			x->value = NULL; /* root's now */
+		}
 	}
-	if (strcmp(m->layout, "deepspeed") == 0) {
-		cJSON *ds = cJSON_AddObjectToObject(root, "deepspeed");
-		cJSON_AddNumberToObject(ds, "zero_stage", m->zero_stage);
-		cJSON_AddStringToObject(ds, "optimizer",
-					m->zero_stage == 3 ? "DeepSpeedZeroOptimizer_Stage3"
-					: m->zero_stage    ? "DeepSpeedZeroOptimizer"
-							   : "BF16_Optimizer");
-		if (m->ds_tag)
-			cJSON_AddStringToObject(ds, "tag", m->ds_tag);
-		else
-			cJSON_AddNullToObject(ds, "tag");
-	}
-	mesh = cJSON_AddObjectToObject(root, "mesh");
-	arr = cJSON_AddArrayToObject(mesh, "shape");
-	for (int i = 0; i < m->mesh_ndim; i++)
-		cJSON_AddItemToArray(arr, cJSON_CreateNumber((double)m->mesh_shape[i]));
-	arr = cJSON_AddArrayToObject(mesh, "dim_names");
-	for (int i = 0; i < m->mesh_ndim; i++)
-		cJSON_AddItemToArray(arr, m->mesh_dim_names[i]
-						  ? cJSON_CreateString(m->mesh_dim_names[i])
-						  : cJSON_CreateNull());
 	arr = cJSON_AddArrayToObject(root, "ranks_read");
 	for (size_t i = 0; i < m->n_ranks_read; i++)
 		cJSON_AddItemToArray(arr, cJSON_CreateNumber(m->ranks_read[i]));
@@ -150,63 +123,18 @@ static void print_lora(const struct ckfs_lora *l)
 	printf("\n");
 }
 
-static void print_text(const struct ckfs_model *m, const struct ckfs_folder *f)
+static void print_text(const struct ckfs_model *m, const struct ckfs_facts *facts,
+		       const struct ckfs_folder *f)
 {
 	uint64_t params = 0, in_bytes = 0, out_bytes = 0;
 	char a[32], b[32], shape[128];
 	size_t w = 4;
 
 	printf("source       %s\n", ckfs_cli_shown(m->src_dir));
-	if (strcmp(m->layout, "verl-fsdp") != 0) {
-		/* dcp, hf: no mesh or ranks, only the files read */
-		printf("layout       %s, %zu source file%s", m->layout, m->n_sources,
-		       m->n_sources == 1 ? "" : "s");
-		if ((strcmp(m->layout, "dcp") == 0 ||
-		     strcmp(m->layout, "megatron-dist") == 0) && m->world_size > 0)
-			printf(", saved by %d rank%s", m->world_size,
-			       m->world_size == 1 ? "" : "s");
-		printf("\n");
-		if (strcmp(m->layout, "deepspeed") == 0) {
-			if (m->zero_stage)
-				printf("zero         ZeRO-%d", m->zero_stage);
-			else
-				printf("zero         BF16_Optimizer (no ZeRO stage recorded)");
-			printf(", world size %d", m->world_size);
-			if (m->ds_tag)
-				printf(", tag %s", ckfs_cli_shown(m->ds_tag));
-			printf("\n");
-		}
-		if (m->tp_size) {
-			printf("parallelism  TP=%d PP=%d VPP=%d EP=%d", m->tp_size,
-			       m->pp_size, m->vpp_size, m->ep_size);
-			if (m->etp_size)
-				printf(" ETP=%d", m->etp_size);
-			printf(", layers per chunk (");
-			for (int i = 0; i < m->pp_size * m->vpp_size; i++)
-				printf("%s%d", i ? ", " : "", m->stage_layers[i]);
-			printf(")\n");
-		}
-	} else {
-		if (m->fsdp_version)
-			printf("layout       %s (FSDP%d), world size %d\n", m->layout,
-			       m->fsdp_version, m->world_size);
-		else
-			printf("layout       %s (FSDP version unknown), world size %d\n",
-			       m->layout, m->world_size);
-		if (m->mesh_ndim) {
-			printf("mesh         (");
-			for (int i = 0; i < m->mesh_ndim; i++)
-				printf("%s%lld", i ? ", " : "", (long long)m->mesh_shape[i]);
-			printf(") dims (");
-			for (int i = 0; i < m->mesh_ndim; i++)
-				printf("%s%s", i ? ", " : "",
-				       m->mesh_dim_names[i] ? ckfs_cli_shown(m->mesh_dim_names[i])
-							    : "?");
-			printf(")\n");
-		} else {
-			printf("mesh         none (plain tensors or ShardedTensor)\n");
-		}
-	}
+	for (size_t i = 0; i < facts->n; i++)
+		if (facts->v[i].label)
+			printf("%-12s %s\n", facts->v[i].label,
+			       ckfs_cli_shown(facts->v[i].text ? facts->v[i].text : ""));
 	if (m->written_by)
 		printf("written by   %s\n", m->written_by);
 	if (m->n_ranks_read) {
@@ -280,6 +208,7 @@ int ckfs_cmd_inspect(int argc, char **argv)
 	struct cli_common c = { .model.out_dtype = CKFS_DTYPE_BF16 };
 	struct ckfs_model *m;
 	struct ckfs_folder *f;
+	struct ckfs_facts facts;
 	struct ckfs_error err;
 	int first;
 
@@ -296,10 +225,14 @@ int ckfs_cmd_inspect(int argc, char **argv)
 		ckfs_model_free(m);
 		return ckfs_cli_report(&err);
 	}
-	if (c.json)
-		rc = print_json(m, f);
-	else
-		print_text(m, f);
+	if (ckfs_model_describe(m, &facts, &err) != CKFS_OK) {
+		rc = ckfs_cli_report(&err);
+	} else if (c.json) {
+		rc = print_json(m, &facts, f);
+	} else {
+		print_text(m, &facts, f);
+	}
+	ckfs_facts_release(&facts);
 	ckfs_folder_free(f);
 	ckfs_model_free(m);
 	return rc;

@@ -95,12 +95,11 @@ static enum ckfs_code check_containers(const struct ckfs_model *m,
 {
 	size_t records = 0, checked = 0;
 
-	if (strcmp(m->layout, "verl-fsdp") != 0 && strcmp(m->layout, "megatron") != 0) {
-		/* (megatron model.pt files are whole zips, like verl-fsdp's)
-		 * .distcp items are zips at offsets inside their files and
+	if (!(m->layout->flags & CKFS_LAYOUT_RANK_ZIPS)) {
+		/* .distcp items are zips at offsets inside their files and
 		 * safetensors files are not zips: nothing to re-read here */
 		printf("containers: not checked for layout %s (%zu source files)\n",
-		       m->layout, m->n_sources);
+		       m->layout->name, m->n_sources);
 		return CKFS_OK;
 	}
 	for (size_t i = 0; i < m->n_sources; i++) {

@@ -373,6 +373,70 @@ static enum ckfs_code zip_apply_zip64(const struct ckfs_zip *z,
 	return CKFS_OK;
 }
 
+/* What ckfs reads of an entry: not encrypted, stored or deflated, a
+ * stored entry's two sizes equal. */
+static enum ckfs_code zip_check_entry(const struct ckfs_zip *z, const struct ckfs_zip_entry *e,
+				      struct ckfs_error *err)
+{
+	if (e->flags & ZIP_FLAGS_ENCRYPTED)
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': zip entry '%s' is encrypted",
+				 z->label, e->name);
+	if (e->method != ZIP_METHOD_STORED && e->method != ZIP_METHOD_DEFLATE)
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+				 "'%s': zip entry '%s' uses unsupported compression method %u",
+				 z->label, e->name, e->method);
+	if (e->method == ZIP_METHOD_STORED && e->comp_size != e->size)
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': stored zip entry '%s' has compressed size %llu but size %llu",
+				 z->label, e->name, (ull)e->comp_size, (ull)e->size);
+	return CKFS_OK;
+}
+
+/* Central record i of count, at cd + pos, into e, its name copied to name
+ * (the caller's bound leaves room); *len is the record's length. */
+static enum ckfs_code zip_parse_central(const struct ckfs_zip *z, const unsigned char *cd,
+					size_t cd_size, size_t pos, size_t i, size_t count,
+					char *name, struct ckfs_zip_entry *e, size_t *len,
+					struct ckfs_error *err)
+{
+	const unsigned char *r = cd + pos;
+	size_t nlen, xlen, clen;
+	uint64_t lho;
+
+	if (cd_size - pos < ZIP_CENTRAL_LEN)
+		return ckfs_fail(err, CKFS_E_TRUNCATED, "'%s': zip central directory truncated",
+				 z->label);
+	if (le32(r) != ZIP_CENTRAL_SIG)
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': bad zip central directory signature at entry %zu",
+				 z->label, i);
+	nlen = le16(r + 28);
+	xlen = le16(r + 30);
+	clen = le16(r + 32);
+	/* Leave 46 bytes for each entry still to come; this also keeps the
+	 * names within the caller's bound. */
+	if (cd_size - pos - ZIP_CENTRAL_LEN * (count - i) < nlen + xlen + clen)
+		return ckfs_fail(err, CKFS_E_TRUNCATED, "'%s': zip central directory truncated",
+				 z->label);
+	if (memchr(r + ZIP_CENTRAL_LEN, 0, nlen))
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': name of zip entry %zu contains a NUL byte", z->label, i);
+	e->name = name;
+	memcpy(e->name, r + ZIP_CENTRAL_LEN, nlen);
+	e->name[nlen] = '\0';
+	e->flags = le16(r + 8);
+	e->method = le16(r + 10);
+	e->crc32 = le32(r + 16);
+	e->comp_size = le32(r + 20);
+	e->size = le32(r + 24);
+	lho = le32(r + 42);
+	if (e->size == 0xffffffffu || e->comp_size == 0xffffffffu || lho == 0xffffffffu)
+		CKFS_TRY(zip_apply_zip64(z, r + ZIP_CENTRAL_LEN + nlen, xlen, e, &lho, err));
+	e->header_offset = lho;
+	*len = ZIP_CENTRAL_LEN + nlen + xlen + clen;
+	return zip_check_entry(z, e, err);
+}
+
 /* Parse the central directory into z->entries; local header offsets are
  * left relative in header_offset for zip_read_locals(). */
 static enum ckfs_code zip_read_central(struct ckfs_zip *z,
@@ -394,8 +458,8 @@ static enum ckfs_code zip_read_central(struct ckfs_zip *z,
 	}
 	/* Each record is 46 bytes plus its name, so names with their NULs
 	 * need at most cd_size - 45 * count bytes (zip_check_end made sure
-	 * 46 * count <= cd_size, and the loop keeps pos + 46 * entries left
-	 * <= cd_size). */
+	 * 46 * count <= cd_size, and zip_parse_central keeps pos + 46 *
+	 * entries left <= cd_size). */
 	names_cap = cd_size - (ZIP_CENTRAL_LEN - 1) * count;
 	cd = malloc(cd_size);
 	names = malloc(names_cap);
@@ -416,91 +480,21 @@ static enum ckfs_code zip_read_central(struct ckfs_zip *z,
 	 * the block that ckfs_zip_release() frees. */
 	z->entries[0].name = names;
 
-	for (size_t i = 0; i < count; i++) {
-		struct ckfs_zip_entry *e = &z->entries[i];
-		const unsigned char *r = cd + pos;
-		size_t nlen, xlen, clen;
-		uint64_t lho;
-
-		if (cd_size - pos < ZIP_CENTRAL_LEN) {
-			rc = ckfs_fail(err, CKFS_E_TRUNCATED,
-				       "'%s': zip central directory truncated",
-				       z->label);
-			goto out;
+	for (size_t i = 0; i < count && rc == CKFS_OK; i++) {
+		size_t len = 0;
+		rc = zip_parse_central(z, cd, cd_size, pos, i, count, names + names_used,
+				       &z->entries[i], &len, err);
+		if (rc == CKFS_OK) {
+			names_used += strlen(z->entries[i].name) + 1;
+			pos += len;
 		}
-		if (le32(r) != ZIP_CENTRAL_SIG) {
-			rc = ckfs_fail(err, CKFS_E_FORMAT,
-				       "'%s': bad zip central directory signature at entry %zu",
-				       z->label, i);
-			goto out;
-		}
-		nlen = le16(r + 28);
-		xlen = le16(r + 30);
-		clen = le16(r + 32);
-		/* Leave 46 bytes for each entry still to come; this also
-		 * keeps the names within names_cap. */
-		if (cd_size - pos - ZIP_CENTRAL_LEN * (count - i) <
-		    nlen + xlen + clen) {
-			rc = ckfs_fail(err, CKFS_E_TRUNCATED,
-				       "'%s': zip central directory truncated",
-				       z->label);
-			goto out;
-		}
-		if (memchr(r + ZIP_CENTRAL_LEN, 0, nlen)) {
-			rc = ckfs_fail(err, CKFS_E_FORMAT,
-				       "'%s': name of zip entry %zu contains a NUL byte",
-				       z->label, i);
-			goto out;
-		}
-		e->name = names + names_used;
-		memcpy(e->name, r + ZIP_CENTRAL_LEN, nlen);
-		e->name[nlen] = '\0';
-		names_used += nlen + 1;
-
-		e->flags = le16(r + 8);
-		e->method = le16(r + 10);
-		e->crc32 = le32(r + 16);
-		e->comp_size = le32(r + 20);
-		e->size = le32(r + 24);
-		lho = le32(r + 42);
-		if (e->size == 0xffffffffu || e->comp_size == 0xffffffffu ||
-		    lho == 0xffffffffu) {
-			rc = zip_apply_zip64(z, r + ZIP_CENTRAL_LEN + nlen, xlen,
-					     e, &lho, err);
-			if (rc)
-				goto out;
-		}
-		e->header_offset = lho;
-
-		if (e->flags & ZIP_FLAGS_ENCRYPTED) {
-			rc = ckfs_fail(err, CKFS_E_UNSUPPORTED,
-				       "'%s': zip entry '%s' is encrypted",
-				       z->label, e->name);
-			goto out;
-		}
-		if (e->method != ZIP_METHOD_STORED &&
-		    e->method != ZIP_METHOD_DEFLATE) {
-			rc = ckfs_fail(err, CKFS_E_UNSUPPORTED,
-				       "'%s': zip entry '%s' uses unsupported compression method %u",
-				       z->label, e->name, e->method);
-			goto out;
-		}
-		if (e->method == ZIP_METHOD_STORED && e->comp_size != e->size) {
-			rc = ckfs_fail(err, CKFS_E_FORMAT,
-				       "'%s': stored zip entry '%s' has compressed size %llu but size %llu",
-				       z->label, e->name, (ull)e->comp_size,
-				       (ull)e->size);
-			goto out;
-		}
-		pos += ZIP_CENTRAL_LEN + nlen + xlen + clen;
 	}
-	if (pos != cd_size)
+	if (rc == CKFS_OK && pos != cd_size)
 		rc = ckfs_fail(err, CKFS_E_FORMAT,
 			       "'%s': zip central directory has %llu bytes after its %zu entries",
 			       z->label, (ull)(cd_size - pos), count);
-	else
+	else if (rc == CKFS_OK)
 		z->n_entries = count;
-out:
 	free(cd);
 	return rc;
 }

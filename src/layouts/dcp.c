@@ -22,7 +22,8 @@
  * "extra_state", ...) are dropped with a warning; otherwise every FQN is a
  * name as is, less torch wrapper names (names.c). Non-tensor (bytes)
  * entries are skipped with a warning. The
- * tie rule of verl's merger applies (lm_head.weight dropped when tied).
+ * tie rule of verl's merger applies (lm_head.weight dropped when tied: the
+ * row's flag, applied by open.c).
  *
  * Refused: items with transform_descriptors (compressed items), relative
  * paths leaving SRC, chunks without a storage entry, items that are not
@@ -466,9 +467,7 @@ static const char *describe_chunks(const struct ckfs_tensor *t)
 }
 
 static enum ckfs_code add_tensor(struct dcp *d, const char *fqn, const char *name,
-				 const struct ckfs_pv *tsm,
-				 const struct ckfs_model_options *opt,
-				 struct ckfs_error *err)
+				 const struct ckfs_pv *tsm, struct ckfs_error *err)
 {
 	struct ckfs_model *m = d->m;
 	struct ckfs_tensor *t = &m->tensors[m->n_tensors];
@@ -488,18 +487,18 @@ static enum ckfs_code add_tensor(struct dcp *d, const char *fqn, const char *nam
 	if (!dt || dt->kind != CKFS_PV_GLOBAL || strcmp(dt->u.global.module, "torch") != 0)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': '%s' has no dtype",
 				 d->md_path, fqn);
-	t->stored_dtype = ckfs_dtype_from_torch_name(dt->u.global.name);
-	if (t->stored_dtype == CKFS_DTYPE_INVALID)
+	enum ckfs_dtype dtype = ckfs_dtype_from_torch_name(dt->u.global.name);
+	int64_t shape[CKFS_MAX_DIMS];
+	int ndim;
+	if (dtype == CKFS_DTYPE_INVALID)
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s' has unsupported "
 				 "dtype %s", d->md_path, fqn, dt->u.global.name);
-	if (!get_dims(field(tsm, "size"), t->shape, &t->ndim))
+	if (!get_dims(field(tsm, "size"), shape, &ndim))
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': bad size of '%s'",
 				 d->md_path, fqn);
-	t->numel = 1;
-	for (int k = 0; k < t->ndim; k++)
-		if (__builtin_mul_overflow(t->numel, (uint64_t)t->shape[k], &t->numel))
-			return ckfs_fail(err, CKFS_E_FORMAT, "'%s': size of '%s' "
-					 "overflows", d->md_path, fqn);
+	if (!ckfs_tensor_set(t, dtype, ndim, shape))
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': size of '%s' "
+				 "overflows", d->md_path, fqn);
 	if (!chunks || chunks->kind != CKFS_PV_LIST)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': '%s' has no chunk list",
 				 d->md_path, fqn);
@@ -517,8 +516,6 @@ static enum ckfs_code add_tensor(struct dcp *d, const char *fqn, const char *nam
 	if (rc == CKFS_OK) {
 		t->n_chunks = (uint32_t)list.n;
 		t->name = name;
-		t->out_dtype = opt->out_dtype == CKFS_DTYPE_INVALID ? t->stored_dtype
-								    : opt->out_dtype;
 		t->placement = describe_chunks(t);
 		rc = ckfs_plan_validate_tensor(m, t, err);
 		if (rc != CKFS_OK)
@@ -646,7 +643,7 @@ static enum ckfs_code build(struct dcp *d, const char *bytes, size_t len,
 		if (strlen(name) > CKFS_MAX_NAME)
 			return ckfs_fail(err, CKFS_E_LIMIT, "'%s': name of '%s' too long",
 					 d->md_path, fqn);
-		CKFS_TRY(add_tensor(d, fqn, name, v, opt, err));
+		CKFS_TRY(add_tensor(d, fqn, name, v, err));
 	}
 	if (m->n_tensors == 0)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': no tensors%s", d->md_path,
@@ -679,7 +676,7 @@ static enum ckfs_code build(struct dcp *d, const char *bytes, size_t len,
 	if (n_bytes)
 		CKFS_TRY(warn_list(m, err, "non-tensor (bytes) entries", n_bytes,
 				   byte_names, n_bytes_names));
-	return ckfs_hf_save_names(m, opt, err);
+	return CKFS_OK;
 }
 
 enum ckfs_code ckfs_dcp_build_from(struct ckfs_model *m,
@@ -696,8 +693,8 @@ enum ckfs_code ckfs_dcp_build_from(struct ckfs_model *m,
 	return rc;
 }
 
-enum ckfs_code ckfs_dcp_build(struct ckfs_model *m, const struct ckfs_model_options *opt,
-			      struct ckfs_error *err)
+static enum ckfs_code dcp_build(struct ckfs_model *m, const struct ckfs_model_options *opt,
+				struct ckfs_error *err)
 {
 	char *bytes = NULL, *path;
 	size_t len = 0;
@@ -733,3 +730,22 @@ enum ckfs_code ckfs_dcp_read_raw(struct ckfs_model *m, const char *dir, const ch
 	*n_bytes = d.n_bytes;
 	return rc;
 }
+
+static int dcp_detect(const char *dir, const struct ckfs_file_policy *pol)
+{
+	char path[4096];
+
+	(void)pol;
+	return (size_t)snprintf(path, sizeof(path), "%s/.metadata", dir) < sizeof(path) &&
+	       ckfs_path_exists(path);
+}
+
+const struct ckfs_layout ckfs_layout_dcp = {
+	.name = "dcp",
+	.what = "a torch.distributed.checkpoint folder",
+	.looks_for = ".metadata",
+	.detect = dcp_detect,
+	.build = dcp_build,
+	.describe = ckfs_facts_saved_by,
+	.flags = CKFS_LAYOUT_HELD_NAMES,
+};

@@ -39,13 +39,17 @@
  *  - zero_to_fp32's order: buffers, frozen, trained, aliases; then, as
  *    for the other layouts of names held in memory, the wrapper rule
  *    (names.c) and what save_pretrained writes (hf_save.c: the tie rule,
- *    vision-language prefixes, fused expert stacks); PEFT names refused.
+ *    vision-language prefixes, fused expert stacks; the row's flag, applied
+ *    by open.c); PEFT names refused.
  */
+#include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "ckfs/strbuf.h"
 
 #include "layouts/layouts.h"
 
@@ -68,6 +72,12 @@ struct ds_param {
 	uint64_t off;        /* ZeRO-1/2: in its group's flat buffer; ZeRO-3: in
 			      * every rank's flat_groups end to end */
 	uint64_t numel;
+};
+
+/* What only this layout knows of a model, for its describe. */
+struct ds_info {
+	int zero_stage;            /* 1, 2, 3; 0: BF16_Optimizer (none recorded) */
+	const char *tag;           /* of the step folder served; NULL: SRC is it */
 };
 
 struct ds_build {
@@ -346,7 +356,6 @@ static enum ckfs_code read_optim0(struct ds_build *b, struct ckfs_error *err)
 	CKFS_TRY(ckfs_torch_open_tree(&b->optim0, m->sources[src].fd, src_path(b, src), err));
 	CKFS_TRY(optim_state(&b->optim0, &b->osd0, err));
 	CKFS_TRY(optim_kind(src_path(b, src), b->osd0, &b->stage, &b->ws, err));
-	m->zero_stage = b->stage;
 	m->world_size = b->ws;
 	return CKFS_OK;
 }
@@ -1050,7 +1059,7 @@ static enum ckfs_code load_config(struct ds_build *b, struct ckfs_error *err)
 		return ckfs_nomem(err);
 	if (!b->opt->config_path && !beside && !ckfs_path_exists(hf_cfg)) {
 		/* SRC is the Trainer's global_stepN/: its config is one up */
-		char *up = !m->ds_tag ? realpath(parent, NULL) : NULL;
+		char *up = !b->files.tag ? realpath(parent, NULL) : NULL;
 		enum ckfs_code rc = ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': no config.json (only "
 					      "the Hugging Face Trainer saves one beside a DeepSpeed "
 					      "checkpoint); pass --config PATH to a Hugging Face "
@@ -1106,26 +1115,27 @@ static enum ckfs_code plan(struct ds_build *b, struct ckfs_error *err)
 	return warn_left_out(b, err);
 }
 
-/* m's tensors from the outputs; with --dtype auto, floating buffers as
- * fp32 (zero_to_fp32 calls .float() on them). Then the names a module
- * holds in memory made what save_pretrained writes, as for FSDP and DCP
- * (the tie rule, vision-language prefixes, fused expert stacks; hf_save.c);
- * PEFT (LoRA) names are refused: how a DeepSpeed-trained adapter should be
- * served has not been checked against a reference. */
+/* m's tensors from the outputs; floating buffers served as fp32 unless
+ * --dtype says otherwise (zero_to_fp32 calls .float() on them). The names
+ * are those a module holds in memory, made what save_pretrained writes as
+ * for FSDP and DCP (the row's flag: the tie rule, vision-language
+ * prefixes, fused expert stacks; hf_save.c); PEFT (LoRA) names are
+ * refused: how a DeepSpeed-trained adapter should be served has not been
+ * checked against a reference. */
 static enum ckfs_code finish(struct ds_build *b, struct ckfs_error *err)
 {
 	struct ckfs_model *m = b->m;
 
 	CKFS_TRY(apply_names(b, err));
-	CKFS_TRY(ckfs_outs_to_model(m, &b->outs, b->opt->out_dtype, b->files.step, err));
-	for (size_t i = 0; i < b->n_buffers && b->opt->out_dtype == CKFS_DTYPE_INVALID; i++)
+	CKFS_TRY(ckfs_outs_to_model(m, &b->outs, b->files.step, err));
+	for (size_t i = 0; i < b->n_buffers; i++)
 		if (ckfs_dtype_is_float(m->tensors[i].stored_dtype))
 			m->tensors[i].out_dtype = CKFS_DTYPE_F32;
 	if (ckfs_peft_names(m))
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': it holds PEFT (LoRA) names "
 				 "(base_model.model., lora_): LoRA checkpoints of DeepSpeed are "
 				 "not supported yet", b->model0.label);
-	return ckfs_hf_save_names(m, b->opt, err);
+	return CKFS_OK;
 }
 
 static enum ckfs_code build(struct ds_build *b, struct ckfs_error *err)
@@ -1159,12 +1169,54 @@ static void release(struct ds_build *b)
 	free(b->group_pad);
 }
 
-enum ckfs_code ckfs_deepspeed_build(struct ckfs_model *m, const struct ckfs_model_options *opt,
-				    struct ckfs_error *err)
+static enum ckfs_code deepspeed_build(struct ckfs_model *m, const struct ckfs_model_options *opt,
+				      struct ckfs_error *err)
 {
 	struct ds_build b = { .m = m, .opt = opt, .master = CKFS_DTYPE_INVALID };
-	enum ckfs_code rc = build(&b, err);
+	struct ds_info *info = ckfs_arena_calloc(&m->arena, 1, sizeof(*info));
+	enum ckfs_code rc = info ? build(&b, err) : ckfs_nomem(err);
 
+	if (rc == CKFS_OK) {
+		info->zero_stage = b.stage;
+		info->tag = b.files.tag;
+		m->layout_info = info;
+	}
 	release(&b);
 	return rc;
 }
+
+/* The ZeRO stage, the optimizer it implies, and the tag. */
+static enum ckfs_code deepspeed_describe(const struct ckfs_model *m, struct ckfs_facts *f,
+					 struct ckfs_error *err)
+{
+	const struct ds_info *info = m->layout_info;
+	struct ckfs_strbuf line = { 0 };
+
+	CKFS_TRY(ckfs_facts_layout_line(f, m, false, err));
+	if (info->zero_stage)
+		ckfs_strbuf_fmt(&line, "ZeRO-%d", info->zero_stage);
+	else
+		ckfs_strbuf_str(&line, "BF16_Optimizer (no ZeRO stage recorded)");
+	ckfs_strbuf_fmt(&line, ", world size %d", m->world_size);
+	if (info->tag)
+		ckfs_strbuf_fmt(&line, ", tag %s", info->tag);
+	cJSON *o = cJSON_CreateObject();
+	bool ok = cJSON_AddNumberToObject(o, "zero_stage", info->zero_stage) &&
+		  cJSON_AddStringToObject(o, "optimizer",
+					  info->zero_stage == 3 ? "DeepSpeedZeroOptimizer_Stage3"
+					  : info->zero_stage    ? "DeepSpeedZeroOptimizer"
+								: "BF16_Optimizer") &&
+		  (info->tag ? cJSON_AddStringToObject(o, "tag", info->tag)
+			     : cJSON_AddNullToObject(o, "tag"));
+	return ckfs_facts_add(f, "zero", &line, "deepspeed", ckfs_facts_json(o, ok), err);
+}
+
+const struct ckfs_layout ckfs_layout_deepspeed = {
+	.name = "deepspeed",
+	.what = "a DeepSpeed checkpoint",
+	.looks_for = "*_optim_states.pt in it or a step folder",
+	.detect = ckfs_ds_detect,
+	.build = deepspeed_build,
+	.describe = deepspeed_describe,
+	.flags = CKFS_LAYOUT_HELD_NAMES,
+};

@@ -124,50 +124,52 @@ unknown:
 			   "[zero_pp_rank_<R>_]mp_rank_00_model_states.pt)");
 }
 
-/* 1 when dir holds a DeepSpeed checkpoint file name, 0 when not, -1
- * (errno set) when it cannot be listed. */
-static int has_ds_files(const char *dir)
+/* A DeepSpeed checkpoint file's name, one ckfs reads or not: this reader
+ * refuses the others rather than leave them to another layout. */
+static bool is_ds_file_name(const char *name)
 {
-	DIR *d = opendir(dir);
-	struct dirent *de;
 	struct ds_name dn;
+	return ds_file_name(name, &dn) != DS_NONE;
+}
+
+/* The first folder of src holding DeepSpeed file names (a step folder),
+ * its path into out when out is given: 1; 0 when none; -1 (errno set)
+ * when src, or one of its folders for want of memory, cannot be listed. */
+static int find_step_folder(const char *src, char *out, size_t size)
+{
+	DIR *d = opendir(src);
+	struct dirent *de;
 	int found = 0;
 
 	if (!d)
 		return -1;
-	while (!found && (de = readdir(d)))
-		found = ds_file_name(de->d_name, &dn) != DS_NONE;
-	closedir(d);
-	return found;
-}
-
-int ckfs_deepspeed_detect(const char *src_dir)
-{
-	int here = has_ds_files(src_dir);
-	DIR *d;
-	struct dirent *de;
-
-	if (here != 0)
-		return here;
-	if (!(d = opendir(src_dir)))
-		return -1;
-	while (!here && (de = readdir(d))) {
+	while (!found && (de = readdir(d))) {
 		char path[4096];
 		if (de->d_name[0] == '.' ||
-		    (size_t)snprintf(path, sizeof(path), "%s/%s", src_dir, de->d_name) >=
+		    (size_t)snprintf(path, sizeof(path), "%s/%s", src, de->d_name) >=
 			    sizeof(path) ||
 		    !ckfs_path_is_dir(path))
 			continue;
 		/* a folder that cannot be listed is not a step folder, unless
 		 * listing failed for want of memory */
-		here = has_ds_files(path);
-		if (here < 0 && errno != ENOMEM)
-			here = 0;
+		found = ckfs_dir_has(path, is_ds_file_name);
+		if (found < 0 && errno != ENOMEM)
+			found = 0;
+		if (found > 0 && out)
+			snprintf(out, size, "%s", path);
 	}
 	int saved = errno;
 	closedir(d);
 	errno = saved;
-	return here;
+	return found;
+}
+
+int ckfs_ds_detect(const char *dir, const struct ckfs_file_policy *pol)
+{
+	int here = ckfs_dir_has(dir, is_ds_file_name);
+
+	(void)pol;
+	return here != 0 ? here : find_step_folder(dir, NULL, 0);
 }
 
 /* ---- the step folder and its files ---- */
@@ -200,30 +202,12 @@ static enum ckfs_code read_tag(struct ckfs_model *m, const char *latest, char **
 	return *tag ? CKFS_OK : ckfs_nomem(err);
 }
 
-/* A step folder of SRC to suggest when SRC has no latest file. */
-static void some_step_folder(const char *src, char *out, size_t size)
-{
-	DIR *d = opendir(src);
-	struct dirent *de;
-
-	out[0] = '\0';
-	while (d && !out[0] && (de = readdir(d))) {
-		char path[4096];
-		if (de->d_name[0] != '.' &&
-		    (size_t)snprintf(path, sizeof(path), "%s/%s", src, de->d_name) < sizeof(path) &&
-		    ckfs_path_is_dir(path) && has_ds_files(path) > 0)
-			snprintf(out, size, "%s", path);
-	}
-	if (d)
-		closedir(d);
-}
-
 /* SRC when it holds DeepSpeed files, else the step folder SRC/latest
  * names. */
 static enum ckfs_code locate_step(struct ckfs_model *m, struct ckfs_ds_files *f,
 				  struct ckfs_error *err)
 {
-	int here = has_ds_files(m->src_dir);
+	int here = ckfs_dir_has(m->src_dir, is_ds_file_name);
 	char *tag;
 
 	if (here < 0)
@@ -237,8 +221,8 @@ static enum ckfs_code locate_step(struct ckfs_model *m, struct ckfs_ds_files *f,
 	if (!latest)
 		return ckfs_nomem(err);
 	if (!ckfs_path_exists(latest)) {
-		char step[4096];
-		some_step_folder(m->src_dir, step, sizeof(step));
+		char step[4096] = "";
+		(void)find_step_folder(m->src_dir, step, sizeof(step));
 		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': no 'latest' file naming the step "
 				 "folder to serve; serve a step folder itself%s%s%s", m->src_dir,
 				 step[0] ? ", e.g. '" : "", step, step[0] ? "'" : "");
@@ -257,7 +241,7 @@ static enum ckfs_code locate_step(struct ckfs_model *m, struct ckfs_ds_files *f,
 	CKFS_TRY(ckfs_file_check_policy(&m->policy, step, err));
 	f->step = step;
 	f->step_rel = rel;
-	m->ds_tag = tag;
+	f->tag = tag;
 	return CKFS_OK;
 }
 

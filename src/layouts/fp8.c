@@ -12,7 +12,7 @@
  *
  * It is then served as F8_E4M3 with `<name>_scale_inv` beside it (F32, one
  * per 128 x 128 block; src/model/fp8.c computes both on read). Everything
- * else is served as bf16: embeddings, norms, biases, lm_head, MoE routers,
+ * else is served as bf16 (ckfs_model_open's dtype rule): embeddings, norms, biases, lm_head, MoE routers,
  * the skipped layers. Every other matrix's module is listed for config.json
  * (quantization_config.modules_to_not_convert, under the names transformers
  * holds them by), with lm_head always, so a loader converts exactly the
@@ -174,18 +174,14 @@ static enum ckfs_code select_weights(struct ckfs_model *m, const regex_t *skip,
 	for (size_t i = 0; i < n; i++) {
 		struct ckfs_tensor *t = &ts[k++];
 		*t = m->tensors[i];
-		if (!quantizable(t, skip)) {
-			t->out_dtype = CKFS_DTYPE_BF16;
+		if (!quantizable(t, skip))
 			continue;
-		}
 		struct ckfs_fp8 *q = &m->fp8[m->n_fp8++];
 		q->values = t;
 		CKFS_TRY(quantize(m, t, q, &ts[k++], err));
 	}
 	m->tensors = ts;
 	m->n_tensors = k;
-	for (size_t i = 0; m->lora && i < m->lora->n_tensors; i++)
-		m->lora->tensors[i].out_dtype = CKFS_DTYPE_BF16;
 	return list_unconverted(m, err);
 }
 
@@ -195,7 +191,7 @@ enum ckfs_code ckfs_fp8_select(struct ckfs_model *m, const struct ckfs_model_opt
 	const char *scale = quantized_scale(m);
 	regex_t skip;
 
-	if (scale && opt->out_dtype != CKFS_DTYPE_INVALID)
+	if (scale && opt->out_dtype != CKFS_DTYPE_AUTO)
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': already quantized ('%s' holds "
 				 "block scales): serve it as stored with --dtype auto",
 				 m->src_dir, scale);

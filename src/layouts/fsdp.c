@@ -22,9 +22,10 @@
  * Naming follows verl's merger: keys as stored, less torch wrapper names
  * (names.c), then what its save_pretrained writes for names held in
  * memory: LoRA apart, the tie rule, vision-language and expert forms
- * (hf_save.c, peft.c).
+ * (hf_save.c, peft.c; applied by open.c, as the row's flag asks).
  */
 #include "ckfs/model.h"
+#include "ckfs/strbuf.h"
 #include "ckfs/units.h"
 
 #include <cjson/cJSON.h>
@@ -147,6 +148,33 @@ enum ckfs_rank_name ckfs_fsdp_rank_file_name(const char *name, struct ckfs_rank_
 	return CKFS_RANK_NAME_OK;
 }
 
+/* A rank file's name, well spelt or not: this reader refuses the badly
+ * spelt ones rather than leave them to another layout. */
+static bool is_rank_file_name(const char *name)
+{
+	struct ckfs_rank_file rf;
+	return ckfs_fsdp_rank_file_name(name, &rf) != CKFS_RANK_NAME_NONE;
+}
+
+static int fsdp_detect(const char *dir, const struct ckfs_file_policy *pol)
+{
+	(void)pol;
+	return ckfs_dir_has(dir, is_rank_file_name);
+}
+
+/* What only this layout knows of a model, for its describe. */
+struct fsdp_info {
+	int version;                    /* fsdp_config.json's FSDP_version; 0: none */
+	int mesh_ndim;                  /* rank 0's device mesh; 0: none */
+	int64_t mesh_shape[CKFS_MAX_DIMS];
+	const char *mesh_dim_names[CKFS_MAX_DIMS];
+};
+
+static struct fsdp_info *info_of(const struct ckfs_model *m)
+{
+	return m->layout_info;
+}
+
 /* ---- rank discovery ---- */
 
 /* A rank file name found in SRC, with what it says. */
@@ -213,7 +241,7 @@ static enum ckfs_code read_fsdp_config(struct ckfs_model *m, long *ws,
 	}
 	*ws = w->valueint;
 	if (cJSON_IsNumber(v))
-		m->fsdp_version = v->valueint;
+		info_of(m)->version = v->valueint;
 	cJSON_Delete(j);
 	return CKFS_OK;
 }
@@ -606,13 +634,14 @@ static enum ckfs_code mesh_positions(struct ckfs_model *m, const struct ckfs_dte
 			idx[i] = 0;
 		}
 	}
-	m->mesh_ndim = mesh->mesh_ndim;
-	memcpy(m->mesh_shape, mesh->mesh_shape, sizeof(m->mesh_shape));
+	struct fsdp_info *info = info_of(m);
+	info->mesh_ndim = mesh->mesh_ndim;
+	memcpy(info->mesh_shape, mesh->mesh_shape, sizeof(info->mesh_shape));
 	for (int i = 0; i < mesh->mesh_ndim; i++) {
 		if (!mesh->mesh_dim_names[i])
 			continue;
-		m->mesh_dim_names[i] = ckfs_arena_strdup(&m->arena, mesh->mesh_dim_names[i]);
-		if (!m->mesh_dim_names[i])
+		info->mesh_dim_names[i] = ckfs_arena_strdup(&m->arena, mesh->mesh_dim_names[i]);
+		if (!info->mesh_dim_names[i])
 			return ckfs_nomem(err);
 	}
 	return CKFS_OK;
@@ -851,21 +880,14 @@ static enum ckfs_code make_tensor(struct build *b, size_t i, struct ckfs_tensor 
 	 * rank 0's file */
 	const char *key = a->key ? a->key : e->key;
 	t->name = b->names[i] == b->keys[i] ? key : b->names[i];
-	t->stored_dtype = a->x.dtype;
-	t->out_dtype = b->opt->out_dtype == CKFS_DTYPE_INVALID ? t->stored_dtype
-								: b->opt->out_dtype;
 	const int64_t *shape = e->kind == CKFS_ENTRY_DTENSOR  ? e->dtensor->global_shape
 			       : e->kind == CKFS_ENTRY_SHARDED ? e->sharded->global_shape
 							       : e->local.shape;
-	t->ndim = e->kind == CKFS_ENTRY_DTENSOR  ? e->dtensor->ndim
-		  : e->kind == CKFS_ENTRY_SHARDED ? e->sharded->ndim
-						  : e->local.ndim;
-	memcpy(t->shape, shape, sizeof(t->shape));
-	t->numel = 1;
-	for (int k = 0; k < t->ndim; k++)
-		if (__builtin_mul_overflow(t->numel, (uint64_t)t->shape[k], &t->numel))
-			return ckfs_fail(err, CKFS_E_FORMAT, "tensor '%s': shape overflows",
-					 t->name);
+	int ndim = e->kind == CKFS_ENTRY_DTENSOR  ? e->dtensor->ndim
+		   : e->kind == CKFS_ENTRY_SHARDED ? e->sharded->ndim
+						   : e->local.ndim;
+	if (!ckfs_tensor_set(t, a->x.dtype, ndim, shape))
+		return ckfs_fail(err, CKFS_E_FORMAT, "tensor '%s': shape overflows", t->name);
 	if (t->stored_dtype == CKFS_DTYPE_INVALID && t->numel)
 		return ckfs_fail(err, CKFS_E_FORMAT, "tensor '%s': no dtype (no rank holds "
 				 "data)", t->name);
@@ -902,11 +924,11 @@ static enum ckfs_code make_tensors(struct build *b, struct ckfs_error *err)
 		return ckfs_nomem(err);
 	for (size_t i = 0; i < b->n_keys; i++, m->n_tensors++)
 		CKFS_TRY(make_tensor(b, i, &m->tensors[i], err));
-	return ckfs_hf_save_names(m, b->opt, err);
+	return CKFS_OK;
 }
 
-enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_options *opt,
-			       struct ckfs_error *err)
+static enum ckfs_code fsdp_build(struct ckfs_model *m, const struct ckfs_model_options *opt,
+				 struct ckfs_error *err)
 {
 	struct build b = { .m = m, .opt = opt };
 	struct rank_scan rs = { 0 };
@@ -914,6 +936,8 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 
 	struct rank_plan *rp = NULL;
 
+	if (!(m->layout_info = ckfs_arena_calloc(&m->arena, 1, sizeof(struct fsdp_info))))
+		return ckfs_nomem(err);
 	if ((rc = open_ranks(&b, &rs, err)) == CKFS_OK && (rc = index_keys(&b, err)) == CKFS_OK &&
 	    (rc = place_ranks(&b, err)) == CKFS_OK) {
 		bool defer = false;
@@ -923,7 +947,7 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 		if (rc == CKFS_OK)
 			rc = make_tensors(&b, err);
 		if (rc == CKFS_OK && defer) {
-			rc = fsdp_plan_start_checks(rp, m, err);
+			rc = fsdp_plan_defer_checks(rp, m, err);
 			rp = NULL; /* the checks own it (or freed it) */
 		}
 	}
@@ -945,3 +969,47 @@ enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m, const struct ckfs_model_opt
 #endif
 	return rc;
 }
+
+/* "layout  verl-fsdp (FSDP2), world size 4" and the mesh. */
+static enum ckfs_code fsdp_describe(const struct ckfs_model *m, struct ckfs_facts *f,
+				    struct ckfs_error *err)
+{
+	const struct fsdp_info *info = info_of(m);
+	struct ckfs_strbuf line = { 0 }, mesh = { 0 };
+	char dims[256];
+
+	if (info->version)
+		ckfs_strbuf_fmt(&line, "%s (FSDP%d), world size %d", m->layout->name,
+				info->version, m->world_size);
+	else
+		ckfs_strbuf_fmt(&line, "%s (FSDP version unknown), world size %d",
+				m->layout->name, m->world_size);
+	CKFS_TRY(ckfs_facts_add(f, "layout", &line, NULL, NULL, err));
+	if (info->version)
+		CKFS_TRY(ckfs_facts_add(f, NULL, NULL, "fsdp_version",
+					cJSON_CreateNumber(info->version), err));
+	if (info->mesh_ndim) {
+		ckfs_format_dims(info->mesh_ndim, info->mesh_shape, "(", ")", dims, sizeof(dims));
+		ckfs_strbuf_fmt(&mesh, "%s dims (", dims);
+		for (int i = 0; i < info->mesh_ndim; i++)
+			ckfs_strbuf_fmt(&mesh, "%s%s", i ? ", " : "",
+					info->mesh_dim_names[i] ? info->mesh_dim_names[i] : "?");
+		ckfs_strbuf_str(&mesh, ")");
+	} else {
+		ckfs_strbuf_str(&mesh, "none (plain tensors or ShardedTensor)");
+	}
+	return ckfs_facts_add(f, "mesh", &mesh, "mesh",
+			      ckfs_facts_mesh_json(info->mesh_ndim, info->mesh_shape,
+						   info->mesh_dim_names),
+			      err);
+}
+
+const struct ckfs_layout ckfs_layout_fsdp = {
+	.name = "verl-fsdp",
+	.what = "a verl FSDP checkpoint",
+	.looks_for = "model_world_size_*_rank_*.pt files",
+	.detect = fsdp_detect,
+	.build = fsdp_build,
+	.describe = fsdp_describe,
+	.flags = CKFS_LAYOUT_HELD_NAMES | CKFS_LAYOUT_RANK_ZIPS,
+};

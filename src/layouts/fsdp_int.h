@@ -71,13 +71,14 @@ size_t fsdp_find_key(const char **keys, const size_t *order, size_t n, const cha
 /* The fast path when rank 0's state dict allows it (*out set: the plan,
  * the build's accs filled), else CKFS_OK with *out NULL and nothing done.
  * The other ranks are checked now, unless the plan cache holds these
- * very files or *defer is set: then fsdp_plan_start_checks once the
+ * very files or *defer is set: then fsdp_plan_defer_checks once the
  * tensors are made. */
 enum ckfs_code fsdp_plan_open(struct build *b, struct rank_plan **out, bool *defer,
 			      struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* Hand rp's checks to a thread of m (src/model/checks.c) after making
- * sure the served tensors are the plan's; rp is taken in every case. */
-enum ckfs_code fsdp_plan_start_checks(struct rank_plan *rp, struct ckfs_model *m,
+/* Hand rp's checks to m (src/model/checks.c), for a thread started at
+ * the end of ckfs_model_open once the served tensors are confirmed to be
+ * the plan's; rp is taken in every case. */
+enum ckfs_code fsdp_plan_defer_checks(struct rank_plan *rp, struct ckfs_model *m,
 				      struct ckfs_error *err) CKFS_WARN_UNUSED;
 void fsdp_rank_plan_free(void *p);
 

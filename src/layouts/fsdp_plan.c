@@ -476,20 +476,30 @@ enum ckfs_code fsdp_plan_open(struct build *b, struct rank_plan **out, bool *def
 	return rc;
 }
 
-enum ckfs_code fsdp_plan_start_checks(struct rank_plan *rp, struct ckfs_model *m,
-				      struct ckfs_error *err)
+/* The finished model still serves the plan's chunks (checked when the
+ * thread is about to start, after names and dtypes were applied). */
+static enum ckfs_code plan_ready(void *ctx, const struct ckfs_model *m, struct ckfs_error *err)
 {
-	int owns = m->lora ? 0 : plan_owns(rp, m);
+	int owns = m->lora ? 0 : plan_owns(ctx, m);
 
-	if (owns < 0) {
-		fsdp_rank_plan_free(rp);
+	if (owns < 0)
 		return ckfs_nomem(err);
-	}
-	if (!owns) {
-		fsdp_rank_plan_free(rp);
+	if (!owns)
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': the plan was changed "
 				 "before its ranks were checked (a bug)", m->src_dir);
-	}
+	return CKFS_OK;
+}
+
+enum ckfs_code fsdp_plan_defer_checks(struct rank_plan *rp, struct ckfs_model *m,
+				      struct ckfs_error *err)
+{
+	const struct ckfs_checks_job job = {
+		.run = check_positions,
+		.ready = plan_ready,
+		.free_ctx = fsdp_rank_plan_free,
+		.ctx = rp,
+	};
+
 	rp->accs = NULL; /* the build's, freed with it */
-	return ckfs_checks_start(m, check_positions, rp, fsdp_rank_plan_free, err);
+	return ckfs_checks_defer(m, &job, err);
 }

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Folders that already hold Hugging Face safetensors weights: SRC,
- * SRC/huggingface or SRC/model/huggingface (detect.c picks the first) with
+ * SRC/huggingface or SRC/model/huggingface (the first that has them) with
  * model.safetensors, or model.safetensors.index.json and its shards.
  * They are served as they are, through the same plan as every other
  * layout: each tensor is one chunk pointing at its bytes in its file, so
@@ -23,6 +23,7 @@
  * side files come from the same folder (or --config).
  */
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -71,7 +72,6 @@ static enum ckfs_code source_of(struct ckfs_model *m, const struct ckfs_st_entry
 }
 
 static enum ckfs_code add_tensor(struct ckfs_model *m, const struct ckfs_st_entry *e,
-				 const struct ckfs_model_options *opt,
 				 struct ckfs_error *err)
 {
 	struct ckfs_tensor *t = &m->tensors[m->n_tensors];
@@ -84,14 +84,9 @@ static enum ckfs_code add_tensor(struct ckfs_model *m, const struct ckfs_st_entr
 	t->name = ckfs_arena_strdup(&m->arena, e->name);
 	if (!t->name)
 		return ckfs_nomem(err);
-	t->stored_dtype = e->dtype;
-	t->out_dtype = opt->out_dtype == CKFS_DTYPE_INVALID ? e->dtype : opt->out_dtype;
-	t->ndim = e->ndim;
-	memcpy(t->shape, e->shape, sizeof(t->shape));
-	/* The reader checked end - begin == numel * element size. */
-	t->numel = 1;
-	for (int k = 0; k < t->ndim; k++)
-		t->numel *= (uint64_t)t->shape[k];
+	/* (The reader checked end - begin == numel * element size.) */
+	if (!ckfs_tensor_set(t, e->dtype, e->ndim, e->shape))
+		return ckfs_fail(err, CKFS_E_FORMAT, "tensor '%s': shape overflows", t->name);
 	t->placement = "whole";
 
 	/* A row-major view of the file at begin: placement.c turns it into
@@ -142,8 +137,34 @@ static enum ckfs_code hf_names(struct ckfs_model *m, const char *label, struct c
 	return rc;
 }
 
-enum ckfs_code ckfs_hf_build(struct ckfs_model *m, const struct ckfs_model_options *opt,
-			     const char *dir, struct ckfs_error *err)
+/* Where weights may be, relative to SRC, in the order they are looked for. */
+static const char *const weight_dirs[] = { "", "/huggingface", "/model/huggingface" };
+
+/* Does dir + sub hold model.safetensors or model.safetensors.index.json? */
+static bool has_weights(const char *dir, const char *sub)
+{
+	char path[4096];
+
+	if ((size_t)snprintf(path, sizeof(path), "%s%s/model.safetensors", dir, sub) >=
+	    sizeof(path))
+		return false;
+	if (ckfs_path_exists(path))
+		return true;
+	snprintf(path, sizeof(path), "%s%s/model.safetensors.index.json", dir, sub);
+	return ckfs_path_exists(path);
+}
+
+static int hf_detect(const char *dir, const struct ckfs_file_policy *pol)
+{
+	(void)pol;
+	for (size_t i = 0; i < sizeof(weight_dirs) / sizeof(weight_dirs[0]); i++)
+		if (has_weights(dir, weight_dirs[i]))
+			return 1;
+	return 0;
+}
+
+static enum ckfs_code build_from(struct ckfs_model *m, const struct ckfs_model_options *opt,
+				 const char *dir, struct ckfs_error *err)
 {
 	struct ckfs_st_set set;
 	const struct ckfs_st_entry **order = NULL;
@@ -172,7 +193,7 @@ enum ckfs_code ckfs_hf_build(struct ckfs_model *m, const struct ckfs_model_optio
 	qsort(order, set.n_entries, sizeof(*order), cmp_file_then_pos);
 	rc = CKFS_OK;
 	for (size_t i = 0; i < set.n_entries && rc == CKFS_OK; i++)
-		rc = add_tensor(m, order[i], opt, err);
+		rc = add_tensor(m, order[i], err);
 	if (rc == CKFS_OK) {
 		/* messages name the one weight file, or the index naming them */
 		char *index = ckfs_arena_printf(&m->arena, "%s/model.safetensors.index.json", dir);
@@ -188,3 +209,24 @@ out:
 	ckfs_st_set_release(&set);
 	return rc;
 }
+
+static enum ckfs_code hf_build(struct ckfs_model *m, const struct ckfs_model_options *opt,
+			       struct ckfs_error *err)
+{
+	for (size_t i = 0; i < sizeof(weight_dirs) / sizeof(weight_dirs[0]); i++) {
+		if (!has_weights(m->src_dir, weight_dirs[i]))
+			continue;
+		const char *dir = ckfs_arena_printf(&m->arena, "%s%s", m->src_dir, weight_dirs[i]);
+		return dir ? build_from(m, opt, dir, err) : ckfs_nomem(err);
+	}
+	return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': no model.safetensors", m->src_dir);
+}
+
+const struct ckfs_layout ckfs_layout_hf = {
+	.name = "hf",
+	.what = "Hugging Face weights",
+	.looks_for = "model.safetensors or model.safetensors.index.json in it, huggingface/ "
+		     "or model/huggingface/",
+	.detect = hf_detect,
+	.build = hf_build,
+};

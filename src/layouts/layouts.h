@@ -225,11 +225,15 @@ struct ckfs_out *ckfs_outs_add(struct ckfs_model *m, struct ckfs_outs *l, const 
 			       const char *placement, int ndim, const int64_t *shape,
 			       enum ckfs_dtype dtype, struct ckfs_error *err);
 void ckfs_outs_release(struct ckfs_outs *l);
-/* l's outputs as m's tensors, in l's order, each validated
+/* t's dtype and shape: stored and served as dtype (ckfs_model_open applies
+ * --dtype later, to the whole model), its element count; false when that
+ * overflows. */
+bool ckfs_tensor_set(struct ckfs_tensor *t, enum ckfs_dtype dtype, int ndim,
+		     const int64_t *shape);
+/* l's outputs as m's tensors, in l's order (ckfs_tensor_set), each validated
  * (ckfs_plan_validate_tensor; a failure is prefixed with label). */
 enum ckfs_code ckfs_outs_to_model(struct ckfs_model *m, const struct ckfs_outs *l,
-				  enum ckfs_dtype out_dtype, const char *label,
-				  struct ckfs_error *err) CKFS_WARN_UNUSED;
+				  const char *label, struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /* The part of tensor r inside the box [lo, lo + n) as the tensor *out
  * named name (copied into m's arena), without its first ndrop dims (each
@@ -305,13 +309,56 @@ void ckfs_megatron_unknown(struct ckfs_megatron_unknown *u, const char *key);
 enum ckfs_code ckfs_megatron_unknown_fail(const struct ckfs_megatron_unknown *u,
 					  const char *where,
 					  struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* Megatron's tie rule, applied while its keys are mapped (the head never
+ * becomes a tensor): output_layer is left out when config.json ties the
+ * embeddings, saying so. */
+enum ckfs_code ckfs_megatron_warn_tied(struct ckfs_model *m,
+				       struct ckfs_error *err) CKFS_WARN_UNUSED;
 
-/* ---- layouts: detect.c detects, one builder per layout fills m ---- */
+/* ---- the layouts: one row each (include/ckfs/layouts.h), table.c lists them ---- */
 
-/* verl FSDP rank files (fsdp.c). */
-enum ckfs_code ckfs_fsdp_build(struct ckfs_model *m,
-			       const struct ckfs_model_options *opt,
-			       struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The rows, in their files: verl FSDP rank files (fsdp.c), legacy Megatron
+ * per-rank files (megatron.c), Megatron dist_checkpointing (megatron_dist.c),
+ * torch.distributed.checkpoint (dcp.c), DeepSpeed ZeRO (deepspeed.c, its
+ * files found by deepspeed_files.c), Hugging Face safetensors (hf.c). */
+extern const struct ckfs_layout ckfs_layout_fsdp, ckfs_layout_megatron,
+	ckfs_layout_megatron_dist, ckfs_layout_dcp, ckfs_layout_deepspeed, ckfs_layout_hf;
+
+/* The first layout of the table that claims dir into *out: 1; 0 when none
+ * does; -1 (errno set) when a detect cannot tell (table.c). */
+int ckfs_layout_find(const char *dir, const struct ckfs_file_policy *pol,
+		     const struct ckfs_layout **out);
+/* The error for a folder no layout claims (src: as the user named it),
+ * listing what each looked for. */
+enum ckfs_code ckfs_layout_not_found(const char *dir, const char *src, struct ckfs_error *err);
+/* For detects: does dir hold a name match() accepts? 1, 0, or -1 (errno
+ * set) when dir cannot be listed. */
+int ckfs_dir_has(const char *dir, bool (*match)(const char *name));
+
+/* ---- facts.c: for describes ---- */
+
+struct ckfs_strbuf;
+/* Append a fact: the text line (label NULL: none; text's buffer becomes
+ * the fact's, a failed one is out of memory) and the JSON member key:
+ * value (key NULL: none; value taken, NULL with a key: out of memory). */
+enum ckfs_code ckfs_facts_add(struct ckfs_facts *f, const char *label, struct ckfs_strbuf *text,
+			      const char *key, struct cJSON *value,
+			      struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* o when ok, else NULL (o freed): for values built with calls that fail
+ * on want of memory. */
+struct cJSON *ckfs_facts_json(struct cJSON *o, bool ok);
+/* The "layout" line: "<name>, N source files", then ", saved by W ranks"
+ * when saved_by and the world size is known. */
+enum ckfs_code ckfs_facts_layout_line(struct ckfs_facts *f, const struct ckfs_model *m,
+				      bool saved_by, struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The describe of layouts whose metadata says how many ranks saved them
+ * (dcp, megatron-dist): the layout line, "saved by W ranks" included. */
+enum ckfs_code ckfs_facts_saved_by(const struct ckfs_model *m, struct ckfs_facts *f,
+				   struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* A device mesh as inspect --json shows it: {"shape", "dim_names"} (a
+ * name NULL: null); NULL when out of memory. */
+struct cJSON *ckfs_facts_mesh_json(int ndim, const int64_t *shape, const char *const *names);
+
 /* What a file name says about verl FSDP rank files. Every name matching
  * model_world_size_*_rank_*.pt is a rank file name, and it must spell both
  * numbers as verl does (plain decimals: no sign, no leading zero, no other
@@ -329,13 +376,10 @@ struct ckfs_rank_file {
 	bool over_limit;         /* BAD because a number is too large */
 	char why[160];           /* the cause, for RESPELT and BAD */
 };
-/* Detection (detect.c) and the rank scan (fsdp.c) use this one parser. */
+/* Detection and the rank scan (fsdp.c) use this one parser. */
 enum ckfs_rank_name ckfs_fsdp_rank_file_name(const char *name, struct ckfs_rank_file *out);
-/* torch.distributed.checkpoint: SRC/.metadata and __R_I.distcp (dcp.c). */
-enum ckfs_code ckfs_dcp_build(struct ckfs_model *m,
-			      const struct ckfs_model_options *opt,
-			      struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* The same from .metadata bytes already in memory (the fuzz target). */
+/* torch.distributed.checkpoint (dcp.c) from .metadata bytes already in
+ * memory (the fuzz target). */
 enum ckfs_code ckfs_dcp_build_from(struct ckfs_model *m,
 				   const struct ckfs_model_options *opt,
 				   const char *bytes, size_t len,
@@ -348,23 +392,11 @@ enum ckfs_code ckfs_dcp_read_raw(struct ckfs_model *m, const char *dir, const ch
 				 const struct ckfs_model_options *opt,
 				 int (*keep)(const char *fqn), size_t *n_left_out,
 				 size_t *n_bytes, struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* Legacy Megatron per-rank torch.save files: SRC/model/mp_rank_TT[_PPP]/
- * model.pt (megatron.c). detect: SRC/model holds an mp_rank_* folder. */
-int ckfs_megatron_detect(const char *src_dir);
-enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
-				   const struct ckfs_model_options *opt,
-				   struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* Megatron-Core dist_checkpointing (torch_dist) folders as verl writes
- * them: SRC/dist_ckpt, SRC/model/dist_ckpt (ckpt_contents.json) or SRC
- * itself (megatron_dist.c). detect: one of them is there. */
-int ckfs_megatron_dist_detect(const struct ckfs_model *m);
-enum ckfs_code ckfs_megatron_dist_build(struct ckfs_model *m,
-				     const struct ckfs_model_options *opt,
-				     struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* The files of a DeepSpeed checkpoint's step folder (deepspeed_files.c). */
 struct ckfs_ds_files {
 	const char *step;          /* the step folder (an arena string of the model) */
 	const char *step_rel;      /* it relative to SRC: "" or "<tag>/" */
+	const char *tag;           /* the tag SRC/latest names; NULL: SRC is the step folder */
 	/* file names by rank, malloc'd, NULL where absent */
 	char **optim;              /* [bf16_]zero_pp_rank_R_mp_rank_00_optim_states.pt */
 	char **model_rank;         /* zero_pp_rank_R_mp_rank_00_model_states.pt (ZeRO-3) */
@@ -372,8 +404,8 @@ struct ckfs_ds_files {
 	long n_optim, n_model_rank;
 	int ws, stage;             /* set by the caller for ckfs_ds_check_files */
 };
-/* The step folder of m->src_dir (SRC, or the tag in SRC/latest, which sets
- * m->ds_tag) and its DeepSpeed files; refused: files ckfs does not read,
+/* The step folder of m->src_dir (SRC, or the tag in SRC/latest) and its
+ * DeepSpeed files; refused: files ckfs does not read,
  * two files of one rank, no optimizer file. */
 enum ckfs_code ckfs_ds_find_files(struct ckfs_model *m, struct ckfs_ds_files *f,
 				  struct ckfs_error *err) CKFS_WARN_UNUSED;
@@ -384,21 +416,9 @@ enum ckfs_code ckfs_ds_check_files(const struct ckfs_ds_files *f,
 /* The name DeepSpeed gives rank r's optimizer file (bf16_ as the others). */
 void ckfs_ds_optim_name(const struct ckfs_ds_files *f, long r, char *out, size_t size);
 void ckfs_ds_files_release(struct ckfs_ds_files *f);
-/* DeepSpeed ZeRO checkpoints (deepspeed.c): a step folder (global_stepN/
- * with *_model_states.pt and *_optim_states.pt), or a folder holding
- * `latest` and step folders (the HF Trainer's checkpoint-N/). detect: SRC
- * or one of its folders holds a DeepSpeed *_model_states.pt or
- * *_optim_states.pt name; -1 (errno set) when SRC cannot be listed. */
-int ckfs_deepspeed_detect(const char *src_dir);
-enum ckfs_code ckfs_deepspeed_build(struct ckfs_model *m,
-				    const struct ckfs_model_options *opt,
-				    struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* Hugging Face safetensors weights in dir (SRC, SRC/huggingface or
- * SRC/model/huggingface), served as they are (hf.c). */
-enum ckfs_code ckfs_hf_build(struct ckfs_model *m,
-			     const struct ckfs_model_options *opt,
-			     const char *dir,
-			     struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* DeepSpeed's detect: SRC or one of its folders (a step folder beside
+ * `latest`) holds a DeepSpeed *_model_states.pt or *_optim_states.pt name. */
+int ckfs_ds_detect(const char *dir, const struct ckfs_file_policy *pol);
 /* verl's tie rule: drop lm_head.weight from m->tensors when config.json
  * ties the embeddings and the embedding it is tied to exists
  * (model.embed_tokens.weight, or model.language_model.embed_tokens.weight

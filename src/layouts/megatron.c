@@ -82,6 +82,7 @@
 
 #include "ckfs/json.h"
 #include "ckfs/limits.h"
+#include "ckfs/strbuf.h"
 #include "layouts/layouts.h"
 
 #define MAX_PAR 1024
@@ -113,24 +114,23 @@ static int parse_rank_dir(const char *name, long v[3])
 	return 0;
 }
 
-int ckfs_megatron_detect(const char *src_dir)
+static bool is_rank_dir(const char *name)
+{
+	long v[3];
+	return parse_rank_dir(name, v) > 0;
+}
+
+/* SRC/model holds an mp_rank_* folder; a model/ that cannot be listed is
+ * not this layout's, unless for want of memory (then nothing can tell). */
+static int megatron_detect(const char *dir, const struct ckfs_file_policy *pol)
 {
 	char path[4096];
-	DIR *d;
-	struct dirent *de;
-	int found = 0;
-	long v[3];
 
-	if ((size_t)snprintf(path, sizeof(path), "%s/model", src_dir) >= sizeof(path))
+	(void)pol;
+	if ((size_t)snprintf(path, sizeof(path), "%s/model", dir) >= sizeof(path))
 		return 0;
-	/* Out of memory listing it: claim the layout, so that the build
-	 * reports the failure instead of "not a checkpoint". */
-	if (!(d = opendir(path)))
-		return errno == ENOMEM;
-	while (!found && (de = readdir(d)))
-		found = parse_rank_dir(de->d_name, v) > 0;
-	closedir(d);
-	return found;
+	int found = ckfs_dir_has(path, is_rank_dir);
+	return found < 0 && errno != ENOMEM ? 0 : found;
 }
 
 /* ---- output tensors under construction ---- */
@@ -138,8 +138,18 @@ int ckfs_megatron_detect(const char *src_dir)
 /* A rank folder of the [ep][pp][tp] grid the names span. */
 enum { R_ABSENT, R_PRESENT, R_OPEN };
 
+/* What only this layout knows of a model, for its describe. */
+struct megatron_info {
+	int tp, pp, vpp, ep;
+	int etp;                       /* expert tensor parallel (1 or TP); 0:
+					* no expert weights */
+	int *stage_layers;             /* decoder layers of each (vpp, pp)
+					* chunk in global order: [v * pp + p] */
+};
+
 struct ctx {
 	struct ckfs_model *m;
+	struct megatron_info *info;    /* m->layout_info */
 	const struct ckfs_model_options *opt;
 	struct ckfs_torch_file *files; /* [ep][pp][tp], open where state R_OPEN */
 	unsigned char *state;          /* [ep][pp][tp]: R_* */
@@ -1113,7 +1123,7 @@ static enum ckfs_code plan_ranks(struct ctx *c, struct ckfs_error *err)
 		return check_grid(c, err);
 	CKFS_TRY(decide_etp(c, ref, ref_r, err));
 	CKFS_TRY(check_ep_complete(c, n_local, ref_r, err));
-	c->m->etp_size = c->etp;
+	c->info->etp = c->etp;
 	if (c->etp == 1 && c->tp > 1)
 		return plan_whole(c, err);
 	return check_grid(c, err);
@@ -1164,9 +1174,9 @@ static enum ckfs_code open_ranks(struct ctx *c, struct ckfs_error *err)
 		CKFS_TRY(check_tp_divides(c, err));
 	CKFS_TRY(plan_ranks(c, err));
 	m->world_size = (int)m->n_ranks_read;
-	m->tp_size = c->tp;
-	m->pp_size = c->pp;
-	m->ep_size = c->ep;
+	c->info->tp = c->tp;
+	c->info->pp = c->pp;
+	c->info->ep = c->ep;
 	const char *ref_path = path_of(c, rank_of(c, 0, 0));
 	c->vpp = (int)ref_file(c)->n_parts;
 	for (int r = 0; r < c->n; r++)
@@ -1174,9 +1184,10 @@ static enum ckfs_code open_ranks(struct ctx *c, struct ckfs_error *err)
 			return ckfs_fail(err, CKFS_E_INVALID, "'%s': %zu virtual-pipeline "
 					 "chunks, '%s' has %d (mismatched checkpoints)",
 					 path_of(c, r), c->files[r].n_parts, ref_path, c->vpp);
-	m->vpp_size = c->vpp;
-	m->stage_layers = ckfs_arena_calloc(&m->arena, (size_t)(c->vpp * c->pp), sizeof(int));
-	return m->stage_layers ? CKFS_OK : ckfs_nomem(err);
+	c->info->vpp = c->vpp;
+	c->info->stage_layers = ckfs_arena_calloc(&m->arena, (size_t)(c->vpp * c->pp),
+						  sizeof(int));
+	return c->info->stage_layers ? CKFS_OK : ckfs_nomem(err);
 }
 
 /* The decoder layers of chunk v of stage p: 0 .. *nl - 1, none missing. */
@@ -1221,7 +1232,7 @@ static enum ckfs_code map_chunks(struct ctx *c, int *dropped_head, struct ckfs_e
 			long nl;
 			CKFS_TRY(check_tp_alike(c, p, lo, hi, v, err));
 			CKFS_TRY(count_layers(c, v, p, &nl, err));
-			c->m->stage_layers[v * c->pp + p] = (int)nl;
+			c->info->stage_layers[v * c->pp + p] = (int)nl;
 			for (size_t i = lo; i < hi; i++)
 				CKFS_TRY(map_key(c, p, i, layer0, dropped_head, err));
 			layer0 += nl;
@@ -1249,8 +1260,7 @@ static enum ckfs_code report(struct ctx *c, int dropped_head, struct ckfs_error 
 	if (c->value_head)
 		CKFS_TRY(value_config(c, err));
 	if (dropped_head)
-		CKFS_TRY(ckfs_model_warn(m, err, "output_layer.weight dropped: tied to "
-					 "model.embed_tokens.weight (tie_word_embeddings)"));
+		CKFS_TRY(ckfs_megatron_warn_tied(m, err));
 	if (c->n_raw)
 		CKFS_TRY(ckfs_model_warn(m, err, "%zu Megatron keys without a Hugging Face "
 					 "name served raw, per rank (--raw-names)", c->n_raw));
@@ -1261,17 +1271,18 @@ static enum ckfs_code report(struct ctx *c, int dropped_head, struct ckfs_error 
 	return CKFS_OK;
 }
 
-enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
-				   const struct ckfs_model_options *opt,
-				   struct ckfs_error *err)
+static enum ckfs_code megatron_build(struct ckfs_model *m, const struct ckfs_model_options *opt,
+				     struct ckfs_error *err)
 {
 	struct ctx c = { .m = m, .opt = opt };
 	int dropped_head = 0;
 	enum ckfs_code rc;
 
+	if (!(c.info = m->layout_info = ckfs_arena_calloc(&m->arena, 1, sizeof(*c.info))))
+		return ckfs_nomem(err);
 	if ((rc = open_ranks(&c, err)) == CKFS_OK &&
 	    (rc = map_chunks(&c, &dropped_head, err)) == CKFS_OK &&
-	    (rc = ckfs_outs_to_model(m, &c.outs, opt->out_dtype, m->src_dir, err)) == CKFS_OK)
+	    (rc = ckfs_outs_to_model(m, &c.outs, m->src_dir, err)) == CKFS_OK)
 		rc = report(&c, dropped_head, err);
 	ckfs_outs_release(&c.outs);
 	for (int r = 0; c.files && c.state && r < c.n; r++)
@@ -1282,3 +1293,41 @@ enum ckfs_code ckfs_megatron_build(struct ckfs_model *m,
 	free(c.names);
 	return rc;
 }
+
+/* The parallel sizes and the layers of each pipeline chunk. */
+static enum ckfs_code megatron_describe(const struct ckfs_model *m, struct ckfs_facts *f,
+					struct ckfs_error *err)
+{
+	const struct megatron_info *info = m->layout_info;
+	const int n = info->pp * info->vpp;
+	struct ckfs_strbuf line = { 0 };
+
+	CKFS_TRY(ckfs_facts_layout_line(f, m, false, err));
+	cJSON *o = cJSON_CreateObject();
+	ckfs_strbuf_fmt(&line, "TP=%d PP=%d VPP=%d EP=%d", info->tp, info->pp, info->vpp,
+			info->ep);
+	if (info->etp)
+		ckfs_strbuf_fmt(&line, " ETP=%d", info->etp);
+	ckfs_strbuf_str(&line, ", layers per chunk (");
+	for (int i = 0; i < n; i++)
+		ckfs_strbuf_fmt(&line, "%s%d", i ? ", " : "", info->stage_layers[i]);
+	ckfs_strbuf_str(&line, ")");
+	bool ok = cJSON_AddNumberToObject(o, "tp", info->tp) &&
+		  cJSON_AddNumberToObject(o, "pp", info->pp) &&
+		  cJSON_AddNumberToObject(o, "vpp", info->vpp) &&
+		  cJSON_AddNumberToObject(o, "ep", info->ep) &&
+		  (!info->etp || cJSON_AddNumberToObject(o, "etp", info->etp)) &&
+		  cJSON_AddItemToObject(o, "stage_layers",
+					cJSON_CreateIntArray(info->stage_layers, n));
+	return ckfs_facts_add(f, "parallelism", &line, "megatron", ckfs_facts_json(o, ok), err);
+}
+
+const struct ckfs_layout ckfs_layout_megatron = {
+	.name = "megatron",
+	.what = "a Megatron checkpoint",
+	.looks_for = "model/mp_rank_*",
+	.detect = megatron_detect,
+	.build = megatron_build,
+	.describe = megatron_describe,
+	.flags = CKFS_LAYOUT_RANK_ZIPS,
+};

@@ -96,10 +96,9 @@ static const char *json_str(cJSON *o, const char *a, const char *b)
 }
 
 /* 1: w filled (w->bad set when the manifest names a bad path); 0: not
- * this layout. */
-static int locate(const struct ckfs_model *m, struct where *w)
+ * this layout. The manifest is read under pol. */
+static int locate(const char *src, const struct ckfs_file_policy *pol, struct where *w)
 {
-	const char *src = m->src_dir;
 	char path[PATHMAX], *text = NULL;
 	size_t len;
 	struct ckfs_error err;
@@ -107,7 +106,7 @@ static int locate(const struct ckfs_model *m, struct where *w)
 	memset(w, 0, sizeof(*w));
 	ckfs_error_clear(&err);
 	snprintf(path, sizeof(path), "%s/ckpt_contents.json", src);
-	enum ckfs_code rc = ckfs_file_read_small(&m->policy, path, CKFS_MAX_JSON_BYTES,
+	enum ckfs_code rc = ckfs_file_read_small(pol, path, CKFS_MAX_JSON_BYTES,
 						 &text, &len, NULL, &err);
 	if (rc != CKFS_OK && rc != CKFS_E_NOTFOUND) {
 		snprintf(w->bad, sizeof(w->bad), "%s", err.msg);
@@ -181,10 +180,10 @@ by_names:;
 	return 0;
 }
 
-int ckfs_megatron_dist_detect(const struct ckfs_model *m)
+static int megatron_dist_detect(const char *dir, const struct ckfs_file_policy *pol)
 {
 	struct where w;
-	return locate(m, &w);
+	return locate(dir, pol, &w);
 }
 
 /* metadata.json must say torch_dist (zarr and other backends differ). */
@@ -585,8 +584,7 @@ static int keep_model(const char *fqn)
 	return strncmp(fqn, "optimizer.", 10) != 0;
 }
 
-static enum ckfs_code finish(struct ctx *c, const struct ckfs_model_options *opt,
-			     struct ckfs_error *err)
+static enum ckfs_code finish(struct ctx *c, struct ckfs_error *err)
 {
 	struct ckfs_model *m = c->m;
 
@@ -636,12 +634,12 @@ static enum ckfs_code finish(struct ctx *c, const struct ckfs_model_options *opt
 				 "'%s' does not tie the embeddings (tie_word_embeddings)",
 				 c->md, m->config_path);
 
-	return ckfs_outs_to_model(m, &c->outs, opt->out_dtype, c->md, err);
+	return ckfs_outs_to_model(m, &c->outs, c->md, err);
 }
 
-enum ckfs_code ckfs_megatron_dist_build(struct ckfs_model *m,
-				     const struct ckfs_model_options *opt,
-				     struct ckfs_error *err)
+static enum ckfs_code megatron_dist_build(struct ckfs_model *m,
+					  const struct ckfs_model_options *opt,
+					  struct ckfs_error *err)
 {
 	struct where *w = calloc(1, sizeof(*w));
 	struct ctx c;
@@ -653,7 +651,7 @@ enum ckfs_code ckfs_megatron_dist_build(struct ckfs_model *m,
 	c.raw_names = opt->raw_names;
 	if (!w)
 		return ckfs_nomem(err);
-	if (!locate(m, w)) {
+	if (!locate(m->src_dir, &m->policy, w)) {
 		free(w);
 		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': no Megatron dist_ckpt folder",
 				 m->src_dir);
@@ -690,11 +688,10 @@ enum ckfs_code ckfs_megatron_dist_build(struct ckfs_model *m,
 		goto out;
 	if ((rc = ckfs_megatron_unknown_fail(&c.unknown, c.md, err)) != CKFS_OK)
 		goto out;
-	if ((rc = finish(&c, opt, err)) != CKFS_OK)
+	if ((rc = finish(&c, err)) != CKFS_OK)
 		goto out;
 	if (c.dropped_head)
-		rc = ckfs_model_warn(m, err, "output_layer.weight dropped: tied to "
-				     "model.embed_tokens.weight (tie_word_embeddings)");
+		rc = ckfs_megatron_warn_tied(m, err);
 	if (rc == CKFS_OK && n_bytes)
 		rc = ckfs_model_warn(m, err, "skipped %zu non-tensor entries (ShardedObjects: "
 				     "_extra_state, rng_state)", n_bytes);
@@ -708,3 +705,12 @@ out:
 	free(w);
 	return rc;
 }
+
+const struct ckfs_layout ckfs_layout_megatron_dist = {
+	.name = "megatron-dist",
+	.what = "a Megatron checkpoint",
+	.looks_for = "dist_ckpt/",
+	.detect = megatron_dist_detect,
+	.build = megatron_dist_build,
+	.describe = ckfs_facts_saved_by,
+};

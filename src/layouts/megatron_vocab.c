@@ -229,3 +229,9 @@ enum ckfs_code ckfs_megatron_unknown_fail(const struct ckfs_megatron_unknown *u,
 			 "%s%s (--raw-names serves them under their own names)", where, u->n,
 			 u->list, u->n > 8 ? ", ..." : "");
 }
+
+enum ckfs_code ckfs_megatron_warn_tied(struct ckfs_model *m, struct ckfs_error *err)
+{
+	return ckfs_model_warn(m, err, "output_layer.weight dropped: tied to "
+			       "model.embed_tokens.weight (tie_word_embeddings)");
+}

@@ -46,9 +46,21 @@ void ckfs_outs_release(struct ckfs_outs *l)
 	memset(l, 0, sizeof(*l));
 }
 
+bool ckfs_tensor_set(struct ckfs_tensor *t, enum ckfs_dtype dtype, int ndim,
+		     const int64_t *shape)
+{
+	t->stored_dtype = t->out_dtype = dtype;
+	t->ndim = ndim;
+	memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
+	t->numel = 1;
+	for (int d = 0; d < ndim; d++)
+		if (__builtin_mul_overflow(t->numel, (uint64_t)shape[d], &t->numel))
+			return false;
+	return true;
+}
+
 enum ckfs_code ckfs_outs_to_model(struct ckfs_model *m, const struct ckfs_outs *l,
-				  enum ckfs_dtype out_dtype, const char *label,
-				  struct ckfs_error *err)
+				  const char *label, struct ckfs_error *err)
 {
 	m->tensors = ckfs_arena_calloc(&m->arena, l->n + 1, sizeof(*m->tensors));
 	if (!m->tensors)
@@ -59,15 +71,9 @@ enum ckfs_code ckfs_outs_to_model(struct ckfs_model *m, const struct ckfs_outs *
 		struct ckfs_tensor *t = &m->tensors[m->n_tensors];
 		t->name = o->name;
 		t->placement = o->placement;
-		t->stored_dtype = o->dtype;
-		t->out_dtype = out_dtype == CKFS_DTYPE_INVALID ? o->dtype : out_dtype;
-		t->ndim = o->ndim;
-		memcpy(t->shape, o->shape, sizeof(t->shape));
-		t->numel = 1;
-		for (int d = 0; d < t->ndim; d++)
-			if (__builtin_mul_overflow(t->numel, (uint64_t)t->shape[d], &t->numel))
-				return ckfs_fail(err, CKFS_E_FORMAT, "tensor '%s': shape "
-						 "overflows", t->name);
+		if (!ckfs_tensor_set(t, o->dtype, o->ndim, o->shape))
+			return ckfs_fail(err, CKFS_E_FORMAT, "tensor '%s': shape overflows",
+					 t->name);
 		t->n_chunks = (uint32_t)o->chunks.n;
 		t->chunks = ckfs_model_chunks(m, o->chunks.v, o->chunks.n, t->ndim);
 		if (!t->chunks)

@@ -2,8 +2,9 @@
 /*
  * Run discovery (include/ckfs/run.h): which global_step_<N> folders a run
  * folder holds, which of them are complete, and a fingerprint of a role
- * folder. Names, the tracker file and stat(2) only: mounting a run of a
- * hundred steps opens no rank file. Everything here is a pure function of
+ * folder. Names, the tracker file and stat(2) only (and verl's manifest,
+ * when a layout's detect reads it): mounting a run of a hundred steps
+ * opens no rank file. Everything here is a pure function of
  * the folder's listing, so the FUSE side (src/fuse/run_tree.c) and inspect
  * decide the same way.
  */
@@ -23,6 +24,7 @@
 #include "ckfs/layouts.h"
 #include "ckfs/run.h"
 #include "ckfs/text.h"
+#include "layouts/layouts.h"
 
 /* The tracker holds a number: a few bytes; more is not a tracker. */
 #define TRACKER_MAX 64
@@ -93,33 +95,18 @@ static int entry_is_dir(int dirfd, const struct dirent *de)
 	return fstatat(dirfd, de->d_name, &st, 0) == 0 && S_ISDIR(st.st_mode);
 }
 
-/* Does dir itself hold a name layout detection reads a checkpoint by
- * (src/layouts/detect.c, first level)? Then a folder named
- * global_step_<N> is that checkpoint, not a step of roles. */
-static bool is_checkpoint_by_names(const char *dir)
+/* Does a layout claim dir, as ckfs_model_open would ask (table.c)? Then
+ * a folder named global_step_<N> is that checkpoint, not a step of roles.
+ * When that cannot be told, it is left to the reader to say why. */
+static bool is_checkpoint(const char *dir)
 {
-	static const char *const exact[] = {
-		".metadata", "model.safetensors", "model.safetensors.index.json",
-		"ckpt_contents.json", "metadata.json", "latest", "model", "dist_ckpt",
-		"huggingface",
-	};
-	struct dirent *de;
-	bool found = false;
-	DIR *d = opendir(dir);
+	char real[PATH_MAX];
+	const struct ckfs_layout *layout;
 
-	if (!d)
-		return false;
-	while (!found && (de = readdir(d))) {
-		const char *n = de->d_name;
-		size_t len = strlen(n);
-		for (size_t i = 0; i < sizeof(exact) / sizeof(exact[0]); i++)
-			found |= strcmp(n, exact[i]) == 0;
-		found |= strncmp(n, "model_world_size_", 17) == 0;
-		found |= len > 16 && strcmp(n + len - 16, "_model_states.pt") == 0;
-		found |= len > 16 && strcmp(n + len - 16, "_optim_states.pt") == 0;
-	}
-	closedir(d);
-	return found;
+	if (!realpath(dir, real))
+		return true;
+	const struct ckfs_file_policy pol = { .root = real };
+	return ckfs_layout_find(real, &pol, &layout) != 0;
 }
 
 enum ckfs_run_kind ckfs_run_kind(const char *src)
@@ -143,7 +130,7 @@ enum ckfs_run_kind ckfs_run_kind(const char *src)
 	}
 	closedir(d);
 	if (kind == CKFS_RUN_NOT && ckfs_run_step_name(base, &step, &why) == CKFS_STEP_NAME_OK &&
-	    !is_checkpoint_by_names(src))
+	    !is_checkpoint(src))
 		kind = CKFS_RUN_STEP;
 	return kind;
 }

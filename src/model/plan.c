@@ -109,9 +109,22 @@ static int cmp_name(const void *a, const void *b)
 		      (*(const struct ckfs_tensor *const *)b)->name);
 }
 
-enum ckfs_code ckfs_plan_validate_names(const struct ckfs_model *m,
+/* Sizes again: the served dtypes were chosen after the tensors were
+ * validated one by one (--dtype applies to the whole model). */
+static enum ckfs_code check_sizes(const struct ckfs_tensor *v, size_t n, struct ckfs_error *err)
+{
+	for (size_t i = 0; i < n; i++)
+		CKFS_TRY(check_name_and_size(&v[i], err));
+	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_plan_validate_model(const struct ckfs_model *m,
 					struct ckfs_error *err)
 {
+	CKFS_TRY(check_sizes(m->tensors, m->n_tensors, err));
+	if (m->lora)
+		CKFS_TRY(check_sizes(m->lora->tensors, m->lora->n_tensors, err));
+
 	const struct ckfs_tensor **by = calloc(m->n_tensors + 1, sizeof(*by));
 	enum ckfs_code rc = CKFS_OK;
 

@@ -20,7 +20,7 @@ static const char *const folders[] = { "qwen2_fsdp2_w2_optim", "qwen2_plain_nodi
 static void try_folder(size_t fi, const uint8_t *data, size_t size)
 {
 	static char real[sizeof(folders) / sizeof(folders[0])][PATH_MAX];
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_INVALID };
+	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO };
 	struct ckfs_model *m = calloc(1, sizeof(*m));
 	struct ckfs_error err;
 	char path[PATH_MAX];
@@ -34,10 +34,11 @@ static void try_folder(size_t fi, const uint8_t *data, size_t size)
 			abort(); /* the fixtures must be there */
 	}
 	ckfs_arena_init(&m->arena);
-	m->layout = "dcp";
+	m->layout = &ckfs_layout_dcp;
 	m->src_dir = real[fi];
 	ckfs_error_clear(&err);
-	if (ckfs_dcp_build_from(m, &opt, (const char *)data, size, &err) == CKFS_OK) {
+	if (ckfs_dcp_build_from(m, &opt, (const char *)data, size, &err) == CKFS_OK &&
+	    ckfs_model_finish(m, &opt, &err) == CKFS_OK) {
 		struct ckfs_st_layout l;
 		if (ckfs_st_layout_build(m, 0, &l, &err) == CKFS_OK)
 			ckfs_st_layout_release(&l);

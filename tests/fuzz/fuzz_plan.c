@@ -304,11 +304,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	memset(files, 0, sizeof(files));
 	memset(lists, 0, sizeof(lists));
 	ckfs_arena_init(&m->arena);
-	m->layout = "fuzz";
 	m->src_dir = "/";
 	m->world_size = world;
-	m->mesh_ndim = mesh_ndim;
-	memcpy(m->mesh_shape, mesh, sizeof(int64_t) * (size_t)mesh_ndim);
 	for (int r = 0; r < world; r++) {
 		int64_t coord[MAX_MESH];
 		for (int i = mesh_ndim - 1, x = r; i >= 0; i--) {

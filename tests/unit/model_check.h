@@ -1,16 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Shared by the unit tests of the layout readers (include after test.h): a
- * scratch folder per test program, and the check that tensors read through
- * a plan equal a reference safetensors set, byte for byte.
+ * scratch folder per test program, the check that tensors read through a
+ * plan equal a reference safetensors set, byte for byte, and what a
+ * layout says of a model (its facts, as inspect --json shows them).
  */
 #ifndef CKFS_TEST_MODEL_CHECK_H
 #define CKFS_TEST_MODEL_CHECK_H
 
+#include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckfs/layouts.h"
 #include "ckfs/model.h"
 #include "ckfs/safetensors.h"
 
@@ -37,6 +40,55 @@ static inline void test_tmp_cleanup(void)
 {
 	if (test_tmp_root[0])
 		test_sh("rm -rf '%s'", test_tmp_root);
+}
+
+/* Member `member` of the fact inspect --json shows of m under `key`, as a
+ * number (-1 when absent, null or not a number); a string member is
+ * copied into str (NULL member: str "" when null). */
+static inline double test_fact(const struct ckfs_model *m, const char *key, const char *member,
+			       char *str, size_t size)
+{
+	struct ckfs_facts facts;
+	struct ckfs_error err;
+	double v = -1;
+
+	ckfs_error_clear(&err);
+	CHECK(ckfs_model_describe(m, &facts, &err) == CKFS_OK);
+	if (str)
+		str[0] = '\0';
+	for (size_t i = 0; i < facts.n; i++) {
+		if (!facts.v[i].key || strcmp(facts.v[i].key, key) != 0)
+			continue;
+		const cJSON *x = member ? cJSON_GetObjectItemCaseSensitive(facts.v[i].value,
+									  member)
+					: facts.v[i].value;
+		if (cJSON_IsNumber(x))
+			v = x->valuedouble;
+		if (cJSON_IsString(x) && str)
+			snprintf(str, size, "%s", x->valuestring);
+	}
+	ckfs_facts_release(&facts);
+	return v;
+}
+
+/* Element k of the array `member` of the fact under `key`, or -1. */
+static inline double test_fact_at(const struct ckfs_model *m, const char *key,
+				  const char *member, int k)
+{
+	struct ckfs_facts facts;
+	struct ckfs_error err;
+	double v = -1;
+
+	ckfs_error_clear(&err);
+	CHECK(ckfs_model_describe(m, &facts, &err) == CKFS_OK);
+	for (size_t i = 0; i < facts.n; i++)
+		if (facts.v[i].key && strcmp(facts.v[i].key, key) == 0) {
+			const cJSON *a = cJSON_GetObjectItemCaseSensitive(facts.v[i].value, member);
+			const cJSON *x = cJSON_GetArrayItem(a, k);
+			v = cJSON_IsNumber(x) ? x->valuedouble : -1;
+		}
+	ckfs_facts_release(&facts);
+	return v;
 }
 
 /*

@@ -213,10 +213,12 @@ static void check_case(size_t i)
 	CHECK(m != NULL);
 	if (!m)
 		return;
-	CHECK_EQ_STR(m->layout, "deepspeed");
+	CHECK_EQ_STR(m->layout->name, "deepspeed");
 	CHECK_EQ_INT(m->world_size, cases[i].ws);
-	CHECK_EQ_INT(m->zero_stage, cases[i].stage);
-	CHECK_EQ_STR(m->ds_tag, "global_step2");
+	char tag[64];
+	CHECK_EQ_INT(test_fact(m, "deepspeed", "zero_stage", NULL, 0), cases[i].stage);
+	test_fact(m, "deepspeed", "tag", tag, sizeof(tag));
+	CHECK_EQ_STR(tag, "global_step2");
 	CHECK_EQ_INT(m->n_ranks_read, cases[i].ws);
 	/* every optimizer file, and the model states (ZeRO-3: one per rank) */
 	CHECK_EQ_INT(m->n_sources, cases[i].ws + (cases[i].stage == 3 ? cases[i].ws : 1));
@@ -277,7 +279,7 @@ static void test_trainer_bf16(void)
 static void test_auto(void)
 {
 	struct ckfs_model *m = open_case(DS "/z2_w3_tied_bf16", DS "/z2_w3_tied_bf16/oracle/"
-					 "config.json", CKFS_DTYPE_INVALID);
+					 "config.json", CKFS_DTYPE_AUTO);
 	struct ckfs_st_set z2f;
 
 	CHECK(m != NULL);
@@ -302,7 +304,9 @@ static void test_step_folder(void)
 	CHECK(m != NULL);
 	if (!m)
 		return;
-	CHECK(m->ds_tag == NULL);
+	char tag[64];
+	test_fact(m, "deepspeed", "tag", tag, sizeof(tag));
+	CHECK_EQ_STR(tag, ""); /* null: SRC is the step folder */
 	if (open_oracle("z3_w3_tied_fp32", "zero_to_fp32.safetensors", &z2f) == 0) {
 		CHECK_EQ_INT(m->n_tensors, z2f.n_entries);
 		test_model_equals(m, &z2f, CKFS_DTYPE_F32, "z3_w3_tied_fp32/global_step2");
@@ -401,12 +405,12 @@ static void test_detect(void)
 {
 	struct ckfs_model *m = open_case(DS "/trainer_z2_w2_bf16", NULL, CKFS_DTYPE_BF16);
 
-	CHECK(m && strcmp(m->layout, "deepspeed") == 0);
+	CHECK(m && strcmp(m->layout->name, "deepspeed") == 0);
 	ckfs_model_free(m);
-	CHECK_EQ_INT(ckfs_deepspeed_detect(DS "/z1_w2_fp32"), 1);
-	CHECK_EQ_INT(ckfs_deepspeed_detect(DS "/z1_w2_fp32/global_step2"), 1);
-	CHECK_EQ_INT(ckfs_deepspeed_detect(DS "/z1_w2_fp32/oracle"), 0);
-	CHECK_EQ_INT(ckfs_deepspeed_detect(CKFS_FIXTURES "/dcp"), 0);
+	CHECK_EQ_INT(ckfs_layout_deepspeed.detect(DS "/z1_w2_fp32", NULL), 1);
+	CHECK_EQ_INT(ckfs_layout_deepspeed.detect(DS "/z1_w2_fp32/global_step2", NULL), 1);
+	CHECK_EQ_INT(ckfs_layout_deepspeed.detect(DS "/z1_w2_fp32/oracle", NULL), 0);
+	CHECK_EQ_INT(ckfs_layout_deepspeed.detect(CKFS_FIXTURES "/dcp", NULL), 0);
 }
 
 int main(void)

@@ -109,10 +109,12 @@ static void check_ds_case(size_t i)
 		fprintf(stderr, "%s: %s\n", src, err.msg);
 		return;
 	}
-	CHECK_EQ_STR(m->layout, "deepspeed");
+	CHECK_EQ_STR(m->layout->name, "deepspeed");
 	CHECK_EQ_INT(m->world_size, ds_cases[i].ws);
-	CHECK_EQ_INT(m->zero_stage, ds_cases[i].stage);
-	CHECK_EQ_STR(m->ds_tag, "global_step2");
+	char step[64];
+	CHECK_EQ_INT(test_fact(m, "deepspeed", "zero_stage", NULL, 0), ds_cases[i].stage);
+	test_fact(m, "deepspeed", "tag", step, sizeof(step));
+	CHECK_EQ_STR(step, "global_step2");
 	CHECK_EQ_INT(m->n_ranks_read, ds_cases[i].ws);
 	CHECK_EQ_INT(m->n_sources, ds_cases[i].ws + (ds_cases[i].stage == 3 ? ds_cases[i].ws : 1));
 	struct stat st;
@@ -161,7 +163,7 @@ static const struct {
 static void check_mg_case(size_t i)
 {
 	char src[512], orig[600], file[600];
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_INVALID };
+	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO };
 	struct ckfs_model *m = NULL;
 	struct ckfs_st_set ref;
 	struct ckfs_error err;
@@ -179,11 +181,11 @@ static void check_mg_case(size_t i)
 		fprintf(stderr, "%s: %s\n", src, err.msg);
 		return;
 	}
-	CHECK_EQ_STR(m->layout, legacy ? "megatron" : "megatron-dist");
+	CHECK_EQ_STR(m->layout->name, legacy ? "megatron" : "megatron-dist");
 	CHECK_EQ_INT(m->world_size, mg_cases[i].world);
 	if (legacy) {
-		CHECK_EQ_INT(m->tp_size, mg_cases[i].tp);
-		CHECK_EQ_INT(m->pp_size, mg_cases[i].pp);
+		CHECK_EQ_INT(test_fact(m, "megatron", "tp", NULL, 0), mg_cases[i].tp);
+		CHECK_EQ_INT(test_fact(m, "megatron", "pp", NULL, 0), mg_cases[i].pp);
 	}
 	ckfs_error_clear(&err);
 	if (ckfs_st_set_open(orig, NULL, &ref, &err) == CKFS_OK) {
@@ -284,9 +286,10 @@ static void check_verl_case(size_t i)
 			fprintf(stderr, "%s: %s\n", src, err.msg);
 			return;
 		}
-		CHECK_EQ_STR(m->layout, "verl-fsdp");
+		CHECK_EQ_STR(m->layout->name, "verl-fsdp");
 		CHECK_EQ_INT(m->world_size, verl_cases[i].world);
-		CHECK_EQ_INT(m->fsdp_version, verl_cases[i].fsdp_version);
+		CHECK_EQ_INT(test_fact(m, "fsdp_version", NULL, NULL, 0),
+			     verl_cases[i].fsdp_version ? verl_cases[i].fsdp_version : -1);
 		CHECK_EQ_INT(m->n_warnings, 0);
 		if (pass)
 			snprintf(file, sizeof(file), "%s/expected/%s/model.safetensors", cell,

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Input layouts besides verl FSDP (src/layouts/detect.c, dcp.c, hf.c), on
+ * Input layouts besides verl FSDP (src/layouts/table.c, dcp.c, hf.c), on
  * folders written by real torch and transformers
  * (tests/gen/make_dcp_fixtures.py):
  *  - every torch.distributed.checkpoint fixture served --dtype auto holds,
@@ -128,11 +128,11 @@ static void test_dcp_matches_dcp_to_torch_save(void)
 		snprintf(src, sizeof(src), DCP "/%s", dcp_names[i]);
 		snprintf(oracle, sizeof(oracle), DCP "/%s.dcp_to_torch_save.safetensors",
 			 dcp_names[i]);
-		struct ckfs_model *m = open_model(src, CKFS_DTYPE_INVALID);
+		struct ckfs_model *m = open_model(src, CKFS_DTYPE_AUTO);
 		CHECK(m != NULL);
 		if (!m)
 			continue;
-		CHECK_EQ_STR(m->layout, "dcp");
+		CHECK_EQ_STR(m->layout->name, "dcp");
 		CHECK(open_st_file(oracle, "oracle", &ref) == 0);
 		CHECK_EQ_INT(m->n_tensors + (size_t)tied, ref.n_entries);
 		test_model_equals(m, &ref, CKFS_DTYPE_INVALID, dcp_names[i]);
@@ -188,7 +188,7 @@ static void test_dcp_names(void)
 	ckfs_model_free(m);
 
 	/* A plain save: FQNs are the keys. */
-	m = open_model(DCP "/qwen2_plain_nodist", CKFS_DTYPE_INVALID);
+	m = open_model(DCP "/qwen2_plain_nodist", CKFS_DTYPE_AUTO);
 	CHECK(m != NULL);
 	if (m) {
 		CHECK_EQ_INT(m->n_tensors, 27);
@@ -200,7 +200,7 @@ static void test_dcp_names(void)
 	ckfs_model_free(m);
 
 	/* Uneven pieces at world size 3: 101 + 101 + 99 rows. */
-	m = open_model(DCP "/qwen2_tied_fsdp2_w3", CKFS_DTYPE_INVALID);
+	m = open_model(DCP "/qwen2_tied_fsdp2_w3", CKFS_DTYPE_AUTO);
 	CHECK(m != NULL);
 	if (m) {
 		CHECK_EQ_INT(m->tensors[0].n_chunks, 3);
@@ -250,7 +250,7 @@ static void test_dcp_bf16_equals_converted_oracle(void)
 
 static void test_hf_single_identical(void)
 {
-	struct ckfs_model *m = open_model(HF "/qwen2_single", CKFS_DTYPE_INVALID);
+	struct ckfs_model *m = open_model(HF "/qwen2_single", CKFS_DTYPE_AUTO);
 	struct ckfs_folder_options fopt = { 0 };
 	struct ckfs_folder *f = NULL;
 	struct ckfs_error err;
@@ -259,7 +259,7 @@ static void test_hf_single_identical(void)
 	CHECK(m != NULL);
 	if (!m)
 		return;
-	CHECK_EQ_STR(m->layout, "hf");
+	CHECK_EQ_STR(m->layout->name, "hf");
 	CHECK_EQ_INT(m->n_sources, 1);
 	CHECK_EQ_STR(m->sources[0].name, "model.safetensors");
 	CHECK(strstr(m->config_path, "/hf/qwen2_single/config.json") != NULL);
@@ -280,7 +280,7 @@ static void test_hf_single_identical(void)
 
 static void test_hf_sharded(void)
 {
-	struct ckfs_model *m = open_model(HF "/qwen2_sharded", CKFS_DTYPE_INVALID);
+	struct ckfs_model *m = open_model(HF "/qwen2_sharded", CKFS_DTYPE_AUTO);
 	struct ckfs_folder_options one = { 0 }, many = { .max_shard_size = 50000 };
 	struct ckfs_folder *f = NULL, *fn = NULL;
 	struct ckfs_read_scratch s = { 0 };
@@ -290,7 +290,7 @@ static void test_hf_sharded(void)
 	CHECK(m != NULL);
 	if (!m)
 		return;
-	CHECK_EQ_STR(m->layout, "hf");
+	CHECK_EQ_STR(m->layout->name, "hf");
 	CHECK_EQ_INT(m->n_sources, 4);
 	CHECK_EQ_STR(m->sources[0].name, "model-00001-of-00004.safetensors");
 	ckfs_error_clear(&err);
@@ -347,7 +347,7 @@ static void test_hf_subfolders(void)
 		struct ckfs_model *m = open_model(root, CKFS_DTYPE_BF16);
 		CHECK(m != NULL);
 		if (m) {
-			CHECK_EQ_STR(m->layout, "hf");
+			CHECK_EQ_STR(m->layout->name, "hf");
 			CHECK(m->hf_dir && strstr(m->hf_dir, subs[i]) != NULL);
 			CHECK_EQ_INT(m->n_tensors, 27);
 		}
@@ -368,13 +368,13 @@ static void test_detection(void)
 	CHECK(test_sh("rm -rf '%s' && cp -r " DCP "/qwen2_plain_nodist '%s'", both, both) == 0);
 	CHECK(test_sh("cp " HF "/qwen2_single/model.safetensors '%s/huggingface/'", both) == 0);
 	m = open_model(both, CKFS_DTYPE_BF16);
-	CHECK(m && strcmp(m->layout, "dcp") == 0);
+	CHECK(m && strcmp(m->layout->name, "dcp") == 0);
 	ckfs_model_free(m);
 	m = NULL;
 
 	/* verl rank files before everything */
 	m = open_model(CKFS_FIXTURES "/fsdp/qwen2_fsdp2_w2", CKFS_DTYPE_BF16);
-	CHECK(m && strcmp(m->layout, "verl-fsdp") == 0);
+	CHECK(m && strcmp(m->layout->name, "verl-fsdp") == 0);
 	ckfs_model_free(m);
 	m = NULL;
 
@@ -388,6 +388,11 @@ static void test_detection(void)
 	CHECK(strstr(err.msg, ".metadata") != NULL);
 	CHECK(strstr(err.msg, "model.safetensors.index.json") != NULL);
 	CHECK(strchr(err.msg, '\n') == NULL);
+
+	/* options left zero ask for no dtype: refused, not read as auto */
+	struct ckfs_model_options zero = { 0 };
+	ckfs_error_clear(&err);
+	CHECK_EQ_INT(ckfs_model_open(HF "/qwen2_single", &zero, &m, &err), CKFS_E_INVALID);
 }
 
 /* ---- broken DCP folders ---- */

@@ -271,6 +271,17 @@ static void test_adapter_saved_alone(void)
 	} else {
 		CHECK(0);
 	}
+	/* --dtype fp8 quantizes the base's weights once (the base is read as
+	 * stored, the dtype rule applied to the whole model) */
+	opt.out_dtype = CKFS_DTYPE_F8_E4M3;
+	if (open_folder("lora/lora_qwen2_fsdp2_w2_loraonly", &opt, &m, &f)) {
+		CHECK_EQ_INT(m->n_fp8, 14);
+		CHECK_EQ_INT(m->n_tensors, 27 + 14);
+		ckfs_folder_free(f);
+		ckfs_model_free(m);
+	} else {
+		CHECK(0);
+	}
 }
 
 /* --lora=base: verl's model.safetensors, no lora_adapter/. */

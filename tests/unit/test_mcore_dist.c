@@ -51,7 +51,7 @@ static const struct {
 static void check_case(size_t i)
 {
 	char src[1024], orig[1024];
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_INVALID,
+	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO,
 					  .config_path = cases[i].config };
 	struct ckfs_model *m = NULL;
 	struct ckfs_st_set ref;
@@ -65,7 +65,7 @@ static void check_case(size_t i)
 		fprintf(stderr, "%s: %s\n", src, err.msg);
 		return;
 	}
-	CHECK_EQ_STR(m->layout, "megatron-dist");
+	CHECK_EQ_STR(m->layout->name, "megatron-dist");
 	CHECK_EQ_INT(m->world_size, cases[i].world);
 	CHECK_EQ_INT(m->n_sources, cases[i].n_sources);
 	CHECK_EQ_INT(m->tie_word_embeddings, cases[i].tied);
@@ -105,7 +105,7 @@ static void expect_broken_in(const char *cas, const char *sub, const char *setup
 {
 	const char *dir = test_tmp_dir("mcore-dist", "broken");
 	char src[1024];
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_INVALID };
+	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO };
 	struct ckfs_model *m = NULL;
 	struct ckfs_error err;
 
@@ -216,7 +216,7 @@ static void test_broken(void)
 static void expect_layout(const char *cas, const char *setup, const char *layout, size_t n)
 {
 	const char *dir = test_tmp_dir("mcore-dist", "variant");
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_INVALID };
+	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO };
 	struct ckfs_model *m = NULL;
 	struct ckfs_error err;
 
@@ -228,7 +228,7 @@ static void expect_layout(const char *cas, const char *setup, const char *layout
 		fprintf(stderr, "%s: %s\n", dir, err.msg);
 		return;
 	}
-	CHECK_EQ_STR(m->layout, layout);
+	CHECK_EQ_STR(m->layout->name, layout);
 	CHECK_EQ_INT(m->n_tensors, n);
 	ckfs_model_free(m);
 }
@@ -266,7 +266,7 @@ static void test_raw_names(void)
 		  { "mlp.shared_expert_gate.weight", NULL } },
 	};
 	const char *dir = test_tmp_dir("mcore-dist", "raw");
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_INVALID, .raw_names = true };
+	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO, .raw_names = true };
 	struct ckfs_model *m = NULL;
 	struct ckfs_st_set ref;
 	struct ckfs_read_scratch s = { 0 };

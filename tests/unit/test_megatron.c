@@ -74,7 +74,7 @@ static void test_equals_original(void)
 {
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		char src[1024], orig[1024];
-		struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_INVALID };
+		struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO };
 		struct ckfs_model *m = NULL;
 		struct ckfs_st_set ref;
 		struct ckfs_error err;
@@ -87,16 +87,18 @@ static void test_equals_original(void)
 			fprintf(stderr, "%s: %s\n", src, err.msg);
 			continue;
 		}
-		CHECK_EQ_STR(m->layout, "megatron");
-		CHECK_EQ_INT(m->tp_size, cases[i].tp);
-		CHECK_EQ_INT(m->pp_size, cases[i].pp);
-		CHECK_EQ_INT(m->vpp_size, cases[i].vpp);
-		CHECK_EQ_INT(m->ep_size, cases[i].ep);
-		CHECK_EQ_INT(m->etp_size, cases[i].etp);
+		CHECK_EQ_STR(m->layout->name, "megatron");
+		CHECK_EQ_INT(test_fact(m, "megatron", "tp", NULL, 0), cases[i].tp);
+		CHECK_EQ_INT(test_fact(m, "megatron", "pp", NULL, 0), cases[i].pp);
+		CHECK_EQ_INT(test_fact(m, "megatron", "vpp", NULL, 0), cases[i].vpp);
+		CHECK_EQ_INT(test_fact(m, "megatron", "ep", NULL, 0), cases[i].ep);
+		CHECK_EQ_INT(test_fact(m, "megatron", "etp", NULL, 0),
+			     cases[i].etp ? cases[i].etp : -1);
 		CHECK_EQ_INT(m->world_size, cases[i].folders ? cases[i].folders
 							     : cases[i].tp * cases[i].pp * cases[i].ep);
 		for (int k = 0; k < cases[i].pp * cases[i].vpp; k++)
-			CHECK_EQ_INT(m->stage_layers[k], cases[i].stage_layers[k]);
+			CHECK_EQ_INT(test_fact_at(m, "megatron", "stage_layers", k),
+				     cases[i].stage_layers[k]);
 		CHECK_EQ_INT(m->tie_word_embeddings, cases[i].tied);
 		ckfs_error_clear(&err);
 		CHECK(ckfs_st_set_open(orig, NULL, &ref, &err) == CKFS_OK);
@@ -141,7 +143,7 @@ static void expect_broken_in(const char *cas, const char *setup, enum ckfs_code 
 			  const char *needle2)
 {
 	const char *dir = test_tmp_dir("megatron", "broken");
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_INVALID };
+	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO };
 	struct ckfs_model *m = NULL;
 	struct ckfs_error err;
 
@@ -315,7 +317,7 @@ static void test_broken(void)
 static void test_raw_names(void)
 {
 	const char *dir = test_tmp_dir("megatron", "raw");
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_INVALID, .raw_names = true };
+	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO, .raw_names = true };
 	struct ckfs_model *m = NULL;
 	struct ckfs_read_scratch s = { 0 };
 	struct ckfs_error err;

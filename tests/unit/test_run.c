@@ -4,8 +4,13 @@
  * zeros, signs, non-digits and numbers past 2^53 refused, never served),
  * the tracker parsed strictly and its last good value kept, the
  * completeness rule with and without tracker, what a folder is (run, step
- * or plain checkpoint), roles and the fingerprint seeing a changed file.
+ * or plain checkpoint: the layouts' own detection, checked against
+ * ckfs_model_open on every fixture folder), roles and the fingerprint
+ * seeing a changed file.
  */
+#define _XOPEN_SOURCE 700 /* nftw */
+#include <ftw.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +18,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ckfs/layouts.h"
 #include "ckfs/run.h"
+#include "layouts/layouts.h"
 #include "test.h"
 
 static char root[256];
@@ -250,12 +257,91 @@ static void test_kinds_roles_fingerprint(void)
 	put("global_step_8/model_world_size_1_rank_0.pt", "x");
 	snprintf(p, sizeof(p), "%s/global_step_8", root);
 	CHECK_EQ_INT(ckfs_run_kind(p), CKFS_RUN_NOT);
+	/* Roles named as a layout's folders are still roles unless a layout
+	 * claims the step (model/ without mp_rank_*, huggingface/ without
+	 * weights), and a name that only starts like a rank file is none. */
+	mk("global_step_7");
+	mk("global_step_7/model");
+	put("global_step_7/model/model_world_size_1_rank_0.pt", "x");
+	mk("global_step_7/huggingface");
+	mk("global_step_7/model_world_size_notes");
+	snprintf(p, sizeof(p), "%s/global_step_7", root);
+	CHECK_EQ_INT(ckfs_run_kind(p), CKFS_RUN_STEP);
+	/* A DeepSpeed step folder beside no `latest`: DeepSpeed's checkpoint
+	 * (its reader asks which step folder to serve), not a step. */
+	mk("global_step_6");
+	mk("global_step_6/global_step6");
+	put("global_step_6/global_step6/mp_rank_00_model_states.pt", "x");
+	snprintf(p, sizeof(p), "%s/global_step_6", root);
+	CHECK_EQ_INT(ckfs_run_kind(p), CKFS_RUN_NOT);
 	/* An ordinary folder is not a run. */
 	fresh_root();
 	mk("actor");
 	CHECK_EQ_INT(ckfs_run_kind(root), CKFS_RUN_NOT);
 	char cmd[300];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+	CHECK(system(cmd) == 0);
+}
+
+/* ---- the run scanner and ckfs_model_open agree on every fixture and corpus folder ---- */
+
+static char link_dir[256];
+static int n_agree;
+
+/* Whether ckfs_model_open finds no layout in dir (it fails with the
+ * message for a folder no layout claims). */
+static bool no_layout(const char *dir)
+{
+	const struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO };
+	struct ckfs_model *m = NULL;
+	struct ckfs_error err, none;
+	char real[PATH_MAX];
+
+	ckfs_error_clear(&err);
+	if (ckfs_model_open(dir, &opt, &m, &err) == CKFS_OK) {
+		ckfs_model_free(m);
+		return false;
+	}
+	ckfs_error_clear(&none);
+	CHECK(realpath(dir, real) != NULL);
+	(void)ckfs_layout_not_found(real, dir, &none);
+	return strcmp(err.msg, none.msg) == 0;
+}
+
+static int agree_on(const char *dir, const struct stat *st, int flag, struct FTW *ftw)
+{
+	char step[512];
+
+	(void)st;
+	(void)ftw;
+	if (flag != FTW_D)
+		return 0;
+	/* Named as a step, a folder is one exactly when no layout claims it
+	 * (runs themselves are another question). */
+	snprintf(step, sizeof(step), "%s/global_step_7", link_dir);
+	unlink(step);
+	CHECK(symlink(dir, step) == 0);
+	enum ckfs_run_kind kind = ckfs_run_kind(step);
+	if (kind != CKFS_RUN_RUN) {
+		enum ckfs_run_kind want = no_layout(dir) ? CKFS_RUN_STEP : CKFS_RUN_NOT;
+		if (kind != want)
+			fprintf(stderr, "%s: the run scanner and detection disagree\n", dir);
+		CHECK_EQ_INT(kind, want);
+		n_agree++;
+	}
+	return 0;
+}
+
+static void test_scanner_agrees_with_detection(void)
+{
+	char cmd[300];
+
+	snprintf(link_dir, sizeof(link_dir), "/tmp/ckfs-test-agree-XXXXXX");
+	CHECK(mkdtemp(link_dir) != NULL);
+	CHECK(nftw(CKFS_FIXTURES, agree_on, 16, FTW_PHYS) == 0);
+	CHECK(nftw(CKFS_CORPUS, agree_on, 16, FTW_PHYS) == 0);
+	CHECK(n_agree > 600);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", link_dir);
 	CHECK(system(cmd) == 0);
 }
 
@@ -266,5 +352,6 @@ int main(void)
 	RUN(test_scan_with_tracker);
 	RUN(test_scan_without_tracker);
 	RUN(test_kinds_roles_fingerprint);
+	RUN(test_scanner_agrees_with_detection);
 	return test_summary();
 }

@@ -91,7 +91,7 @@ static void check_written_by(const char *version, const char *said)
 static void check_cell(struct release *r, size_t c, const char *dir, const char *truth)
 {
 	struct ckfs_st_set refs = { 0 }, *ref = &refs;
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_INVALID };
+	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO };
 	struct ckfs_model *m = NULL;
 	struct ckfs_error err;
 
@@ -105,7 +105,7 @@ static void check_cell(struct release *r, size_t c, const char *dir, const char 
 		brief(r->result[c], sizeof(r->result[c]), "FAILED: ", err.msg);
 		goto out;
 	}
-	CHECK_EQ_STR(m->layout, strcmp(cells[c], "dcp") == 0 ? "dcp" : "verl-fsdp");
+	CHECK_EQ_STR(m->layout->name, strcmp(cells[c], "dcp") == 0 ? "dcp" : "verl-fsdp");
 	check_written_by(r->version, m->written_by);
 	CHECK_EQ_INT(m->n_tensors, ref->n_entries);
 	int before = test_case_failed;

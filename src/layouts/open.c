@@ -1,0 +1,102 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A model's opening (include/ckfs/layouts.h): the layout the table finds
+ * (table.c), its build, then what every layout's model goes through once,
+ * here and nowhere else: the names by the layout's flags, --base, the dtype
+ * rule, --dtype fp8, the model's validation and the start of any deferred
+ * checks, in that order.
+ */
+#include <stdlib.h>
+
+#include "layouts/layouts.h"
+
+/* The one dtype rule: a layout serves each tensor as --dtype auto would
+ * (as stored, unless its reference tool says otherwise: DeepSpeed's
+ * buffers); any other --dtype applies to every tensor, the adapter's too,
+ * and --dtype fp8 is bf16 for all but the weights fp8.c quantizes. */
+static void apply_dtype(struct ckfs_model *m, const struct ckfs_model_options *opt)
+{
+	enum ckfs_dtype to = opt->out_dtype == CKFS_DTYPE_F8_E4M3 ? CKFS_DTYPE_BF16
+								   : opt->out_dtype;
+
+	if (opt->out_dtype == CKFS_DTYPE_AUTO)
+		return;
+	for (size_t i = 0; i < m->n_tensors; i++)
+		m->tensors[i].out_dtype = to;
+	for (size_t i = 0; m->lora && i < m->lora->n_tensors; i++)
+		m->lora->tensors[i].out_dtype = to;
+}
+
+/* --base belongs to LoRA checkpoints without base weights (peft.c takes it
+ * in); any other checkpoint given one is refused, not served without it. */
+static enum ckfs_code check_base_option(const struct ckfs_model *m,
+					const struct ckfs_model_options *opt,
+					struct ckfs_error *err)
+{
+	if (opt->base_path && !(m->lora && m->lora->only))
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s' is not a LoRA adapter saved "
+				 "alone: --base is for those", m->src_dir);
+	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_model_finish(struct ckfs_model *m, const struct ckfs_model_options *opt,
+				 struct ckfs_error *err)
+{
+	if (m->layout->flags & CKFS_LAYOUT_HELD_NAMES)
+		CKFS_TRY(ckfs_hf_save_names(m, opt, err));
+	CKFS_TRY(check_base_option(m, opt, err));
+	apply_dtype(m, opt);
+	CKFS_TRY(ckfs_fp8_select(m, opt, err));
+	CKFS_TRY(ckfs_plan_validate_model(m, err));
+	return ckfs_checks_start(m, err);
+}
+
+/* m->src_dir and the policy's root: SRC's real path (a daemon changes its
+ * working directory, and source checks stat the paths again later). */
+static enum ckfs_code resolve(struct ckfs_model *m, const char *src, struct ckfs_error *err)
+{
+	if (!ckfs_path_is_dir(src))
+		return ckfs_path_exists(src)
+			       ? ckfs_fail(err, CKFS_E_INVALID, "'%s': not a folder", src)
+			       : ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found", src);
+	char *abs = realpath(src, NULL);
+	if (!abs)
+		return ckfs_fail_errno(err, "'%s': cannot resolve", src);
+	m->src_dir = m->policy.root = ckfs_arena_strdup(&m->arena, abs);
+	free(abs);
+	return m->src_dir ? CKFS_OK : ckfs_nomem(err);
+}
+
+static enum ckfs_code open_model(struct ckfs_model *m, const char *src,
+				 const struct ckfs_model_options *opt, struct ckfs_error *err)
+{
+	CKFS_TRY(resolve(m, src, err));
+	int found = ckfs_layout_find(m->src_dir, &m->policy, &m->layout);
+	if (found < 0)
+		return ckfs_fail_errno(err, "'%s': cannot list", src);
+	if (!found)
+		return ckfs_layout_not_found(m->src_dir, src, err);
+	CKFS_TRY(m->layout->build(m, opt, err));
+	return ckfs_model_finish(m, opt, err);
+}
+
+enum ckfs_code ckfs_model_open(const char *src, const struct ckfs_model_options *opt,
+			       struct ckfs_model **out, struct ckfs_error *err)
+{
+	struct ckfs_model *m;
+
+	if (opt->out_dtype == CKFS_DTYPE_INVALID ||
+	    (opt->out_dtype >= CKFS_DTYPE_COUNT && opt->out_dtype != CKFS_DTYPE_AUTO))
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': no output dtype asked for", src);
+	if (!(m = calloc(1, sizeof(*m))))
+		return ckfs_nomem(err);
+	ckfs_arena_init(&m->arena);
+	m->policy.follow_symlinks = opt->follow_symlinks;
+	enum ckfs_code rc = open_model(m, src, opt, err);
+	if (rc != CKFS_OK) {
+		ckfs_model_free(m);
+		return rc;
+	}
+	*out = m;
+	return CKFS_OK;
+}
