@@ -28,7 +28,7 @@ enum ckfs_rank_checks {
 struct ckfs_model_options {
 	/* Output dtype; CKFS_DTYPE_AUTO keeps each tensor as stored;
 	 * CKFS_DTYPE_F8_E4M3 is --dtype fp8 (block-quantized linear weights,
-	 * bf16 for the rest: src/layouts/fp8.c). CKFS_DTYPE_INVALID (options
+	 * bf16 for the rest: src/layouts/fp8_select.c). CKFS_DTYPE_INVALID (options
 	 * left zero) is refused. */
 	enum ckfs_dtype out_dtype;
 	/* --config: a config.json, or a folder holding one; NULL for the
@@ -52,7 +52,7 @@ struct ckfs_model_options {
 	bool rslora;
 	/* --fp8-skip: weights --dtype fp8 leaves unquantized, a POSIX extended
 	 * regular expression against the served names; NULL for the default
-	 * (vision towers; src/layouts/fp8.c). */
+	 * (vision towers; src/layouts/fp8_select.c). */
 	const char *fp8_skip;
 	/* Default CKFS_RANK_CHECKS_OPEN. */
 	enum ckfs_rank_checks rank_checks;

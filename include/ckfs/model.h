@@ -104,7 +104,7 @@ struct ckfs_tensor {
 };
 
 /*
- * Block-wise FP8 of a 2-D weight W [rows, cols] (src/model/fp8.c): per
+ * Block-wise FP8 of a 2-D weight W [rows, cols] (src/model/fp8_quant.c): per
  * block of CKFS_FP8_BLOCK x CKFS_FP8_BLOCK (partial at the edges) a scale
  * s = max(amax(|block|), 1e-10) / 448 (never 0: vLLM's floor), and values
  * float8_e4m3fn(clamp(W / s, -448, 448)). The scales of a block row are
@@ -117,13 +117,13 @@ struct ckfs_fp8 {
 	int64_t rows, cols, block_rows, block_cols;
 	float *scales;                  /* block_rows x block_cols */
 	_Atomic unsigned char *ready;   /* per block row: unknown, being
-					 * computed, set (fp8.c) */
+					 * computed, set (fp8_quant.c) */
 	pthread_mutex_t lock;           /* guards the states' changes */
 	pthread_cond_t done;            /* a block row was computed */
 };
 
 /* Block rows quantized whole and kept for the reads that want them
- * (fp8.c): up to CKFS_FP8_KEPT block rows and CKFS_FP8_KEPT_BYTES, least
+ * (fp8_quant.c): up to CKFS_FP8_KEPT block rows and CKFS_FP8_KEPT_BYTES, least
  * recently used first out. */
 #define CKFS_FP8_KEPT 1024
 #define CKFS_FP8_KEPT_BYTES (128u << 20)
@@ -207,7 +207,7 @@ struct ckfs_model {
 	const char *model_type;         /* config.json's; NULL when absent */
 	/* A LoRA actor's adapter; NULL for other models. */
 	struct ckfs_lora *lora;
-	/* --dtype fp8: one per quantized weight (src/layouts/fp8.c), and the
+	/* --dtype fp8: one per quantized weight (src/layouts/fp8_select.c), and the
 	 * modules left unquantized, as transformers names them. */
 	struct ckfs_fp8 *fp8;
 	size_t n_fp8;
@@ -318,8 +318,8 @@ uint64_t ckfs_tensor_out_bytes(const struct ckfs_tensor *t);
 struct ckfs_read_scratch {
 	void *buf;                      /* bounce buffer */
 	size_t cap;
-	float *fused;                   /* fused LoRA reads (fuse.c) */
-	float *fp8;                     /* fp8 block rows (fp8.c) */
+	float *fused;                   /* fused LoRA reads (lora_fuse.c) */
+	float *fp8;                     /* fp8 block rows (fp8_quant.c) */
 	size_t fp8_cap;                 /* in elements */
 };
 void ckfs_read_scratch_release(struct ckfs_read_scratch *s);
@@ -336,12 +336,12 @@ enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
 				struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /* Internal to src/model: the read of an fp8 tensor (values or scales,
- * fp8.c), called by ckfs_tensor_read. */
+ * fp8_quant.c), called by ckfs_tensor_read. */
 enum ckfs_code ckfs_fp8_read(const struct ckfs_model *m, const struct ckfs_tensor *t,
 			     uint64_t first, uint64_t count, void *dst,
 			     struct ckfs_read_scratch *scratch,
 			     struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* Internal to src/model: the read of a tensor with a LoRA pair (fuse.c),
+/* Internal to src/model: the read of a tensor with a LoRA pair (lora_fuse.c),
  * called by ckfs_tensor_read. */
 enum ckfs_code ckfs_lora_read(const struct ckfs_model *m, const struct ckfs_tensor *t,
 			      uint64_t first, uint64_t count, void *dst,

@@ -231,7 +231,7 @@ enum ckfs_code ckfs_st_layout_build(const struct ckfs_model *m,
 			n_shards = 1;
 			continue;
 		}
-		/* fp8 scales follow their weight (src/layouts/fp8.c) into its
+		/* fp8 scales follow their weight (src/layouts/fp8_select.c) into its
 		 * shard, even past the limit by their few bytes. */
 		if (m->tensors[i].fp8_scales && i > 0) {
 			shard_of[i] = shard_of[i - 1];

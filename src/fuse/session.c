@@ -47,6 +47,7 @@
 #include <syslog.h>
 #include <unistd.h>
 
+#include "ckfs/units.h"
 #include "fuse/tree.h"
 
 /* ---- logging ---- */
@@ -239,19 +240,6 @@ static void detach(int ready_fd)
 	close(ready_fd);
 }
 
-static void format_size(uint64_t v, char *buf, size_t size)
-{
-	static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB" };
-	double d = (double)v;
-	int u = 0;
-
-	while (d >= 1024 && u < 4) {
-		d /= 1024;
-		u++;
-	}
-	snprintf(buf, size, u ? "%.1f %s" : "%.0f %s", d, units[u]);
-}
-
 /* Block the stop signals (SIGTERM, SIGINT, SIGHUP, SIGQUIT) in this
  * thread, the old mask into *old: threads started meanwhile (read-ahead
  * workers, a run's watcher) inherit the mask, and the signals must reach
@@ -278,7 +266,7 @@ static void announce(const struct ckfs_mount_options *opt, struct ckfs_fs *fs, i
 		ckfs_log(CKFS_LOG_WARNING, "cannot chdir to '/': %s", strerror(errno));
 	if (ready_fd >= 0)
 		detach(ready_fd);
-	format_size(opt->cache_size, size_text, sizeof(size_text));
+	ckfs_format_bytes((double)opt->cache_size, size_text, sizeof(size_text));
 	snprintf(status_line, sizeof(status_line),
 		 "READY=1\nSTATUS=Serving %s at %s\nMAINPID=%ld", opt->src,
 		 opt->mountpoint, (long)getpid());

@@ -41,12 +41,6 @@ static const char *skip(const char *s, const char *lit)
 	return strncmp(s, lit, n) == 0 ? s + n : NULL;
 }
 
-static int ends_with(const char *s, const char *suffix)
-{
-	size_t n = strlen(s), k = strlen(suffix);
-	return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
 /* A rank as DeepSpeed prints one ({dp_rank}: no sign, no leading zero,
  * within CKFS_MAX_RANKS): the text after it, or NULL. */
 static const char *rank_number(const char *s, long *v)
@@ -86,12 +80,12 @@ static enum ds_kind refuse_name(struct ds_name *out, const char *why)
 static enum ds_kind ds_file_name(const char *name, struct ds_name *out)
 {
 	static const char model_sfx[] = "_model_states.pt", optim_sfx[] = "_optim_states.pt";
-	int model = ends_with(name, model_sfx), optim = ends_with(name, optim_sfx);
+	int model = ckfs_ends_with(name, model_sfx), optim = ckfs_ends_with(name, optim_sfx);
 	const char *p = name, *end = name + strlen(name) - (sizeof(model_sfx) - 1);
 	long mp;
 
 	memset(out, 0, sizeof(*out));
-	if (strncmp(name, "layer_", 6) == 0 && ends_with(name, "-model_states.pt"))
+	if (strncmp(name, "layer_", 6) == 0 && ckfs_ends_with(name, "-model_states.pt"))
 		return refuse_name(out, "a pipeline-parallel layer file (DeepSpeed "
 				   "PipelineModule checkpoints are not supported)");
 	if (!model && !optim)

@@ -190,7 +190,7 @@ enum ckfs_code ckfs_peft_split(struct ckfs_model *m, const struct ckfs_model_opt
 enum ckfs_code ckfs_peft_finish(struct ckfs_model *m, const struct ckfs_model_options *opt,
 				struct ckfs_error *err) CKFS_WARN_UNUSED;
 
-/* ---- fp8.c ---- */
+/* ---- fp8_select.c ---- */
 
 /* --dtype fp8: the weights served block-quantized, their scale tensors and
  * the modules left as they are (m->fp8_unconverted); and, with any dtype

@@ -13,7 +13,7 @@
 /* The one dtype rule: a layout serves each tensor as --dtype auto would
  * (as stored, unless its reference tool says otherwise: DeepSpeed's
  * buffers); any other --dtype applies to every tensor, the adapter's too,
- * and --dtype fp8 is bf16 for all but the weights fp8.c quantizes. */
+ * and --dtype fp8 is bf16 for all but the weights fp8_select.c quantizes. */
 static void apply_dtype(struct ckfs_model *m, const struct ckfs_model_options *opt)
 {
 	enum ckfs_dtype to = opt->out_dtype == CKFS_DTYPE_F8_E4M3 ? CKFS_DTYPE_BF16

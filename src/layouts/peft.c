@@ -23,7 +23,7 @@
  * writes (or a rank the weights contradict).
  *
  * --lora=fuse gives each adapted weight its pair (the read path adds
- * scale * (B @ A), src/model/fuse.c); --base supplies the base weights of a
+ * scale * (B @ A), src/model/lora_fuse.c); --base supplies the base weights of a
  * checkpoint saved with save_lora_only.
  */
 #include <cjson/cJSON.h>

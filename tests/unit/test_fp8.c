@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * --dtype fp8 (src/layouts/fp8.c chooses, src/model/fp8.c computes) against
+ * --dtype fp8 (src/layouts/fp8_select.c chooses, src/model/fp8_quant.c computes) against
  * the torch reference quantizer's bytes (tests/gen/make_fp8_expected.py:
  * fp32 and bf16 sources, partial edge blocks, NaN of both signs, Inf, an
  * all-zero block, subnormals, huge values; two FSDP checkpoints): every

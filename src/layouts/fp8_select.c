@@ -11,7 +11,7 @@
  *    multimodal projector.
  *
  * It is then served as F8_E4M3 with `<name>_scale_inv` beside it (F32, one
- * per 128 x 128 block; src/model/fp8.c computes both on read). Everything
+ * per 128 x 128 block; src/model/fp8_quant.c computes both on read). Everything
  * else is served as bf16 (ckfs_model_open's dtype rule): embeddings, norms, biases, lm_head, MoE routers,
  * the skipped layers. Every other matrix's module is listed for config.json
  * (quantization_config.modules_to_not_convert, under the names transformers
