@@ -433,7 +433,11 @@ static enum ckfs_code check_keys(struct ckfs_torch_file *tf, const struct ckfs_p
 	}
 	if (!st || st->kind != CKFS_PV_DICT)
 		return CKFS_OK;
-	date_keys(tf, st, cls); /* first, so that a refusal can say it */
+	/* Dated first, so that a refusal can say it; from the file's first
+	 * DTensor only (one release wrote them all; 37k DTensors a rank file
+	 * in a frontier MoE actor need not each be dated again). */
+	if (!tf->mesh_pv)
+		date_keys(tf, st, cls);
 	for (size_t i = 0; i < st->u.dict.n; i++) {
 		const struct ckfs_pv *k = st->u.dict.keys[i];
 		size_t j = 0;
