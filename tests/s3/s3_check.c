@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The S3 client against a real store (tests/s3/test_s3_client.sh starts
- * SeaweedFS and fills bucket "ckfs-test"): usage: s3_check BUCKET. Settings
- * come from the environment as for ckfs itself.
+ * SeaweedFS and fills bucket "ckfs-test"): usage: s3_check BUCKET OLD_ETAG FLAKY_ENDPOINT. Settings
+ * come from the environment as for ckfs itself; FLAKY_ENDPOINT is
+ * tests/s3/flaky_proxy.py in front of the same store.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,16 +124,57 @@ static void test_bad_credentials(void)
 	ckfs_s3_free(wrong);
 }
 
+/* Through tests/s3/flaky_proxy.py: each request first gets a dropped
+ * connection, then 503 SlowDown, then goes through; "always-503" never does. */
+static const char *flaky;
+
+static void test_retries(void)
+{
+	struct ckfs_s3_config c;
+	struct ckfs_s3 *f;
+	struct ckfs_s3_object o;
+	struct ckfs_s3_listing l;
+	struct ckfs_s3_counts n;
+	struct ckfs_error err;
+	unsigned char buf[1000];
+
+	ckfs_error_clear(&err);
+	CHECK_EQ_INT(ckfs_s3_config_load(&c, flaky, CKFS_S3_AUTO, &err), CKFS_OK);
+	CHECK_EQ_INT(ckfs_s3_new(&c, &f, &err), CKFS_OK);
+	CHECK_EQ_INT(ckfs_s3_head(f, bucket, "dir/f.bin", &o, &err), CKFS_OK);
+	CHECK_EQ_INT(ckfs_s3_get(f, bucket, "dir/f.bin", o.etag, 1000, sizeof(buf), buf, &err),
+		     CKFS_OK);
+	CHECK(buf[0] == 1000 % 251 && buf[999] == 1999 % 251);
+	CHECK_EQ_INT(ckfs_s3_list(f, bucket, "dir/", true, &l, &err), CKFS_OK);
+	ckfs_s3_listing_free(&l);
+	ckfs_s3_counts(f, &n);
+	fprintf(stderr, "  %llu requests, %llu retried\n", (unsigned long long)n.requests,
+		(unsigned long long)n.retries);
+	CHECK(n.requests == 9 && n.retries == 6); /* three requests, two retries each */
+	if (err.code)
+		fprintf(stderr, "  %s\n", err.msg);
+	/* the attempts run out: one line, the store's code */
+	c.max_attempts = 3;
+	ckfs_s3_free(f);
+	CHECK_EQ_INT(ckfs_s3_new(&c, &f, &err), CKFS_OK);
+	CHECK_EQ_INT(ckfs_s3_get(f, bucket, "dir/always-503", NULL, 0, 10, buf, &err), CKFS_E_IO);
+	CHECK_EQ_STR(err.msg, "s3://ckfs-test/dir/always-503: HTTP 503 SlowDown");
+	ckfs_s3_counts(f, &n);
+	CHECK(n.requests == 3 && n.retries == 2);
+	ckfs_s3_free(f);
+}
+
 int main(int argc, char **argv)
 {
 	struct ckfs_s3_config c;
 	struct ckfs_error err;
 
-	if (argc != 3) {
-		fprintf(stderr, "usage: s3_check BUCKET OLD_ETAG_OF_G\n");
+	if (argc != 4) {
+		fprintf(stderr, "usage: s3_check BUCKET OLD_ETAG_OF_G FLAKY_ENDPOINT\n");
 		return 2;
 	}
 	bucket = argv[1];
+	flaky = argv[3];
 	ckfs_error_clear(&err);
 	if (ckfs_s3_config_load(&c, NULL, CKFS_S3_AUTO, &err) != CKFS_OK ||
 	    ckfs_s3_new(&c, &s3, &err) != CKFS_OK) {
@@ -148,6 +190,7 @@ int main(int argc, char **argv)
 	RUN(test_listing);
 	RUN(test_odd_key);
 	RUN(test_bad_credentials);
+	RUN(test_retries);
 	ckfs_s3_free(s3);
 	return test_summary();
 }

@@ -3,7 +3,8 @@
 # The S3 client (src/store) against a real SeaweedFS on loopback: ranged
 # GETs byte for byte, an object replaced after it was looked at (If-Match
 # refuses it), listings of more than one page, keys that need encoding,
-# wrong credentials. Usage: test_s3_client.sh S3_CHECK_BINARY
+# wrong credentials, retries through an endpoint that answers 503
+# SlowDown and drops connections (flaky_proxy.py). Usage: test_s3_client.sh S3_CHECK_BINARY
 set -uo pipefail
 CHECK=$1
 source "$(dirname "$0")/seaweedfs.sh"
@@ -36,4 +37,12 @@ for i in $(seq -w 1 1003); do
 	args+=(-T "$WORK/odd" "$E/many/k$i")
 done
 s3curl -f "${args[@]}" >/dev/null || { echo "FAIL: could not write many/" >&2; exit 1; }
-"$CHECK" ckfs-test "$old"
+# An unreliable endpoint in front of it, for the retries.
+python3 "$(dirname "$0")/flaky_proxy.py" "${AWS_ENDPOINT_URL##*:}" >"$WORK/proxy.port" &
+PROXY=$!
+trap 'kill $PROXY 2>/dev/null; seaweedfs_stop; rm -rf "$WORK"' EXIT
+for i in $(seq 1 100); do
+	[ -s "$WORK/proxy.port" ] && break
+	sleep 0.1
+done
+"$CHECK" ckfs-test "$old" "http://127.0.0.1:$(cat "$WORK/proxy.port")"
