@@ -960,13 +960,13 @@ fail:
 	return rc;
 }
 
-enum ckfs_code ckfs_torch_open_item(struct ckfs_torch_file *tf, int fd,
-				    uint64_t base, uint64_t length,
-				    const char *label, const char *key,
+enum ckfs_code ckfs_torch_open_item(struct ckfs_torch_file *tf,
+				    const struct ckfs_torch_item *item, const char *key,
 				    struct ckfs_sd_entry *out,
 				    struct ckfs_error *err)
 {
-	enum ckfs_code rc = open_pickle(tf, fd, base, length, label, err);
+	const char *label = item->label;
+	enum ckfs_code rc = open_pickle(tf, item->fd, item->base, item->length, label, err);
 
 	if (rc != CKFS_OK)
 		return rc;

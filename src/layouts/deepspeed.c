@@ -165,27 +165,33 @@ static int get_int(const struct ckfs_pv *v, int64_t *out)
 	return 1;
 }
 
+/* A parameter's shape, as param_shapes and frozen_param_shapes hold it. */
+struct ds_shape {
+	int ndim;
+	int64_t v[CKFS_MAX_DIMS];
+	uint64_t numel;
+};
+
 /* A pickled torch.Size (a tuple after the VM) as a shape. */
 static enum ckfs_code get_shape(const char *path, const char *where, const char *name,
-				const struct ckfs_pv *v, int *ndim, int64_t *shape,
-				uint64_t *numel, struct ckfs_error *err)
+				const struct ckfs_pv *v, struct ds_shape *s, struct ckfs_error *err)
 {
 	size_t n = seq_len(v);
 
 	if (!is_seq(v) || n > CKFS_MAX_DIMS)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': the shape of '%s' in %s is not a "
 				 "torch.Size", path, name, where);
-	*numel = 1;
+	s->numel = 1;
 	for (size_t k = 0; k < n; k++) {
-		if (!get_int(v->u.seq.items[k], &shape[k]) || shape[k] < 0)
+		if (!get_int(v->u.seq.items[k], &s->v[k]) || s->v[k] < 0)
 			return ckfs_fail(err, CKFS_E_FORMAT, "'%s': the shape of '%s' in %s is "
 					 "not a torch.Size", path, name, where);
-		if (__builtin_mul_overflow(*numel, (uint64_t)shape[k], numel) ||
-		    *numel > CKFS_MAX_SERVED_BYTES)
+		if (__builtin_mul_overflow(s->numel, (uint64_t)s->v[k], &s->numel) ||
+		    s->numel > CKFS_MAX_SERVED_BYTES)
 			return ckfs_fail(err, CKFS_E_LIMIT, "'%s': '%s' in %s is too large",
 					 path, name, where);
 	}
-	*ndim = (int)n;
+	s->ndim = (int)n;
 	return CKFS_OK;
 }
 
@@ -463,12 +469,11 @@ static struct ckfs_out *out_at(struct ds_build *b, size_t i)
 	return &b->outs.v[i];
 }
 
-static enum ckfs_code add_out(struct ds_build *b, const char *name, const char *placement,
-			      int ndim, const int64_t *shape, enum ckfs_dtype dtype, size_t *index,
+static enum ckfs_code add_out(struct ds_build *b, const struct ckfs_out_spec *s, size_t *index,
 			      struct ckfs_error *err)
 {
 	*index = 0;
-	if (!ckfs_outs_add(b->m, &b->outs, name, placement, ndim, shape, dtype, err))
+	if (!ckfs_outs_add(b->m, &b->outs, s, err))
 		return err->code;
 	*index = b->outs.n - 1;
 	return CKFS_OK;
@@ -491,8 +496,9 @@ static enum ckfs_code add_buffers(struct ds_build *b, struct ckfs_error *err)
 		struct ckfs_sd_entry e;
 		size_t o;
 		CKFS_TRY(decode_tensor(&b->model0, mod->u.dict.vals[i], name, &e, err));
-		CKFS_TRY(add_out(b, name, "buffer", e.local.ndim, e.local.shape, e.local.dtype, &o,
-				 err));
+		struct ckfs_out_spec s = { .name = name, .placement = "buffer", .dtype = e.local.dtype,
+					   .ndim = e.local.ndim, .shape = e.local.shape };
+		CKFS_TRY(add_out(b, &s, &o, err));
 		CKFS_TRY(ckfs_entry_chunks(&e, coord, b->model_src, 0, &out_at(b, o)->chunks, err));
 	}
 	b->n_buffers = b->outs.n;
@@ -500,9 +506,10 @@ static enum ckfs_code add_buffers(struct ds_build *b, struct ckfs_error *err)
 }
 
 /* ZeRO-1/2 frozen parameter: its fragment is the whole tensor. */
-static enum ckfs_code frozen_whole(struct ds_build *b, const char *name, int ndim,
-				   const int64_t *shape, struct ckfs_error *err)
+static enum ckfs_code frozen_whole(struct ds_build *b, const char *name,
+				   const struct ds_shape *shape, struct ckfs_error *err)
 {
+	int ndim = shape->ndim;
 	const struct ckfs_pv *frag = ckfs_pv_dict_get(b->mv0.frozen_frags, name);
 	const int64_t coord[CKFS_MAX_DIMS] = { 0 };
 	struct ckfs_sd_entry e;
@@ -514,12 +521,14 @@ static enum ckfs_code frozen_whole(struct ds_build *b, const char *name, int ndi
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': no %s", b->model0.label, key);
 	CKFS_TRY(decode_tensor(&b->model0, frag, key, &e, err));
 	if (e.local.ndim != ndim ||
-	    memcmp(e.local.shape, shape, sizeof(int64_t) * (size_t)ndim) != 0)
+	    memcmp(e.local.shape, shape->v, sizeof(int64_t) * (size_t)ndim) != 0)
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': %s has shape %s, "
 				 "frozen_param_shapes says %s", b->model0.label, key,
 				 ckfs_format_dims(e.local.ndim, e.local.shape, "[", "]", a, sizeof(a)),
-				 ckfs_format_dims(ndim, shape, "[", "]", c, sizeof(c)));
-	CKFS_TRY(add_out(b, name, "frozen", ndim, shape, e.local.dtype, &o, err));
+				 ckfs_format_dims(ndim, shape->v, "[", "]", c, sizeof(c)));
+	struct ckfs_out_spec s = { .name = name, .placement = "frozen", .dtype = e.local.dtype,
+				   .ndim = ndim, .shape = shape->v };
+	CKFS_TRY(add_out(b, &s, &o, err));
 	return ckfs_entry_chunks(&e, coord, b->model_src, 0, &out_at(b, o)->chunks, err);
 }
 
@@ -531,17 +540,19 @@ static enum ckfs_code add_frozen(struct ds_build *b, struct ckfs_error *err)
 
 	for (size_t i = 0; fs && i < fs->u.dict.n; i++) {
 		const char *name = fs->u.dict.keys[i]->u.str.s;
-		int64_t shape[CKFS_MAX_DIMS];
-		uint64_t numel;
-		int ndim;
+		struct ds_shape shape;
 		size_t o;
 		CKFS_TRY(get_shape(b->model0.label, "frozen_param_shapes", name, fs->u.dict.vals[i],
-				   &ndim, shape, &numel, err));
-		if (b->stage == 3)
-			CKFS_TRY(add_out(b, name, "frozen, partitioned", ndim, shape,
-					 CKFS_DTYPE_INVALID, &o, err));
-		else
-			CKFS_TRY(frozen_whole(b, name, ndim, shape, err));
+				   &shape, err));
+		if (b->stage != 3) {
+			CKFS_TRY(frozen_whole(b, name, &shape, err));
+			continue;
+		}
+		/* The dtype comes with rank 0's piece (plan_frozen3). */
+		struct ckfs_out_spec s = { .name = name, .placement = "frozen, partitioned",
+					   .dtype = CKFS_DTYPE_INVALID, .ndim = shape.ndim,
+					   .shape = shape.v };
+		CKFS_TRY(add_out(b, &s, &o, err));
 	}
 	return CKFS_OK;
 }
@@ -596,18 +607,21 @@ static enum ckfs_code add_trained(struct ds_build *b, struct ckfs_error *err)
 		for (size_t i = 0; i < d->u.dict.n; i++) {
 			const char *name = d->u.dict.keys[i]->u.str.s;
 			struct ds_param *p = &b->params[b->n_params];
-			int64_t shape[CKFS_MAX_DIMS];
+			struct ds_shape shape;
 			uint64_t step, pad;
-			int ndim;
-			CKFS_TRY(get_shape(b->model0.label, where, name, d->u.dict.vals[i], &ndim,
-					   shape, &p->numel, err));
+			CKFS_TRY(get_shape(b->model0.label, where, name, d->u.dict.vals[i], &shape,
+					   err));
+			p->numel = shape.numel;
 			CKFS_TRY(align_pad(b, g, i, d->u.dict.n, &pad, err));
 			const char *placement = b->stage == 3 ? "partitioned"
 						: ckfs_arena_strdup(&b->m->arena, place);
 			if (!placement)
 				return ckfs_nomem(err);
-			CKFS_TRY(add_out(b, name, placement, ndim, shape, CKFS_DTYPE_INVALID,
-					 &p->out, err));
+			/* The dtype is the fp32 partitions' (b->master). */
+			struct ckfs_out_spec s = { .name = name, .placement = placement,
+						   .dtype = CKFS_DTYPE_INVALID, .ndim = shape.ndim,
+						   .shape = shape.v };
+			CKFS_TRY(add_out(b, &s, &p->out, err));
 			p->group = (int)g;
 			p->off = off;
 			step = b->stage == 3 ? (p->numel + (uint64_t)b->ws - 1) / (uint64_t)b->ws
@@ -779,9 +793,11 @@ static enum ckfs_code plan_trained12(struct ds_build *b, struct ckfs_error *err)
 	for (size_t i = 0; rc == CKFS_OK && i < b->n_params; i++) {
 		const struct ds_param *p = &b->params[i];
 		struct ckfs_out *o = out_at(b, p->out);
+		struct ckfs_elem_range el = { .ndim = o->ndim, .shape = o->shape, .first = 0,
+					      .count = p->numel };
 		o->dtype = b->master;
 		rc = ckfs_flat_cut(&b->segs[(size_t)p->group * (size_t)b->ws], (size_t)b->ws, p->off,
-				   p->numel, o->ndim, o->shape, 0, &o->chunks, err);
+				   &el, &o->chunks, err);
 	}
 	return rc;
 }
@@ -810,10 +826,12 @@ static enum ckfs_code plan_rank3(struct ds_build *b, struct ckfs_torch_file *tf,
 		const struct ds_param *p = &b->params[i];
 		struct ckfs_out *o = out_at(b, p->out);
 		uint64_t part = (p->numel + ws - 1) / ws, first = (uint64_t)r * part;
+		struct ckfs_elem_range el = { .ndim = o->ndim, .shape = o->shape, .first = first,
+					      .count = p->numel - first < part ? p->numel - first
+									: part };
 		o->dtype = b->master;
 		if (first < p->numel)
-			rc = ckfs_flat_cut(segs, n, p->off, p->numel - first < part ? p->numel - first
-						    : part, o->ndim, o->shape, first, &o->chunks, err);
+			rc = ckfs_flat_cut(segs, n, p->off, &el, &o->chunks, err);
 	}
 	free(segs);
 	return rc;
@@ -854,10 +872,10 @@ static enum ckfs_code plan_frozen3(struct ds_build *b, struct ckfs_torch_file *t
 			return ckfs_fail(err, CKFS_E_INVALID, "'%s': %s is %s, rank 0's is %s",
 					 tf->label, key, ckfs_dtype_st_name(seg.dtype),
 					 ckfs_dtype_st_name(o->dtype));
+		struct ckfs_elem_range el = { .ndim = o->ndim, .shape = o->shape, .first = first,
+					      .count = numel - first < part ? numel - first : part };
 		if (first < numel)
-			CKFS_TRY(ckfs_flat_blocks(o->ndim, o->shape, first,
-						  numel - first < part ? numel - first : part, &seg,
-						  seg.pos, &o->chunks, err));
+			CKFS_TRY(ckfs_flat_blocks(&el, &seg, seg.pos, &o->chunks, err));
 	}
 	return CKFS_OK;
 }
@@ -983,7 +1001,9 @@ static enum ckfs_code add_aliases(struct ds_build *b, struct ckfs_error *err)
 		if (o == SIZE_MAX)
 			continue; /* zero_to_fp32 skips it too (warned as left out) */
 		const struct ckfs_out *src = out_at(b, o);
-		CKFS_TRY(add_out(b, alias, "shared", src->ndim, src->shape, src->dtype, &a, err));
+		struct ckfs_out_spec s = { .name = alias, .placement = "shared", .dtype = src->dtype,
+					   .ndim = src->ndim, .shape = src->shape };
+		CKFS_TRY(add_out(b, &s, &a, err));
 		for (size_t k = 0; k < out_at(b, o)->chunks.n; k++)
 			CKFS_TRY(ckfs_chunk_list_push(&out_at(b, a)->chunks,
 						      &out_at(b, o)->chunks.v[k], err));
