@@ -65,19 +65,6 @@ static int is_dcp_class(const struct ckfs_pv *obj, const char *name)
 				       name);
 }
 
-static int is_none(const struct ckfs_pv *v)
-{
-	return !v || v->kind == CKFS_PV_NONE;
-}
-
-static int get_i64(const struct ckfs_pv *v, int64_t *out)
-{
-	if (!v || v->kind != CKFS_PV_INT)
-		return 0;
-	*out = v->u.i;
-	return 1;
-}
-
 /* A torch.Size (evaluated to a tuple) or list of non-negative ints. */
 static int get_dims(const struct ckfs_pv *t, int64_t *dims, int *ndim)
 {
@@ -85,7 +72,7 @@ static int get_dims(const struct ckfs_pv *t, int64_t *dims, int *ndim)
 	    t->u.seq.n > CKFS_MAX_DIMS)
 		return 0;
 	for (size_t i = 0; i < t->u.seq.n; i++)
-		if (!get_i64(t->u.seq.items[i], &dims[i]) || dims[i] < 0)
+		if (!ckfs_pv_get_int(t->u.seq.items[i], &dims[i]) || dims[i] < 0)
 			return 0;
 	*ndim = (int)t->u.seq.n;
 	return 1;
@@ -198,7 +185,7 @@ static enum ckfs_code index_storage(struct dcp *d, const struct ckfs_pv *sd,
 		it->fqn = fqn->u.str.s;
 		it->info = val;
 		it->ndim = -1;
-		if (!is_none(off) && !get_dims(off, it->off, &it->ndim))
+		if (!ckfs_pv_is_none(off) && !get_dims(off, it->off, &it->ndim))
 			return ckfs_fail(err, CKFS_E_FORMAT,
 					 "'%s': bad offset in the storage entry of '%s'",
 					 d->md_path, it->fqn);
@@ -268,7 +255,7 @@ static int cmp_planner(const void *a, const void *b, void *ctx)
 static enum ckfs_code index_planner(struct dcp *d, const struct ckfs_pv *pd,
 				    struct ckfs_error *err)
 {
-	if (is_none(pd))
+	if (ckfs_pv_is_none(pd))
 		return CKFS_OK;
 	if (pd->kind != CKFS_PV_DICT)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': planner_data is a %s, "
@@ -403,7 +390,7 @@ static enum ckfs_code chunk_of(struct dcp *d, const char *fqn, const struct ckfs
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': no storage_data entry for "
 				 "the chunk of '%s' at %s", d->md_path, fqn, at);
 	const struct ckfs_pv *td = field(it->info, "transform_descriptors");
-	if (!is_none(td) && !((td->kind == CKFS_PV_LIST || td->kind == CKFS_PV_TUPLE) &&
+	if (!ckfs_pv_is_none(td) && !((td->kind == CKFS_PV_LIST || td->kind == CKFS_PV_TUPLE) &&
 			      td->u.seq.n == 0)) {
 		const struct ckfs_pv *t0 = (td->kind == CKFS_PV_LIST ||
 					    td->kind == CKFS_PV_TUPLE) && td->u.seq.n
@@ -413,8 +400,8 @@ static enum ckfs_code chunk_of(struct dcp *d, const char *fqn, const struct ckfs
 				 "transformed DCP items are not supported", d->md_path,
 				 fqn, t0 && t0->kind == CKFS_PV_STR ? t0->u.str.s : "?");
 	}
-	if (!get_i64(field(it->info, "offset"), &off) ||
-	    !get_i64(field(it->info, "length"), &len) || off < 0 || len < 0)
+	if (!ckfs_pv_get_int(field(it->info, "offset"), &off) ||
+	    !ckfs_pv_get_int(field(it->info, "length"), &len) || off < 0 || len < 0)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': storage entry of '%s' at %s "
 				 "has no valid offset and length", d->md_path, fqn, at);
 	CKFS_TRY(open_file(d, it->file, err));
