@@ -313,9 +313,12 @@ static enum ckfs_code add_aliases(struct ds_build *b, struct ckfs_error *err)
 		o = out_index(b, owner->u.str.s);
 		if (o == SIZE_MAX)
 			continue; /* zero_to_fp32 skips it too (warned as left out) */
+		/* The owner's shape copied: adding the alias may move b->outs. */
 		const struct ckfs_out *src = ds_out_at(b, o);
+		int64_t shape[CKFS_MAX_DIMS];
+		memcpy(shape, src->shape, sizeof(shape));
 		struct ckfs_out_spec s = { .name = alias, .placement = "shared",
-					   .dtype = src->dtype, .ndim = src->ndim, .shape = src->shape };
+					   .dtype = src->dtype, .ndim = src->ndim, .shape = shape };
 		CKFS_TRY(ds_add_out(b, &s, &a, err));
 		for (size_t k = 0; k < ds_out_at(b, o)->chunks.n; k++)
 			CKFS_TRY(ckfs_chunk_list_push(&ds_out_at(b, a)->chunks,
