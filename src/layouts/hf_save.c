@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The names a module holds in memory (FSDP rank files, DCP folders) as
- * verl's merger writes them: it hands the state dict to transformers'
- * save_pretrained, which converts some in-memory forms back to the names
- * on disk (docs/formats.md "Names held in memory"). Checked against verl
- * 0.9.1 with transformers 5.10.4:
+ * The names a module holds in memory (FSDP rank files, DCP folders,
+ * DeepSpeed ZeRO files) as verl's merger writes them: it hands the state
+ * dict to transformers' save_pretrained, which converts some in-memory
+ * forms back to the names on disk (docs/formats.md "Names held in
+ * memory"). Checked against verl 0.9.1 with transformers 5.10.4:
  *
  *  - vision-language models: the language model is held under
  *    model.language_model., the vision tower under model.visual. (Qwen) or

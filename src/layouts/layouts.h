@@ -72,6 +72,23 @@ enum ckfs_code ckfs_entry_predict(const struct ckfs_sd_entry *e, const int64_t *
 				  uint32_t source, int rank, struct ckfs_chunk_list *out,
 				  struct ckfs_error *err) CKFS_WARN_UNUSED;
 
+/* A box of a tensor: indices [lo, lo + n) of each of its dims, the first
+ * ndrop of them (n[k] == 1: a layer or expert axis) removed from what is
+ * cut. */
+struct ckfs_box {
+	int64_t lo[CKFS_MAX_DIMS];
+	int64_t n[CKFS_MAX_DIMS];
+	int ndrop;
+};
+/*
+ * The elements of tensor r inside box (r's dims), as chunks appended to
+ * out with the box start at dst (output dims, box->ndrop fewer). Each
+ * chunk of r meeting the box gives one chunk.
+ */
+enum ckfs_code ckfs_chunks_box(struct ckfs_chunk_list *out, const struct ckfs_tensor *r,
+			       const struct ckfs_box *box, const int64_t *dst,
+			       struct ckfs_error *err) CKFS_WARN_UNUSED;
+
 /* ---- plan_cache.c ---- */
 
 /*
@@ -122,22 +139,6 @@ enum ckfs_code ckfs_flat_blocks(const struct ckfs_elem_range *el,
 enum ckfs_code ckfs_flat_cut(const struct ckfs_flat_seg *segs, size_t n_segs, uint64_t at,
 			     const struct ckfs_elem_range *el, struct ckfs_chunk_list *out,
 			     struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* A box of a tensor: indices [lo, lo + n) of each of its dims, the first
- * ndrop of them (n[k] == 1: a layer or expert axis) removed from what is
- * cut. */
-struct ckfs_box {
-	int64_t lo[CKFS_MAX_DIMS];
-	int64_t n[CKFS_MAX_DIMS];
-	int ndrop;
-};
-/*
- * The elements of tensor r inside box (r's dims), as chunks appended to
- * out with the box start at dst (output dims, box->ndrop fewer). Each
- * chunk of r meeting the box gives one chunk.
- */
-enum ckfs_code ckfs_chunks_box(struct ckfs_chunk_list *out, const struct ckfs_tensor *r,
-			       const struct ckfs_box *box, const int64_t *dst,
-			       struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /* ---- names.c ---- */
 
@@ -151,12 +152,19 @@ enum ckfs_code ckfs_chunks_box(struct ckfs_chunk_list *out, const struct ckfs_te
  * file that holds the keys): FSDP1 flat parameters (flat_param,
  * _flat_param), two different keys that become one name, a key that
  * becomes empty, and without in_memory (a safetensors file's names, not
- * the names a module holds as FSDP and DCP save them) PEFT names.
+ * the names a module holds as FSDP, DCP and DeepSpeed save them) PEFT
+ * names.
  */
 enum ckfs_code ckfs_hf_names(struct ckfs_model *m, const char *label, const char *const *keys,
 			     const char **names, size_t n, bool in_memory,
 			     struct ckfs_error *err) CKFS_WARN_UNUSED;
 
+/* verl's tie rule: drop lm_head.weight from m->tensors when config.json
+ * ties the embeddings and the embedding it is tied to exists
+ * (model.embed_tokens.weight, or model.language_model.embed_tokens.weight
+ * held in memory), with a warning. */
+enum ckfs_code ckfs_model_drop_tied(struct ckfs_model *m,
+				    struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Does the dotted name have a segment equal to seg? */
 int ckfs_name_has_segment(const char *name, const char *seg);
 /* Does s begin with prefix, end with suffix? */
@@ -173,9 +181,9 @@ static inline int ckfs_ends_with(const char *s, const char *suffix)
 /* ---- hf_save.c, peft.c: names held in memory, as verl's merger saves them ---- */
 
 /*
- * The tensors of a layout whose names a module holds in memory (FSDP, DCP)
- * made what verl's merger writes: a LoRA actor split into base and
- * adapter (peft.c), verl's tie rule, then save_pretrained's conversions
+ * The tensors of a layout whose names a module holds in memory (FSDP, DCP,
+ * DeepSpeed) made what verl's merger writes: a LoRA actor split into base
+ * and adapter (peft.c), verl's tie rule, then save_pretrained's conversions
  * per model_type (vision-language prefixes, fused expert stacks; hf_save.c)
  * and the LoRA pairs fitted to their base weights (with --base, taken
  * from that model).
@@ -381,6 +389,8 @@ enum ckfs_code ckfs_facts_saved_by(const struct ckfs_model *m, struct ckfs_facts
  * name NULL: null); NULL when out of memory. */
 struct cJSON *ckfs_facts_mesh_json(int ndim, const int64_t *shape, const char *const *names);
 
+/* ---- what one layout's files offer the others: fsdp.c, dcp.c, deepspeed_files.c ---- */
+
 /* What a file name says about verl FSDP rank files. Every name matching
  * model_world_size_*_rank_*.pt is a rank file name, and it must spell both
  * numbers as verl does (plain decimals: no sign, no leading zero, no other
@@ -448,11 +458,5 @@ void ckfs_ds_files_release(struct ckfs_ds_files *f);
 /* DeepSpeed's detect: SRC or one of its folders (a step folder beside
  * `latest`) holds a DeepSpeed *_model_states.pt or *_optim_states.pt name. */
 int ckfs_ds_detect(const char *dir, const struct ckfs_file_policy *pol);
-/* verl's tie rule: drop lm_head.weight from m->tensors when config.json
- * ties the embeddings and the embedding it is tied to exists
- * (model.embed_tokens.weight, or model.language_model.embed_tokens.weight
- * held in memory), with a warning. */
-enum ckfs_code ckfs_model_drop_tied(struct ckfs_model *m,
-				    struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 #endif

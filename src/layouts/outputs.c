@@ -2,8 +2,10 @@
 /*
  * Output tensors under construction (src/layouts/layouts.h): readers that
  * cut their source tensors into other tensors (Megatron's fused QKV and
- * gate/up, expert stacks) collect each output's chunks here, then hand
- * the list to the model as validated tensors.
+ * gate/up, expert stacks) or gather them from flat buffers (DeepSpeed)
+ * collect each output's chunks here, then hand the list to the model as
+ * validated tensors; and a box of a tensor cut as a tensor of its own
+ * (hf_save.c's fused expert stacks).
  */
 #include <stdlib.h>
 #include <string.h>
