@@ -65,20 +65,21 @@ enum ckfs_code ckfs_s3_new(const struct ckfs_s3_config *c, struct ckfs_s3 **out,
 void ckfs_s3_free(struct ckfs_s3 *s3);
 
 struct ckfs_s3_object {
-	char *key;            /* malloc'd */
+	const char *key;      /* a listing's: malloc'd, freed with it; HEAD's: the caller's */
 	uint64_t size;
 	char etag[80];        /* quoted, as the store sends it */
 };
 
-/* The object's size and ETag (HEAD): CKFS_E_NOTFOUND when there is none. */
+/* The object's size and ETag (HEAD), out->key = key (not copied):
+ * CKFS_E_NOTFOUND when there is none. */
 enum ckfs_code ckfs_s3_head(struct ckfs_s3 *s3, const char *bucket, const char *key,
 			    struct ckfs_s3_object *out, struct ckfs_error *err) CKFS_WARN_UNUSED;
 
-/* len bytes at off of the object as it was (etag; NULL: any version) into
- * buf: exactly len, or a failure (CKFS_E_CHANGED when the object is no
- * longer that version, CKFS_E_TRUNCATED past its end). */
-enum ckfs_code ckfs_s3_get(struct ckfs_s3 *s3, const char *bucket, const char *key,
-			   const char *etag, uint64_t off, size_t len, void *buf,
+/* len bytes at off of object o of bucket as it was (o->etag; "": any
+ * version) into buf: exactly len, or a failure (CKFS_E_CHANGED when the
+ * object is no longer that version, CKFS_E_TRUNCATED past its end). */
+enum ckfs_code ckfs_s3_get(struct ckfs_s3 *s3, const char *bucket,
+			   const struct ckfs_s3_object *o, uint64_t off, size_t len, void *buf,
 			   struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 struct ckfs_s3_listing {

@@ -364,6 +364,7 @@ enum ckfs_code ckfs_s3_head(struct ckfs_s3 *s3, const char *bucket, const char *
 	if (status != 200)
 		return status_error(&req, status, "", err);
 	memset(out, 0, sizeof(*out));
+	out->key = key;
 	out->size = strtoull(r.content_length, &end, 10);
 	if (!r.content_length[0] || *end)
 		return ckfs_fail(err, CKFS_E_FORMAT, "s3://%s/%s: no object size in the "
@@ -375,10 +376,11 @@ enum ckfs_code ckfs_s3_head(struct ckfs_s3 *s3, const char *bucket, const char *
 	return CKFS_OK;
 }
 
-enum ckfs_code ckfs_s3_get(struct ckfs_s3 *s3, const char *bucket, const char *key,
-			   const char *etag, uint64_t off, size_t len, void *buf,
+enum ckfs_code ckfs_s3_get(struct ckfs_s3 *s3, const char *bucket,
+			   const struct ckfs_s3_object *o, uint64_t off, size_t len, void *buf,
 			   struct ckfs_error *err)
 {
+	const char *key = o->key, *etag = o->etag[0] ? o->etag : NULL;
 	struct ckfs_strbuf url = { 0 };
 	struct reply r = { .buf = buf, .cap = len };
 	char range[64], want[96];

@@ -249,7 +249,7 @@ enum ckfs_code ckfs_s3_parse_listing(const char *xml, size_t len, struct ckfs_s3
 void ckfs_s3_listing_free(struct ckfs_s3_listing *l)
 {
 	for (size_t i = 0; i < l->n_objects; i++)
-		free(l->objects[i].key);
+		free((char *)l->objects[i].key);
 	for (size_t i = 0; i < l->n_prefixes; i++)
 		free(l->prefixes[i]);
 	free(l->objects);
