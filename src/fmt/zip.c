@@ -504,73 +504,107 @@ static enum ckfs_code zip_read_central(struct ckfs_zip *z,
 	return rc;
 }
 
-/* Check each local header and compute where the data starts. */
-static enum ckfs_code zip_read_locals(struct ckfs_zip *z,
-				      const struct zip_end *end,
+/* How far one read of local headers may reach, and how much of a record's
+ * data it may read through to reach the next header. */
+enum { ZIP_LOCAL_WINDOW = 1 << 20, ZIP_LOCAL_GAP = 16 << 10 };
+
+/* Entry e's local header, at p (ZIP_LOCAL_LEN + its name's length bytes
+ * read from the file), checked against the central directory; where its
+ * data starts, computed. */
+static enum ckfs_code zip_check_local(struct ckfs_zip *z, const struct zip_end *end,
+				      struct ckfs_zip_entry *e, const unsigned char *p,
 				      struct ckfs_error *err)
 {
-	unsigned char *buf = malloc(ZIP_LOCAL_LEN + 0xffffu);
+	uint64_t lho = e->header_offset, data, data_end;
+	size_t nlen = strlen(e->name);
+
+	if (le32(p) != ZIP_LOCAL_SIG)
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': bad local header signature for zip entry '%s'",
+				 z->label, e->name);
+	if (le16(p + 26) != nlen || memcmp(p + ZIP_LOCAL_LEN, e->name, nlen) != 0)
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': local header name of zip entry '%s' differs from the central directory",
+				 z->label, e->name);
+	if (le16(p + 8) != e->method)
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': local header of zip entry '%s' has method %u, central directory %u",
+				 z->label, e->name, le16(p + 8), e->method);
+	/* lho < cd_offset <= length < 2^63: no overflow here. */
+	data = lho + ZIP_LOCAL_LEN + nlen + le16(p + 28);
+	if (__builtin_add_overflow(data, e->comp_size, &data_end) || data_end > z->length)
+		return ckfs_fail(err, CKFS_E_TRUNCATED,
+				 "'%s': data of zip entry '%s' extends past end of archive",
+				 z->label, e->name);
+	if (data_end > end->cd_offset)
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': data of zip entry '%s' overlaps the central directory",
+				 z->label, e->name);
+	e->header_offset = z->base + lho;
+	e->data_offset = z->base + data;
+	return CKFS_OK;
+}
+
+/* Where entry e's local header (up to the end of its name) ends, when it
+ * lies before the central directory; 0 (with err set) when it does not. */
+static uint64_t zip_local_end(const struct ckfs_zip *z, const struct zip_end *end,
+			      const struct ckfs_zip_entry *e, struct ckfs_error *err)
+{
+	uint64_t lho = e->header_offset, need = ZIP_LOCAL_LEN + strlen(e->name);
+
+	if (lho >= end->cd_offset) {
+		ckfs_fail(err, CKFS_E_FORMAT, "'%s': local header of zip entry '%s' out of range",
+			  z->label, e->name);
+		return 0;
+	}
+	if (end->cd_offset - lho < need) {
+		ckfs_fail(err, CKFS_E_TRUNCATED, "'%s': local header of zip entry '%s' truncated",
+			  z->label, e->name);
+		return 0;
+	}
+	return lho + need;
+}
+
+/*
+ * Check each local header and compute where the data starts. The headers
+ * sit between the records' data, in the central directory's order as
+ * torch writes them: the headers of neighbouring small records (a rank
+ * file holds tens of thousands) are read together, one read per run of
+ * them within ZIP_LOCAL_WINDOW bytes, instead of one pread each. Data of
+ * more than ZIP_LOCAL_GAP bytes ends a run, so what is read beside the
+ * headers is small records' data only, and an archive in another order
+ * just reads more often. The checks and their order are those of one header at a time.
+ */
+static enum ckfs_code zip_read_locals(struct ckfs_zip *z, const struct zip_end *end,
+				      struct ckfs_error *err)
+{
+	unsigned char *buf = malloc(ZIP_LOCAL_WINDOW);
 	enum ckfs_code rc = CKFS_OK;
 
 	if (!buf)
-		return ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory",
-				 z->label);
-	for (size_t i = 0; i < z->n_entries; i++) {
-		struct ckfs_zip_entry *e = &z->entries[i];
-		uint64_t lho = e->header_offset, data, data_end;
-		size_t nlen = strlen(e->name);
-
-		if (lho >= end->cd_offset) {
-			rc = ckfs_fail(err, CKFS_E_FORMAT,
-				       "'%s': local header of zip entry '%s' out of range",
-				       z->label, e->name);
+		return ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory", z->label);
+	for (size_t i = 0, j; rc == CKFS_OK && i < z->n_entries; i = j) {
+		uint64_t start = z->entries[i].header_offset, stop, next;
+		/* ZIP_LOCAL_LEN + a 16-bit name length fit in any window */
+		if (!(stop = zip_local_end(z, end, &z->entries[i], err))) {
+			rc = err->code;
 			break;
 		}
-		if (end->cd_offset - lho < ZIP_LOCAL_LEN + nlen) {
-			rc = ckfs_fail(err, CKFS_E_TRUNCATED,
-				       "'%s': local header of zip entry '%s' truncated",
-				       z->label, e->name);
-			break;
+		for (j = i + 1; j < z->n_entries; j++) {
+			const struct ckfs_zip_entry *e = &z->entries[j];
+			if (e->header_offset < z->entries[j - 1].header_offset ||
+			    e->header_offset >= end->cd_offset ||
+			    end->cd_offset - e->header_offset < ZIP_LOCAL_LEN + strlen(e->name))
+				break;
+			next = e->header_offset + ZIP_LOCAL_LEN + strlen(e->name);
+			if (next - start > ZIP_LOCAL_WINDOW || e->header_offset > stop + ZIP_LOCAL_GAP)
+				break;
+			stop = next > stop ? next : stop;
 		}
-		rc = zip_pread(z, buf, ZIP_LOCAL_LEN + nlen, lho, err);
-		if (rc)
-			break;
-		if (le32(buf) != ZIP_LOCAL_SIG) {
-			rc = ckfs_fail(err, CKFS_E_FORMAT,
-				       "'%s': bad local header signature for zip entry '%s'",
-				       z->label, e->name);
-			break;
-		}
-		if (le16(buf + 26) != nlen ||
-		    memcmp(buf + ZIP_LOCAL_LEN, e->name, nlen) != 0) {
-			rc = ckfs_fail(err, CKFS_E_FORMAT,
-				       "'%s': local header name of zip entry '%s' differs from the central directory",
-				       z->label, e->name);
-			break;
-		}
-		if (le16(buf + 8) != e->method) {
-			rc = ckfs_fail(err, CKFS_E_FORMAT,
-				       "'%s': local header of zip entry '%s' has method %u, central directory %u",
-				       z->label, e->name, le16(buf + 8), e->method);
-			break;
-		}
-		/* lho < cd_offset <= length < 2^63: no overflow here. */
-		data = lho + ZIP_LOCAL_LEN + nlen + le16(buf + 28);
-		if (__builtin_add_overflow(data, e->comp_size, &data_end) ||
-		    data_end > z->length) {
-			rc = ckfs_fail(err, CKFS_E_TRUNCATED,
-				       "'%s': data of zip entry '%s' extends past end of archive",
-				       z->label, e->name);
-			break;
-		}
-		if (data_end > end->cd_offset) {
-			rc = ckfs_fail(err, CKFS_E_FORMAT,
-				       "'%s': data of zip entry '%s' overlaps the central directory",
-				       z->label, e->name);
-			break;
-		}
-		e->header_offset = z->base + lho;
-		e->data_offset = z->base + data;
+		rc = zip_pread(z, buf, (size_t)(stop - start), start, err);
+		for (size_t k = i; rc == CKFS_OK && k < j; k++)
+			rc = zip_check_local(z, end, &z->entries[k],
+					     buf + (z->entries[k].header_offset - start), err);
 	}
 	free(buf);
 	return rc;
