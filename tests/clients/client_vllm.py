@@ -30,6 +30,12 @@ import common  # noqa: E402
 # Token ids below the fixtures' vocabulary (300), varied lengths; 12 new tokens each.
 PROMPTS = [[1, 17, 42, 99, 5], [3, 250, 7, 7, 7, 31, 160, 2, 88, 120, 64], [200], [11, 12, 13, 14, 15, 16, 17]]
 MAX_TOKENS = 12
+# vLLM's default loader (safetensors files, memory-mapped) and the Run:ai streamer it ships as
+# --load-format runai_streamer (the package is in this venv as vLLM's "runai" extra pins it).
+# Its --load-format fastsafetensors is CUDA only in 0.32.0 (the iterator makes
+# torch.device(f"cuda:{current_device()}"): "Invalid device string: 'cuda:cpu'"), so fastsafetensors
+# runs alone (client_fastsafetensors.py).
+LOAD_FORMATS = ["safetensors", "runai_streamer"]
 
 
 class LoadTimes:
@@ -54,13 +60,13 @@ class LoadTimes:
         DefaultModelLoader.load_weights = load_weights
 
 
-def generate(path, handler):
+def generate(path, handler, load_format="safetensors"):
     from vllm import LLM, SamplingParams
 
     handler.found = {}
     t0 = time.monotonic()
     llm = LLM(model=path, skip_tokenizer_init=True, enforce_eager=True, max_model_len=64, dtype="bfloat16",
-              seed=0, distributed_executor_backend="uni", load_format="safetensors")
+              seed=0, distributed_executor_backend="uni", load_format=load_format)
     t_load = time.monotonic() - t0
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=1, detokenize=False, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sp, use_tqdm=False)
@@ -92,26 +98,29 @@ def main():
     for case in spec["cases"]:
         rec = dict(name=case["name"], ok=False)
         try:
-            mnt = generate(case["mount"], handler)
             ref = generate(case["reference"], handler)
-            same_tokens = [m[0] == r[0] for m, r in zip(mnt["outputs"], ref["outputs"])]
-            same_lps = [m[1] == r[1] for m, r in zip(mnt["outputs"], ref["outputs"])]
+            # the mount through vLLM's default loader (safetensors, mmap) and its Run:ai streamer
+            loads = {fmt: generate(case["mount"], handler, fmt) for fmt in LOAD_FORMATS}
+            mnt = loads["safetensors"]
+            same_tokens = {f: all(m[0] == r[0] for m, r in zip(v["outputs"], ref["outputs"])) for f, v in loads.items()}
+            same_lps = {f: all(m[1] == r[1] for m, r in zip(v["outputs"], ref["outputs"])) for f, v in loads.items()}
             distinct = {t for toks, _ in ref["outputs"] for t in toks}
-            rec.update(mount=mnt, reference=ref, same_tokens=all(same_tokens), same_logprobs=all(same_lps),
-                       distinct_tokens=len(distinct))
+            rec.update(mount=mnt, loads=loads, reference=ref, same_tokens=all(same_tokens.values()),
+                       same_logprobs=all(same_lps.values()), distinct_tokens=len(distinct))
             # A degenerate model (one token forever) would make equal outputs prove little.
-            rec["ok"] = all(same_tokens) and all(same_lps) and len(distinct) >= 4
+            rec["ok"] = rec["same_tokens"] and rec["same_logprobs"] and len(distinct) >= 4
+            verdict = ", ".join(f"{f} {'equal' if same_tokens[f] and same_lps[f] else 'DIFFERENT'}" for f in loads)
             rec["checked"] = (f"{case['name']}: {mnt['arch']} loaded by vLLM from the mount "
                               f"(weights {mnt.get('weights_s', '?')} s, LLM() {mnt['llm_s']} s) and from "
                               f"{case['reference_tool']}'s folder (weights {ref.get('weights_s', '?')} s): "
-                              f"{len(PROMPTS)} prompts x {MAX_TOKENS} greedy tokens "
-                              f"{'equal' if rec['same_tokens'] else 'DIFFERENT'}, log-probs "
-                              f"{'equal bit for bit' if rec['same_logprobs'] else 'DIFFERENT'} "
+                              f"{len(PROMPTS)} prompts x {MAX_TOKENS} greedy tokens and their log-probs, "
+                              f"mount loaded by --load-format {verdict} to the reference bit for bit "
                               f"({len(distinct)} distinct tokens; first: {ref['outputs'][0][0]})")
             if not rec["ok"] and rec["same_tokens"] and rec["same_logprobs"]:
                 rec["checked"] += " -- too few distinct tokens for the comparison to mean anything"
-            if not rec["same_tokens"]:
-                rec["checked"] += f"; mount gave {[o[0] for o in mnt['outputs']]}"
+            for f, v in loads.items():
+                if not same_tokens[f]:
+                    rec["checked"] += f"; {f} from the mount gave {[o[0] for o in v['outputs']]}"
         except Exception as e:  # noqa: BLE001 (the record says what failed; the tier fails on it)
             import traceback
 

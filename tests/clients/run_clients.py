@@ -130,7 +130,26 @@ def make_bulk(root):
     say(f"bulk checkpoint: bench-600m with 2 layers, 4 rank files ({dir_size(src) / 1e6:.0f} MB) written in "
         f"{t1 - t0:.0f} s, verl's merger in {time.monotonic() - t1:.0f} s ({dir_size(ref) / 1e6:.0f} MB)")
     return dict(kind="bench-shaped FSDP2 checkpoint, 176 MB of bf16", src=src, options=[], compare_options=[],
-                reference_dir=ref, reference_tool="verl 0.9.1 model_merger")
+                reference=ref, reference_tool="verl 0.9.1 model_merger", clients={"runai", "fastsafetensors"})
+
+
+def make_fp8(root, amx):
+    """A verl FSDP2 Llama actor with heads of 128 (what vLLM's CPU block-FP8 path takes) and the
+    reference quantizer's FP8 folder for it (tests/gen/make_client_fixtures.py --fp8)."""
+    py = os.path.join(MAIN_VENV, "bin", "python")
+    out = os.path.join(root, "fp8")
+    t0 = time.monotonic()
+    p = subprocess.run([py, os.path.join(REPO, "tests", "gen", "make_client_fixtures.py"), "--fp8", out],
+                       capture_output=True, text=True, cwd=REPO)
+    if p.returncode != 0:
+        raise SystemExit(f"clients: writing the FP8 case failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    say(f"fp8 case: verl FSDP2 Llama (W=2, heads of 128), verl's merger and the reference FP8 folder written "
+        f"in {time.monotonic() - t0:.0f} s")
+    return dict(kind="verl FSDP2 Llama actor, --dtype fp8", src=os.path.join(out, "fsdp", "llama_fp8_fsdp2_w2"),
+                options=["--dtype", "fp8"], compare_options=["--dtype", "fp8"],
+                reference=os.path.join(out, "fp8_reference"),
+                reference_tool="the reference FP8 quantizer (tests/gen/make_fp8_expected.py)",
+                clients={"runai", "fastsafetensors"} | ({"vllm"} if amx else set()))
 
 
 def dir_size(d):
@@ -166,9 +185,10 @@ def main():
         "streamer's device paths are not run (CPU paths only)")
     amx = "amx_tile" in cpu_flags()
     if "vllm" in only:
-        say("FP8 (--dtype fp8): " + ("these CPUs have AMX, but this tier has no FP8 case yet" if amx else
-            "not served by vLLM here: its CPU block-FP8 kernel needs AMX, and these CPUs have none "
-            "(no amx_tile in /proc/cpuinfo); the FP8 view is checked by tests/py/test_fp8.py with transformers"))
+        say("FP8 (--dtype fp8): " + ("these CPUs have AMX (amx_tile), which vLLM's CPU block-FP8 kernel needs: "
+                                     "vLLM serves the fp8 case" if amx else
+            "NOT served by vLLM here: its CPU block-FP8 kernel needs AMX, and these CPUs have none "
+            "(no amx_tile in /proc/cpuinfo); the streaming clients still read the FP8 view"))
 
     root = a.keep or tempfile.mkdtemp(prefix="ckfs-clients-")
     if a.keep:
@@ -178,23 +198,27 @@ def main():
     passed, failed = 0, 0
     failures = []
     try:
-        refs = {name: reference_folder(root, name, c) for name, c in cases.items()}
-        bulk = make_bulk(root) if only & {"runai", "fastsafetensors"} else None
+        todo_cases = {}
+        for name, c in cases.items():
+            todo_cases[name] = dict(c, src=os.path.join(FIXTURES, c["src"]), reference=reference_folder(root, name, c),
+                                    clients={"vllm", "runai", "fastsafetensors"})
+        if only & {"runai", "fastsafetensors"}:
+            todo_cases["bulk"] = make_bulk(root)
+        if only & {"runai", "fastsafetensors"} or amx:
+            todo_cases["fp8"] = make_fp8(root, amx)
         for client, venv, script, extra, title in runs:
             say(f"\n---- {title} ({client}, venv {os.path.join(CACHE, 'client-' + venv)}"
                 f"{', ' + ' '.join(f'{k}={v}' for k, v in extra.items()) if extra else ''})")
             tensor_client = client != "vllm"
             todo = []
-            for name, c in cases.items():
+            for name, c in todo_cases.items():
+                if client not in c["clients"]:
+                    continue
                 opts = c["compare_options"] if tensor_client else c["options"]
-                mp = mounts.mount(f"{client}-{name}", os.path.join(FIXTURES, c["src"]), opts)
+                mp = mounts.mount(f"{client}-{name}", c["src"], opts)
                 served = os.path.join(mp, c["subdir"]) if "subdir" in c else mp
-                todo.append(dict(name=name, kind=c["kind"], mount=served, mount_point=mp, reference=refs[name],
+                todo.append(dict(name=name, kind=c["kind"], mount=served, mount_point=mp, reference=c["reference"],
                                  reference_tool=c["reference_tool"], options=opts))
-            if tensor_client and bulk:
-                mp = mounts.mount(f"{client}-bulk", bulk["src"], [])
-                todo.append(dict(name="bulk", kind=bulk["kind"], mount=mp, mount_point=mp,
-                                 reference=bulk["reference_dir"], reference_tool=bulk["reference_tool"], options=[]))
             spec_path = os.path.join(root, f"{client}-{len(extra)}.spec.json")
             result_path = spec_path.replace(".spec.json", ".result.json")
             with open(spec_path, "w") as f:

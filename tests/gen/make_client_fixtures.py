@@ -10,6 +10,7 @@ own functions with that shape:
 
     ~/.cache/ckfs/venv/bin/python tests/gen/make_client_fixtures.py       # all parts (~3-4 min)
     ~/.cache/ckfs/venv/bin/python tests/gen/make_client_fixtures.py --only fsdp,run
+    ~/.cache/ckfs/venv/bin/python tests/gen/make_client_fixtures.py --fp8 DIR   # the FP8 case, into DIR
 
     part       generator (venv)                              reference written beside it
     fsdp       make_fixtures.py (main venv: torch 2.8,        expected/qwen2_fsdp2_w2/: verl 0.9.1's merger
@@ -205,10 +206,56 @@ def part_megatron():
         f.write("\n")
 
 
+# The FP8 case: vLLM's CPU block-FP8 path wants the q, k and v projections in whole 128-row blocks
+# and no bias (its kernel takes a float32 bias only, Qwen2's is bf16), so a Llama with heads of
+# 128. At about 5 MB of fp32 rank files it is written where the client tier runs (--fp8 DIR, 20 s),
+# not committed.
+FP8_NAME = "llama_fp8_fsdp2_w2"
+FP8_SHAPE = dict(arch="llama", vocab_size=301, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1, head_dim=128)
+FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
+              "modules_to_not_convert": ["lm_head", "model.embed_tokens"]}
+
+
+def fp8_case(out):
+    """DIR/fsdp/<name>/ (verl FSDP2, W=2), DIR/expected/<name>/ (verl's merger) and
+    DIR/fp8_reference/: the FP8 folder as the reference quantizer of tests/gen/make_fp8_expected.py
+    writes it from the original fp32 weights (q/k/v/o/gate/up/down: float8_e4m3fn values and fp32
+    scales per 128 x 128 block), verl's merger output for every other tensor, and verl's
+    config.json with the quantization_config ckfs declares (vLLM, SGLang and transformers read it)."""
+    import make_fixtures as mf
+    import make_fp8_expected as fe
+    from safetensors.torch import load_file, save_file
+
+    no_planted_values()
+    mf.CONFIGS = [mf.cfg(FP8_NAME, FP8_SHAPE, 2, 2, desc="FSDP2 W=2, Llama with 2 heads of 128 and one KV head "
+                         "(128-row q/k/v blocks, no bias: what vLLM's CPU block-FP8 path takes)")]
+    sys.argv = [sys.argv[0], "--out", out]
+    mf.main()
+    original = load_file(os.path.join(out, "original", FP8_NAME + ".safetensors"))
+    merged = load_file(os.path.join(out, "expected", FP8_NAME, "model.safetensors"))
+    ref = dict(merged)
+    ref.update(fe.quantized(original))
+    d = os.path.join(out, "fp8_reference")
+    os.makedirs(d, exist_ok=True)
+    save_file(ref, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(out, "expected", FP8_NAME, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = FP8_CONFIG
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    log(f"[{FP8_NAME}] reference FP8 folder: {sum(1 for k in ref if k.endswith('_scale_inv'))} weights quantized "
+        f"-> {d}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", help="comma-separated parts: " + ",".join(PARTS))
+    ap.add_argument("--fp8", metavar="DIR", help="write only the FP8 case, into DIR (the client tier's work folder)")
     a = ap.parse_args()
+    if a.fp8:
+        fp8_case(a.fp8)
+        return 0
     parts = a.only.split(",") if a.only else PARTS
     bad = [p for p in parts if p not in PARTS]
     if bad:
