@@ -21,8 +21,6 @@ typedef void (*ckfs_log_sink)(enum ckfs_log_level level, const char *line);
 void ckfs_log_set_level(enum ckfs_log_level level);
 enum ckfs_log_level ckfs_log_get_level(void);
 void ckfs_log_set_sink(ckfs_log_sink sink); /* NULL restores stderr */
-/* Parse "err|warning|notice|info|debug"; returns -1 when unknown. */
-int ckfs_log_parse_level(const char *name);
 
 void ckfs_log(enum ckfs_log_level level, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));

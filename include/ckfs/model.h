@@ -286,8 +286,8 @@ enum ckfs_code ckfs_source_open(struct ckfs_source *s, const struct ckfs_file_po
 /* Record the identity of an open descriptor into s (fd, path kept). */
 enum ckfs_code ckfs_source_init(struct ckfs_source *s, int fd, const char *path,
 				const char *name, struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* Bytes of source files this process has read to serve data (pread or
- * mapped windows; not the metadata read at open), for the mount's stats.
+/* Bytes of source files this process has read to serve data (not the
+ * metadata read at open), for the mount's stats.
  * Readers call ckfs_source_note_read as they go. */
 uint64_t ckfs_source_bytes_read(void);
 void ckfs_source_note_read(uint64_t n);
@@ -347,9 +347,10 @@ enum ckfs_code ckfs_lora_read(const struct ckfs_model *m, const struct ckfs_tens
 			      uint64_t first, uint64_t count, void *dst,
 			      struct ckfs_read_scratch *scratch,
 			      struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* Internal to src/model: validation of a finished tensor plan, and of the
- * finished model (its served dtypes chosen): every name and served size
- * again, each name served once. */
+/* Validation (plan.c) of a finished tensor plan, by the layout readers as
+ * they make each tensor, and of the finished model (its served dtypes
+ * chosen), by ckfs_model_open: every name and served size again, each
+ * name served once. */
 enum ckfs_code ckfs_plan_validate_tensor(const struct ckfs_model *m,
 					 const struct ckfs_tensor *t,
 					 struct ckfs_error *err) CKFS_WARN_UNUSED;

@@ -110,6 +110,14 @@ int ckfs_pv_is_global_named(const struct ckfs_pv *v, const char *module_prefix,
 /* Value of a string key in a DICT, or NULL. */
 struct ckfs_pv *ckfs_pv_dict_get(const struct ckfs_pv *dict, const char *key);
 int ckfs_pv_is_str(const struct ckfs_pv *v, const char *s);
+/* A LIST or TUPLE (what a torch.Size is after the VM). */
+int ckfs_pv_is_seq(const struct ckfs_pv *v);
+/* The items of a LIST or TUPLE; 0 for anything else. */
+size_t ckfs_pv_seq_len(const struct ckfs_pv *v);
+/* NULL (absent) or None. */
+int ckfs_pv_is_none(const struct ckfs_pv *v);
+/* An INT (not a BOOL) into *out: 1, else 0. */
+int ckfs_pv_get_int(const struct ckfs_pv *v, int64_t *out);
 /* Name of a kind for messages ("tuple", "global", ...). */
 const char *ckfs_pv_kind_name(enum ckfs_pv_kind kind);
 

@@ -141,17 +141,22 @@ enum ckfs_code ckfs_torch_open_tree(struct ckfs_torch_file *tf, int fd,
 				    const char *label,
 				    struct ckfs_error *err) CKFS_WARN_UNUSED;
 
+/* A torch.save zip embedded at [base, base + length) of fd (a DCP
+ * .distcp item), called label in messages. */
+struct ckfs_torch_item {
+	int fd;
+	uint64_t base, length;
+	const char *label;
+};
 /*
- * One torch.save zip embedded at [base, base + length) of fd (a DCP
- * .distcp item): parse its directory and data.pkl and decode the root value
- * (a bare _rebuild_tensor_v2 call, not a dict) as a plain tensor into *out,
+ * Parse the directory and data.pkl of item and decode the root value (a
+ * bare _rebuild_tensor_v2 call, not a dict) as a plain tensor into *out,
  * named key in messages. Storage positions in out are absolute file
  * offsets. On success the caller releases tf with ckfs_torch_close; on
  * failure it is already released.
  */
-enum ckfs_code ckfs_torch_open_item(struct ckfs_torch_file *tf, int fd,
-				    uint64_t base, uint64_t length,
-				    const char *label, const char *key,
+enum ckfs_code ckfs_torch_open_item(struct ckfs_torch_file *tf,
+				    const struct ckfs_torch_item *item, const char *key,
 				    struct ckfs_sd_entry *out,
 				    struct ckfs_error *err) CKFS_WARN_UNUSED;
 

@@ -312,16 +312,17 @@ struct export_args {
 };
 
 static const struct cli_opt opt_force = {
-	OPT_FORCE, "force", 'f', NULL, NULL,
-	"replace DIR if it exists (a folder holding nothing the export reads), "
-	"once the new one is complete"
+	.id = OPT_FORCE, .name = "force", .letter = 'f',
+	.help = "replace DIR if it exists (a folder holding nothing the export reads), "
+		"once the new one is complete"
 };
 static const struct cli_opt opt_threads = {
-	OPT_EXPORT_THREADS, "threads", 0, NULL, "N",
-	"threads assembling the weights (default: the CPUs, at most 16)"
+	.id = OPT_EXPORT_THREADS, .name = "threads", .arg = "N",
+	.kind = CLI_COUNT, .lo = 1, .hi = 256,
+	.help = "threads assembling the weights (default: the CPUs, at most 16)"
 };
 static const struct cli_opt opt_quiet = {
-	OPT_QUIET, "quiet", 'q', NULL, NULL, "no progress, warnings or summary"
+	.id = OPT_QUIET, .name = "quiet", .letter = 'q', .help = "no progress, warnings or summary"
 };
 
 static const struct cli_opt *const export_opts[] = {
@@ -330,7 +331,7 @@ static const struct cli_opt *const export_opts[] = {
 	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_fp8_skip, &cli_opt_log_level, NULL,
 };
 
-static int export_apply(void *ctx, const struct cli_opt *o, const char *value);
+static int export_apply(void *ctx, const struct cli_opt *o, const struct cli_value *v);
 
 const struct cli_command ckfs_cmd_export_def = {
 	.name = "export",
@@ -346,10 +347,10 @@ const struct cli_command ckfs_cmd_export_def = {
 	.run = ckfs_cmd_export,
 };
 
-static int export_apply(void *ctx, const struct cli_opt *o, const char *value)
+static int export_apply(void *ctx, const struct cli_opt *o, const struct cli_value *v)
 {
 	struct export_args *a = ctx;
-	int rc = cli_apply_common(&ckfs_cmd_export_def, &a->c, o, value);
+	int rc = cli_apply_common(&ckfs_cmd_export_def, &a->c, o, v);
 
 	if (rc >= 0)
 		return rc;
@@ -357,9 +358,7 @@ static int export_apply(void *ctx, const struct cli_opt *o, const char *value)
 	case OPT_FORCE: a->force = true; return 0;
 	case OPT_QUIET: a->quiet = true; return 0;
 	case OPT_EXPORT_THREADS:
-		a->threads = atoi(value);
-		if (a->threads < 1 || a->threads > 256)
-			return ckfs_cli_usage_error("export", "bad thread count '%s'", value);
+		a->threads = (int)v->n;
 		return 0;
 	default:
 		return 0;
@@ -476,7 +475,7 @@ static enum ckfs_code export_folder(const struct export_args *a, const struct ck
 
 int ckfs_cmd_export(int argc, char **argv)
 {
-	struct export_args a = { .c.model.out_dtype = CKFS_DTYPE_BF16 };
+	struct export_args a = { 0 }; /* the defaults are in the option rows */
 	struct ckfs_model *m = NULL;
 	struct ckfs_folder *f = NULL;
 	struct ckfs_error err;

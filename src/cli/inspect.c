@@ -197,15 +197,15 @@ const struct cli_command ckfs_cmd_inspect_def = {
 	.run = ckfs_cmd_inspect,
 };
 
-static int inspect_apply(void *ctx, const struct cli_opt *o, const char *value)
+static int inspect_apply(void *ctx, const struct cli_opt *o, const struct cli_value *v)
 {
-	int rc = cli_apply_common(&ckfs_cmd_inspect_def, ctx, o, value);
+	int rc = cli_apply_common(&ckfs_cmd_inspect_def, ctx, o, v);
 	return rc < 0 ? 0 : rc;
 }
 
 int ckfs_cmd_inspect(int argc, char **argv)
 {
-	struct cli_common c = { .model.out_dtype = CKFS_DTYPE_BF16 };
+	struct cli_common c = { 0 }; /* the defaults are in the option rows */
 	struct ckfs_model *m;
 	struct ckfs_folder *f;
 	struct ckfs_facts facts;

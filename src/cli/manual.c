@@ -84,6 +84,16 @@ static void man_key(FILE *to, const struct cli_opt *o, bool with_o)
 		roff_italic(to, o->arg);
 }
 
+/* o's help, its default appended, as a line of its own. */
+static void man_help(FILE *to, const struct cli_opt *o)
+{
+	char help[512];
+
+	cli_opt_help_text(o, help, sizeof(help));
+	roff(to, help);
+	fputc('\n', to);
+}
+
 /* One option as a tagged paragraph: its spellings, then its help. */
 static void man_option(FILE *to, const struct cli_opt *o, bool show_key)
 {
@@ -102,8 +112,7 @@ static void man_option(FILE *to, const struct cli_opt *o, bool show_key)
 		man_key(to, o, true);
 	}
 	fputc('\n', to);
-	roff(to, o->help);
-	fputc('\n', to);
+	man_help(to, o);
 }
 
 static void man_synopsis(FILE *to)
@@ -178,8 +187,7 @@ static void man_mount_options(FILE *to)
 				fputs("\\fR)", to);
 			}
 			fputc('\n', to);
-			roff(to, o->help);
-			fputc('\n', to);
+			man_help(to, o);
 		}
 	}
 	fputs(".PP\nlibfuse's options are passed on: ", to);
@@ -329,7 +337,7 @@ static void completion_choices(FILE *to)
 	for (const struct cli_command *const *c = ckfs_commands; *c; c++)
 		for (const struct cli_opt *const *p = (*c)->opts; *p; p++) {
 			const struct cli_opt *o = *p;
-			const struct cli_choice *w = cli_choices(o->id);
+			const struct cli_choice *w = o->choices;
 			if (!w || seen[o->id])
 				continue;
 			seen[o->id] = true;

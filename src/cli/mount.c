@@ -22,13 +22,6 @@
 #include "cli/options.h"
 #include "fuse/fs.h"
 
-#define DEFAULT_CACHE_SIZE (1ull << 30)     /* 1 GiB */
-#define DEFAULT_SLICE_SIZE ((size_t)4 << 20) /* 4 MiB */
-#define DEFAULT_THREADS 16
-#define DEFAULT_READAHEAD 16                 /* slices: 64 MiB ahead */
-#define DEFAULT_KERNEL_READAHEAD_KB 1024     /* = max_read: whole requests */
-#define DEFAULT_MAX_PLANS 8                  /* a run: step roles kept built */
-
 struct mount_args {
 	struct cli_common c;
 	struct ckfs_mount_options mo;
@@ -37,57 +30,69 @@ struct mount_args {
 };
 
 static const struct cli_opt opt_foreground = {
-	OPT_FOREGROUND, "foreground", 'f', NULL, NULL, "stay in the foreground, log to stderr"
+	.id = OPT_FOREGROUND, .name = "foreground", .letter = 'f',
+	.help = "stay in the foreground, log to stderr"
 };
 static const struct cli_opt opt_debug = {
-	OPT_DEBUG, "debug", 'd', "debug", NULL, "trace FUSE requests (implies -f)"
+	.id = OPT_DEBUG, .name = "debug", .letter = 'd', .key = "debug",
+	.help = "trace FUSE requests (implies -f)"
 };
 static const struct cli_opt opt_options = {
-	OPT_MOUNT_OPTIONS, "options", 'o', NULL, "OPT[,OPT...]",
-	"mount options: every key shown as (-o ...) here, and libfuse's "
-	"(allow_other, allow_root, default_permissions, fsname=, subtype=, "
-	"auto_unmount, noatime, ...)"
+	.id = OPT_MOUNT_OPTIONS, .name = "options", .letter = 'o', .arg = "OPT[,OPT...]",
+	.kind = CLI_TEXT,
+	.help = "mount options: every key shown as (-o ...) here, and libfuse's "
+		"(allow_other, allow_root, default_permissions, fsname=, subtype=, "
+		"auto_unmount, noatime, ...)"
 };
 static const struct cli_opt opt_cache_size = {
-	OPT_CACHE_SIZE, "cache-size", 0, "cache_size", "SIZE",
-	"slice cache budget (default 1GiB)"
+	.id = OPT_CACHE_SIZE, .name = "cache-size", .key = "cache_size", .arg = "SIZE",
+	.kind = CLI_SIZE, .lo = 1, .hi = INT64_MAX, .def = "1GiB",
+	.help = "slice cache budget"
 };
 static const struct cli_opt opt_threads = {
-	OPT_THREADS, "threads", 0, "threads", "N",
-	"FUSE worker threads (default 16); read-ahead workers: "
-	"min(N, max(4, CPUs)) unless prefetch_threads="
+	.id = OPT_THREADS, .name = "threads", .key = "threads", .arg = "N",
+	.kind = CLI_COUNT, .lo = 1, .hi = 256, .def = "16",
+	.help = "FUSE worker threads; read-ahead workers: min(N, max(4, CPUs)) "
+		"unless prefetch_threads="
 };
 static const struct cli_opt opt_readahead = {
-	OPT_READAHEAD, "readahead", 0, "readahead", "N",
-	"read-ahead window, in slices (default 16, 0 off)"
+	.id = OPT_READAHEAD, .name = "readahead", .key = "readahead", .arg = "N",
+	.kind = CLI_COUNT, .lo = 0, .hi = 4096, .def = "16",
+	.help = "read-ahead window, in slices (0 off)"
 };
 static const struct cli_opt opt_prefetch_threads = {
-	OPT_PREFETCH_THREADS, NULL, 0, "prefetch_threads", "N", "read-ahead workers (0 off)"
+	.id = OPT_PREFETCH_THREADS, .key = "prefetch_threads", .arg = "N",
+	.kind = CLI_COUNT, .lo = 0, .hi = 256, .help = "read-ahead workers (0 off)"
 };
 static const struct cli_opt opt_slice_size = {
-	OPT_SLICE_SIZE, NULL, 0, "slice_size", "SIZE",
-	"cache slice, a power of two from 4KiB to 64MiB (default 4MiB)"
+	.id = OPT_SLICE_SIZE, .key = "slice_size", .arg = "SIZE",
+	.kind = CLI_SIZE, .lo = 4096, .hi = 64 << 20, .def = "4MiB",
+	.help = "cache slice, a power of two from 4KiB to 64MiB"
 };
+/* = max_read: the kernel asks for whole requests */
 static const struct cli_opt opt_kernel_readahead = {
-	OPT_KERNEL_READAHEAD, NULL, 0, "kernel_readahead", "SIZE",
-	"the mount's read_ahead_kb when run as root (default 1MiB; "
-	"0 keeps the kernel's 128KiB)"
+	.id = OPT_KERNEL_READAHEAD, .key = "kernel_readahead", .arg = "SIZE",
+	.kind = CLI_SIZE, .lo = 0, .hi = 1 << 30, .def = "1MiB",
+	.help = "the mount's read_ahead_kb when run as root, whole KiB up to "
+		"1GiB (0 keeps the kernel's 128KiB)"
 };
 static const struct cli_opt opt_uid = {
-	OPT_UID, NULL, 0, "uid", "N", "owner shown for all files (default: the mounting user)"
+	.id = OPT_UID, .key = "uid", .arg = "N", .kind = CLI_COUNT, .lo = 0, .hi = INT32_MAX,
+	.help = "owner shown for all files (default: the mounting user)"
 };
 static const struct cli_opt opt_gid = {
-	OPT_GID, NULL, 0, "gid", "N", "group shown for all files"
+	.id = OPT_GID, .key = "gid", .arg = "N", .kind = CLI_COUNT, .lo = 0, .hi = INT32_MAX,
+	.help = "group shown for all files"
 };
 static const struct cli_opt opt_umask = {
-	OPT_UMASK, NULL, 0, "umask", "M",
-	"modes 0444/0555 less octal M whatever the sources allow (umask=0222 "
-	"publishes); default: no file shows more than its sources allow"
+	.id = OPT_UMASK, .key = "umask", .arg = "M", .kind = CLI_OCTAL, .hi = 0777,
+	.help = "modes 0444/0555 less octal M whatever the sources allow (umask=0222 "
+		"publishes); default: no file shows more than its sources allow"
 };
-
 static const struct cli_opt opt_max_plans = {
-	OPT_MAX_PLANS, NULL, 0, "max_plans", "N",
-	"a run: step roles kept ready, their files open (default 8; LRU)"
+	.id = OPT_MAX_PLANS, .key = "max_plans", .arg = "N",
+	.kind = CLI_COUNT, .lo = 1, .hi = 4096, .def = "8",
+	.help = "a run: step roles kept ready, their files open (LRU)"
 };
 
 static const struct cli_opt *const mount_opts[] = {
@@ -114,41 +119,12 @@ const struct cli_command ckfs_cmd_mount_def = {
 	.run = ckfs_cmd_mount,
 };
 
-static int parse_count(const char *text, long lo, long hi, long *out)
-{
-	char *end;
-	long v;
-
-	errno = 0;
-	v = strtol(text, &end, 10);
-	if (errno || end == text || *end || v < lo || v > hi)
-		return -1;
-	*out = v;
-	return 0;
-}
-
-/* An octal umask of at most 0777, as sshfs and ntfs-3g take it. */
-static int parse_umask(const char *text, mode_t *out)
-{
-	char *end;
-	unsigned long v;
-
-	if (*text < '0' || *text > '7')
-		return -1;
-	errno = 0;
-	v = strtoul(text, &end, 8);
-	if (errno || *end || v > 0777)
-		return -1;
-	*out = (mode_t)v;
-	return 0;
-}
-
 static int is_pow2(uint64_t v)
 {
 	return v && !(v & (v - 1));
 }
 
-static int mount_apply(void *ctx, const struct cli_opt *o, const char *value);
+static int mount_apply(void *ctx, const struct cli_opt *o, const struct cli_value *v);
 
 /* Keys of mount(8) and systemd, ignored; libfuse's flags and valued keys,
  * passed on (NULL-terminated; also listed by the man page and completion). */
@@ -209,26 +185,27 @@ static int apply_option_list(struct mount_args *a, const char *list)
 		if (val)
 			*val++ = '\0';
 		const struct cli_opt *o = cli_find_key(&ckfs_cmd_mount_def, opt);
+		struct cli_value v;
 		if (!o)
 			rc = other_key(a, opt, val, whole);
 		else if (o->arg && (!val || !*val))
 			rc = ckfs_cli_usage_error("mount", "option '%s' needs a value", opt);
 		else if (!o->arg && val)
 			rc = ckfs_cli_usage_error("mount", "option '%s' takes no value", opt);
-		else
-			rc = mount_apply(a, o, val);
+		else if (!val)
+			rc = mount_apply(a, o, NULL);
+		else if ((rc = cli_value_parse(&ckfs_cmd_mount_def, o, val, &v)) == 0)
+			rc = mount_apply(a, o, &v);
 	}
 	free(copy);
 	return rc;
 }
 
-static int mount_apply(void *ctx, const struct cli_opt *o, const char *value)
+static int mount_apply(void *ctx, const struct cli_opt *o, const struct cli_value *v)
 {
 	struct mount_args *a = ctx;
 	struct ckfs_mount_options *mo = &a->mo;
-	int rc = cli_apply_common(&ckfs_cmd_mount_def, &a->c, o, value);
-	uint64_t v;
-	long n;
+	int rc = cli_apply_common(&ckfs_cmd_mount_def, &a->c, o, v);
 
 	if (rc >= 0)
 		return rc;
@@ -240,59 +217,45 @@ static int mount_apply(void *ctx, const struct cli_opt *o, const char *value)
 		mo->debug = mo->foreground = true;
 		return 0;
 	case OPT_MOUNT_OPTIONS:
-		return apply_option_list(a, value);
+		return apply_option_list(a, v->text);
 	case OPT_CACHE_SIZE:
-		if (!(mo->cache_size = ckfs_parse_size(value)))
-			return ckfs_cli_usage_error("mount", "bad size '%s'", value);
+		mo->cache_size = (uint64_t)v->n;
 		return 0;
 	case OPT_SLICE_SIZE:
-		v = ckfs_parse_size(value);
-		if (!is_pow2(v) || v < 4096 || v > (64u << 20))
+		if (!is_pow2((uint64_t)v->n))
 			return ckfs_cli_usage_error("mount", "slice size '%s' must be a power "
-						    "of two from 4KiB to 64MiB", value);
-		mo->slice_size = (size_t)v;
+						    "of two from 4KiB to 64MiB", v->text);
+		mo->slice_size = (size_t)v->n;
 		return 0;
 	case OPT_THREADS:
+		mo->threads = (int)v->n;
+		return 0;
 	case OPT_PREFETCH_THREADS:
-		if (parse_count(value, o->id == OPT_THREADS ? 1 : 0, 256, &n) != 0)
-			return ckfs_cli_usage_error("mount", "bad thread count '%s'", value);
-		*(o->id == OPT_THREADS ? &mo->threads : &mo->prefetch_threads) = (int)n;
-		a->has_prefetch |= o->id == OPT_PREFETCH_THREADS;
+		mo->prefetch_threads = (int)v->n;
+		a->has_prefetch = true;
 		return 0;
 	case OPT_KERNEL_READAHEAD:
-		v = strcmp(value, "0") == 0 ? 0 : ckfs_parse_size(value);
-		if ((v == 0 && strcmp(value, "0") != 0) || v % 1024 || v > (1u << 30))
+		if (v->n % 1024)
 			return ckfs_cli_usage_error("mount", "kernel readahead '%s' must be "
-						    "whole KiB up to 1GiB, or 0", value);
-		mo->kernel_readahead_kb = (unsigned)(v / 1024);
+						    "whole KiB up to 1GiB, or 0", v->text);
+		mo->kernel_readahead_kb = (unsigned)(v->n / 1024);
 		return 0;
 	case OPT_READAHEAD:
-		if (parse_count(value, 0, 4096, &n) != 0)
-			return ckfs_cli_usage_error("mount", "bad read-ahead window '%s'", value);
-		mo->readahead = (int)n;
+		mo->readahead = (int)v->n;
 		return 0;
 	case OPT_UID:
+		mo->uid = (uid_t)v->n;
+		mo->has_uid = true;
+		return 0;
 	case OPT_GID:
-		if (parse_count(value, 0, INT32_MAX, &n) != 0)
-			return ckfs_cli_usage_error("mount", "bad %s '%s'", o->key, value);
-		if (o->id == OPT_UID) {
-			mo->uid = (uid_t)n;
-			mo->has_uid = true;
-		} else {
-			mo->gid = (gid_t)n;
-			mo->has_gid = true;
-		}
+		mo->gid = (gid_t)v->n;
+		mo->has_gid = true;
 		return 0;
 	case OPT_MAX_PLANS:
-		if (parse_count(value, 1, 4096, &n) != 0)
-			return ckfs_cli_usage_error("mount", "bad plan count '%s' (1 to 4096)",
-						    value);
-		mo->max_plans = (int)n;
+		mo->max_plans = (int)v->n;
 		return 0;
 	case OPT_UMASK:
-		if (parse_umask(value, &mo->umask) != 0)
-			return ckfs_cli_usage_error("mount", "bad umask '%s' (octal, 0 to 0777)",
-						    value);
+		mo->umask = (mode_t)v->n;
 		mo->has_umask = true;
 		return 0;
 	default:
@@ -344,18 +307,7 @@ static int settle(struct mount_args *a)
 
 int ckfs_cmd_mount(int argc, char **argv)
 {
-	struct mount_args a = {
-		.c.model.out_dtype = CKFS_DTYPE_BF16,
-		.c.model.rank_checks = CKFS_RANK_CHECKS_AUTO,
-		.mo = {
-			.cache_size = DEFAULT_CACHE_SIZE,
-			.slice_size = DEFAULT_SLICE_SIZE,
-			.threads = DEFAULT_THREADS,
-			.readahead = DEFAULT_READAHEAD,
-			.kernel_readahead_kb = DEFAULT_KERNEL_READAHEAD_KB,
-			.max_plans = DEFAULT_MAX_PLANS,
-		},
-	};
+	struct mount_args a = { 0 }; /* the defaults are in the option rows */
 	char src[PATH_MAX], mnt[PATH_MAX], config[PATH_MAX], base[PATH_MAX], *fo = NULL;
 	int first;
 

@@ -2,6 +2,7 @@
 /* Options as data: see src/cli/options.h. */
 #include "cli/options.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -29,110 +30,171 @@ static const struct cli_choice rank_checks_words[] = {
 	{ "mount", CKFS_RANK_CHECKS_OPEN }, { "read", CKFS_RANK_CHECKS_READ },
 	{ "auto", CKFS_RANK_CHECKS_AUTO }, { NULL, 0 }
 };
-/* ckfs_log_parse_level's names (util/log.c, below the CLI) */
 static const struct cli_choice log_level_words[] = {
-	{ "err", 0 }, { "error", 0 }, { "warning", 0 }, { "warn", 0 },
-	{ "notice", 0 }, { "info", 0 }, { "debug", 0 }, { NULL, 0 }
+	{ "err", CKFS_LOG_ERR }, { "error", CKFS_LOG_ERR },
+	{ "warning", CKFS_LOG_WARNING }, { "warn", CKFS_LOG_WARNING },
+	{ "notice", CKFS_LOG_NOTICE }, { "info", CKFS_LOG_INFO },
+	{ "debug", CKFS_LOG_DEBUG }, { NULL, 0 }
 };
-/* the releases ckfs_transformers_release knows (each also as major.minor.patch) */
+/* the releases ckfs_transformers_release knows (each also as
+ * major.minor.patch, so the value is text it checks) */
 static const struct cli_choice transformers_words[] = {
-	{ "5.10", 0 }, { "5.23", 0 }, { NULL, 0 }
+	{ "5.10", 510 }, { "5.23", 523 }, { NULL, 0 }
 };
-
-const struct cli_choice *cli_choices(enum cli_opt_id id)
-{
-	switch (id) {
-	case OPT_DTYPE: return dtype_words;
-	case OPT_LORA: return lora_words;
-	case OPT_RANK_CHECKS: return rank_checks_words;
-	case OPT_LOG_LEVEL: return log_level_words;
-	case OPT_TRANSFORMERS_VERSION: return transformers_words;
-	default: return NULL;
-	}
-}
-
-int cli_choice(enum cli_opt_id id, const char *word, int *value)
-{
-	for (const struct cli_choice *c = cli_choices(id); c && c->word; c++)
-		if (strcmp(c->word, word) == 0) {
-			*value = c->value;
-			return 0;
-		}
-	return -1;
-}
 
 const struct cli_opt cli_opt_dtype = {
-	OPT_DTYPE, "dtype", 0, "dtype", "T",
-	"output dtype: bf16 (default, as verl's merger), fp16, fp32, auto "
-	"(each tensor as stored), or fp8 (linear weights block-quantized to "
-	"float8_e4m3fn with their scales, the rest bf16)"
+	.id = OPT_DTYPE, .name = "dtype", .key = "dtype", .arg = "T",
+	.kind = CLI_CHOICE, .choices = dtype_words, .def = "bf16",
+	.help = "output dtype: bf16 (as verl's merger), fp16, fp32, auto (each "
+		"tensor as stored), or fp8 (linear weights block-quantized to "
+		"float8_e4m3fn with their scales, the rest bf16)"
 };
 const struct cli_opt cli_opt_max_shard_size = {
-	OPT_MAX_SHARD_SIZE, "max-shard-size", 0, "max_shard_size", "SIZE",
-	"split the weights into shards of at most SIZE (e.g. 5GB, 500MB, 2GiB) "
-	"with model.safetensors.index.json; default one model.safetensors"
+	.id = OPT_MAX_SHARD_SIZE, .name = "max-shard-size", .key = "max_shard_size",
+	.arg = "SIZE", .kind = CLI_SIZE, .lo = 1, .hi = INT64_MAX,
+	.help = "split the weights into shards of at most SIZE (e.g. 5GB, 500MB, "
+		"2GiB) with model.safetensors.index.json; default one model.safetensors"
 };
 const struct cli_opt cli_opt_transformers_version = {
-	OPT_TRANSFORMERS_VERSION, "transformers-version", 0, "transformers_version", "V",
-	"write config.json as verl's merger does with transformers V (5.10 or "
-	"5.23; default 5.23, the newest checked)"
+	.id = OPT_TRANSFORMERS_VERSION, .name = "transformers-version",
+	.key = "transformers_version", .arg = "V", .kind = CLI_TEXT,
+	.choices = transformers_words, .def = "5.23",
+	.help = "write config.json as verl's merger does with transformers V "
+		"(5.10 or 5.23, the newest checked)"
 };
 const struct cli_opt cli_opt_config = {
-	OPT_CONFIG, "config", 0, "config", "PATH",
-	"config.json (or a folder holding one, whose other files are served "
-	"too) when the checkpoint has none"
+	.id = OPT_CONFIG, .name = "config", .key = "config", .arg = "PATH", .kind = CLI_TEXT,
+	.help = "config.json (or a folder holding one, whose other files are served "
+		"too) when the checkpoint has none"
 };
 const struct cli_opt cli_opt_follow_symlinks = {
-	OPT_FOLLOW_SYMLINKS, "follow-symlinks", 0, "follow_symlinks", NULL,
-	"read files whose symlinks lead outside SRC (refused by default)"
+	.id = OPT_FOLLOW_SYMLINKS, .name = "follow-symlinks", .key = "follow_symlinks",
+	.help = "read files whose symlinks lead outside SRC (refused by default)"
 };
 const struct cli_opt cli_opt_raw_names = {
-	OPT_RAW_NAMES, "raw-names", 0, "raw_names", NULL,
-	"serve Megatron keys without a Hugging Face name under their own names "
-	"(per rank from mp_rank_* folders, whole from a dist_ckpt)"
+	.id = OPT_RAW_NAMES, .name = "raw-names", .key = "raw_names",
+	.help = "serve Megatron keys without a Hugging Face name under their own names "
+		"(per rank from mp_rank_* folders, whole from a dist_ckpt)"
 };
 const struct cli_opt cli_opt_lora = {
-	OPT_LORA, "lora", 0, "lora", "MODE",
-	"a LoRA actor as: adapter (default: the base weights plus lora_adapter/, "
-	"as verl's merger writes them), fuse (one model, W + scale * B @ A "
-	"computed on read) or base (the base weights alone)"
+	.id = OPT_LORA, .name = "lora", .key = "lora", .arg = "MODE", .kind = CLI_CHOICE,
+	.choices = lora_words, .def = "adapter",
+	.help = "a LoRA actor as: adapter (the base weights plus lora_adapter/, as "
+		"verl's merger writes them), fuse (one model, W + scale * B @ A "
+		"computed on read) or base (the base weights alone)"
 };
 const struct cli_opt cli_opt_base = {
-	OPT_BASE, "base", 0, "base", "DIR",
-	"the base weights of a LoRA checkpoint saved with the adapter only: a "
-	"Hugging Face folder, or any checkpoint ckfs reads"
+	.id = OPT_BASE, .name = "base", .key = "base", .arg = "DIR", .kind = CLI_TEXT,
+	.help = "the base weights of a LoRA checkpoint saved with the adapter only: a "
+		"Hugging Face folder, or any checkpoint ckfs reads"
 };
 const struct cli_opt cli_opt_lora_alpha = {
-	OPT_LORA_ALPHA, "lora-alpha", 0, "lora_alpha", "N",
-	"LoRA alpha, when lora_train_meta.json does not record it as trained"
+	.id = OPT_LORA_ALPHA, .name = "lora-alpha", .key = "lora_alpha", .arg = "N",
+	.kind = CLI_COUNT, .lo = 1, .hi = INT32_MAX,
+	.help = "LoRA alpha, when lora_train_meta.json does not record it as trained"
 };
 const struct cli_opt cli_opt_rslora = {
-	OPT_RSLORA, "rslora", 0, "rslora", NULL,
-	"the adapter was trained with rsLoRA: scale alpha / sqrt(r), not alpha / r"
+	.id = OPT_RSLORA, .name = "rslora", .key = "rslora",
+	.help = "the adapter was trained with rsLoRA: scale alpha / sqrt(r), not alpha / r"
 };
 const struct cli_opt cli_opt_fp8_skip = {
-	OPT_FP8_SKIP, "fp8-skip", 0, "fp8_skip", "REGEX",
-	"with --dtype fp8, weights whose names match REGEX (POSIX extended) stay "
-	"bf16; default: the vision tower and multimodal projector"
+	.id = OPT_FP8_SKIP, .name = "fp8-skip", .key = "fp8_skip", .arg = "REGEX",
+	.kind = CLI_TEXT,
+	.help = "with --dtype fp8, weights whose names match REGEX (POSIX extended) stay "
+		"bf16; default: the vision tower and multimodal projector"
 };
 const struct cli_opt cli_opt_rank_checks = {
-	OPT_RANK_CHECKS, NULL, 0, "rank_checks", "WHEN",
-	"when a verl FSDP actor's ranks other than rank 0 are read and checked "
-	"against it: mount (before the mount is ready; a bad rank fails it), "
-	"read (by threads after it; no tensor byte is served until all passed, "
-	"reads fail with EIO after one failed) or auto (default: read when there "
-	"are at least 100,000 entries to check, (world size - 1) x keys, else "
-	"mount)"
+	.id = OPT_RANK_CHECKS, .key = "rank_checks", .arg = "WHEN", .kind = CLI_CHOICE,
+	.choices = rank_checks_words, .def = "auto",
+	.help = "when a verl FSDP actor's ranks other than rank 0 are read and checked "
+		"against it: mount (before the mount is ready; a bad rank fails it), "
+		"read (by threads after it; no tensor byte is served until all passed, "
+		"reads fail with EIO after one failed) or auto (read when there are at "
+		"least 100,000 entries to check, (world size - 1) x keys, else mount)"
 };
 const struct cli_opt cli_opt_log_level = {
-	OPT_LOG_LEVEL, "log-level", 0, "log_level", "LEVEL",
-	"err, warning, notice (default), info or debug"
+	.id = OPT_LOG_LEVEL, .name = "log-level", .key = "log_level", .arg = "LEVEL",
+	.kind = CLI_CHOICE, .choices = log_level_words, .def = "notice",
+	.help = "err, warning, notice, info or debug"
 };
 const struct cli_opt cli_opt_json = {
-	OPT_JSON, "json", 'j', NULL, NULL, "print JSON"
+	.id = OPT_JSON, .name = "json", .letter = 'j', .help = "print JSON"
 };
 
-const struct cli_opt cli_opt_help = { 0, "help", 'h', NULL, NULL, "show this help" };
+const struct cli_opt cli_opt_help = { .name = "help", .letter = 'h', .help = "show this help" };
+
+/* The option as a user wrote it: "--threads" or "-o max_plans". */
+static void opt_spelling(const struct cli_opt *o, char *buf, size_t size)
+{
+	snprintf(buf, size, "%s%s", o->name ? "--" : "-o ", o->name ? o->name : o->key);
+}
+
+/* "bf16, fp16, fp32, auto or fp8": the words without their aliases (an
+ * alias follows its word in the table, with the same value). */
+static void choice_words(const struct cli_choice *c, char *buf, size_t size)
+{
+	const char *words[32];
+	size_t n = 0, len = 0;
+
+	for (size_t i = 0; c[i].word && n < 32; i++)
+		if (i == 0 || c[i].value != c[i - 1].value)
+			words[n++] = c[i].word;
+	buf[0] = '\0';
+	for (size_t i = 0; i < n && len < size; i++)
+		len += (size_t)snprintf(buf + len, size - len, "%s%s",
+					i == 0 ? "" : i + 1 == n ? " or " : ", ", words[i]);
+}
+
+int cli_value_parse(const struct cli_command *cmd, const struct cli_opt *o, const char *text,
+		    struct cli_value *v)
+{
+	char who[64], what[160];
+	char *end;
+
+	*v = (struct cli_value){ .text = text };
+	errno = 0;
+	switch (o->kind) {
+	case CLI_FLAG:
+	case CLI_TEXT:
+		return 0;
+	case CLI_CHOICE:
+		for (const struct cli_choice *c = o->choices; c->word; c++)
+			if (strcmp(c->word, text) == 0) {
+				v->n = c->value;
+				return 0;
+			}
+		choice_words(o->choices, what, sizeof(what));
+		opt_spelling(o, who, sizeof(who));
+		return ckfs_cli_usage_error(cmd->name, "unknown %s '%s' (%s)", who, text, what);
+	case CLI_COUNT:
+		v->n = strtoll(text, &end, 10);
+		if (!errno && end != text && !*end && v->n >= o->lo && v->n <= o->hi)
+			return 0;
+		snprintf(what, sizeof(what), "a whole number from %lld to %lld", o->lo, o->hi);
+		break;
+	case CLI_SIZE:
+		v->n = strcmp(text, "0") == 0 ? 0 : (long long)ckfs_parse_size(text);
+		if ((v->n > 0 || strcmp(text, "0") == 0) && v->n >= o->lo && v->n <= o->hi)
+			return 0;
+		snprintf(what, sizeof(what), "a size such as 512MiB or 5GB%s",
+			 o->lo == 0 ? ", or 0" : "");
+		break;
+	case CLI_REAL:
+		v->real = strtod(text, &end);
+		if (end != text && !*end && v->real >= 0)
+			return 0;
+		snprintf(what, sizeof(what), "a number from 0");
+		break;
+	case CLI_OCTAL:
+		v->n = strtoll(text, &end, 8);
+		if (*text >= '0' && *text <= '7' && !errno && !*end && v->n <= o->hi)
+			return 0;
+		snprintf(what, sizeof(what), "octal, 0 to 0%llo", (unsigned long long)o->hi);
+		break;
+	}
+	opt_spelling(o, who, sizeof(who));
+	return ckfs_cli_usage_error(cmd->name, "bad %s '%s' (%s)", who, text, what);
+}
 
 static size_t count(const struct cli_command *cmd)
 {
@@ -155,6 +217,17 @@ static int wrong_args(const struct cli_command *cmd)
 		p += len + (p[len] == ' ');
 	}
 	return ckfs_cli_usage_error(cmd->name, "expected %s", what);
+}
+
+static int apply_text(const struct cli_command *cmd, const struct cli_opt *o, const char *text,
+		      cli_apply_fn apply, void *ctx)
+{
+	struct cli_value v;
+
+	if (!text)
+		return apply(ctx, o, NULL);
+	int rc = cli_value_parse(cmd, o, text, &v);
+	return rc ? rc : apply(ctx, o, &v);
 }
 
 int cli_parse(const struct cli_command *cmd, int argc, char **argv, cli_apply_fn apply,
@@ -184,6 +257,9 @@ int cli_parse(const struct cli_command *cmd, int argc, char **argv, cli_apply_fn
 				shorts[ns++] = ':';
 		}
 	}
+	for (size_t i = 0; i < n && rc == 0; i++)
+		if (cmd->opts[i]->def)
+			rc = apply_text(cmd, cmd->opts[i], cmd->opts[i]->def, apply, ctx);
 	longs[nl++] = (struct option){ "help", no_argument, NULL, 'h' };
 	longs[nl] = (struct option){ 0 };
 	shorts[ns] = '\0';
@@ -209,7 +285,7 @@ int cli_parse(const struct cli_command *cmd, int argc, char **argv, cli_apply_fn
 					o = cmd->opts[i];
 		}
 		if (o)
-			rc = apply(ctx, o, o->arg ? optarg : NULL);
+			rc = apply_text(cmd, o, o->arg ? optarg : NULL, apply, ctx);
 	}
 	if (rc)
 		return rc;
@@ -258,6 +334,12 @@ static void help_line(FILE *to, const char *left, const char *help)
 	}
 }
 
+void cli_opt_help_text(const struct cli_opt *o, char *buf, size_t size)
+{
+	snprintf(buf, size, "%s%s%s%s", o->help, o->def ? " (default " : "",
+		 o->def ? o->def : "", o->def ? ")" : "");
+}
+
 void cli_help(const struct cli_command *cmd, FILE *to)
 {
 	char left[96];
@@ -279,7 +361,10 @@ void cli_help(const struct cli_command *cmd, FILE *to)
 				 o->letter ? o->letter : ' ', o->letter ? ", " : "  ", o->name,
 				 o->arg ? " " : "", o->arg ? o->arg : "");
 			bool key = takes_o && o->key;
-			snprintf(help, sizeof(help), "%s%s%s%s%s%s", o->help, key ? "\n(-o " : "",
+			size_t len;
+			cli_opt_help_text(o, help, sizeof(help));
+			len = strlen(help);
+			snprintf(help + len, sizeof(help) - len, "%s%s%s%s%s", key ? "\n(-o " : "",
 				 key ? o->key : "", key && o->arg ? "=" : "",
 				 key && o->arg ? o->arg : "", key ? ")" : "");
 			help_line(to, left, help);
@@ -293,35 +378,32 @@ void cli_help(const struct cli_command *cmd, FILE *to)
 	for (const struct cli_opt *const *p = cmd->opts; *p; p++) {
 		if ((*p)->name)
 			continue;
+		char help[512];
 		snprintf(left, sizeof(left), "-o %s%s%s", (*p)->key, (*p)->arg ? "=" : "",
 			 (*p)->arg ? (*p)->arg : "");
-		help_line(to, left, (*p)->help);
+		cli_opt_help_text(*p, help, sizeof(help));
+		help_line(to, left, help);
 	}
 }
 
 int cli_apply_common(const struct cli_command *cmd, struct cli_common *c,
-		     const struct cli_opt *o, const char *value)
+		     const struct cli_opt *o, const struct cli_value *v)
 {
-	int v;
-
 	switch (o->id) {
 	case OPT_DTYPE:
-		if (cli_choice(o->id, value, &v) != 0)
-			return ckfs_cli_usage_error(cmd->name, "unknown dtype '%s'", value);
-		c->model.out_dtype = (enum ckfs_dtype)v;
+		c->model.out_dtype = (enum ckfs_dtype)v->n;
 		return 0;
 	case OPT_MAX_SHARD_SIZE:
-		if (!(c->folder.max_shard_size = ckfs_parse_size(value)))
-			return ckfs_cli_usage_error(cmd->name, "bad size '%s'", value);
+		c->folder.max_shard_size = (uint64_t)v->n;
 		return 0;
 	case OPT_CONFIG:
-		c->model.config_path = value;
+		c->model.config_path = v->text;
 		return 0;
 	case OPT_TRANSFORMERS_VERSION:
-		if (!(c->folder.transformers = ckfs_transformers_release(value)))
+		if (!(c->folder.transformers = ckfs_transformers_release(v->text)))
 			return ckfs_cli_usage_error(cmd->name, "--transformers-version %s: ckfs "
 						    "knows what verl's merger writes with "
-						    "transformers %s", value,
+						    "transformers %s", v->text,
 						    ckfs_transformers_releases_known());
 		return 0;
 	case OPT_FOLLOW_SYMLINKS:
@@ -330,45 +412,29 @@ int cli_apply_common(const struct cli_command *cmd, struct cli_common *c,
 	case OPT_RAW_NAMES:
 		c->model.raw_names = true;
 		return 0;
-	case OPT_LOG_LEVEL: {
-		int lv = ckfs_log_parse_level(value);
-		if (lv < 0)
-			return ckfs_cli_usage_error(cmd->name, "bad log level '%s'", value);
-		ckfs_log_set_level((enum ckfs_log_level)lv);
+	case OPT_LOG_LEVEL:
+		ckfs_log_set_level((enum ckfs_log_level)v->n);
 		return 0;
-	}
 	case OPT_JSON:
 		c->json = true;
 		return 0;
 	case OPT_LORA:
-		if (cli_choice(o->id, value, &v) != 0)
-			return ckfs_cli_usage_error(cmd->name, "--lora is adapter, fuse or base, "
-						    "not '%s'", value);
-		c->model.lora = (enum ckfs_lora_mode)v;
+		c->model.lora = (enum ckfs_lora_mode)v->n;
 		return 0;
 	case OPT_BASE:
-		c->model.base_path = value;
+		c->model.base_path = v->text;
 		return 0;
-	case OPT_LORA_ALPHA: {
-		char *end;
-		long long alpha = strtoll(value, &end, 10);
-		if (!*value || *end || alpha < 1 || alpha > INT32_MAX)
-			return ckfs_cli_usage_error(cmd->name, "--lora-alpha is a whole number "
-						    "from 1, not '%s'", value);
-		c->model.lora_alpha = alpha;
+	case OPT_LORA_ALPHA:
+		c->model.lora_alpha = v->n;
 		return 0;
-	}
 	case OPT_RSLORA:
 		c->model.rslora = true;
 		return 0;
 	case OPT_FP8_SKIP:
-		c->model.fp8_skip = value;
+		c->model.fp8_skip = v->text;
 		return 0;
 	case OPT_RANK_CHECKS:
-		if (cli_choice(o->id, value, &v) != 0)
-			return ckfs_cli_usage_error(cmd->name, "rank_checks is mount, read or "
-						    "auto, not '%s'", value);
-		c->model.rank_checks = (enum ckfs_rank_checks)v;
+		c->model.rank_checks = (enum ckfs_rank_checks)v->n;
 		return 0;
 	default:
 		return -1;

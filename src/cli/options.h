@@ -35,6 +35,27 @@ enum cli_opt_id {
 	OPT_ID_END /* one past the last */
 };
 
+/* What an option's value is: the parser checks it by its kind, so each
+ * command's apply() gets a value already known to be good. */
+enum cli_kind {
+	CLI_FLAG,   /* no value */
+	CLI_TEXT,   /* a path, a regex: as given (choices, if any, are offered) */
+	CLI_CHOICE, /* one of choices' words: value.n is its value */
+	CLI_COUNT,  /* a whole number from lo to hi: value.n */
+	CLI_SIZE,   /* bytes, "512MiB" or "5GB" (ckfs_parse_size), lo to hi: value.n */
+	CLI_REAL,   /* a real number from 0: value.real */
+	CLI_OCTAL,  /* an octal number from 0 to hi: value.n */
+};
+
+/* The words an option takes, with what each means: the parser looks a
+ * value up here and the completion offers every word, so they cannot
+ * disagree (tests/cli/test_docs.sh). The first word of each value is the
+ * one help and messages name. NULL-terminated. */
+struct cli_choice {
+	const char *word;
+	int value;
+};
+
 struct cli_opt {
 	enum cli_opt_id id;
 	const char *name;    /* long option without "--"; NULL: an -o key only */
@@ -42,6 +63,18 @@ struct cli_opt {
 	const char *key;     /* the mount's -o key, NULL: none */
 	const char *arg;     /* the value's name in help ("T"); NULL: a flag */
 	const char *help;    /* one line; "\n" starts another */
+	enum cli_kind kind;
+	const struct cli_choice *choices; /* CLI_CHOICE's words (CLI_TEXT: offered) */
+	long long lo, hi;    /* CLI_COUNT, CLI_SIZE, CLI_OCTAL: the bounds */
+	const char *def;     /* the default, applied before the command line and
+			      * shown in help; NULL: none, or one help explains */
+};
+
+/* A value, parsed by its option's kind; text as given. */
+struct cli_value {
+	const char *text;
+	long long n;
+	double real;
 };
 
 struct cli_command {
@@ -53,18 +86,6 @@ struct cli_command {
 	const struct cli_opt *const *opts; /* NULL-terminated; --help is implied */
 	int (*run)(int argc, char **argv);
 };
-
-/* The words an option takes, with what each means: the parser looks a
- * value up here and the completion offers every word, so they cannot
- * disagree (tests/cli/test_docs.sh). NULL-terminated. */
-struct cli_choice {
-	const char *word;
-	int value;
-};
-/* id's words, or NULL for an option whose value is free (a path, a size). */
-const struct cli_choice *cli_choices(enum cli_opt_id id);
-/* The value of word among id's choices: 0, or -1 when it is none of them. */
-int cli_choice(enum cli_opt_id id, const char *word, int *value);
 
 /* The commands, NULL-terminated (main.c), for `ckfs --help`, the man page
  * and completion. */
@@ -78,14 +99,14 @@ extern const struct cli_opt cli_opt_dtype, cli_opt_max_shard_size, cli_opt_confi
 /* -h, --help: implied in every command (after its table). */
 extern const struct cli_opt cli_opt_help;
 
-/* apply(ctx, opt, value) for each option given (value NULL for a flag):
- * 0, or the exit status to stop with (2 for a usage error, reported by
- * the callback). */
-typedef int (*cli_apply_fn)(void *ctx, const struct cli_opt *opt, const char *value);
+/* apply(ctx, opt, value) for each option's default, then for each option
+ * given (value NULL for a flag): 0, or the exit status to stop with (2 for
+ * a usage error, reported by the callback). */
+typedef int (*cli_apply_fn)(void *ctx, const struct cli_opt *opt, const struct cli_value *value);
 
 /*
  * Parse argv (argv[0] is the command's name) against cmd's table, calling
- * apply for each option in order. Returns 0 with *first_arg the index of
+ * apply for each default in the table, then for each option in order. Returns 0 with *first_arg the index of
  * the first positional argument (exactly cmd->n_args of them);
  * CLI_HELP_SHOWN after --help (exit 0); or the exit status to stop with
  * (2 on a usage error, reported). So: rc = cli_parse(...); if (rc) return
@@ -94,10 +115,15 @@ typedef int (*cli_apply_fn)(void *ctx, const struct cli_opt *opt, const char *va
 #define CLI_HELP_SHOWN (-1)
 int cli_parse(const struct cli_command *cmd, int argc, char **argv, cli_apply_fn apply,
 	      void *ctx, int *first_arg);
+/* text as a value of o (command cmd): 0, or 2 for a usage error, reported. */
+int cli_value_parse(const struct cli_command *cmd, const struct cli_opt *o, const char *text,
+		    struct cli_value *value);
 /* The option of cmd with -o key `key`, or NULL. */
 const struct cli_opt *cli_find_key(const struct cli_command *cmd, const char *key);
 /* cmd's --help text. */
 void cli_help(const struct cli_command *cmd, FILE *to);
+/* o's help with its default appended, as --help and the man page show it. */
+void cli_opt_help_text(const struct cli_opt *o, char *buf, size_t size);
 
 /* What the shared options set. */
 struct cli_common {
@@ -108,6 +134,6 @@ struct cli_common {
 /* Apply a shared option to c: 0, 2 (a bad value, reported), or -1 when o
  * is not one of them. */
 int cli_apply_common(const struct cli_command *cmd, struct cli_common *c,
-		     const struct cli_opt *o, const char *value);
+		     const struct cli_opt *o, const struct cli_value *value);
 
 #endif

@@ -173,9 +173,9 @@ static void print_prometheus(const cJSON *o, const char *mnt)
 }
 
 static const struct cli_opt opt_prometheus = {
-	OPT_PROMETHEUS, "prometheus", 0, NULL, NULL,
-	"print Prometheus metrics (the text format of node_exporter's textfile "
-	"collector), labelled with the mount point"
+	.id = OPT_PROMETHEUS, .name = "prometheus",
+	.help = "print Prometheus metrics (the text format of node_exporter's textfile "
+		"collector), labelled with the mount point"
 };
 static const struct cli_opt *const stats_opts[] = { &cli_opt_json, &opt_prometheus, NULL };
 
@@ -192,13 +192,12 @@ const struct cli_command ckfs_cmd_stats_def = {
 
 enum stats_format { STATS_TEXT, STATS_JSON, STATS_PROMETHEUS };
 
-static int stats_apply(void *ctx, const struct cli_opt *o, const char *value)
+static int stats_apply(void *ctx, const struct cli_opt *o, const struct cli_value *v)
 {
 	enum stats_format *format = ctx;
-
 	enum stats_format want = o->id == OPT_PROMETHEUS ? STATS_PROMETHEUS : STATS_JSON;
 
-	(void)value;
+	(void)v;
 	if (*format != STATS_TEXT && *format != want)
 		return ckfs_cli_usage_error("stats", "--json and --prometheus exclude "
 					    "each other");

@@ -53,8 +53,8 @@ static int run_fusermount(const char *mnt, int lazy)
 }
 
 static const struct cli_opt opt_lazy = {
-	OPT_LAZY, "lazy", 'z', NULL, NULL,
-	"detach a busy mount now; the daemon exits when the last file is closed"
+	.id = OPT_LAZY, .name = "lazy", .letter = 'z',
+	.help = "detach a busy mount now; the daemon exits when the last file is closed"
 };
 static const struct cli_opt *const umount_opts[] = { &opt_lazy, NULL };
 
@@ -70,9 +70,9 @@ const struct cli_command ckfs_cmd_umount_def = {
 	.run = ckfs_cmd_umount,
 };
 
-static int umount_apply(void *ctx, const struct cli_opt *o, const char *value)
+static int umount_apply(void *ctx, const struct cli_opt *o, const struct cli_value *v)
 {
-	(void)value;
+	(void)v;
 	*(int *)ctx |= o->id == OPT_LAZY;
 	return 0;
 }

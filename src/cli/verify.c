@@ -223,13 +223,16 @@ struct verify_args {
 };
 
 static const struct cli_opt opt_against = {
-	OPT_AGAINST, "against", 0, NULL, "DIR", "the Hugging Face folder to compare with (required)"
+	.id = OPT_AGAINST, .name = "against", .arg = "DIR", .kind = CLI_TEXT,
+	.help = "the Hugging Face folder to compare with (required)"
 };
 static const struct cli_opt opt_atol = {
-	OPT_ATOL, "atol", 0, NULL, "A", "absolute tolerance (default 0: bit for bit)"
+	.id = OPT_ATOL, .name = "atol", .arg = "A", .kind = CLI_REAL, .def = "0",
+	.help = "absolute tolerance (0: bit for bit)"
 };
 static const struct cli_opt opt_rtol = {
-	OPT_RTOL, "rtol", 0, NULL, "R", "relative tolerance: |a - b| <= A + R * |b|"
+	.id = OPT_RTOL, .name = "rtol", .arg = "R", .kind = CLI_REAL, .def = "0",
+	.help = "relative tolerance: |a - b| <= A + R * |b|"
 };
 
 static const struct cli_opt *const verify_opts[] = {
@@ -251,22 +254,17 @@ const struct cli_command ckfs_cmd_verify_def = {
 	.run = ckfs_cmd_verify,
 };
 
-static int verify_apply(void *ctx, const struct cli_opt *o, const char *value)
+static int verify_apply(void *ctx, const struct cli_opt *o, const struct cli_value *v)
 {
 	struct verify_args *a = ctx;
-	int rc = cli_apply_common(&ckfs_cmd_verify_def, &a->c, o, value);
-	char *end;
+	int rc = cli_apply_common(&ckfs_cmd_verify_def, &a->c, o, v);
 
 	if (rc >= 0)
 		return rc;
-	if (o->id == OPT_AGAINST) {
-		a->against = value;
-		return 0;
-	}
-	double v = strtod(value, &end);
-	if (*end || !(v >= 0))
-		return ckfs_cli_usage_error("verify", "bad tolerance '%s'", value);
-	*(o->id == OPT_ATOL ? &a->atol : &a->rtol) = v;
+	if (o->id == OPT_AGAINST)
+		a->against = v->text;
+	else
+		*(o->id == OPT_ATOL ? &a->atol : &a->rtol) = v->real;
 	return 0;
 }
 
@@ -351,7 +349,7 @@ static int report(const struct tally *t, const struct verify_args *a)
 
 int ckfs_cmd_verify(int argc, char **argv)
 {
-	struct verify_args a = { .c.model.out_dtype = CKFS_DTYPE_BF16 };
+	struct verify_args a = { 0 }; /* the defaults are in the option rows */
 	struct tally tally = { .worst_diff = -1 };
 	struct ckfs_model *m = NULL;
 	struct ckfs_st_set ref;

@@ -1532,6 +1532,29 @@ int ckfs_pv_is_str(const struct ckfs_pv *v, const char *s)
 	return v && s && str_eq(v, s, strlen(s));
 }
 
+int ckfs_pv_is_seq(const struct ckfs_pv *v)
+{
+	return v && (v->kind == CKFS_PV_LIST || v->kind == CKFS_PV_TUPLE);
+}
+
+size_t ckfs_pv_seq_len(const struct ckfs_pv *v)
+{
+	return ckfs_pv_is_seq(v) ? v->u.seq.n : 0;
+}
+
+int ckfs_pv_is_none(const struct ckfs_pv *v)
+{
+	return !v || v->kind == CKFS_PV_NONE;
+}
+
+int ckfs_pv_get_int(const struct ckfs_pv *v, int64_t *out)
+{
+	if (!v || v->kind != CKFS_PV_INT)
+		return 0;
+	*out = v->u.i;
+	return 1;
+}
+
 const char *ckfs_pv_kind_name(enum ckfs_pv_kind kind)
 {
 	switch (kind) {

@@ -224,22 +224,32 @@ static enum ckfs_code read_header(const char *path, int fd, uint64_t size, char 
 	return CKFS_OK;
 }
 
-/* Append the entries of one file to a growing array. */
-static enum ckfs_code read_file(struct ckfs_st_set *set, const struct ckfs_file_policy *pol,
-				const char *path, struct ckfs_st_entry **arr, size_t *n,
-				size_t *cap, struct ckfs_error *err)
+/* One ckfs_st_set_open: the set, the policy its files are opened under,
+ * and the entries of the files read so far (arr, n of cap). */
+struct st_open {
+	struct ckfs_st_set *set;
+	const struct ckfs_file_policy *pol;
+	struct ckfs_st_entry *arr;
+	size_t n, cap;
+	struct ckfs_error *err;
+};
+
+/* Append the entries of one file to o's array. */
+static enum ckfs_code read_file(struct st_open *o, const char *path)
 {
+	struct ckfs_st_set *set = o->set;
+	struct ckfs_error *err = o->err;
 	struct stat st;
 	uint64_t hlen = 0;
 	char *json = NULL;
 	cJSON *root = NULL;
 	enum ckfs_code rc;
-	size_t first = *n;
+	size_t first = o->n;
 	int fd;
 
 	if (set->n_fds == sizeof(set->fds) / sizeof(set->fds[0]))
 		return ckfs_fail(err, CKFS_E_LIMIT, "'%s': too many shards", path);
-	CKFS_TRY(ckfs_file_open(pol, path, &fd, &st, err));
+	CKFS_TRY(ckfs_file_open(o->pol, path, &fd, &st, err));
 	set->fds[set->n_fds++] = fd;
 	CKFS_TRY(read_header(path, fd, (uint64_t)st.st_size, &json, &hlen, err));
 	rc = ckfs_json_parse_object(path, json, hlen, &root, err);
@@ -253,26 +263,26 @@ static enum ckfs_code read_file(struct ckfs_st_set *set, const struct ckfs_file_
 			rc = check_metadata(path, it, err);
 			continue;
 		}
-		if (*n == *cap) {
-			size_t nc = *cap ? *cap * 2 : 256;
-			struct ckfs_st_entry *p = realloc(*arr, nc * sizeof(*p));
+		if (o->n == o->cap) {
+			size_t nc = o->cap ? o->cap * 2 : 256;
+			struct ckfs_st_entry *p = realloc(o->arr, nc * sizeof(*p));
 			if (!p) {
 				rc = ckfs_nomem(err);
 				break;
 			}
-			*arr = p;
-			*cap = nc;
+			o->arr = p;
+			o->cap = nc;
 		}
-		struct ckfs_st_entry *e = &(*arr)[*n];
+		struct ckfs_st_entry *e = &o->arr[o->n];
 		rc = parse_entry(set, path, it, 8 + hlen, e, err);
 		e->file = fpath;
 		e->fd = fd;
 		if (rc == CKFS_OK)
-			(*n)++;
+			o->n++;
 	}
 	cJSON_Delete(root);
 	CKFS_TRY(rc);
-	return check_tiling(path, *arr + first, *n - first, 8 + hlen, (uint64_t)st.st_size,
+	return check_tiling(path, o->arr + first, o->n - first, 8 + hlen, (uint64_t)st.st_size,
 			    err);
 }
 
@@ -299,11 +309,10 @@ static int cmp_item_shard(const void *a, const void *b)
 
 /* The tensors of the shards an index names; the index and the shards must
  * hold the same tensors. items (n_items) is the weight_map. */
-static enum ckfs_code read_shards(struct ckfs_st_set *set, const struct ckfs_file_policy *pol,
-				  const char *dir, const char *path, struct index_item *items,
-				  size_t n_items, struct ckfs_st_entry **arr, size_t *n,
-				  size_t *cap, struct ckfs_error *err)
+static enum ckfs_code read_shards(struct st_open *o, const char *dir, const char *path,
+				  struct index_item *items, size_t n_items)
 {
+	struct ckfs_error *err = o->err;
 	struct index_item *by_name = malloc((n_items + 1) * sizeof(*by_name));
 	enum ckfs_code rc = CKFS_OK;
 
@@ -321,25 +330,25 @@ static enum ckfs_code read_shards(struct ckfs_st_set *set, const struct ckfs_fil
 			rc = ckfs_fail(err, CKFS_E_LIMIT, "'%s': shard path too long", path);
 			break;
 		}
-		size_t from = *n;
-		rc = read_file(set, pol, shard, arr, n, cap, err);
-		for (size_t k = from; k < *n && rc == CKFS_OK; k++) {
-			struct index_item key = { .name = (*arr)[k].name };
+		size_t from = o->n;
+		rc = read_file(o, shard);
+		for (size_t k = from; k < o->n && rc == CKFS_OK; k++) {
+			struct index_item key = { .name = o->arr[k].name };
 			const struct index_item *named =
 				bsearch(&key, by_name, n_items, sizeof(key), cmp_item_name);
 			if (!named || strcmp(named->shard, items[i].shard) != 0)
 				rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': tensor '%s' is not "
 					       "in the index for this shard", shard,
-					       (*arr)[k].name);
+					       o->arr[k].name);
 		}
 	}
 	/* Every shard tensor is indexed to its shard (and names are unique
 	 * per file); fewer of them than index entries means one is missing. */
-	if (rc == CKFS_OK && *n != n_items) {
-		qsort(*arr, *n, sizeof(**arr), cmp_entry);
+	if (rc == CKFS_OK && o->n != n_items) {
+		qsort(o->arr, o->n, sizeof(*o->arr), cmp_entry);
 		for (size_t i = 0; i < n_items && rc == CKFS_OK; i++) {
 			struct ckfs_st_entry key = { .name = by_name[i].name };
-			if (!bsearch(&key, *arr, *n, sizeof(key), cmp_entry))
+			if (!bsearch(&key, o->arr, o->n, sizeof(key), cmp_entry))
 				rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': tensor '%s' is not in "
 					       "its shard '%s'", path, by_name[i].name,
 					       by_name[i].shard);
@@ -349,10 +358,9 @@ static enum ckfs_code read_shards(struct ckfs_st_set *set, const struct ckfs_fil
 	return rc;
 }
 
-static enum ckfs_code read_index(struct ckfs_st_set *set, const struct ckfs_file_policy *pol,
-				 const char *dir, const char *path, struct ckfs_st_entry **arr,
-				 size_t *n, size_t *cap, struct ckfs_error *err)
+static enum ckfs_code read_index(struct st_open *o, const char *dir, const char *path)
 {
+	struct ckfs_error *err = o->err;
 	struct index_item *items = NULL;
 	size_t n_items = 0;
 	char *text;
@@ -360,7 +368,7 @@ static enum ckfs_code read_index(struct ckfs_st_set *set, const struct ckfs_file
 	cJSON *idx;
 	enum ckfs_code rc;
 
-	CKFS_TRY(ckfs_file_read_small(pol, path, CKFS_MAX_JSON_BYTES, &text, &len, NULL, err));
+	CKFS_TRY(ckfs_file_read_small(o->pol, path, CKFS_MAX_JSON_BYTES, &text, &len, NULL, err));
 	rc = ckfs_json_parse_object(path, text, len, &idx, err);
 	free(text);
 	CKFS_TRY(rc);
@@ -377,7 +385,7 @@ static enum ckfs_code read_index(struct ckfs_st_set *set, const struct ckfs_file
 		items[n_items++].shard = it->valuestring;
 	}
 	if (rc == CKFS_OK)
-		rc = read_shards(set, pol, dir, path, items, n_items, arr, n, cap, err);
+		rc = read_shards(o, dir, path, items, n_items);
 	free(items);
 	cJSON_Delete(idx);
 	return rc;
@@ -387,8 +395,7 @@ enum ckfs_code ckfs_st_set_open(const char *dir, const struct ckfs_file_policy *
 				struct ckfs_st_set *set, struct ckfs_error *err)
 {
 	char path[4096];
-	struct ckfs_st_entry *arr = NULL;
-	size_t n = 0, cap = 0;
+	struct st_open o = { .set = set, .pol = pol, .err = err };
 	enum ckfs_code rc = CKFS_OK;
 
 	memset(set, 0, sizeof(*set));
@@ -396,7 +403,7 @@ enum ckfs_code ckfs_st_set_open(const char *dir, const struct ckfs_file_policy *
 	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
 	struct stat lst;
 	if (lstat(path, &lst) == 0) {
-		rc = read_file(set, pol, path, &arr, &n, &cap, err);
+		rc = read_file(&o, path);
 	} else {
 		snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
 		if (lstat(path, &lst) != 0) {
@@ -404,24 +411,24 @@ enum ckfs_code ckfs_st_set_open(const char *dir, const struct ckfs_file_policy *
 			return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': no model.safetensors "
 					 "or model.safetensors.index.json", dir);
 		}
-		rc = read_index(set, pol, dir, path, &arr, &n, &cap, err);
+		rc = read_index(&o, dir, path);
 	}
 	if (rc == CKFS_OK) {
-		qsort(arr, n, sizeof(*arr), cmp_entry);
-		for (size_t i = 1; i < n && rc == CKFS_OK; i++)
-			if (strcmp(arr[i].name, arr[i - 1].name) == 0)
+		qsort(o.arr, o.n, sizeof(*o.arr), cmp_entry);
+		for (size_t i = 1; i < o.n && rc == CKFS_OK; i++)
+			if (strcmp(o.arr[i].name, o.arr[i - 1].name) == 0)
 				rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': tensor '%s' "
-					       "appears twice", dir, arr[i].name);
+					       "appears twice", dir, o.arr[i].name);
 	}
 	if (rc == CKFS_OK) {
-		set->entries = ckfs_arena_calloc(&set->arena, n + 1, sizeof(*arr));
+		set->entries = ckfs_arena_calloc(&set->arena, o.n + 1, sizeof(*o.arr));
 		if (!set->entries)
 			rc = ckfs_nomem(err);
-		else if (n)
-			memcpy(set->entries, arr, n * sizeof(*arr));
-		set->n_entries = n;
+		else if (o.n)
+			memcpy(set->entries, o.arr, o.n * sizeof(*o.arr));
+		set->n_entries = o.n;
 	}
-	free(arr);
+	free(o.arr);
 	if (rc != CKFS_OK)
 		ckfs_st_set_release(set);
 	return rc;

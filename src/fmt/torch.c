@@ -73,13 +73,6 @@ static const struct ckfs_pv *tuple_item(const struct ckfs_pv *t, size_t i)
 	return t->u.seq.items[i];
 }
 
-static size_t seq_len(const struct ckfs_pv *t)
-{
-	if (!t || (t->kind != CKFS_PV_TUPLE && t->kind != CKFS_PV_LIST))
-		return 0;
-	return t->u.seq.n;
-}
-
 static int get_int(const struct ckfs_pv *v, int64_t *out)
 {
 	if (!v || (v->kind != CKFS_PV_INT && v->kind != CKFS_PV_BOOL))
@@ -94,7 +87,7 @@ static enum ckfs_code get_dims(const struct ckfs_pv *t, int64_t *dims, int *ndim
 			       const struct ckfs_torch_file *tf,
 			       struct ckfs_error *err)
 {
-	size_t n = seq_len(t);
+	size_t n = ckfs_pv_seq_len(t);
 
 	if (!t || (t->kind != CKFS_PV_TUPLE && t->kind != CKFS_PV_LIST))
 		return ckfs_fail(err, CKFS_E_FORMAT,
@@ -158,7 +151,7 @@ static enum ckfs_code decode_storage(struct ckfs_torch_file *tf,
 	pid = p->u.persid.pid;
 	cls = tuple_item(pid, 1);
 	skey = tuple_item(pid, 2);
-	if (seq_len(pid) < 5 || !ckfs_pv_is_str(tuple_item(pid, 0), "storage") ||
+	if (ckfs_pv_seq_len(pid) < 5 || !ckfs_pv_is_str(tuple_item(pid, 0), "storage") ||
 	    !cls || cls->kind != CKFS_PV_GLOBAL || !skey ||
 	    skey->kind != CKFS_PV_STR || !get_int(tuple_item(pid, 4), &numel) ||
 	    numel < 0)
@@ -234,7 +227,7 @@ static enum ckfs_code decode_rebuild(struct ckfs_torch_file *tf,
 	const struct ckfs_pv *meta = NULL;
 	int ndim_stride = 0;
 
-	if (seq_len(args) < 4)
+	if (ckfs_pv_seq_len(args) < 4)
 		return ckfs_fail(err, CKFS_E_FORMAT,
 				 "'%s': short %s call for '%s'", vlabel(tf), fn,
 				 key);
@@ -581,10 +574,10 @@ static enum ckfs_code decode_mesh_layout(struct ckfs_torch_file *tf, const struc
 				 "is not a flat contiguous tensor", vlabel(tf), key);
 	di->mesh_tensor.ndim = 0;
 	if (axes) {
-		n = seq_len(axes);
+		n = ckfs_pv_seq_len(axes);
 	} else {
-		n = seq_len(attr(layout, "shape"));
-		if (n != seq_len(attr(layout, "stride")))
+		n = ckfs_pv_seq_len(attr(layout, "shape"));
+		if (n != ckfs_pv_seq_len(attr(layout, "stride")))
 			n = 0;
 	}
 	if (n == 0 || n > CKFS_MAX_DIMS)
@@ -640,12 +633,12 @@ static enum ckfs_code decode_mesh(struct ckfs_torch_file *tf,
 	names = attr(mesh, "mesh_dim_names");
 	if (!names)
 		names = attr(mesh, "_mesh_dim_names");
-	for (size_t i = 0; i < seq_len(names) && i < CKFS_MAX_DIMS; i++) {
+	for (size_t i = 0; i < ckfs_pv_seq_len(names) && i < CKFS_MAX_DIMS; i++) {
 		const struct ckfs_pv *s = names->u.seq.items[i];
 		di->mesh_dim_names[i] = s && s->kind == CKFS_PV_STR ? s->u.str.s : NULL;
 	}
 	coord = attr(mesh, "_coordinate_on_dim");
-	if (coord && seq_len(coord) == (size_t)di->mesh_ndim) {
+	if (coord && ckfs_pv_seq_len(coord) == (size_t)di->mesh_ndim) {
 		di->have_coord = true;
 		for (int i = 0; i < di->mesh_ndim; i++)
 			if (!get_int(coord->u.seq.items[i], &di->coord[i]) ||
@@ -726,7 +719,7 @@ static enum ckfs_code check_shard_order(struct ckfs_torch_file *tf, const struct
 		    ng != nw || memcmp(got, want, sizeof(int64_t) * (size_t)nw) != 0)
 			goto refuse;
 	}
-	if (e == seq_len(order))
+	if (e == ckfs_pv_seq_len(order))
 		return CKFS_OK;
 refuse:
 	return ckfs_fail(err, CKFS_E_UNSUPPORTED,
@@ -781,10 +774,10 @@ static enum ckfs_code decode_dtensor(struct ckfs_torch_file *tf,
 	CKFS_TRY(get_dims(size, di->global_shape, &di->ndim, "global size", key,
 			  tf, err));
 	placements = attr(spec, "placements");
-	if (seq_len(placements) != (size_t)di->mesh_ndim)
+	if (ckfs_pv_seq_len(placements) != (size_t)di->mesh_ndim)
 		return ckfs_fail(err, CKFS_E_FORMAT,
 				 "'%s': DTensor '%s' has %zu placements for a "
-				 "%d-d mesh", vlabel(tf), key, seq_len(placements),
+				 "%d-d mesh", vlabel(tf), key, ckfs_pv_seq_len(placements),
 				 di->mesh_ndim);
 	for (int i = 0; i < di->mesh_ndim; i++) {
 		CKFS_TRY(decode_placement(tf, placements->u.seq.items[i], key,
@@ -960,13 +953,13 @@ fail:
 	return rc;
 }
 
-enum ckfs_code ckfs_torch_open_item(struct ckfs_torch_file *tf, int fd,
-				    uint64_t base, uint64_t length,
-				    const char *label, const char *key,
+enum ckfs_code ckfs_torch_open_item(struct ckfs_torch_file *tf,
+				    const struct ckfs_torch_item *item, const char *key,
 				    struct ckfs_sd_entry *out,
 				    struct ckfs_error *err)
 {
-	enum ckfs_code rc = open_pickle(tf, fd, base, length, label, err);
+	const char *label = item->label;
+	enum ckfs_code rc = open_pickle(tf, item->fd, item->base, item->length, label, err);
 
 	if (rc != CKFS_OK)
 		return rc;

@@ -392,14 +392,22 @@ static enum ckfs_code zip_check_entry(const struct ckfs_zip *z, const struct ckf
 	return CKFS_OK;
 }
 
-/* Central record i of count, at cd + pos, into e, its name copied to name
- * (the caller's bound leaves room); *len is the record's length. */
-static enum ckfs_code zip_parse_central(const struct ckfs_zip *z, const unsigned char *cd,
-					size_t cd_size, size_t pos, size_t i, size_t count,
-					char *name, struct ckfs_zip_entry *e, size_t *len,
-					struct ckfs_error *err)
+/* A walk over the central directory's records: the next is record i of
+ * count, at cd + pos, and its name goes to names (the caller's bound
+ * leaves room). */
+struct zip_cd_walk {
+	const unsigned char *cd;
+	size_t cd_size, pos;
+	size_t i, count;
+	char *names;
+};
+
+/* The walk's next record into e; the walk moves past it. */
+static enum ckfs_code zip_parse_central(const struct ckfs_zip *z, struct zip_cd_walk *w,
+					struct ckfs_zip_entry *e, struct ckfs_error *err)
 {
-	const unsigned char *r = cd + pos;
+	const unsigned char *r = w->cd + w->pos;
+	size_t cd_size = w->cd_size, pos = w->pos, i = w->i;
 	size_t nlen, xlen, clen;
 	uint64_t lho;
 
@@ -415,13 +423,13 @@ static enum ckfs_code zip_parse_central(const struct ckfs_zip *z, const unsigned
 	clen = le16(r + 32);
 	/* Leave 46 bytes for each entry still to come; this also keeps the
 	 * names within the caller's bound. */
-	if (cd_size - pos - ZIP_CENTRAL_LEN * (count - i) < nlen + xlen + clen)
+	if (cd_size - pos - ZIP_CENTRAL_LEN * (w->count - i) < nlen + xlen + clen)
 		return ckfs_fail(err, CKFS_E_TRUNCATED, "'%s': zip central directory truncated",
 				 z->label);
 	if (memchr(r + ZIP_CENTRAL_LEN, 0, nlen))
 		return ckfs_fail(err, CKFS_E_FORMAT,
 				 "'%s': name of zip entry %zu contains a NUL byte", z->label, i);
-	e->name = name;
+	e->name = w->names;
 	memcpy(e->name, r + ZIP_CENTRAL_LEN, nlen);
 	e->name[nlen] = '\0';
 	e->flags = le16(r + 8);
@@ -433,8 +441,11 @@ static enum ckfs_code zip_parse_central(const struct ckfs_zip *z, const unsigned
 	if (e->size == 0xffffffffu || e->comp_size == 0xffffffffu || lho == 0xffffffffu)
 		CKFS_TRY(zip_apply_zip64(z, r + ZIP_CENTRAL_LEN + nlen, xlen, e, &lho, err));
 	e->header_offset = lho;
-	*len = ZIP_CENTRAL_LEN + nlen + xlen + clen;
-	return zip_check_entry(z, e, err);
+	CKFS_TRY(zip_check_entry(z, e, err));
+	w->pos += ZIP_CENTRAL_LEN + nlen + xlen + clen;
+	w->names += nlen + 1;
+	w->i++;
+	return CKFS_OK;
 }
 
 /* Parse the central directory into z->entries; local header offsets are
@@ -444,7 +455,7 @@ static enum ckfs_code zip_read_central(struct ckfs_zip *z,
 				       struct ckfs_error *err)
 {
 	size_t count = (size_t)end->count, cd_size = (size_t)end->cd_size;
-	size_t pos = 0, names_used = 0, names_cap;
+	size_t names_cap;
 	unsigned char *cd;
 	char *names;
 	enum ckfs_code rc;
@@ -480,19 +491,13 @@ static enum ckfs_code zip_read_central(struct ckfs_zip *z,
 	 * the block that ckfs_zip_release() frees. */
 	z->entries[0].name = names;
 
-	for (size_t i = 0; i < count && rc == CKFS_OK; i++) {
-		size_t len = 0;
-		rc = zip_parse_central(z, cd, cd_size, pos, i, count, names + names_used,
-				       &z->entries[i], &len, err);
-		if (rc == CKFS_OK) {
-			names_used += strlen(z->entries[i].name) + 1;
-			pos += len;
-		}
-	}
-	if (rc == CKFS_OK && pos != cd_size)
+	struct zip_cd_walk w = { .cd = cd, .cd_size = cd_size, .count = count, .names = names };
+	while (w.i < count && rc == CKFS_OK)
+		rc = zip_parse_central(z, &w, &z->entries[w.i], err);
+	if (rc == CKFS_OK && w.pos != cd_size)
 		rc = ckfs_fail(err, CKFS_E_FORMAT,
 			       "'%s': zip central directory has %llu bytes after its %zu entries",
-			       z->label, (ull)(cd_size - pos), count);
+			       z->label, (ull)(cd_size - w.pos), count);
 	else if (rc == CKFS_OK)
 		z->n_entries = count;
 	free(cd);

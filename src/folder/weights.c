@@ -80,12 +80,17 @@ static int cmp_name_order(const void *a, const void *b)
 	return strcmp(x->name, y->name);
 }
 
-/* by_name: data in name order rather than save_file's dtype order (fp8:
- * each weight beside its scales). */
+enum build_file_flags {
+	FILE_METADATA = 1u << 0, /* a __metadata__ of format pt, as save_file writes */
+	FILE_BY_NAME = 1u << 1,  /* data in name order rather than save_file's dtype
+				  * order (fp8: each weight beside its scales) */
+};
+
 static enum ckfs_code build_file(struct ckfs_st_layout *l, struct ckfs_st_file *f,
 				 const char *name, const struct ckfs_tensor **ts,
-				 size_t n, bool metadata, bool by_name, struct ckfs_error *err)
+				 size_t n, unsigned flags, struct ckfs_error *err)
 {
+	bool metadata = flags & FILE_METADATA, by_name = flags & FILE_BY_NAME;
 	struct ckfs_strbuf b = { 0 };
 	uint64_t off = 0;
 
@@ -271,7 +276,8 @@ enum ckfs_code ckfs_st_layout_build(const struct ckfs_model *m,
 		else
 			snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors",
 				 s + 1, n_shards);
-		rc = build_file(l, &l->files[s], name, buf, k, true, m->n_fp8 > 0, err);
+		rc = build_file(l, &l->files[s], name, buf, k,
+				FILE_METADATA | (m->n_fp8 > 0 ? FILE_BY_NAME : 0), err);
 	}
 	if (rc == CKFS_OK && n_shards > 1)
 		rc = render_index(l, m, shard_of, err);
@@ -304,7 +310,7 @@ enum ckfs_code ckfs_st_layout_single(const struct ckfs_tensor *ts, size_t n, con
 	}
 	if (rc == CKFS_OK) {
 		l->n_files = 1;
-		rc = build_file(l, &l->files[0], name, buf, n, false, false, err);
+		rc = build_file(l, &l->files[0], name, buf, n, 0, err);
 	}
 	free(buf);
 	if (rc != CKFS_OK)

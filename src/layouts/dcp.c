@@ -65,19 +65,6 @@ static int is_dcp_class(const struct ckfs_pv *obj, const char *name)
 				       name);
 }
 
-static int is_none(const struct ckfs_pv *v)
-{
-	return !v || v->kind == CKFS_PV_NONE;
-}
-
-static int get_i64(const struct ckfs_pv *v, int64_t *out)
-{
-	if (!v || v->kind != CKFS_PV_INT)
-		return 0;
-	*out = v->u.i;
-	return 1;
-}
-
 /* A torch.Size (evaluated to a tuple) or list of non-negative ints. */
 static int get_dims(const struct ckfs_pv *t, int64_t *dims, int *ndim)
 {
@@ -85,7 +72,7 @@ static int get_dims(const struct ckfs_pv *t, int64_t *dims, int *ndim)
 	    t->u.seq.n > CKFS_MAX_DIMS)
 		return 0;
 	for (size_t i = 0; i < t->u.seq.n; i++)
-		if (!get_i64(t->u.seq.items[i], &dims[i]) || dims[i] < 0)
+		if (!ckfs_pv_get_int(t->u.seq.items[i], &dims[i]) || dims[i] < 0)
 			return 0;
 	*ndim = (int)t->u.seq.n;
 	return 1;
@@ -198,7 +185,7 @@ static enum ckfs_code index_storage(struct dcp *d, const struct ckfs_pv *sd,
 		it->fqn = fqn->u.str.s;
 		it->info = val;
 		it->ndim = -1;
-		if (!is_none(off) && !get_dims(off, it->off, &it->ndim))
+		if (!ckfs_pv_is_none(off) && !get_dims(off, it->off, &it->ndim))
 			return ckfs_fail(err, CKFS_E_FORMAT,
 					 "'%s': bad offset in the storage entry of '%s'",
 					 d->md_path, it->fqn);
@@ -268,7 +255,7 @@ static int cmp_planner(const void *a, const void *b, void *ctx)
 static enum ckfs_code index_planner(struct dcp *d, const struct ckfs_pv *pd,
 				    struct ckfs_error *err)
 {
-	if (is_none(pd))
+	if (ckfs_pv_is_none(pd))
 		return CKFS_OK;
 	if (pd->kind != CKFS_PV_DICT)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': planner_data is a %s, "
@@ -366,11 +353,15 @@ static enum ckfs_code open_file(struct dcp *d, size_t fi, struct ckfs_error *err
 
 /* ---- one tensor ---- */
 
-static enum ckfs_code chunk_of(struct dcp *d, const char *fqn, enum ckfs_dtype dtype,
-			       const int64_t *gshape, int ndim,
+/* The chunk cmeta describes of t (its dtype and global shape set), read
+ * from its .distcp item into out. */
+static enum ckfs_code chunk_of(struct dcp *d, const char *fqn, const struct ckfs_tensor *t,
 			       const struct ckfs_pv *cmeta, struct ckfs_chunk_list *out,
 			       struct ckfs_error *err)
 {
+	enum ckfs_dtype dtype = t->stored_dtype;
+	const int64_t *gshape = t->shape;
+	int ndim = t->ndim;
 	struct ckfs_sharded_info si = { .ndim = ndim, .have_local = true };
 	struct ckfs_sd_entry e;
 	struct ckfs_torch_file tf;
@@ -399,7 +390,7 @@ static enum ckfs_code chunk_of(struct dcp *d, const char *fqn, enum ckfs_dtype d
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': no storage_data entry for "
 				 "the chunk of '%s' at %s", d->md_path, fqn, at);
 	const struct ckfs_pv *td = field(it->info, "transform_descriptors");
-	if (!is_none(td) && !((td->kind == CKFS_PV_LIST || td->kind == CKFS_PV_TUPLE) &&
+	if (!ckfs_pv_is_none(td) && !((td->kind == CKFS_PV_LIST || td->kind == CKFS_PV_TUPLE) &&
 			      td->u.seq.n == 0)) {
 		const struct ckfs_pv *t0 = (td->kind == CKFS_PV_LIST ||
 					    td->kind == CKFS_PV_TUPLE) && td->u.seq.n
@@ -409,8 +400,8 @@ static enum ckfs_code chunk_of(struct dcp *d, const char *fqn, enum ckfs_dtype d
 				 "transformed DCP items are not supported", d->md_path,
 				 fqn, t0 && t0->kind == CKFS_PV_STR ? t0->u.str.s : "?");
 	}
-	if (!get_i64(field(it->info, "offset"), &off) ||
-	    !get_i64(field(it->info, "length"), &len) || off < 0 || len < 0)
+	if (!ckfs_pv_get_int(field(it->info, "offset"), &off) ||
+	    !ckfs_pv_get_int(field(it->info, "length"), &len) || off < 0 || len < 0)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': storage entry of '%s' at %s "
 				 "has no valid offset and length", d->md_path, fqn, at);
 	CKFS_TRY(open_file(d, it->file, err));
@@ -422,8 +413,9 @@ static enum ckfs_code chunk_of(struct dcp *d, const char *fqn, enum ckfs_dtype d
 				 (unsigned long long)s->size);
 	char label[CKFS_MAX_NAME + 64];
 	snprintf(label, sizeof(label), "%s@%lld", s->path, (long long)off);
-	CKFS_TRY(ckfs_torch_open_item(&tf, s->fd, (uint64_t)off, (uint64_t)len, label,
-				      fqn, &e, err));
+	struct ckfs_torch_item item = { .fd = s->fd, .base = (uint64_t)off,
+					.length = (uint64_t)len, .label = label };
+	CKFS_TRY(ckfs_torch_open_item(&tf, &item, fqn, &e, err));
 	enum ckfs_code rc = CKFS_OK;
 	int same = e.local.ndim == ndim;
 	for (int k = 0; same && k < ndim; k++)
@@ -506,8 +498,7 @@ static enum ckfs_code add_tensor(struct dcp *d, const char *fqn, const char *nam
 		return ckfs_fail(err, CKFS_E_LIMIT, "'%s': '%s' has %zu chunks",
 				 d->md_path, fqn, chunks->u.seq.n);
 	for (size_t i = 0; i < chunks->u.seq.n && rc == CKFS_OK; i++)
-		rc = chunk_of(d, fqn, t->stored_dtype, t->shape, t->ndim,
-			      chunks->u.seq.items[i], &list, err);
+		rc = chunk_of(d, fqn, t, chunks->u.seq.items[i], &list, err);
 	if (rc == CKFS_OK) {
 		t->chunks = ckfs_model_chunks(m, list.v, list.n, t->ndim);
 		if (!t->chunks)
@@ -708,17 +699,17 @@ static enum ckfs_code dcp_build(struct ckfs_model *m, const struct ckfs_model_op
 	return rc;
 }
 
-enum ckfs_code ckfs_dcp_read_raw(struct ckfs_model *m, const char *dir, const char *rel_dir,
+enum ckfs_code ckfs_dcp_read_raw(struct ckfs_model *m, struct ckfs_dcp_raw *raw,
 				 const struct ckfs_model_options *opt,
-				 int (*keep)(const char *fqn), size_t *n_left_out,
-				 size_t *n_bytes, struct ckfs_error *err)
+				 struct ckfs_error *err)
 {
-	struct dcp d = { .m = m, .dir = dir, .rel_dir = rel_dir, .keep = keep, .raw = true };
+	struct dcp d = { .m = m, .dir = raw->dir, .rel_dir = raw->rel_dir, .keep = raw->keep,
+			 .raw = true };
 	char *bytes = NULL;
 	size_t len = 0;
 
 	ckfs_arena_init(&d.tmp);
-	d.md_path = ckfs_arena_printf(&m->arena, "%s/.metadata", dir);
+	d.md_path = ckfs_arena_printf(&m->arena, "%s/.metadata", raw->dir);
 	enum ckfs_code rc = d.md_path ? ckfs_model_read_meta(m, d.md_path, CKFS_MAX_METADATA_BYTES,
 							     &bytes, &len, err)
 				      : ckfs_nomem(err);
@@ -726,8 +717,8 @@ enum ckfs_code ckfs_dcp_read_raw(struct ckfs_model *m, const char *dir, const ch
 		rc = build(&d, bytes, len, opt, err);
 	free(bytes);
 	ckfs_arena_release(&d.tmp);
-	*n_left_out = d.n_left_out;
-	*n_bytes = d.n_bytes;
+	raw->n_left_out = d.n_left_out;
+	raw->n_bytes = d.n_bytes;
 	return rc;
 }
 

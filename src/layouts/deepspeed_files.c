@@ -7,7 +7,7 @@
  * read (tensor-parallel ranks, pipeline layer files, MoE experts) and
  * names it never writes are refused, and so are two files of one rank, a
  * rank missing or past the world size, and model states of the other
- * stage's kind. deepspeed.c reads the files.
+ * stage's kind. deepspeed.c and deepspeed_states.c read the files.
  */
 #include <dirent.h>
 #include <errno.h>

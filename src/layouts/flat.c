@@ -33,16 +33,18 @@ static void block_at(int ndim, const int64_t *shape, const uint64_t *inner, uint
 	}
 }
 
-enum ckfs_code ckfs_flat_blocks(int ndim, const int64_t *shape, uint64_t first, uint64_t count,
+enum ckfs_code ckfs_flat_blocks(const struct ckfs_elem_range *el,
 				const struct ckfs_flat_seg *seg, uint64_t pos,
 				struct ckfs_chunk_list *out, struct ckfs_error *err)
 {
+	int ndim = el->ndim;
+	const int64_t *shape = el->shape;
 	uint64_t inner[CKFS_MAX_DIMS];
-	uint64_t a = first, b = first + count;
+	uint64_t a = el->first, b = el->first + el->count;
 	size_t es = ckfs_dtype_size(seg->dtype);
 	struct ckfs_chunk_spec c;
 
-	if (count == 0)
+	if (el->count == 0)
 		return CKFS_OK;
 	memset(&c, 0, sizeof(c));
 	c.source = seg->source;
@@ -71,7 +73,7 @@ enum ckfs_code ckfs_flat_blocks(int ndim, const int64_t *shape, uint64_t first, 
 				break;
 		}
 		block_at(ndim, shape, inner, a, k, n, &c);
-		c.pos = pos + (a - first) * es;
+		c.pos = pos + (a - el->first) * es;
 		CKFS_TRY(ckfs_chunk_list_push(out, &c, err));
 		a += n * inner[k];
 	}
@@ -79,25 +81,27 @@ enum ckfs_code ckfs_flat_blocks(int ndim, const int64_t *shape, uint64_t first, 
 }
 
 enum ckfs_code ckfs_flat_cut(const struct ckfs_flat_seg *segs, size_t n_segs, uint64_t at,
-			     uint64_t count, int ndim, const int64_t *shape, uint64_t first,
-			     struct ckfs_chunk_list *out, struct ckfs_error *err)
+			     const struct ckfs_elem_range *el, struct ckfs_chunk_list *out,
+			     struct ckfs_error *err)
 {
+	struct ckfs_elem_range rest = *el;
 	uint64_t start = 0;
 
-	for (size_t i = 0; i < n_segs && count; i++) {
+	for (size_t i = 0; i < n_segs && rest.count; i++) {
 		uint64_t end = start + segs[i].len;
 		if (at < end) {
-			uint64_t take = end - at < count ? end - at : count;
+			struct ckfs_elem_range part = rest;
+			part.count = end - at < rest.count ? end - at : rest.count;
 			uint64_t pos = segs[i].pos + (at - start) * ckfs_dtype_size(segs[i].dtype);
-			CKFS_TRY(ckfs_flat_blocks(ndim, shape, first, take, &segs[i], pos, out, err));
-			at += take;
-			first += take;
-			count -= take;
+			CKFS_TRY(ckfs_flat_blocks(&part, &segs[i], pos, out, err));
+			at += part.count;
+			rest.first += part.count;
+			rest.count -= part.count;
 		}
 		start = end;
 	}
-	if (count) /* the callers check the lengths first */
+	if (rest.count) /* the callers check the lengths first */
 		return ckfs_fail(err, CKFS_E_FORMAT, "a flat buffer ends %llu elements "
-				 "before the tensor does", (unsigned long long)count);
+				 "before the tensor does", (unsigned long long)rest.count);
 	return CKFS_OK;
 }

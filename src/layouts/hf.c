@@ -7,8 +7,8 @@
  * layout: each tensor is one chunk pointing at its bytes in its file, so
  * --dtype conversions and --max-shard-size re-sharding work as usual.
  *
- * Headers are read and validated by the safetensors reader of src/st
- * (ckfs_st_set_open: the reference loader's rules), which opens the files
+ * Headers are read and validated by the safetensors reader of
+ * src/fmt/safetensors.c (ckfs_st_set_open: the reference loader's rules), which opens the files
  * under the model's file policy before reading them. Each weight file
  * becomes a source (the reader's descriptor, duplicated, so the identity
  * recorded is that of the file whose header was validated).

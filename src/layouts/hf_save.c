@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The names a module holds in memory (FSDP rank files, DCP folders) as
- * verl's merger writes them: it hands the state dict to transformers'
- * save_pretrained, which converts some in-memory forms back to the names
- * on disk (docs/formats.md "Names held in memory"). Checked against verl
- * 0.9.1 with transformers 5.10.4:
+ * The names a module holds in memory (FSDP rank files, DCP folders,
+ * DeepSpeed ZeRO files) as verl's merger writes them: it hands the state
+ * dict to transformers' save_pretrained, which converts some in-memory
+ * forms back to the names on disk (docs/formats.md "Names held in
+ * memory"). Checked against verl 0.9.1 with transformers 5.10.4:
  *
  *  - vision-language models: the language model is held under
  *    model.language_model., the vision tower under model.visual. (Qwen) or
@@ -220,17 +220,6 @@ static const struct ckfs_tensor *find_stack(const struct ckfs_model *m, const ch
 	return NULL;
 }
 
-/* One expert's part of a stack: [e, rows from row0, all columns]. */
-static enum ckfs_code cut_expert(struct ckfs_model *m, const struct ckfs_tensor *stack,
-				 int64_t e, int64_t row0, int64_t rows, const char *name,
-				 struct ckfs_tensor *out, struct ckfs_error *err)
-{
-	int64_t lo[CKFS_MAX_DIMS] = { e, row0, 0 };
-	int64_t n[CKFS_MAX_DIMS] = { 1, rows, stack->shape[2] };
-
-	return ckfs_tensor_cut(m, stack, name, lo, n, 1, out, err);
-}
-
 /* The gate_up and down stacks of one MoE block agree: [E, 2F, H] and
  * [E, H, F]. */
 static enum ckfs_code check_stacks(const struct ckfs_model *m, const struct ckfs_tensor *gu,
@@ -264,10 +253,13 @@ static enum ckfs_code split_stack(struct ckfs_model *m, const struct experts *x,
 	int64_t f = gu->shape[1] / 2;
 	for (int64_t e = 0; e < t->shape[0]; e++)
 		for (int part = down ? 2 : 0; part < (down ? 3 : 2); part++) {
+			/* Expert e's rows of the part, all columns. */
+			struct ckfs_box box = { .lo = { e, part == 1 ? f : 0, 0 },
+						.n = { 1, down ? t->shape[1] : f, t->shape[2] },
+						.ndrop = 1 };
 			snprintf(name, sizeof(name), "%.*s.%s.experts.%lld.%s.weight", (int)plen,
 				 t->name, x->module, (long long)e, x->parts[part]);
-			CKFS_TRY(cut_expert(m, t, e, part == 1 ? f : 0, down ? t->shape[1] : f,
-					    name, &out[(*n)++], err));
+			CKFS_TRY(ckfs_tensor_cut(m, t, &box, name, &out[(*n)++], err));
 		}
 	return CKFS_OK;
 }

@@ -72,6 +72,23 @@ enum ckfs_code ckfs_entry_predict(const struct ckfs_sd_entry *e, const int64_t *
 				  uint32_t source, int rank, struct ckfs_chunk_list *out,
 				  struct ckfs_error *err) CKFS_WARN_UNUSED;
 
+/* A box of a tensor: indices [lo, lo + n) of each of its dims, the first
+ * ndrop of them (n[k] == 1: a layer or expert axis) removed from what is
+ * cut. */
+struct ckfs_box {
+	int64_t lo[CKFS_MAX_DIMS];
+	int64_t n[CKFS_MAX_DIMS];
+	int ndrop;
+};
+/*
+ * The elements of tensor r inside box (r's dims), as chunks appended to
+ * out with the box start at dst (output dims, box->ndrop fewer). Each
+ * chunk of r meeting the box gives one chunk.
+ */
+enum ckfs_code ckfs_chunks_box(struct ckfs_chunk_list *out, const struct ckfs_tensor *r,
+			       const struct ckfs_box *box, const int64_t *dst,
+			       struct ckfs_error *err) CKFS_WARN_UNUSED;
+
 /* ---- plan_cache.c ---- */
 
 /*
@@ -98,33 +115,30 @@ struct ckfs_flat_seg {
 	uint64_t len;
 };
 
+/* Elements [first, first + count) of a tensor of shape (ndim, shape), in
+ * row-major order. */
+struct ckfs_elem_range {
+	int ndim;
+	const int64_t *shape;
+	uint64_t first, count;
+};
 /*
- * Elements [first, first + count) of a tensor of shape (ndim, shape), in
- * row-major order, held one after another in seg's source from file
+ * The elements of el, held one after another in seg's source from file
  * position pos: appended to out as N-d blocks with the tensor's row-major
  * strides (a partial first row, whole rows, a partial last row, and the
  * same at each outer dim: at most 2·ndim − 1 chunks).
  */
-enum ckfs_code ckfs_flat_blocks(int ndim, const int64_t *shape, uint64_t first, uint64_t count,
+enum ckfs_code ckfs_flat_blocks(const struct ckfs_elem_range *el,
 				const struct ckfs_flat_seg *seg, uint64_t pos,
 				struct ckfs_chunk_list *out,
 				struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* The stretch [at, at + count) of the flat buffer made of segs[0..n_segs)
- * end to end, holding elements [first, first + count) of the tensor: the
- * blocks of every segment it crosses. The caller checks that the buffer
- * is long enough (CKFS_E_FORMAT otherwise). */
+/* The stretch [at, at + el->count) of the flat buffer made of
+ * segs[0..n_segs) end to end, holding the elements of el: the blocks of
+ * every segment it crosses. The caller checks that the buffer is long
+ * enough (CKFS_E_FORMAT otherwise). */
 enum ckfs_code ckfs_flat_cut(const struct ckfs_flat_seg *segs, size_t n_segs, uint64_t at,
-			     uint64_t count, int ndim, const int64_t *shape, uint64_t first,
-			     struct ckfs_chunk_list *out, struct ckfs_error *err) CKFS_WARN_UNUSED;
-/*
- * The elements of tensor r inside the box [lo, lo + n) (r's dims), as
- * chunks appended to out with the box start at dst (output dims). The
- * first ndrop dims (n[k] == 1: a layer or expert axis) are removed. Each
- * chunk of r meeting the box gives one chunk.
- */
-enum ckfs_code ckfs_chunks_box(struct ckfs_chunk_list *out, const struct ckfs_tensor *r,
-			       const int64_t *lo, const int64_t *n, const int64_t *dst, int ndrop,
-			       struct ckfs_error *err) CKFS_WARN_UNUSED;
+			     const struct ckfs_elem_range *el, struct ckfs_chunk_list *out,
+			     struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /* ---- names.c ---- */
 
@@ -138,12 +152,19 @@ enum ckfs_code ckfs_chunks_box(struct ckfs_chunk_list *out, const struct ckfs_te
  * file that holds the keys): FSDP1 flat parameters (flat_param,
  * _flat_param), two different keys that become one name, a key that
  * becomes empty, and without in_memory (a safetensors file's names, not
- * the names a module holds as FSDP and DCP save them) PEFT names.
+ * the names a module holds as FSDP, DCP and DeepSpeed save them) PEFT
+ * names.
  */
 enum ckfs_code ckfs_hf_names(struct ckfs_model *m, const char *label, const char *const *keys,
 			     const char **names, size_t n, bool in_memory,
 			     struct ckfs_error *err) CKFS_WARN_UNUSED;
 
+/* verl's tie rule: drop lm_head.weight from m->tensors when config.json
+ * ties the embeddings and the embedding it is tied to exists
+ * (model.embed_tokens.weight, or model.language_model.embed_tokens.weight
+ * held in memory), with a warning. */
+enum ckfs_code ckfs_model_drop_tied(struct ckfs_model *m,
+				    struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Does the dotted name have a segment equal to seg? */
 int ckfs_name_has_segment(const char *name, const char *seg);
 /* Does s begin with prefix, end with suffix? */
@@ -160,9 +181,9 @@ static inline int ckfs_ends_with(const char *s, const char *suffix)
 /* ---- hf_save.c, peft.c: names held in memory, as verl's merger saves them ---- */
 
 /*
- * The tensors of a layout whose names a module holds in memory (FSDP, DCP)
- * made what verl's merger writes: a LoRA actor split into base and
- * adapter (peft.c), verl's tie rule, then save_pretrained's conversions
+ * The tensors of a layout whose names a module holds in memory (FSDP, DCP,
+ * DeepSpeed) made what verl's merger writes: a LoRA actor split into base
+ * and adapter (peft.c), verl's tie rule, then save_pretrained's conversions
  * per model_type (vision-language prefixes, fused expert stacks; hf_save.c)
  * and the LoRA pairs fitted to their base weights (with --base, taken
  * from that model).
@@ -219,11 +240,21 @@ struct ckfs_outs {
 	struct ckfs_out *v;
 	size_t n, cap;
 };
-/* A new output appended to l (its name copied into m's arena): NULL with
- * err set when out of memory. Pointers into l move on the next add. */
-struct ckfs_out *ckfs_outs_add(struct ckfs_model *m, struct ckfs_outs *l, const char *name,
-			       const char *placement, int ndim, const int64_t *shape,
-			       enum ckfs_dtype dtype, struct ckfs_error *err);
+/* What a new output is: the fields of struct ckfs_out but its chunks. */
+struct ckfs_out_spec {
+	const char *name;          /* copied into the model's arena */
+	const char *placement;
+	enum ckfs_dtype dtype;
+	int ndim;
+	const int64_t *shape;
+	int group;                 /* sort keys */
+	long layer;
+	int order;
+};
+/* A new output as s says, appended to l: NULL with err set when out of
+ * memory. Pointers into l move on the next add. */
+struct ckfs_out *ckfs_outs_add(struct ckfs_model *m, struct ckfs_outs *l,
+			       const struct ckfs_out_spec *s, struct ckfs_error *err);
 void ckfs_outs_release(struct ckfs_outs *l);
 /* t's dtype and shape: stored and served as dtype (ckfs_model_open applies
  * --dtype later, to the whole model), its element count; false when that
@@ -235,11 +266,10 @@ bool ckfs_tensor_set(struct ckfs_tensor *t, enum ckfs_dtype dtype, int ndim,
 enum ckfs_code ckfs_outs_to_model(struct ckfs_model *m, const struct ckfs_outs *l,
 				  const char *label, struct ckfs_error *err) CKFS_WARN_UNUSED;
 
-/* The part of tensor r inside the box [lo, lo + n) as the tensor *out
- * named name (copied into m's arena), without its first ndrop dims (each
- * of extent 1 in the box), validated. */
+/* The part of tensor r inside box as the tensor *out named name (copied
+ * into m's arena), without the box's dropped dims, validated. */
 enum ckfs_code ckfs_tensor_cut(struct ckfs_model *m, const struct ckfs_tensor *r,
-			       const char *name, const int64_t *lo, const int64_t *n, int ndrop,
+			       const struct ckfs_box *box, const char *name,
 			       struct ckfs_tensor *out, struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /* ---- megatron_vocab.c: what both Megatron readers share ---- */
@@ -359,6 +389,8 @@ enum ckfs_code ckfs_facts_saved_by(const struct ckfs_model *m, struct ckfs_facts
  * name NULL: null); NULL when out of memory. */
 struct cJSON *ckfs_facts_mesh_json(int ndim, const int64_t *shape, const char *const *names);
 
+/* ---- what one layout's files offer the others: fsdp.c, dcp.c, deepspeed_files.c ---- */
+
 /* What a file name says about verl FSDP rank files. Every name matching
  * model_world_size_*_rank_*.pt is a rank file name, and it must spell both
  * numbers as verl does (plain decimals: no sign, no leading zero, no other
@@ -384,14 +416,21 @@ enum ckfs_code ckfs_dcp_build_from(struct ckfs_model *m,
 				   const struct ckfs_model_options *opt,
 				   const char *bytes, size_t len,
 				   struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* The tensors of the DCP folder dir (SRC/rel_dir) under their FQNs, with
- * global shapes and chunks, into m->tensors: no renaming, config or tie
- * rule. FQNs keep() refuses are not read (*n_left_out counts them), bytes
- * entries are skipped (*n_bytes). For megatron_dist.c. */
-enum ckfs_code ckfs_dcp_read_raw(struct ckfs_model *m, const char *dir, const char *rel_dir,
+/* A DCP folder to read raw: where it is, which FQNs to read, and what
+ * the read skipped. */
+struct ckfs_dcp_raw {
+	const char *dir;
+	const char *rel_dir;          /* dir relative to SRC; NULL: SRC */
+	int (*keep)(const char *fqn); /* NULL: every FQN */
+	size_t n_left_out;            /* set: FQNs keep refused */
+	size_t n_bytes;               /* set: bytes entries skipped */
+};
+/* The tensors of the DCP folder raw->dir under their FQNs, with global
+ * shapes and chunks, into m->tensors: no renaming, config or tie rule.
+ * For megatron_dist.c. */
+enum ckfs_code ckfs_dcp_read_raw(struct ckfs_model *m, struct ckfs_dcp_raw *raw,
 				 const struct ckfs_model_options *opt,
-				 int (*keep)(const char *fqn), size_t *n_left_out,
-				 size_t *n_bytes, struct ckfs_error *err) CKFS_WARN_UNUSED;
+				 struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* The files of a DeepSpeed checkpoint's step folder (deepspeed_files.c). */
 struct ckfs_ds_files {
 	const char *step;          /* the step folder (an arena string of the model) */
@@ -419,11 +458,5 @@ void ckfs_ds_files_release(struct ckfs_ds_files *f);
 /* DeepSpeed's detect: SRC or one of its folders (a step folder beside
  * `latest`) holds a DeepSpeed *_model_states.pt or *_optim_states.pt name. */
 int ckfs_ds_detect(const char *dir, const struct ckfs_file_policy *pol);
-/* verl's tie rule: drop lm_head.weight from m->tensors when config.json
- * ties the embeddings and the embedding it is tied to exists
- * (model.embed_tokens.weight, or model.language_model.embed_tokens.weight
- * held in memory), with a warning. */
-enum ckfs_code ckfs_model_drop_tied(struct ckfs_model *m,
-				    struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 #endif

@@ -174,41 +174,9 @@ static struct ckfs_out *new_out(struct ctx *c, const char *name, const char *pla
 				int ndim, const int64_t *shape, struct ckfs_error *err)
 {
 	/* The dtype comes with the first slice (add_slice). */
-	return ckfs_outs_add(c->m, &c->outs, name, placement, ndim, shape, CKFS_DTYPE_INVALID,
-			     err);
-}
-
-/* Rows [lo, lo + n) along dim of entry e (rank file src) placed at global
- * offset goff (goff[dim] is the first row's global index). */
-static enum ckfs_code add_slice(struct ctx *c, struct ckfs_out *o,
-				const struct ckfs_sd_entry *e, uint32_t src, int rank,
-				int dim, int64_t lo, int64_t n, const int64_t *goff,
-				struct ckfs_error *err)
-{
-	struct ckfs_sd_entry copy = *e;
-	int64_t coord[CKFS_MAX_DIMS] = { 0 };
-
-	if (e->kind != CKFS_ENTRY_TENSOR)
-		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s' is not a plain "
-				 "tensor", c->m->sources[src].path, e->key);
-	if (o->dtype == CKFS_DTYPE_INVALID)
-		o->dtype = e->local.dtype;
-	else if (o->dtype != e->local.dtype)
-		return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' is %s, other ranks "
-				 "hold %s", c->m->sources[src].path, e->key,
-				 ckfs_dtype_st_name(e->local.dtype), ckfs_dtype_st_name(o->dtype));
-	if (lo < 0 || n < 0 || lo + n > e->local.shape[dim])
-		return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' is too small "
-				 "(%lld rows on dim %d)", c->m->sources[src].path,
-				 e->key, (long long)e->local.shape[dim], dim);
-	copy.local.storage_offset += lo * e->local.stride[dim];
-	copy.local.shape[dim] = n;
-	size_t before = o->chunks.n;
-	CKFS_TRY(ckfs_entry_chunks(&copy, coord, src, rank, &o->chunks, err));
-	for (size_t i = before; i < o->chunks.n; i++)
-		for (int k = 0; k < o->ndim; k++)
-			o->chunks.v[i].offset[k] += goff[k];
-	return CKFS_OK;
+	struct ckfs_out_spec s = { .name = name, .placement = placement,
+				   .dtype = CKFS_DTYPE_INVALID, .ndim = ndim, .shape = shape };
+	return ckfs_outs_add(c->m, &c->outs, &s, err);
 }
 
 /* Rank files are numbered (e·PP + p)·TP + t; e < 0 names the folder TP
@@ -252,13 +220,54 @@ static const char *path_of(struct ctx *c, int r)
 	return c->m->sources[src_at(c, r)].path;
 }
 
-/* Rank (e, t)'s copy of entry i, whole (replicated tensors: t = 0, e the
- * dense folder). */
-static enum ckfs_code replicated_e(struct ctx *c, const char *name, int e, int t, int p,
-				   size_t i, const char *placement, struct ckfs_error *err)
+/* Rows [lo, lo + n) along dim of entry e of rank file r, placed at global
+ * offset goff (goff[dim] is the first row's global index). */
+struct slice {
+	const struct ckfs_sd_entry *e;
+	int r;
+	int dim;
+	int64_t lo, n;
+	const int64_t *goff;
+};
+
+static enum ckfs_code add_slice(struct ctx *c, struct ckfs_out *o, const struct slice *s,
+				struct ckfs_error *err)
 {
-	const struct ckfs_sd_entry *x = entry_at_e(c, e, t, p, i);
-	int r = rank_of_e(c, e, t, p);
+	const struct ckfs_sd_entry *e = s->e;
+	struct ckfs_sd_entry copy = *e;
+	int64_t coord[CKFS_MAX_DIMS] = { 0 };
+	uint32_t src = src_at(c, s->r);
+	int dim = s->dim;
+
+	if (e->kind != CKFS_ENTRY_TENSOR)
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s' is not a plain "
+				 "tensor", c->m->sources[src].path, e->key);
+	if (o->dtype == CKFS_DTYPE_INVALID)
+		o->dtype = e->local.dtype;
+	else if (o->dtype != e->local.dtype)
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' is %s, other ranks "
+				 "hold %s", c->m->sources[src].path, e->key,
+				 ckfs_dtype_st_name(e->local.dtype), ckfs_dtype_st_name(o->dtype));
+	if (s->lo < 0 || s->n < 0 || s->lo + s->n > e->local.shape[dim])
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' is too small "
+				 "(%lld rows on dim %d)", c->m->sources[src].path,
+				 e->key, (long long)e->local.shape[dim], dim);
+	copy.local.storage_offset += s->lo * e->local.stride[dim];
+	copy.local.shape[dim] = s->n;
+	size_t before = o->chunks.n;
+	CKFS_TRY(ckfs_entry_chunks(&copy, coord, src, s->r, &o->chunks, err));
+	for (size_t i = before; i < o->chunks.n; i++)
+		for (int k = 0; k < o->ndim; k++)
+			o->chunks.v[i].offset[k] += s->goff[k];
+	return CKFS_OK;
+}
+
+/* Rank file r's copy of entry i, whole (replicated tensors: TP rank 0 of
+ * the dense folder). */
+static enum ckfs_code whole_of(struct ctx *c, const char *name, int r, size_t i,
+			       const char *placement, struct ckfs_error *err)
+{
+	const struct ckfs_sd_entry *x = &c->files[r].entries[i];
 	int64_t goff[CKFS_MAX_DIMS] = { 0 };
 	struct ckfs_out *o = new_out(c, name, placement, x->local.ndim, x->local.shape, err);
 
@@ -267,13 +276,14 @@ static enum ckfs_code replicated_e(struct ctx *c, const char *name, int e, int t
 	if (x->local.ndim < 1)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': '%s' is a scalar",
 				 path_of(c, r), x->key);
-	return add_slice(c, o, x, src_at(c, r), r, 0, 0, x->local.shape[0], goff, err);
+	struct slice s = { .e = x, .r = r, .dim = 0, .n = x->local.shape[0], .goff = goff };
+	return add_slice(c, o, &s, err);
 }
 
 static enum ckfs_code replicated(struct ctx *c, const char *name, int p, size_t i,
 				 struct ckfs_error *err)
 {
-	return replicated_e(c, name, -1, 0, p, i, "Replicate()", err);
+	return whole_of(c, name, rank_of(c, 0, p), i, "Replicate()", err);
 }
 
 /* The rank files one tensor is split over: TP ranks t0 .. t0 + nt - 1 of
@@ -318,9 +328,9 @@ static enum ckfs_code concat_e(struct ctx *c, const char *name, struct span s, i
 		return err->code;
 	for (int t = s.t0; t < s.t0 + s.nt; t++) {
 		const struct ckfs_sd_entry *x = entry_at_e(c, s.e, t, p, i);
-		int r = rank_of_e(c, s.e, t, p);
-		CKFS_TRY(add_slice(c, o, x, src_at(c, r), r, dim, 0, x->local.shape[dim], goff,
-				   err));
+		struct slice sl = { .e = x, .r = rank_of_e(c, s.e, t, p), .dim = dim,
+				    .n = x->local.shape[dim], .goff = goff };
+		CKFS_TRY(add_slice(c, o, &sl, err));
 		goff[dim] += x->local.shape[dim];
 	}
 	return CKFS_OK;
@@ -374,11 +384,11 @@ static enum ckfs_code split_fc1(struct ctx *c, const char *gate_name, const char
 	for (int h = 0; h < 2; h++)
 		for (int t = s.t0; t < s.t0 + s.nt; t++) {
 			int64_t goff[CKFS_MAX_DIMS] = { 0 };
-			int r = rank_of_e(c, s.e, t, p);
+			struct slice sl = { .e = entry_at_e(c, s.e, t, p, i),
+					    .r = rank_of_e(c, s.e, t, p), .dim = 0,
+					    .lo = h * half, .n = half, .goff = goff };
 			goff[0] = (t - s.t0) * half;
-			CKFS_TRY(add_slice(c, &c->outs.v[c->outs.n - 2 + h],
-					   entry_at_e(c, s.e, t, p, i), src_at(c, r), r, 0,
-					   h * half, half, goff, err));
+			CKFS_TRY(add_slice(c, &c->outs.v[c->outs.n - 2 + h], &sl, err));
 		}
 	return CKFS_OK;
 }
@@ -412,17 +422,19 @@ static enum ckfs_code split_qkv(struct ctx *c, long layer, const struct ckfs_meg
 	for (int t = 0; t < c->tp; t++)
 		for (int64_t gl = 0; gl < gp; gl++) {
 			int64_t g = t * gp + gl, base = gl * (r + 2) * d;
-			const struct ckfs_sd_entry *e = entry_at(c, t, p, i);
 			int64_t goff[CKFS_MAX_DIMS] = { 0 };
+			struct slice s = { .e = entry_at(c, t, p, i), .r = rank_of(c, t, p),
+					   .dim = 0, .goff = goff };
 			goff[0] = g * r * d;
-			CKFS_TRY(add_slice(c, &c->outs.v[first], e, src_of(c, t, p),
-					   rank_of(c, t, p), 0, base, r * d, goff, err));
+			s.lo = base;
+			s.n = r * d;
+			CKFS_TRY(add_slice(c, &c->outs.v[first], &s, err));
 			goff[0] = g * d;
-			CKFS_TRY(add_slice(c, &c->outs.v[first + 1], e, src_of(c, t, p),
-					   rank_of(c, t, p), 0, base + r * d, d, goff, err));
-			CKFS_TRY(add_slice(c, &c->outs.v[first + 2], e, src_of(c, t, p),
-					   rank_of(c, t, p), 0, base + (r + 1) * d, d, goff,
-					   err));
+			s.lo = base + r * d;
+			s.n = d;
+			CKFS_TRY(add_slice(c, &c->outs.v[first + 1], &s, err));
+			s.lo = base + (r + 1) * d;
+			CKFS_TRY(add_slice(c, &c->outs.v[first + 2], &s, err));
 		}
 	return CKFS_OK;
 }
@@ -481,10 +493,12 @@ static enum ckfs_code check_expert_shape(struct ctx *c, const struct ckfs_sd_ent
 			 c->etp > 1 ? " / TP" : "", c->etp);
 }
 
-/* Local expert i of every EP rank: global expert e·(E/EP) + i. */
-static enum ckfs_code map_expert(struct ctx *c, const char *key, long gl, int fc, long i,
-				 int p, size_t idx, struct ckfs_error *err)
+/* Local expert i of every EP rank (key idx of stage p, its fc-th linear):
+ * global expert e·(E/EP) + i. */
+static enum ckfs_code map_expert(struct ctx *c, long gl, int fc, long i, int p, size_t idx,
+				 struct ckfs_error *err)
 {
+	const char *key = entry_at(c, 0, p, idx)->key;
 	const char *path = c->m->sources[src_of(c, 0, p)].path;
 	char gate[CKFS_MAX_NAME], up[CKFS_MAX_NAME];
 
@@ -541,7 +555,8 @@ static enum ckfs_code raw_key(struct ctx *c, const char *key, long gl, int p, si
 				n += snprintf(name + n, sizeof(name) - (size_t)n, ".tp_rank_%02d", t);
 			if (c->ep > 1)
 				snprintf(name + n, sizeof(name) - (size_t)n, ".ep_rank_%03d", e);
-			CKFS_TRY(replicated_e(c, name, e, t, p, i, "raw (one rank)", err));
+			CKFS_TRY(whole_of(c, name, rank_of_e(c, e, t, p), i, "raw (one rank)",
+					  err));
 		}
 	c->n_raw++;
 	return CKFS_OK;
@@ -611,7 +626,7 @@ static enum ckfs_code map_key(struct ctx *c, int p, size_t i, long layer0,
 	if (!numbered_layer(key, &j, &rest))
 		return unknown_key(c, key, -1, p, i, err);
 	if (expert_key(rest, &fc, &ei))
-		return map_expert(c, key, layer0 + j, fc, ei, p, i, err);
+		return map_expert(c, layer0 + j, fc, ei, p, i, err);
 	if (!(k = ckfs_megatron_layer_entry(&c->a, rest)))
 		return unknown_key(c, key, layer0 + j, p, i, err);
 	return map_layer_key(c, k, layer0 + j, p, i, err);

@@ -230,47 +230,42 @@ struct ctx {
 	size_t n_raw;
 };
 
-static struct ckfs_out *new_out(struct ctx *c, const char *name, const char *placement,
-				int group, long layer, int order, int ndim, const int64_t *shape,
-				enum ckfs_dtype dtype, struct ckfs_error *err)
+static struct ckfs_out *new_out(struct ctx *c, const struct ckfs_out_spec *s,
+				struct ckfs_error *err)
 {
-	struct ckfs_out *o = ckfs_outs_add(c->m, &c->outs, name, placement, ndim, shape, dtype,
-					   err);
-	if (o) {
-		o->group = group;
-		o->layer = layer;
-		o->order = order;
-	}
-	return o;
+	return ckfs_outs_add(c->m, &c->outs, s, err);
 }
 
-/* Rows [row0, row0 + rows) of r with its first nfix dims fixed at fix[]
- * and dropped (the layer axis when stacked, then an expert axis) -> o at
- * output row dst_row. */
-static enum ckfs_code add_rows(struct ckfs_out *o, const struct ckfs_tensor *r, int nfix,
-			       const int64_t *fix, int64_t row0, int64_t rows, int64_t dst_row,
-			       struct ckfs_error *err)
-{
-	int64_t lo[CKFS_MAX_DIMS] = { 0 }, n[CKFS_MAX_DIMS], dst[CKFS_MAX_DIMS] = { 0 };
+/* n rows of a raw tensor from row `from`, to output rows from `to`. */
+struct row_run {
+	int64_t from, n, to;
+};
 
-	memcpy(n, r->shape, sizeof(n));
+/* Rows of r with its first nfix dims fixed at fix[] and dropped (the
+ * layer axis when stacked, then an expert axis) -> o. */
+static enum ckfs_code add_rows(struct ckfs_out *o, const struct ckfs_tensor *r, int nfix,
+			       const int64_t *fix, struct row_run run, struct ckfs_error *err)
+{
+	struct ckfs_box box = { .lo = { 0 }, .ndrop = nfix };
+	int64_t dst[CKFS_MAX_DIMS] = { 0 };
+
+	memcpy(box.n, r->shape, sizeof(box.n));
 	for (int k = 0; k < nfix; k++) {
-		lo[k] = fix[k];
-		n[k] = 1;
+		box.lo[k] = fix[k];
+		box.n[k] = 1;
 	}
-	lo[nfix] = row0;
-	n[nfix] = rows;
-	dst[0] = dst_row;
-	return ckfs_chunks_box(&o->chunks, r, lo, n, dst, nfix, err);
+	box.lo[nfix] = run.from;
+	box.n[nfix] = run.n;
+	dst[0] = run.to;
+	return ckfs_chunks_box(&o->chunks, r, &box, dst, err);
 }
 
 /* Rows of layer `layer` (s = 1: r has a layer axis). */
 static enum ckfs_code layer_rows(struct ckfs_out *o, const struct ckfs_tensor *r, int s, long layer,
-				 int64_t row0, int64_t rows, int64_t dst_row,
-				 struct ckfs_error *err)
+				 struct row_run run, struct ckfs_error *err)
 {
 	int64_t fix[1] = { layer };
-	return add_rows(o, r, s, fix, row0, rows, dst_row, err);
+	return add_rows(o, r, s, fix, run, err);
 }
 
 /*
@@ -281,7 +276,8 @@ static enum ckfs_code layer_rows(struct ckfs_out *o, const struct ckfs_tensor *r
 static enum ckfs_code unknown_key(struct ctx *c, const struct ckfs_tensor *r,
 				  struct ckfs_error *err)
 {
-	int64_t lo[CKFS_MAX_DIMS] = { 0 }, dst[CKFS_MAX_DIMS] = { 0 };
+	struct ckfs_box box = { .lo = { 0 }, .ndrop = 0 };
+	int64_t dst[CKFS_MAX_DIMS] = { 0 };
 
 	if (!c->raw_names) {
 		ckfs_megatron_unknown(&c->unknown, r->name);
@@ -291,11 +287,13 @@ static enum ckfs_code unknown_key(struct ctx *c, const struct ckfs_tensor *r,
 		return CKFS_OK;
 	c->last_raw = r;
 	c->n_raw++;
-	struct ckfs_out *o = new_out(c, r->name, "raw", G_RAW, 0, 0, r->ndim, r->shape,
-				r->stored_dtype, err);
+	struct ckfs_out_spec s = { .name = r->name, .placement = "raw", .group = G_RAW,
+				   .dtype = r->stored_dtype, .ndim = r->ndim, .shape = r->shape };
+	struct ckfs_out *o = new_out(c, &s, err);
 	if (!o)
 		return err->code;
-	return ckfs_chunks_box(&o->chunks, r, lo, r->shape, dst, 0, err);
+	memcpy(box.n, r->shape, sizeof(box.n));
+	return ckfs_chunks_box(&o->chunks, r, &box, dst, err);
 }
 
 /* ---- the mapping ---- */
@@ -333,13 +331,16 @@ static enum ckfs_code map_whole(struct ctx *c, const struct ckfs_tensor *r, int 
 				long layer, const char *name, int order,
 				struct ckfs_error *err)
 {
-	struct ckfs_out *o = new_out(c, name, s ? "layer of stack" : "whole", G_LAYER, layer,
-				order, r->ndim - s, r->shape + s, r->stored_dtype, err);
+	struct ckfs_out_spec spec = { .name = name, .placement = s ? "layer of stack" : "whole",
+				      .group = G_LAYER, .layer = layer, .order = order,
+				      .dtype = r->stored_dtype, .ndim = r->ndim - s,
+				      .shape = r->shape + s };
+	struct ckfs_out *o = new_out(c, &spec, err);
 	if (!o)
 		return err->code;
 	if (r->ndim - s < 1)
 		return bad_shape(c, r, "a tensor per layer", err);
-	return layer_rows(o, r, s, layer, 0, r->shape[s], 0, err);
+	return layer_rows(o, r, s, layer, (struct row_run){ .n = r->shape[s] }, err);
 }
 
 static enum ckfs_code map_qkv(struct ctx *c, const struct ckfs_tensor *r, int s,
@@ -367,26 +368,35 @@ static enum ckfs_code map_qkv(struct ctx *c, const struct ckfs_tensor *r, int s,
 	for (int h = 0; h < 3; h++) {
 		int64_t shape[2] = { (h == 0 ? a->nh : a->nkv) * d, a->hidden };
 		ckfs_megatron_name(a, layer, k, h, name, sizeof(name));
-		if (!new_out(c, name, "rows of qkv", G_LAYER, layer, k->order + 2 * h, 1 + is_w,
-			     shape, r->stored_dtype, err))
+		struct ckfs_out_spec spec = { .name = name, .placement = "rows of qkv",
+					      .group = G_LAYER, .layer = layer,
+					      .order = k->order + 2 * h, .dtype = r->stored_dtype,
+					      .ndim = 1 + is_w, .shape = shape };
+		if (!new_out(c, &spec, err))
 			return err->code;
 	}
 	for (int64_t g = 0; g < a->nkv; g++) {
 		int64_t base = g * g_rows;
-		CKFS_TRY(layer_rows(&c->outs.v[first], r, s, layer, base, q * d, g * q * d, err));
-		CKFS_TRY(layer_rows(&c->outs.v[first + 1], r, s, layer, base + q * d, d, g * d, err));
-		CKFS_TRY(layer_rows(&c->outs.v[first + 2], r, s, layer, base + (q + 1) * d, d, g * d,
-				  err));
+		struct row_run q_rows = { .from = base, .n = q * d, .to = g * q * d };
+		struct row_run k_rows = { .from = base + q * d, .n = d, .to = g * d };
+		struct row_run v_rows = { .from = base + (q + 1) * d, .n = d, .to = g * d };
+		CKFS_TRY(layer_rows(&c->outs.v[first], r, s, layer, q_rows, err));
+		CKFS_TRY(layer_rows(&c->outs.v[first + 1], r, s, layer, k_rows, err));
+		CKFS_TRY(layer_rows(&c->outs.v[first + 2], r, s, layer, v_rows, err));
 	}
 	return CKFS_OK;
 }
 
 /* SwiGLU fc1 [gate; up] of the dense MLP (mlp) or the shared expert
- * (mlp.shared_expert) -> <module>.gate_proj / up_proj. */
+ * (mlp.shared_expert, k->part MG_SHARED_FC1) -> <module>.gate_proj /
+ * up_proj. */
 static enum ckfs_code map_fc1(struct ctx *c, const struct ckfs_tensor *r, int s,
-			      long layer, const struct ckfs_megatron_key *k, int64_t ffn,
-			      const char *ffn_key, struct ckfs_error *err)
+			      long layer, const struct ckfs_megatron_key *k,
+			      struct ckfs_error *err)
 {
+	int shared = k->part == MG_SHARED_FC1;
+	int64_t ffn = shared ? c->a.shared_ffn : c->a.ffn;
+	const char *ffn_key = shared ? "shared_expert_intermediate_size" : "intermediate_size";
 	char name[CKFS_MAX_NAME], want[160];
 
 	if (r->ndim != s + 2 || r->shape[s + 1] != c->a.hidden || r->shape[s] % 2 ||
@@ -399,11 +409,14 @@ static enum ckfs_code map_fc1(struct ctx *c, const struct ckfs_tensor *r, int s,
 	int64_t half = r->shape[s] / 2, shape[2] = { half, c->a.hidden };
 	for (int h = 0; h < 2; h++) {
 		ckfs_megatron_name(&c->a, layer, k, h, name, sizeof(name));
-		struct ckfs_out *o = new_out(c, name, "half of fc1", G_LAYER, layer, k->order + h,
-					     2, shape, r->stored_dtype, err);
+		struct ckfs_out_spec spec = { .name = name, .placement = "half of fc1",
+					      .group = G_LAYER, .layer = layer, .order = k->order + h,
+					      .dtype = r->stored_dtype, .ndim = 2, .shape = shape };
+		struct ckfs_out *o = new_out(c, &spec, err);
 		if (!o)
 			return err->code;
-		CKFS_TRY(layer_rows(o, r, s, layer, h * half, half, 0, err));
+		CKFS_TRY(layer_rows(o, r, s, layer, (struct row_run){ .from = h * half, .n = half },
+				    err));
 	}
 	return CKFS_OK;
 }
@@ -432,14 +445,17 @@ static enum ckfs_code map_experts(struct ctx *c, const struct ckfs_tensor *r, in
 			int64_t shape[2] = { h == 2 ? a->hidden : a->expert_ffn,
 					     h == 2 ? a->expert_ffn : a->hidden };
 			ckfs_megatron_expert_name(a, layer, e, h, name, sizeof(name));
-			struct ckfs_out *o = new_out(c, name, h == 2 ? "expert of stack"
-							       : "half of expert fc1",
-						G_LAYER, layer, MG_ORDER_EXPERTS + (int)e * 3 + h, 2,
-						shape, r->stored_dtype, err);
+			struct ckfs_out_spec spec = {
+				.name = name,
+				.placement = h == 2 ? "expert of stack" : "half of expert fc1",
+				.group = G_LAYER, .layer = layer,
+				.order = MG_ORDER_EXPERTS + (int)e * 3 + h,
+				.dtype = r->stored_dtype, .ndim = 2, .shape = shape };
+			struct ckfs_out *o = new_out(c, &spec, err);
 			if (!o)
 				return err->code;
-			CKFS_TRY(add_rows(o, r, s + 1, s ? fix : fix + 1, h == 1 ? a->expert_ffn : 0,
-					  shape[0], 0, err));
+			struct row_run run = { .from = h == 1 ? a->expert_ffn : 0, .n = shape[0] };
+			CKFS_TRY(add_rows(o, r, s + 1, s ? fix : fix + 1, run, err));
 		}
 	}
 	return CKFS_OK;
@@ -458,9 +474,12 @@ static enum ckfs_code map_vocab(struct ctx *c, const struct ckfs_tensor *r, cons
 			 (long long)c->a.vocab, (long long)c->a.hidden);
 		return bad_shape(c, r, want, err);
 	}
-	struct ckfs_out *o = new_out(c, name, r->n_chunks > 1 ? "chunks(dim 0)" : "whole", group,
-				0, 0, 2, r->shape, r->stored_dtype, err);
-	return o ? add_rows(o, r, 0, NULL, 0, r->shape[0], 0, err) : err->code;
+	struct ckfs_out_spec spec = { .name = name,
+				      .placement = r->n_chunks > 1 ? "chunks(dim 0)" : "whole",
+				      .group = group, .dtype = r->stored_dtype, .ndim = 2,
+				      .shape = r->shape };
+	struct ckfs_out *o = new_out(c, &spec, err);
+	return o ? add_rows(o, r, 0, NULL, (struct row_run){ .n = r->shape[0] }, err) : err->code;
 }
 
 /* The router [E, H] (or its expert bias [E]). */
@@ -500,10 +519,8 @@ static enum ckfs_code map_layer(struct ctx *c, const struct ckfs_tensor *r, long
 	case MG_QKV:
 		return map_qkv(c, r, s, layer, k, err);
 	case MG_FC1:
-		return map_fc1(c, r, s, layer, k, c->a.ffn, "intermediate_size", err);
 	case MG_SHARED_FC1:
-		return map_fc1(c, r, s, layer, k, c->a.shared_ffn,
-			       "shared_expert_intermediate_size", err);
+		return map_fc1(c, r, s, layer, k, err);
 	case MG_ROUTER:
 		return map_router(c, r, s, layer, k, err);
 	default: /* whole: the TP merge is already in the global tensor */
@@ -529,14 +546,16 @@ static enum ckfs_code map_raw(struct ctx *c, const struct ckfs_tensor *r,
 		return map_vocab(c, r, top, G_HEAD, err);
 	}
 	if (top) { /* the final norm's weight or bias */
-		int bias = strcmp(top, "model.norm.bias") == 0;
-		struct ckfs_out *o = new_out(c, top, "whole", G_NORM, 0, bias, r->ndim, r->shape,
-					     r->stored_dtype, err);
+		struct ckfs_out_spec spec = { .name = top, .placement = "whole", .group = G_NORM,
+					      .order = strcmp(top, "model.norm.bias") == 0,
+					      .dtype = r->stored_dtype, .ndim = r->ndim,
+					      .shape = r->shape };
+		struct ckfs_out *o = new_out(c, &spec, err);
 		if (!o)
 			return err->code;
 		if (r->ndim != 1 || r->shape[0] != c->a.hidden)
 			return bad_shape(c, r, "[hidden_size]", err);
-		return add_rows(o, r, 0, NULL, 0, r->shape[0], 0, err);
+		return add_rows(o, r, 0, NULL, (struct row_run){ .n = r->shape[0] }, err);
 	}
 	if (!ckfs_megatron_layer_key(r->name, &n, &rest))
 		return unknown_key(c, r, err);
@@ -644,7 +663,7 @@ static enum ckfs_code megatron_dist_build(struct ckfs_model *m,
 	struct where *w = calloc(1, sizeof(*w));
 	struct ctx c;
 	enum ckfs_code rc;
-	size_t left_out = 0, n_bytes = 0;
+	struct ckfs_dcp_raw raw = { .keep = keep_model };
 
 	memset(&c, 0, sizeof(c));
 	c.m = m;
@@ -678,8 +697,9 @@ static enum ckfs_code megatron_dist_build(struct ckfs_model *m,
 	if ((rc = ckfs_model_load_config_from(m, hf, opt->config_path, err)) != CKFS_OK ||
 	    (rc = ckfs_megatron_arch(m, &c.a, err)) != CKFS_OK)
 		goto out;
-	rc = ckfs_dcp_read_raw(m, dist, w->rel[0] ? w->rel : NULL, opt, keep_model,
-			       &left_out, &n_bytes, err);
+	raw.dir = dist;
+	raw.rel_dir = w->rel[0] ? w->rel : NULL;
+	rc = ckfs_dcp_read_raw(m, &raw, opt, err);
 	if (rc != CKFS_OK)
 		goto out;
 	for (size_t i = 0; i < m->n_tensors && rc == CKFS_OK; i++)
@@ -692,11 +712,11 @@ static enum ckfs_code megatron_dist_build(struct ckfs_model *m,
 		goto out;
 	if (c.dropped_head)
 		rc = ckfs_megatron_warn_tied(m, err);
-	if (rc == CKFS_OK && n_bytes)
+	if (rc == CKFS_OK && raw.n_bytes)
 		rc = ckfs_model_warn(m, err, "skipped %zu non-tensor entries (ShardedObjects: "
-				     "_extra_state, rng_state)", n_bytes);
-	if (rc == CKFS_OK && left_out)
-		rc = ckfs_model_warn(m, err, "skipped %zu optimizer entries", left_out);
+				     "_extra_state, rng_state)", raw.n_bytes);
+	if (rc == CKFS_OK && raw.n_left_out)
+		rc = ckfs_model_warn(m, err, "skipped %zu optimizer entries", raw.n_left_out);
 	if (rc == CKFS_OK && c.n_raw)
 		rc = ckfs_model_warn(m, err, "%zu Megatron keys without a Hugging Face name "
 				     "served as stored (--raw-names)", c.n_raw);

@@ -18,8 +18,8 @@
  *
  * A Hugging Face safetensors folder holding PEFT (LoRA) names is refused:
  * such a folder is an adapter or a wrapped model, and neither is a model
- * to serve as stored. The names a module holds in memory (FSDP, DCP) go
- * on to peft.c and hf_save.c instead.
+ * to serve as stored. The names a module holds in memory (FSDP, DCP,
+ * DeepSpeed) go on to peft.c and hf_save.c instead.
  */
 #include <stdio.h>
 #include <stdlib.h>

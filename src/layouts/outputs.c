@@ -2,17 +2,18 @@
 /*
  * Output tensors under construction (src/layouts/layouts.h): readers that
  * cut their source tensors into other tensors (Megatron's fused QKV and
- * gate/up, expert stacks) collect each output's chunks here, then hand
- * the list to the model as validated tensors.
+ * gate/up, expert stacks) or gather them from flat buffers (DeepSpeed)
+ * collect each output's chunks here, then hand the list to the model as
+ * validated tensors; and a box of a tensor cut as a tensor of its own
+ * (hf_save.c's fused expert stacks).
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "layouts/layouts.h"
 
-struct ckfs_out *ckfs_outs_add(struct ckfs_model *m, struct ckfs_outs *l, const char *name,
-			       const char *placement, int ndim, const int64_t *shape,
-			       enum ckfs_dtype dtype, struct ckfs_error *err)
+struct ckfs_out *ckfs_outs_add(struct ckfs_model *m, struct ckfs_outs *l,
+			       const struct ckfs_out_spec *s, struct ckfs_error *err)
 {
 	if (l->n == l->cap) {
 		size_t cap = l->cap ? 2 * l->cap : 64;
@@ -26,14 +27,17 @@ struct ckfs_out *ckfs_outs_add(struct ckfs_model *m, struct ckfs_outs *l, const 
 	}
 	struct ckfs_out *o = &l->v[l->n];
 	memset(o, 0, sizeof(*o));
-	if (!(o->name = ckfs_arena_strdup(&m->arena, name))) {
+	if (!(o->name = ckfs_arena_strdup(&m->arena, s->name))) {
 		ckfs_nomem(err);
 		return NULL;
 	}
-	o->placement = placement;
-	o->dtype = dtype;
-	o->ndim = ndim;
-	memcpy(o->shape, shape, sizeof(int64_t) * (size_t)ndim);
+	o->placement = s->placement;
+	o->dtype = s->dtype;
+	o->ndim = s->ndim;
+	memcpy(o->shape, s->shape, sizeof(int64_t) * (size_t)s->ndim);
+	o->group = s->group;
+	o->layer = s->layer;
+	o->order = s->order;
 	l->n++;
 	return o;
 }
@@ -88,12 +92,13 @@ enum ckfs_code ckfs_outs_to_model(struct ckfs_model *m, const struct ckfs_outs *
 }
 
 enum ckfs_code ckfs_tensor_cut(struct ckfs_model *m, const struct ckfs_tensor *r,
-			       const char *name, const int64_t *lo, const int64_t *n, int ndrop,
+			       const struct ckfs_box *box, const char *name,
 			       struct ckfs_tensor *out, struct ckfs_error *err)
 {
 	struct ckfs_chunk_list l = { 0 };
 	int64_t dst[CKFS_MAX_DIMS] = { 0 };
-	enum ckfs_code rc = ckfs_chunks_box(&l, r, lo, n, dst, ndrop, err);
+	int ndrop = box->ndrop;
+	enum ckfs_code rc = ckfs_chunks_box(&l, r, box, dst, err);
 
 	memset(out, 0, sizeof(*out));
 	out->name = ckfs_arena_strdup(&m->arena, name);
@@ -108,7 +113,7 @@ enum ckfs_code ckfs_tensor_cut(struct ckfs_model *m, const struct ckfs_tensor *r
 		out->ndim = r->ndim - ndrop;
 		out->numel = 1;
 		for (int d = 0; d < out->ndim; d++) {
-			out->shape[d] = n[ndrop + d];
+			out->shape[d] = box->n[ndrop + d];
 			out->numel *= (uint64_t)out->shape[d]; /* inside r */
 		}
 		rc = ckfs_plan_validate_tensor(m, out, err);

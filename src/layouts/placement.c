@@ -271,10 +271,11 @@ enum ckfs_code ckfs_entry_chunks(const struct ckfs_sd_entry *e, const int64_t *c
 /* A chunk meeting the box keeps its strides; its file position moves by
  * the elements skipped. */
 enum ckfs_code ckfs_chunks_box(struct ckfs_chunk_list *out, const struct ckfs_tensor *r,
-			       const int64_t *lo, const int64_t *n, const int64_t *dst, int ndrop,
+			       const struct ckfs_box *box, const int64_t *dst,
 			       struct ckfs_error *err)
 {
 	size_t esz = ckfs_dtype_size(r->stored_dtype);
+	const int64_t *lo = box->lo, *n = box->n;
 
 	for (uint32_t i = 0; i < r->n_chunks; i++) {
 		const struct ckfs_chunk *c = &r->chunks[i];
@@ -295,7 +296,7 @@ enum ckfs_code ckfs_chunks_box(struct ckfs_chunk_list *out, const struct ckfs_te
 			skip += (uint64_t)(a[k] - c->offset[k]) * (uint64_t)c->stride[k];
 		ckfs_chunk_unpack(c, r->ndim, &x);
 		x.pos = c->pos + skip * esz; /* inside the validated raw chunk */
-		int s = ndrop;
+		int s = box->ndrop;
 		for (int k = s; k < r->ndim; k++) {
 			x.shape[k - s] = b[k] - a[k];
 			x.stride[k - s] = c->stride[k];

@@ -72,11 +72,12 @@ static enum ckfs_code pair_load(const struct ckfs_model *m, struct ckfs_lora_pai
  * rank loop instead of going to memory r times. */
 enum { COL_BLOCK = 64 };
 
-/* w[j] += scale * sum_k B[row][k] * A[k][c0 + j] for j < len. */
+/* w[j] += scale * sum_k B[row][k] * A[k][c0 + j] for j < len, with a at
+ * A[0][c0] (rows of A are in apart). */
 CKFS_VECTOR_CLONES
 static void add_row_delta(float *restrict w, const float *restrict a,
-			  const float *restrict brow, int64_t r, int64_t in, int64_t c0,
-			  size_t len, float scale)
+			  const float *restrict brow, int64_t r, int64_t in, size_t len,
+			  float scale)
 {
 	size_t j0 = 0;
 
@@ -84,7 +85,7 @@ static void add_row_delta(float *restrict w, const float *restrict a,
 		float acc[COL_BLOCK] = { 0 };
 		for (int64_t k = 0; k < r; k++) {
 			const float bk = brow[k];
-			const float *arow = a + k * in + c0 + (int64_t)j0;
+			const float *arow = a + k * in + (int64_t)j0;
 #pragma GCC unroll 64
 			for (size_t j = 0; j < COL_BLOCK; j++)
 				acc[j] = fmaf(bk, arow[j], acc[j]);
@@ -95,7 +96,7 @@ static void add_row_delta(float *restrict w, const float *restrict a,
 	for (size_t j = j0; j < len; j++) {
 		float acc = 0;
 		for (int64_t k = 0; k < r; k++)
-			acc = fmaf(brow[k], a[k * in + c0 + (int64_t)j], acc);
+			acc = fmaf(brow[k], a[k * in + (int64_t)j], acc);
 		w[j] += acc * scale;
 	}
 }
@@ -124,8 +125,8 @@ enum ckfs_code ckfs_lora_read(const struct ckfs_model *m, const struct ckfs_tens
 			uint64_t row = i / (uint64_t)in, c0 = i % (uint64_t)in;
 			size_t len = (size_t)((uint64_t)in - c0 < end - i ? (uint64_t)in - c0
 									 : end - i);
-			add_row_delta(w + (i - first - done), ab, ab + p->a->numel + row * (uint64_t)r,
-				      r, in, (int64_t)c0, len, p->scale);
+			add_row_delta(w + (i - first - done), ab + c0,
+				      ab + p->a->numel + row * (uint64_t)r, r, in, len, p->scale);
 			i += len;
 		}
 		ckfs_convert(t->out_dtype, (unsigned char *)dst + done * osz, CKFS_DTYPE_F32, w,

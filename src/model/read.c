@@ -83,6 +83,24 @@ static int chunk_contains(const struct ckfs_chunk *c, int ndim,
 	return 1;
 }
 
+/* Sources used by one read: each is checked before its first pread and
+ * again after the last, so bytes read while a file changed are refused. */
+struct touch_set {
+	uint32_t ids[16];
+	size_t n;
+};
+
+/* One ckfs_tensor_read: what each of its runs and windows works with. */
+struct tensor_read {
+	const struct ckfs_model *m;
+	const struct ckfs_tensor *t;
+	int64_t shape[CKFS_MAX_DIMS]; /* t's; [1] for a scalar */
+	int ndim;                     /* 1 for a scalar */
+	struct ckfs_read_scratch *scratch;
+	struct touch_set ts;
+	struct ckfs_error *err;
+};
+
 /* rows rows of width elements, rows src_step bytes apart in the window and
  * dst_step bytes apart in the output. */
 struct convert_job {
@@ -115,39 +133,35 @@ static void convert_rows(void *arg)
  * meanwhile gives a short pread: the read fails as changed, never with
  * stale or zero bytes.
  */
-static enum ckfs_code convert_from(const struct ckfs_model *m, uint32_t src, uint64_t pos,
-				   size_t len, struct ckfs_read_scratch *scratch,
-				   struct convert_job *j, struct ckfs_error *err)
+static enum ckfs_code convert_from(struct tensor_read *r, uint32_t src, uint64_t pos,
+				   size_t len, struct convert_job *j)
 {
-	unsigned char *buf = scratch_get(scratch, len);
+	unsigned char *buf = scratch_get(r->scratch, len);
 
 	if (!buf)
-		return ckfs_nomem(err);
-	CKFS_TRY(read_exact(m, src, buf, len, pos, err));
+		return ckfs_nomem(r->err);
+	CKFS_TRY(read_exact(r->m, src, buf, len, pos, r->err));
 	j->src = buf;
 	convert_rows(j);
 	return CKFS_OK;
 }
 
 /* Read `count` contiguous source elements at pos and convert into dst. */
-static enum ckfs_code read_contiguous(const struct ckfs_model *m,
-				      const struct ckfs_tensor *t,
-				      const struct ckfs_chunk *c, uint64_t pos,
-				      uint64_t count, unsigned char *dst,
-				      struct ckfs_read_scratch *scratch,
-				      struct ckfs_error *err)
+static enum ckfs_code read_contiguous(struct tensor_read *r, const struct ckfs_chunk *c,
+				      uint64_t pos, uint64_t count, unsigned char *dst)
 {
+	const struct ckfs_tensor *t = r->t;
 	size_t in = ckfs_dtype_size(c->dtype), out = ckfs_dtype_size(t->out_dtype);
 
 	if (c->dtype == t->out_dtype && !c->neg)
-		return read_exact(m, c->source, dst, count * in, pos, err);
+		return read_exact(r->m, c->source, dst, count * in, pos, r->err);
 	size_t per = READ_WINDOW / in;
 	while (count) {
 		size_t n = count < per ? (size_t)count : per;
 		struct convert_job j = { .to = t->out_dtype, .from = c->dtype,
 					 .neg = c->neg, .dst = dst, .rows = 1,
 					 .width = n };
-		CKFS_TRY(convert_from(m, c->source, pos, n * in, scratch, &j, err));
+		CKFS_TRY(convert_from(r, c->source, pos, n * in, &j));
 		pos += n * in;
 		dst += n * out;
 		count -= n;
@@ -156,29 +170,26 @@ static enum ckfs_code read_contiguous(const struct ckfs_model *m,
 }
 
 /* count elements spaced `stride` apart in the source, starting at pos. */
-static enum ckfs_code read_strided(const struct ckfs_model *m,
-				   const struct ckfs_tensor *t,
-				   const struct ckfs_chunk *c, uint64_t pos,
-				   int64_t stride, uint64_t count,
-				   unsigned char *dst,
-				   struct ckfs_read_scratch *scratch,
-				   struct ckfs_error *err)
+static enum ckfs_code read_strided(struct tensor_read *r, const struct ckfs_chunk *c,
+				   uint64_t pos, int64_t stride, uint64_t count,
+				   unsigned char *dst)
 {
+	const struct ckfs_tensor *t = r->t;
 	size_t in = ckfs_dtype_size(c->dtype), out = ckfs_dtype_size(t->out_dtype);
 	uint64_t step = (uint64_t)stride * in;
 	/* Elements that fit one window (at least one). */
 	uint64_t per = step ? (READ_WINDOW - in) / step + 1 : count;
 	if (per == 0)
 		per = 1;
-	unsigned char *buf = scratch_get(scratch, READ_WINDOW);
+	unsigned char *buf = scratch_get(r->scratch, READ_WINDOW);
 	unsigned char elem[8];
 
 	if (!buf)
-		return ckfs_nomem(err);
+		return ckfs_nomem(r->err);
 	while (count) {
 		uint64_t n = count < per ? count : per;
 		size_t span = (size_t)((n - 1) * step + in);
-		CKFS_TRY(read_exact(m, c->source, buf, span, pos, err));
+		CKFS_TRY(read_exact(r->m, c->source, buf, span, pos, r->err));
 		for (uint64_t i = 0; i < n; i++) {
 			memcpy(elem, buf + i * step, in);
 			ckfs_convert(t->out_dtype, dst, c->dtype, elem, 1, c->neg);
@@ -190,23 +201,17 @@ static enum ckfs_code read_strided(const struct ckfs_model *m,
 	return CKFS_OK;
 }
 
-/* Sources used by one read: each is checked before its first pread and
- * again after the last, so bytes read while a file changed are refused. */
-struct touch_set {
-	uint32_t ids[16];
-	size_t n;
-};
-
 /* Check src if this read has not yet; *now is set when the set is full
  * and the caller must check again right after its pread. */
-static enum ckfs_code touch(const struct ckfs_model *m, struct touch_set *ts,
-			    uint32_t src, int *now, struct ckfs_error *err)
+static enum ckfs_code touch(struct tensor_read *r, uint32_t src, int *now)
 {
+	struct touch_set *ts = &r->ts;
+
 	*now = 0;
 	for (size_t i = 0; i < ts->n; i++)
 		if (ts->ids[i] == src)
 			return CKFS_OK;
-	CKFS_TRY(ckfs_source_check(&m->sources[src], err));
+	CKFS_TRY(ckfs_source_check(&r->m->sources[src], r->err));
 	if (ts->n < sizeof(ts->ids) / sizeof(ts->ids[0]))
 		ts->ids[ts->n++] = src;
 	else
@@ -214,22 +219,20 @@ static enum ckfs_code touch(const struct ckfs_model *m, struct touch_set *ts,
 	return CKFS_OK;
 }
 
-static enum ckfs_code touch_finish(const struct ckfs_model *m,
-				   const struct touch_set *ts,
-				   struct ckfs_error *err)
+static enum ckfs_code touch_finish(struct tensor_read *r)
 {
-	for (size_t i = 0; i < ts->n; i++)
-		CKFS_TRY(ckfs_source_check(&m->sources[ts->ids[i]], err));
+	for (size_t i = 0; i < r->ts.n; i++)
+		CKFS_TRY(ckfs_source_check(&r->m->sources[r->ts.ids[i]], r->err));
 	return CKFS_OK;
 }
 
 /* Elements [e, end) by runs (see the top of this file). */
-static enum ckfs_code read_runs(const struct ckfs_model *m,
-				const struct ckfs_tensor *t, const int64_t *shape,
-				int ndim, uint64_t e, uint64_t end,
-				unsigned char *dst, struct ckfs_read_scratch *scratch,
-				struct touch_set *ts, struct ckfs_error *err)
+static enum ckfs_code read_runs(struct tensor_read *r, uint64_t e, uint64_t end,
+				unsigned char *dst)
 {
+	const struct ckfs_tensor *t = r->t;
+	const int64_t *shape = r->shape;
+	int ndim = r->ndim;
 	size_t out = ckfs_dtype_size(t->out_dtype);
 	int64_t idx[CKFS_MAX_DIMS];
 	uint32_t hint = 0;
@@ -252,10 +255,10 @@ static enum ckfs_code read_runs(const struct ckfs_model *m,
 			}
 		}
 		if (!c) /* impossible after validation */
-			return ckfs_fail(err, CKFS_E_INVALID,
+			return ckfs_fail(r->err, CKFS_E_INVALID,
 					 "tensor '%s': element %llu has no source",
 					 t->name, (unsigned long long)e);
-		CKFS_TRY(touch(m, ts, c->source, &now, err));
+		CKFS_TRY(touch(r, c->source, &now));
 
 		uint64_t src_elem = 0;
 		for (int k = 0; k < ndim; k++)
@@ -278,15 +281,14 @@ static enum ckfs_code read_runs(const struct ckfs_model *m,
 			}
 			if (run > end - e)
 				run = end - e;
-			CKFS_TRY(read_contiguous(m, t, c, pos, run, dst, scratch, err));
+			CKFS_TRY(read_contiguous(r, c, pos, run, dst));
 		} else {
 			if (run > end - e)
 				run = end - e;
-			CKFS_TRY(read_strided(m, t, c, pos, c->stride[L], run, dst,
-					      scratch, err));
+			CKFS_TRY(read_strided(r, c, pos, c->stride[L], run, dst));
 		}
 		if (now)
-			CKFS_TRY(ckfs_source_check(&m->sources[c->source], err));
+			CKFS_TRY(ckfs_source_check(&r->m->sources[c->source], r->err));
 		dst += run * out;
 		e += run;
 	}
@@ -321,13 +323,11 @@ static int rows_as_blocks(const struct ckfs_tensor *t, int ndim)
 	return partial;
 }
 
-static enum ckfs_code read_row_blocks(const struct ckfs_model *m,
-				      const struct ckfs_tensor *t, int ndim,
-				      uint64_t ra, uint64_t rb, unsigned char *dst,
-				      struct ckfs_read_scratch *scratch,
-				      struct touch_set *ts, struct ckfs_error *err)
+static enum ckfs_code read_row_blocks(struct tensor_read *r, uint64_t ra, uint64_t rb,
+				      unsigned char *dst)
 {
-	int L = ndim - 1, now;
+	const struct ckfs_tensor *t = r->t;
+	int L = r->ndim - 1, now;
 	uint64_t cols = (uint64_t)t->shape[L], inner = 1;
 	size_t out = ckfs_dtype_size(t->out_dtype);
 
@@ -342,17 +342,16 @@ static enum ckfs_code read_row_blocks(const struct ckfs_model *m,
 		uint64_t width = (uint64_t)c->shape[L], rstride = (uint64_t)c->stride[L - 1];
 		if (x0 >= x1)
 			continue;
-		CKFS_TRY(touch(m, ts, c->source, &now, err));
+		CKFS_TRY(touch(r, c->source, &now));
 		/* Rows per window: the span of n rows is (n-1)*rstride + width. */
 		uint64_t per = width * in > READ_WINDOW ? 1
 			: (READ_WINDOW / in - width) / rstride + 1;
-		for (uint64_t r = x0; r < x1; r += per) {
-			uint64_t n = x1 - r < per ? x1 - r : per;
-			uint64_t pos = c->pos + (r - r0) * rstride * in;
-			unsigned char *row_dst = dst + ((r - ra) * cols + (uint64_t)c->offset[L]) * out;
+		for (uint64_t row = x0; row < x1; row += per) {
+			uint64_t n = x1 - row < per ? x1 - row : per;
+			uint64_t pos = c->pos + (row - r0) * rstride * in;
+			unsigned char *row_dst = dst + ((row - ra) * cols + (uint64_t)c->offset[L]) * out;
 			if (width * in > READ_WINDOW) { /* one huge row at a time */
-				CKFS_TRY(read_contiguous(m, t, c, pos, width, row_dst,
-							 scratch, err));
+				CKFS_TRY(read_contiguous(r, c, pos, width, row_dst));
 				continue;
 			}
 			size_t span = (size_t)(((n - 1) * rstride + width) * in);
@@ -361,10 +360,10 @@ static enum ckfs_code read_row_blocks(const struct ckfs_model *m,
 						 .width = (size_t)width,
 						 .src_step = (size_t)(rstride * in),
 						 .dst_step = (size_t)(cols * out) };
-			CKFS_TRY(convert_from(m, c->source, pos, span, scratch, &j, err));
+			CKFS_TRY(convert_from(r, c->source, pos, span, &j));
 		}
 		if (now)
-			CKFS_TRY(ckfs_source_check(&m->sources[c->source], err));
+			CKFS_TRY(ckfs_source_check(&r->m->sources[c->source], r->err));
 	}
 	return CKFS_OK;
 }
@@ -377,9 +376,8 @@ enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
 {
 	unsigned char *dst = dst_v;
 	size_t out = ckfs_dtype_size(t->out_dtype);
-	int ndim = t->ndim ? t->ndim : 1;
-	int64_t shape[CKFS_MAX_DIMS];
-	struct touch_set ts = { .n = 0 };
+	struct tensor_read r = { .m = m, .t = t, .ndim = t->ndim ? t->ndim : 1,
+				 .scratch = scratch, .err = err };
 	uint64_t end = first + count;
 
 	if (first > t->numel || count > t->numel - first)
@@ -390,27 +388,22 @@ enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
 	if (t->lora)
 		return ckfs_lora_read(m, t, first, count, dst, scratch, err);
 	if (t->ndim == 0)
-		shape[0] = 1;
+		r.shape[0] = 1;
 	else
-		memcpy(shape, t->shape, sizeof(int64_t) * (size_t)ndim);
+		memcpy(r.shape, t->shape, sizeof(int64_t) * (size_t)r.ndim);
 
-	uint64_t cols = (uint64_t)shape[ndim - 1];
-	if (count && cols && rows_as_blocks(t, ndim)) {
+	uint64_t cols = (uint64_t)r.shape[r.ndim - 1];
+	if (count && cols && rows_as_blocks(t, r.ndim)) {
 		/* Partial first row, whole rows as blocks, partial last row. */
 		uint64_t ra = (first + cols - 1) / cols, rb = end / cols;
 		if (ra < rb) {
 			uint64_t head = ra * cols;
-			CKFS_TRY(read_runs(m, t, shape, ndim, first, head, dst, scratch,
-					   &ts, err));
-			CKFS_TRY(read_row_blocks(m, t, ndim, ra, rb,
-						 dst + (head - first) * out, scratch,
-						 &ts, err));
-			CKFS_TRY(read_runs(m, t, shape, ndim, rb * cols, end,
-					   dst + (rb * cols - first) * out, scratch,
-					   &ts, err));
-			return touch_finish(m, &ts, err);
+			CKFS_TRY(read_runs(&r, first, head, dst));
+			CKFS_TRY(read_row_blocks(&r, ra, rb, dst + (head - first) * out));
+			CKFS_TRY(read_runs(&r, rb * cols, end, dst + (rb * cols - first) * out));
+			return touch_finish(&r);
 		}
 	}
-	CKFS_TRY(read_runs(m, t, shape, ndim, first, end, dst, scratch, &ts, err));
-	return touch_finish(m, &ts, err);
+	CKFS_TRY(read_runs(&r, first, end, dst));
+	return touch_finish(&r);
 }

@@ -16,20 +16,6 @@ void ckfs_log_set_level(enum ckfs_log_level level) { current_level = level; }
 enum ckfs_log_level ckfs_log_get_level(void) { return current_level; }
 void ckfs_log_set_sink(ckfs_log_sink sink) { current_sink = sink; }
 
-int ckfs_log_parse_level(const char *name)
-{
-	static const struct { const char *name; int level; } names[] = {
-		{ "err", CKFS_LOG_ERR },     { "error", CKFS_LOG_ERR },
-		{ "warning", CKFS_LOG_WARNING }, { "warn", CKFS_LOG_WARNING },
-		{ "notice", CKFS_LOG_NOTICE }, { "info", CKFS_LOG_INFO },
-		{ "debug", CKFS_LOG_DEBUG },
-	};
-	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-		if (strcmp(name, names[i].name) == 0)
-			return names[i].level;
-	return -1;
-}
-
 void ckfs_log(enum ckfs_log_level level, const char *fmt, ...)
 {
 	char raw[2048], line[2048];

@@ -36,8 +36,8 @@ EXPECTED=$FIX/expected/qwen2_fsdp2_w3
 "$CKFS" --version | grep -q '^ckfs ' && ok version || bad version
 expect "unknown command" 2 "unknown command" -- "$CKFS" frobnicate
 expect "export without DIR" 2 "expected SRC and DIR" -- "$CKFS" export "$SAMPLE"
-expect "bad dtype" 2 "unknown dtype 'int7'" -- "$CKFS" export --dtype int7 "$SAMPLE" "$WORK/x"
-expect "bad size" 2 "bad size" -- "$CKFS" export --max-shard-size 12XB "$SAMPLE" "$WORK/x"
+expect "bad dtype" 2 "unknown --dtype 'int7' \\(bf16, fp16, fp32, auto or fp8\\)" -- "$CKFS" export --dtype int7 "$SAMPLE" "$WORK/x"
+expect "bad size" 2 "bad --max-shard-size '12XB' \\(a size such as" -- "$CKFS" export --max-shard-size 12XB "$SAMPLE" "$WORK/x"
 
 # export: success, then refuse to overwrite, then --force
 "$CKFS" export -q "$SAMPLE" "$WORK/out" && cmp -s "$WORK/out/model.safetensors" "$EXPECTED/model.safetensors" &&
@@ -109,7 +109,7 @@ PY
 mkdir "$WORK/bad"$'\n'"name"$'\e[31m'
 expect "newline and ESC in a path" 1 "bad\\\\x0aname\\\\x1b\\[31m': not a verl FSDP checkpoint" -- \
 	"$CKFS" inspect "$WORK/bad"$'\n'"name"$'\e[31m'
-expect "C1 control in an option value" 2 "unknown dtype 'x\\\\xc2\\\\x9by'" -- "$CKFS" export --dtype x$'\xc2\x9b'y "$SAMPLE" "$WORK/x"
+expect "C1 control in an option value" 2 "unknown --dtype 'x\\\\xc2\\\\x9by'" -- "$CKFS" export --dtype x$'\xc2\x9b'y "$SAMPLE" "$WORK/x"
 rmdir "$WORK/bad"$'\n'"name"$'\e[31m'
 
 # An export never deletes or overwrites what it reads (docs/reliability.md):
@@ -204,8 +204,8 @@ expect "FSDP1 LOCAL_STATE_DICT" 1 "rank_0.pt': '_flat_param' is an FSDP1 flat pa
 
 # LoRA actors: the modes, --base, what each refuses
 LORA=$FIX/lora
-expect "--lora value" 2 "--lora is adapter, fuse or base, not 'merge'" -- "$CKFS" export --lora=merge "$LORA/lora_qwen2_fsdp2_w2" "$WORK/x"
-expect "--lora-alpha value" 2 "--lora-alpha is a whole number from 1, not '1.5'" -- "$CKFS" export --lora-alpha 1.5 "$LORA/lora_qwen2_fsdp2_w2" "$WORK/x"
+expect "--lora value" 2 "unknown --lora 'merge' \\(adapter, fuse or base\\)" -- "$CKFS" export --lora=merge "$LORA/lora_qwen2_fsdp2_w2" "$WORK/x"
+expect "--lora-alpha value" 2 "bad --lora-alpha '1.5' \\(a whole number from 1 to 2147483647\\)" -- "$CKFS" export --lora-alpha 1.5 "$LORA/lora_qwen2_fsdp2_w2" "$WORK/x"
 expect "fuse without lora_alpha" 1 "lora_qwen2_fsdp2_w2_nometa': lora_alpha is not recorded \(lora_train_meta.json\): --lora=fuse needs it; pass --lora-alpha N as trained$" -- \
 	"$CKFS" export --lora=fuse "$LORA/lora_qwen2_fsdp2_w2_nometa" "$WORK/none"
 expect "fuse of an adapter alone" 1 "holds a LoRA adapter only \(save_lora_only\): --lora=fuse needs the base weights; pass --base DIR$" -- \
@@ -273,7 +273,15 @@ out=$("$CKFS" inspect --follow-symlinks "$WORK/run")
 [ "$(grep -c "^  critic       verl-fsdp, world size 2" <<<"$out")" = 2 ] &&
 	ok "inspect --follow-symlinks: a role linked out of the run" ||
 	bad "inspect --follow-symlinks: a role linked out of the run: $out"
-expect "bad max_plans" 2 "bad plan count '0'" -- "$CKFS" mount -o max_plans=0 "$RUNFIX" "$WORK/none"
+expect "bad max_plans" 2 "bad -o max_plans '0' \\(a whole number from 1 to 4096\\)" -- "$CKFS" mount -o max_plans=0 "$RUNFIX" "$WORK/none"
+# Values are checked by their option's kind (src/cli/options.h), the
+# defaults come from the same rows and --help shows them.
+expect "a tolerance is a number" 2 "bad --atol 'x' \\(a number from 0\\)" -- "$CKFS" verify --atol x --against "$SAMPLE" "$SAMPLE"
+expect "a umask is octal" 2 "bad -o umask '0999' \\(octal, 0 to 0777\\)" -- "$CKFS" mount -o umask=0999 "$SAMPLE" "$WORK/none"
+expect "a count has bounds" 2 "bad --threads '257' \\(a whole number from 1 to 256\\)" -- "$CKFS" mount --threads 257 "$SAMPLE" "$WORK/none"
+help=$("$CKFS" mount --help)
+grep -q "slice cache budget (default 1GiB)" <<<"$help" && grep -q "(default bf16)" <<<"$help" &&
+	ok "--help shows the rows' defaults" || bad "--help shows the rows' defaults: $help"
 
 # The plan cache (docs/mount.md): a folder others may write, or that is not
 # this user's, is not used (no record read or written) and says so in one

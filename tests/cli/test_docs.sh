@@ -27,7 +27,7 @@ check() { # NAME command...
 check "--version: 'ckfs $VERSION' (CMake's project version)" \
 	test "$(head -1 "$WORK/version")" = "ckfs $VERSION"
 check "--version: the libraries built with" \
-	grep -qE '^built with libfuse [0-9.]+, libzip [0-9.]+, zlib [0-9.]+, cJSON [0-9.]+, xxHash [0-9.]+$' \
+	grep -qE '^built with libfuse [0-9.]+, libzip [0-9.]+, zlib [0-9.]+, cJSON [0-9.]+, xxHash [0-9.]+, libcurl [0-9.]+$' \
 	"$WORK/version"
 
 # ---- the built files are the binary's, and the page renders cleanly ----

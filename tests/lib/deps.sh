@@ -7,10 +7,11 @@ CKFS_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 # Build and test dependencies, all from Debian 12's archive. Packaging:
 # dpkg-dev (dpkg-shlibdeps computes the .deb's Depends), debootstrap (the
 # clean Debian 12 root the .deb is installed into), groff-base (the man
-# page is rendered and checked).
+# page is rendered and checked). curl: the S3 tests fill their bucket
+# with it (tests/s3).
 CKFS_APT_PACKAGES="build-essential cmake pkg-config libfuse3-dev fuse3 \
-libzip-dev zlib1g-dev libcjson-dev libxxhash-dev python3 python3-venv \
-clang libclang-rt-14-dev dpkg-dev debootstrap groff-base"
+libzip-dev zlib1g-dev libcjson-dev libxxhash-dev libcurl4-openssl-dev python3 python3-venv \
+clang libclang-rt-14-dev dpkg-dev debootstrap groff-base curl"
 
 ckfs_install_deps() {
 	local missing=""

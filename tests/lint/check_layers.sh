@@ -17,6 +17,7 @@ header_module() {
 	layouts | run) echo layouts ;;
 	folder | weights | perm) echo folder ;;
 	cache) echo cache ;;
+	s3) echo store ;;
 	*) echo "?$1" ;;
 	esac
 }
@@ -29,6 +30,7 @@ allowed() {
 	layouts) echo "util fmt model layouts" ;;
 	folder) echo "util model folder" ;;
 	cache) echo "util cache" ;;
+	store) echo "util store" ;;
 	fuse) echo "util model layouts folder cache fuse" ;;
 	cli) echo "util fmt model layouts folder cache fuse cli" ;;
 	esac
@@ -39,6 +41,7 @@ library_home() {
 	fuse*.h) echo "fuse" ;;
 	zip.h | zlib.h) echo "fmt" ;;
 	xxhash.h) echo "cache" ;;
+	curl/curl.h) echo "store" ;;
 	cjson/cJSON.h) echo "util fmt layouts cli" ;;
 	*) echo "*" ;;
 	esac

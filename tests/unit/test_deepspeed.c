@@ -78,7 +78,8 @@ static void check_range(int ndim, const int64_t *shape, uint64_t numel, uint64_t
 	int ok = 1;
 
 	ckfs_error_clear(&err);
-	CHECK(ckfs_flat_blocks(ndim, shape, first, count, &seg, 1000, &out, &err) == CKFS_OK);
+	struct ckfs_elem_range el = { .ndim = ndim, .shape = shape, .first = first, .count = count };
+	CHECK(ckfs_flat_blocks(&el, &seg, 1000, &out, &err) == CKFS_OK);
 	ok &= out.n <= (size_t)(ndim ? 2 * ndim - 1 : 1);
 	for (size_t i = 0; i < out.n; i++) {
 		const struct ckfs_chunk_spec *c = &out.v[i];
@@ -145,7 +146,8 @@ static void test_flat_cut(void)
 
 	/* buffer elements [3, 15) are tensor elements [0, 12) */
 	ckfs_error_clear(&err);
-	CHECK(ckfs_flat_cut(segs, 4, 3, 12, 2, shape, 0, &out, &err) == CKFS_OK);
+	const struct ckfs_elem_range el = { .ndim = 2, .shape = shape, .first = 0, .count = 12 };
+	CHECK(ckfs_flat_cut(segs, 4, 3, &el, &out, &err) == CKFS_OK);
 	/* [0, 2) from source 0 at 112; [2, 9) from source 2 at 300: row 0's
 	 * tail, row 1, row 2's first element; [9, 12) from source 3 */
 	CHECK_EQ_INT(out.n, 5);
@@ -164,7 +166,8 @@ static void test_flat_cut(void)
 	/* past the buffer's end: refused, not read */
 	out = (struct ckfs_chunk_list){ 0 };
 	ckfs_error_clear(&err);
-	CHECK(ckfs_flat_cut(segs, 4, 10, 6, 2, shape, 0, &out, &err) == CKFS_E_FORMAT);
+	const struct ckfs_elem_range past = { .ndim = 2, .shape = shape, .first = 0, .count = 6 };
+	CHECK(ckfs_flat_cut(segs, 4, 10, &past, &out, &err) == CKFS_E_FORMAT);
 	free(out.v);
 }
 

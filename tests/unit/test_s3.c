@@ -1,0 +1,199 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The S3 client's offline parts: listings (a page SeaweedFS 4.48 sent, and
+ * broken ones, which are refused), s3:// URLs, and settings read from the
+ * environment and the AWS files as the AWS CLI reads them. The requests
+ * themselves run against a real SeaweedFS (tests/s3/test_s3_client.sh).
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ckfs/s3.h"
+#include "test.h"
+
+/* A page as SeaweedFS 4.48 answered `list-type=2&prefix=run/` (keys
+ * changed, layout kept), with a continuation token as AWS sends one. */
+static const char page[] =
+	"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+	"<ListBucketResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Name>bkt</Name>"
+	"<Prefix>run/</Prefix><MaxKeys>2</MaxKeys><IsTruncated>true</IsTruncated>"
+	"<Contents><Key>run/a&amp;b.pt</Key><ETag>&#34;fddebb76529e8fb481bb94059c171a70&#34;</ETag>"
+	"<Size>23</Size><StorageClass>STANDARD</StorageClass>"
+	"<LastModified>2026-12-01T18:27:54Z</LastModified></Contents>"
+	"<Contents><Key>run/caf&#xE9;.json</Key><ETag>&quot;x-2&quot;</ETag><Size>0</Size></Contents>"
+	"<CommonPrefixes><Prefix>run/global_step_1/</Prefix></CommonPrefixes>"
+	"<KeyCount>3</KeyCount><NextContinuationToken>1ueGcxLPRx1Tr/XYExHnhbYLgveDs2J/wm36Hy4vbOwM="
+	"</NextContinuationToken></ListBucketResult>";
+
+static void test_listing(void)
+{
+	struct ckfs_s3_listing l = { 0 };
+	struct ckfs_error err;
+	char *next = NULL;
+
+	ckfs_error_clear(&err);
+	CHECK_EQ_INT(ckfs_s3_parse_listing(page, sizeof(page) - 1, &l, &next, &err), CKFS_OK);
+	CHECK_EQ_INT((int)l.n_objects, 2);
+	CHECK_EQ_INT((int)l.n_prefixes, 1);
+	if (l.n_objects == 2 && l.n_prefixes == 1) {
+		CHECK_EQ_STR(l.objects[0].key, "run/a&b.pt");
+		CHECK_EQ_STR(l.objects[0].etag, "\"fddebb76529e8fb481bb94059c171a70\"");
+		CHECK(l.objects[0].size == 23);
+		CHECK_EQ_STR(l.objects[1].key, "run/caf\xc3\xa9.json");
+		CHECK_EQ_STR(l.prefixes[0], "run/global_step_1/");
+	}
+	CHECK_EQ_STR(next, "1ueGcxLPRx1Tr/XYExHnhbYLgveDs2J/wm36Hy4vbOwM=");
+	free(next);
+	ckfs_s3_listing_free(&l);
+}
+
+static void refused(const char *xml, const char *want)
+{
+	struct ckfs_s3_listing l = { 0 };
+	struct ckfs_error err;
+	char *next = NULL;
+
+	ckfs_error_clear(&err);
+	CHECK_EQ_INT(ckfs_s3_parse_listing(xml, strlen(xml), &l, &next, &err), CKFS_E_FORMAT);
+	CHECK_EQ_STR(err.msg, want);
+	CHECK(next == NULL);
+	ckfs_s3_listing_free(&l);
+}
+
+#define ROOT "<ListBucketResult>"
+#define END "</ListBucketResult>"
+
+static void test_broken_listings(void)
+{
+	refused("", "S3 listing: the document ends inside an element");
+	refused("<Error><Code>AccessDenied</Code></Error>", "S3 listing: not a ListBucketResult");
+	refused(ROOT "<Contents><Key>a", "S3 listing: the document ends inside an element");
+	refused(ROOT "<Contents><Key>a</Size></Contents>" END,
+		"S3 listing: an element closed that is not open");
+	refused(ROOT "<Contents><Size>1</Size></Contents>" END,
+		"S3 listing: an object without a key");
+	refused(ROOT "<Contents><Key>a</Key><Key>b</Key></Contents>" END,
+		"S3 listing: an object with two keys");
+	refused(ROOT "<Contents><Key>a</Key><Size>-1</Size></Contents>" END,
+		"S3 listing: a bad object size");
+	refused(ROOT "<Contents><Key>a&nbsp;</Key></Contents>" END, "S3 listing: an unknown entity");
+	refused(ROOT "<Contents><Key>a&#0;b</Key></Contents>" END,
+		"S3 listing: a bad character reference");
+	refused(ROOT "<Contents><Key><![CDATA[a]]></Key></Contents>" END,
+		"S3 listing: XML ckfs does not read (comments, CDATA, declarations)");
+	refused(ROOT "<IsTruncated>true</IsTruncated>" END,
+		"S3 listing: truncated without a continuation token");
+	refused(ROOT "<IsTruncated>false</IsTruncated><NextContinuationToken>t"
+		"</NextContinuationToken>" END,
+		"S3 listing: a continuation token on a complete listing");
+	refused(ROOT END ROOT END, "S3 listing: two root elements");
+	refused(ROOT "<a><b><c><d><e><f><g><h>" END, "S3 listing: elements nested too deep");
+}
+
+static void test_urls(void)
+{
+	char bucket[64];
+	const char *key;
+
+	CHECK_EQ_INT(ckfs_s3_parse_url("s3://my-bucket.x/run/step", bucket, sizeof(bucket), &key), 0);
+	CHECK_EQ_STR(bucket, "my-bucket.x");
+	CHECK_EQ_STR(key, "run/step");
+	CHECK_EQ_INT(ckfs_s3_parse_url("s3://bkt", bucket, sizeof(bucket), &key), 0);
+	CHECK_EQ_STR(key, "");
+	CHECK_EQ_INT(ckfs_s3_parse_url("s3://bkt//a", bucket, sizeof(bucket), &key), 0);
+	CHECK_EQ_STR(key, "a");
+	CHECK_EQ_INT(ckfs_s3_parse_url("s3://Bkt/a", bucket, sizeof(bucket), &key), -1);
+	CHECK_EQ_INT(ckfs_s3_parse_url("s3://ab/a", bucket, sizeof(bucket), &key), -1);
+	CHECK_EQ_INT(ckfs_s3_parse_url("s3://-bkt/a", bucket, sizeof(bucket), &key), -1);
+	CHECK_EQ_INT(ckfs_s3_parse_url("/local/path", bucket, sizeof(bucket), &key), -1);
+}
+
+static void clear_env(void)
+{
+	static const char *const vars[] = {
+		"AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION",
+		"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+		"AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE",
+	};
+	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
+		unsetenv(vars[i]);
+}
+
+static void test_config(void)
+{
+	char dir[] = "/tmp/ckfs-s3cfg.XXXXXX", creds[64], conf[64];
+	struct ckfs_s3_config c;
+	struct ckfs_error err;
+	FILE *f;
+
+	CHECK(mkdtemp(dir) != NULL);
+	snprintf(creds, sizeof(creds), "%s/credentials", dir);
+	snprintf(conf, sizeof(conf), "%s/config", dir);
+	f = fopen(creds, "w");
+	fputs("[default]\naws_access_key_id = DEF\naws_secret_access_key = defsecret\n"
+	      "[ci]\naws_access_key_id=CI\naws_secret_access_key=cisecret\n"
+	      "aws_session_token = tok\n", f);
+	fclose(f);
+	f = fopen(conf, "w");
+	fputs("[default]\nregion = eu-west-1\n[profile ci]\nregion=ap-south-1\n", f);
+	fclose(f);
+	clear_env();
+	setenv("HOME", dir, 1); /* no ~/.aws there: anonymous */
+	ckfs_error_clear(&err);
+	CHECK_EQ_INT(ckfs_s3_config_load(&c, NULL, CKFS_S3_AUTO, &err), CKFS_OK);
+	CHECK(c.anonymous);
+	CHECK_EQ_STR(c.region, "us-east-1");
+	CHECK_EQ_STR(c.endpoint, "https://s3.us-east-1.amazonaws.com");
+	CHECK_EQ_INT(c.addressing, CKFS_S3_VIRTUAL);
+
+	setenv("AWS_SHARED_CREDENTIALS_FILE", creds, 1);
+	setenv("AWS_CONFIG_FILE", conf, 1);
+	CHECK_EQ_INT(ckfs_s3_config_load(&c, NULL, CKFS_S3_AUTO, &err), CKFS_OK);
+	CHECK(!c.anonymous);
+	CHECK_EQ_STR(c.access_key, "DEF");
+	CHECK_EQ_STR(c.region, "eu-west-1");
+	setenv("AWS_PROFILE", "ci", 1);
+	setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000/", 1);
+	CHECK_EQ_INT(ckfs_s3_config_load(&c, NULL, CKFS_S3_AUTO, &err), CKFS_OK);
+	CHECK_EQ_STR(c.access_key, "CI");
+	CHECK_EQ_STR(c.session_token, "tok");
+	CHECK_EQ_STR(c.region, "ap-south-1");
+	CHECK_EQ_STR(c.endpoint, "http://127.0.0.1:9000");
+	CHECK_EQ_INT(c.addressing, CKFS_S3_PATH);
+	/* the environment's keys win over the profile; --s3-endpoint over both */
+	setenv("AWS_ACCESS_KEY_ID", "ENV", 1);
+	setenv("AWS_SECRET_ACCESS_KEY", "envsecret", 1);
+	setenv("AWS_REGION", "us-west-2", 1);
+	CHECK_EQ_INT(ckfs_s3_config_load(&c, "https://minio.example", CKFS_S3_VIRTUAL, &err),
+		     CKFS_OK);
+	CHECK_EQ_STR(c.access_key, "ENV");
+	CHECK_EQ_STR(c.session_token, "");
+	CHECK_EQ_STR(c.region, "us-west-2");
+	CHECK_EQ_STR(c.endpoint, "https://minio.example");
+	CHECK_EQ_INT(c.addressing, CKFS_S3_VIRTUAL);
+	/* half a key pair, a profile that is not there, a bad endpoint */
+	unsetenv("AWS_SECRET_ACCESS_KEY");
+	CHECK_EQ_INT(ckfs_s3_config_load(&c, NULL, CKFS_S3_AUTO, &err), CKFS_E_INVALID);
+	unsetenv("AWS_ACCESS_KEY_ID");
+	setenv("AWS_PROFILE", "nope", 1);
+	ckfs_error_clear(&err);
+	CHECK_EQ_INT(ckfs_s3_config_load(&c, NULL, CKFS_S3_AUTO, &err), CKFS_E_NOTFOUND);
+	unsetenv("AWS_PROFILE");
+	ckfs_error_clear(&err);
+	CHECK_EQ_INT(ckfs_s3_config_load(&c, "ftp://x", CKFS_S3_AUTO, &err), CKFS_E_INVALID);
+	CHECK_EQ_STR(err.msg, "S3 endpoint 'ftp://x': not an http:// or https:// URL");
+	unlink(creds);
+	unlink(conf);
+	rmdir(dir);
+	clear_env();
+}
+
+int main(void)
+{
+	RUN(test_listing);
+	RUN(test_broken_listings);
+	RUN(test_urls);
+	RUN(test_config);
+	return test_summary();
+}
