@@ -14,6 +14,9 @@
 #      package built by pip into a fresh venv and used through its API
 #   5. the Debian package installed, used and purged in a clean Debian 12
 #      root (ctest label `package`)
+#   6. the client tier: vLLM (CPU build), the Run:ai Model Streamer and
+#      fastsafetensors, each in its own venv, load checkpoints through mounts
+#      and must get what they get from the reference tools' folders
 # Any failure stops the run with a non-zero exit.
 set -euo pipefail
 source "$(dirname "$0")/lib/deps.sh"
@@ -113,3 +116,9 @@ tier "tier 5: the Debian package in a clean Debian 12 root"
 # here instead of counting as a skipped test. debootstrap's root is cached
 # as a tarball under ~/.cache/ckfs, so only the first run downloads it.
 bash tests/package/test_deb.sh build
+
+tier "tier 6: clients (vLLM CPU, Run:ai Model Streamer, fastsafetensors) on mounts"
+# Each client in its own venv under ~/.cache/ckfs (tests/clients/setup-client-venvs.sh, about
+# 6.5 GB the first time, shared through uv's hard links); the main venv of tier 4 writes and
+# merges the bigger checkpoint the streaming clients read. A client that cannot run fails here.
+CKFS_BIN="$CKFS_ROOT/build/ckfs" CKFS_VENV="$VENV" python3 tests/clients/run_clients.py

@@ -269,6 +269,7 @@ static void ckfs_ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 	h->served = at.served; /* the reference travels with the handle */
 	h->node = (size_t)(at.node - at.served->f->nodes);
 	h->file_id = at.served->file_base + h->node;
+	h->direct = (fi->flags & O_DIRECT) != 0;
 	pthread_mutex_init(&h->lock, NULL);
 	fi->fh = (uint64_t)(uintptr_t)h;
 	fi->keep_cache = 1; /* content is immutable: keep the page cache */

@@ -17,6 +17,16 @@
  * reader are queued with ckfs_cache_prefetch. Any other read closes the
  * window. Slices already queued for the handle are not queued again, nor
  * slices already replied to the kernel in full (served->replied).
+ *
+ * O_DIRECT. A handle opened with O_DIRECT gets replies the kernel does not
+ * keep, and its reader may ask for the same bytes again (fastsafetensors
+ * rounds each thread's range out to the direct-I/O block, so neighbouring
+ * ranges overlap). Its replies are therefore neither counted as served to
+ * the cache (a slice would look done, handed to the page cache in full,
+ * after part of it was read twice: its buffer would go to the next fill and
+ * the rest of it would read the sources again) nor as replied (read-ahead
+ * would skip slices the page cache does not hold). Its slices stay ordinary
+ * LRU slices under the budget.
  */
 #define FUSE_USE_VERSION 312
 
@@ -134,6 +144,7 @@ static enum ckfs_code reply_weights(fuse_req_t req, struct ckfs_fs *fs, struct c
 	_Atomic uint32_t *replied = s->replied[h->node];
 	const uint64_t S = fs->slice_size, end = off + len, size = s->f->nodes[h->node].size;
 	uint64_t first = off / S, count = (end - 1) / S - first + 1, got = 0;
+	const bool direct = h->direct; /* h may be gone once replied */
 
 	read_ahead(fs, h, replied, size, off, end);
 	if (count > STACK_SLICES) {
@@ -159,12 +170,13 @@ static enum ckfs_code reply_weights(fuse_req_t req, struct ckfs_fs *fs, struct c
 	/* Counted first: once replied, the handle may be released (and h
 	 * freed) by another thread at any moment. */
 	ckfs_fs_count(fs, s, CKFS_IO_BYTES_READ, len);
-	note_replied(fs, replied, size, off, end);
+	if (!direct)
+		note_replied(fs, replied, size, off, end);
 	fuse_reply_iov(req, iov, (int)count);
 out:
 	for (uint64_t i = 0; i < got; i++)
 		ckfs_cache_put_served(fs->cache, sl[i],
-				      err->code == CKFS_OK ? iov[i].iov_len : 0);
+				      err->code == CKFS_OK && !direct ? iov[i].iov_len : 0);
 	if (sl != stack_sl)
 		free(sl);
 	if (iov != stack_iov)

@@ -152,6 +152,8 @@ struct ckfs_handle {
 	struct ckfs_served *served; /* a reference, dropped at release */
 	size_t node;
 	uint64_t file_id;           /* in the slice cache */
+	bool direct;                /* opened O_DIRECT: replies bypass the
+				     * kernel's page cache (read_reply.c) */
 	pthread_mutex_t lock;       /* protects the fields below */
 	uint64_t prev_end;          /* end of the latest sequential read */
 	uint64_t slice;             /* slice holding the latest read's end */

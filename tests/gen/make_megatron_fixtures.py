@@ -113,6 +113,10 @@ COMMON = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=4, num_att
               num_key_value_heads=2, head_dim=16, vocab_size=98,  # megatron-core asserts vocab % tp == 0 (VocabParallelEmbedding)
               max_position_embeddings=64,
               rms_norm_eps=1e-6, rope_theta=10000.0)
+# tests/gen/make_client_fixtures.py writes its cases with another shape; ranks are spawned
+# processes that import this module anew, so that shape comes through the environment.
+if os.environ.get("CKFS_MEGATRON_COMMON"):
+    COMMON = json.loads(os.environ["CKFS_MEGATRON_COMMON"])
 
 # name, architecture, tp, pp, vpp, first/last stage layers (None = even), tied
 CASES = [
