@@ -16,6 +16,7 @@ header_module() {
 	model) echo model ;;
 	layouts | run) echo layouts ;;
 	folder | weights | perm) echo folder ;;
+	history) echo history ;;
 	cache) echo cache ;;
 	*) echo "?$1" ;;
 	esac
@@ -28,9 +29,10 @@ allowed() {
 	model) echo "util model" ;;
 	layouts) echo "util fmt model layouts" ;;
 	folder) echo "util model folder" ;;
+	history) echo "util model history" ;;
 	cache) echo "util cache" ;;
 	fuse) echo "util model layouts folder cache fuse" ;;
-	cli) echo "util fmt model layouts folder cache fuse cli" ;;
+	cli) echo "util fmt model layouts folder history cache fuse cli" ;;
 	esac
 }
 # Third-party headers and the modules they may appear in.
