@@ -13,8 +13,8 @@
  * tensor names borrow from its models, so each pair is printed before
  * they close; the picture needs only its layer and kind groups.
  */
-#include <cjson/cJSON.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -26,6 +26,7 @@
 #include "ckfs/history.h"
 #include "ckfs/layouts.h"
 #include "ckfs/run.h"
+#include "ckfs/strbuf.h"
 #include "ckfs/units.h"
 #include "cli/cli.h"
 #include "cli/options.h"
@@ -174,107 +175,145 @@ static void print_pair(const char *a, const char *b, const struct ckfs_diff *d, 
 	printf("read %s in %.2f s\n", bytes, secs);
 }
 
-/* ---- JSON ---- */
+/* ---- JSON ----
+ * Written into a strbuf, whose one failure flag says whether anything was
+ * lost to an allocation: a JSON document missing a field is worse than
+ * none. Reals with 17 digits (exact), null when not finite. */
 
-static void add_shape(cJSON *o, const char *key, const struct ckfs_tensor *t)
+static void json_key(struct ckfs_strbuf *b, const char *key)
 {
-	cJSON *arr = cJSON_AddArrayToObject(o, key);
-	for (int i = 0; arr && i < t->ndim; i++)
-		cJSON_AddItemToArray(arr, cJSON_CreateNumber((double)t->shape[i]));
+	ckfs_strbuf_json(b, key);
+	ckfs_strbuf_str(b, ": ");
 }
 
-/* v with every bit (cJSON prints 15 digits when they read back within an
- * epsilon); null when not finite, as JSON has no NaN or infinity. */
-static void add_real(cJSON *o, const char *key, double v)
+static void json_str(struct ckfs_strbuf *b, const char *key, const char *v)
 {
-	char text[32];
+	json_key(b, key);
+	ckfs_strbuf_json(b, v);
+	ckfs_strbuf_str(b, ", ");
+}
 
-	if (!isfinite(v))
-		snprintf(text, sizeof(text), "null");
+static void json_uint(struct ckfs_strbuf *b, const char *key, uint64_t v)
+{
+	json_key(b, key);
+	ckfs_strbuf_fmt(b, "%" PRIu64 ", ", v);
+}
+
+static void json_real(struct ckfs_strbuf *b, const char *key, double v)
+{
+	json_key(b, key);
+	if (isfinite(v))
+		ckfs_strbuf_fmt(b, "%.17g, ", v);
 	else
-		snprintf(text, sizeof(text), "%.17g", v);
-	cJSON_AddRawToObject(o, key, text);
+		ckfs_strbuf_str(b, "null, ");
 }
 
-static void add_sums(cJSON *o, const struct ckfs_diff_sums *s)
+static void json_shape(struct ckfs_strbuf *b, const char *key, const struct ckfs_tensor *t)
 {
-	cJSON_AddNumberToObject(o, "numel", (double)s->numel);
-	cJSON_AddNumberToObject(o, "changed_elements", (double)s->changed);
-	add_real(o, "max_abs_diff", s->max_abs);
-	add_real(o, "rel_l2", ckfs_diff_rel_l2(s));
-	add_real(o, "cosine", ckfs_diff_cosine(s));
-	add_real(o, "norm_a", sqrt(s->a2));
-	add_real(o, "norm_b", sqrt(s->b2));
-	add_real(o, "norm_diff", sqrt(s->d2));
+	json_key(b, key);
+	ckfs_strbuf_str(b, "[");
+	for (int i = 0; i < t->ndim; i++)
+		ckfs_strbuf_fmt(b, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+	ckfs_strbuf_str(b, "], ");
 }
 
-static cJSON *group_json(const struct ckfs_diff_group *g)
+static void json_sums(struct ckfs_strbuf *b, const struct ckfs_diff_sums *s)
 {
-	cJSON *o = cJSON_CreateObject();
-
-	cJSON_AddStringToObject(o, "name", g->name);
-	cJSON_AddNumberToObject(o, "tensors", (double)g->tensors);
-	cJSON_AddNumberToObject(o, "identical", (double)g->identical);
-	cJSON_AddNumberToObject(o, "changed", (double)g->changed);
-	cJSON_AddNumberToObject(o, "other", (double)g->other);
-	add_sums(o, &g->sums);
-	return o;
+	json_uint(b, "numel", s->numel);
+	json_uint(b, "changed_elements", s->changed);
+	json_real(b, "max_abs_diff", s->max_abs);
+	json_real(b, "rel_l2", ckfs_diff_rel_l2(s));
+	json_real(b, "cosine", ckfs_diff_cosine(s));
+	json_real(b, "norm_a", sqrt(s->a2));
+	json_real(b, "norm_b", sqrt(s->b2));
+	json_real(b, "norm_diff", sqrt(s->d2));
 }
 
-static cJSON *pair_json(const char *a, const char *b, const struct ckfs_diff *d, double secs)
+/* "..., " closed as "...}" */
+static void json_close(struct ckfs_strbuf *b, const char *close)
 {
-	cJSON *o = cJSON_CreateObject(), *arr;
+	if (b->len >= 2 && !b->failed && strcmp(b->p + b->len - 2, ", ") == 0)
+		b->len -= 2;
+	ckfs_strbuf_str(b, close);
+}
 
-	cJSON_AddStringToObject(o, "a", a);
-	cJSON_AddStringToObject(o, "b", b);
-	arr = cJSON_AddArrayToObject(o, "tensors");
+static void json_group(struct ckfs_strbuf *b, const struct ckfs_diff_group *g)
+{
+	ckfs_strbuf_str(b, "{");
+	json_str(b, "name", g->name);
+	json_uint(b, "tensors", g->tensors);
+	json_uint(b, "identical", g->identical);
+	json_uint(b, "changed", g->changed);
+	json_uint(b, "other", g->other);
+	json_sums(b, &g->sums);
+	json_close(b, "}");
+}
+
+/* The fields of one pair, inside an object the caller opened. */
+static void json_pair(struct ckfs_strbuf *b, const char *pa, const char *pb,
+		      const struct ckfs_diff *d, double secs)
+{
+	json_str(b, "a", pa);
+	json_str(b, "b", pb);
+	json_key(b, "tensors");
+	ckfs_strbuf_str(b, "[\n");
 	for (size_t i = 0; i < d->n_tensors; i++) {
 		const struct ckfs_diff_tensor *t = &d->tensors[i];
-		cJSON *e = cJSON_CreateObject();
-		cJSON_AddStringToObject(e, "name", t->name);
-		cJSON_AddStringToObject(e, "status", ckfs_diff_status_name(t->status));
-		cJSON_AddStringToObject(e, "layer", d->layers[t->layer].name);
-		cJSON_AddStringToObject(e, "kind", ckfs_diff_kind_name(t->kind));
+		ckfs_strbuf_str(b, i ? ",\n  {" : "  {");
+		json_str(b, "name", t->name);
+		json_str(b, "status", ckfs_diff_status_name(t->status));
+		json_str(b, "layer", d->layers[t->layer].name);
+		json_str(b, "kind", ckfs_diff_kind_name(t->kind));
 		if (t->a) {
-			add_shape(e, "shape_a", t->a);
-			cJSON_AddStringToObject(e, "dtype_a", ckfs_dtype_st_name(t->a->out_dtype));
+			json_shape(b, "shape_a", t->a);
+			json_str(b, "dtype_a", ckfs_dtype_st_name(t->a->out_dtype));
 		}
 		if (t->b) {
-			add_shape(e, "shape_b", t->b);
-			cJSON_AddStringToObject(e, "dtype_b", ckfs_dtype_st_name(t->b->out_dtype));
+			json_shape(b, "shape_b", t->b);
+			json_str(b, "dtype_b", ckfs_dtype_st_name(t->b->out_dtype));
 		}
 		if (t->status <= CKFS_DIFF_CHANGED)
-			add_sums(e, &t->sums);
-		cJSON_AddItemToArray(arr, e);
+			json_sums(b, &t->sums);
+		json_close(b, "}");
 	}
-	arr = cJSON_AddArrayToObject(o, "layers");
-	for (size_t l = 0; l < d->n_layers; l++)
-		cJSON_AddItemToArray(arr, group_json(&d->layers[l]));
-	arr = cJSON_AddArrayToObject(o, "kinds");
-	for (int k = 0; k < CKFS_KIND_COUNT; k++)
-		if (d->kinds[k].tensors)
-			cJSON_AddItemToArray(arr, group_json(&d->kinds[k]));
-	cJSON_AddItemToObject(o, "total", group_json(&d->total));
-	cJSON_AddNumberToObject(o, "bytes_read", (double)d->bytes_read);
-	cJSON_AddNumberToObject(o, "seconds", secs);
-	return o;
+	ckfs_strbuf_str(b, "],\n");
+	json_key(b, "layers");
+	ckfs_strbuf_str(b, "[\n");
+	for (size_t l = 0; l < d->n_layers; l++) {
+		ckfs_strbuf_str(b, l ? ",\n  " : "  ");
+		json_group(b, &d->layers[l]);
+	}
+	ckfs_strbuf_str(b, "],\n");
+	json_key(b, "kinds");
+	ckfs_strbuf_str(b, "[\n");
+	for (int k = 0, n = 0; k < CKFS_KIND_COUNT; k++)
+		if (d->kinds[k].tensors) {
+			ckfs_strbuf_str(b, n++ ? ",\n  " : "  ");
+			json_group(b, &d->kinds[k]);
+		}
+	ckfs_strbuf_str(b, "],\n");
+	json_key(b, "total");
+	json_group(b, &d->total);
+	ckfs_strbuf_str(b, ",\n");
+	json_uint(b, "bytes_read", d->bytes_read);
+	json_real(b, "seconds", secs);
 }
 
-static int print_json(cJSON *root)
+/* Print b, or say it was lost to an allocation. */
+static int print_json(struct ckfs_strbuf *b)
 {
-	char *text = root ? cJSON_Print(root) : NULL;
+	struct ckfs_error err;
 	int rc = 0;
 
-	if (text) {
-		puts(text);
-	} else {
-		struct ckfs_error err;
+	if (b->failed || !b->p) {
 		ckfs_error_clear(&err);
 		ckfs_nomem(&err);
 		rc = ckfs_cli_report(&err);
+	} else {
+		fwrite(b->p, 1, b->len, stdout);
 	}
-	free(text);
-	cJSON_Delete(root);
+	free(b->p);
+	*b = (struct ckfs_strbuf){ 0 };
 	return rc;
 }
 
@@ -319,6 +358,7 @@ static int diff_two(const struct diff_args *a, const char *pa, const char *pb)
 	struct ckfs_diff *d = NULL;
 	struct ckfs_error err;
 	struct timespec t0;
+	int status = 0;
 
 	ckfs_error_clear(&err);
 	for (int i = 0; i < 2; i++) {
@@ -335,10 +375,15 @@ static int diff_two(const struct diff_args *a, const char *pa, const char *pb)
 	    ckfs_model_open(pb, &a->c.model, &mb, &err) == CKFS_OK &&
 	    ckfs_diff_models(ma, mb, a->threads, &d, &err) == CKFS_OK) {
 		double secs = seconds_since(&t0);
-		if (a->c.json)
-			print_json(pair_json(pa, pb, d, secs));
-		else
+		if (a->c.json) {
+			struct ckfs_strbuf b = { 0 };
+			ckfs_strbuf_str(&b, "{");
+			json_pair(&b, pa, pb, d, secs);
+			json_close(&b, "}\n");
+			status = print_json(&b);
+		} else {
 			print_pair(pa, pb, d, secs);
+		}
 		if (a->svg) {
 			const char *label = "A→B";
 			const struct ckfs_diff *col = d;
@@ -350,7 +395,7 @@ static int diff_two(const struct diff_args *a, const char *pa, const char *pb)
 	ckfs_diff_free(d);
 	ckfs_model_free(mb);
 	ckfs_model_free(ma);
-	return err.code == CKFS_OK ? 0 : ckfs_cli_report(&err);
+	return err.code == CKFS_OK ? status : ckfs_cli_report(&err);
 }
 
 /* ---- a run ---- */
@@ -366,26 +411,24 @@ struct run_walk {
 	const char *src;
 	const struct ckfs_run_step **steps; /* shown, by number */
 	size_t n_steps;
-	cJSON *roles_json;
+	struct ckfs_strbuf *json;       /* --json: the document so far */
 	struct role_history *roles;
 	size_t n_roles;
 };
 
-/* Whether step_dir holds a folder named role. */
-static bool has_role(const char *step_dir, const char *role)
+/* Whether step_dir holds a folder named role (*found). */
+static enum ckfs_code has_role(const char *step_dir, const char *role, bool *found,
+			       struct ckfs_error *err)
 {
 	char **names = NULL;
 	size_t n = 0;
-	struct ckfs_error err;
-	bool found = false;
 
-	ckfs_error_clear(&err);
-	if (ckfs_run_roles(step_dir, &names, &n, &err) != CKFS_OK)
-		return false;
+	*found = false;
+	CKFS_TRY(ckfs_run_roles(step_dir, &names, &n, err));
 	for (size_t i = 0; i < n; i++)
-		found |= strcmp(names[i], role) == 0;
+		*found |= strcmp(names[i], role) == 0;
 	ckfs_run_roles_free(names, n);
-	return found;
+	return CKFS_OK;
 }
 
 /* The roles of the shown steps, in order of first appearance. */
@@ -423,10 +466,12 @@ static enum ckfs_code open_role(const struct run_walk *w, size_t s, const char *
 				struct ckfs_model **m, struct ckfs_error *err)
 {
 	char dir[4200];
+	bool found;
 
 	*m = NULL;
 	snprintf(dir, sizeof(dir), "%s/%s", w->src, w->steps[s]->name);
-	if (!has_role(dir, role))
+	CKFS_TRY(has_role(dir, role, &found, err));
+	if (!found)
 		return CKFS_OK;
 	snprintf(dir, sizeof(dir), "%s/%s/%s", w->src, w->steps[s]->name, role);
 	return ckfs_run_open_role(w->src, dir, &w->a->c.model, m, err);
@@ -438,17 +483,17 @@ static enum ckfs_code walk_role(struct run_walk *w, struct role_history *r, stru
 	size_t pairs = w->n_steps - 1;
 	struct ckfs_model *prev = NULL, *next = NULL;
 	enum ckfs_code rc;
-	cJSON *role_json = NULL, *pairs_json = NULL;
+
 
 	r->diffs = calloc(pairs + 1, sizeof(*r->diffs));
 	r->labels = calloc(pairs + 1, sizeof(*r->labels));
 	if (!r->diffs || !r->labels)
 		return ckfs_nomem(err);
-	if (w->roles_json) {
-		role_json = cJSON_CreateObject();
-		cJSON_AddItemToArray(w->roles_json, role_json);
-		cJSON_AddStringToObject(role_json, "role", r->role);
-		pairs_json = cJSON_AddArrayToObject(role_json, "pairs");
+	if (w->json) {
+		ckfs_strbuf_str(w->json, r == w->roles ? "\n{" : ",\n{");
+		json_str(w->json, "role", r->role);
+		json_key(w->json, "pairs");
+		ckfs_strbuf_str(w->json, "[");
 	} else {
 		printf("%s\n", ckfs_cli_shown(r->role));
 	}
@@ -471,13 +516,15 @@ static enum ckfs_code walk_role(struct run_walk *w, struct role_history *r, stru
 			break;
 		const struct ckfs_diff *d = r->diffs[p];
 		double secs = seconds_since(&t0);
-		if (pairs_json) {
-			cJSON *o = d ? pair_json(sa->name, sb->name, d, secs) : cJSON_CreateObject();
-			cJSON_AddNumberToObject(o, "a_step", (double)sa->step);
-			cJSON_AddNumberToObject(o, "b_step", (double)sb->step);
-			if (!d)
-				cJSON_AddStringToObject(o, "absent", prev ? "b" : "a");
-			cJSON_AddItemToArray(pairs_json, o);
+		if (w->json) {
+			ckfs_strbuf_str(w->json, p ? ",\n{" : "\n{");
+			json_uint(w->json, "a_step", sa->step);
+			json_uint(w->json, "b_step", sb->step);
+			if (d)
+				json_pair(w->json, sa->name, sb->name, d, secs);
+			else
+				json_str(w->json, "absent", prev ? "b" : "a");
+			json_close(w->json, "}");
 		} else if (d) {
 			printf("  %s -> %s: %zu of %zu tensors changed, %zu identical, %zu other; "
 			       "||B-A||/||A|| %.4g, max|B-A| %.4g\n", sa->name, sb->name,
@@ -493,6 +540,8 @@ static enum ckfs_code walk_role(struct run_walk *w, struct role_history *r, stru
 	}
 	ckfs_model_free(prev);
 	ckfs_model_free(next);
+	if (w->json)
+		ckfs_strbuf_str(w->json, "]}");
 	return rc;
 }
 
@@ -535,7 +584,7 @@ static int diff_run(const struct diff_args *a, const char *src)
 	struct ckfs_run_scan scan;
 	struct ckfs_error err;
 	struct timespec now;
-	cJSON *root = NULL;
+	struct ckfs_strbuf json = { 0 };
 	enum ckfs_code rc;
 
 	ckfs_error_clear(&err);
@@ -555,9 +604,11 @@ static int diff_run(const struct diff_args *a, const char *src)
 	if (rc == CKFS_OK)
 		rc = collect_roles(&w, &err);
 	if (rc == CKFS_OK && a->c.json) {
-		root = cJSON_CreateObject();
-		cJSON_AddStringToObject(root, "run", src);
-		w.roles_json = cJSON_AddArrayToObject(root, "roles");
+		w.json = &json;
+		ckfs_strbuf_str(&json, "{");
+		json_str(&json, "run", src);
+		json_key(&json, "roles");
+		ckfs_strbuf_str(&json, "[");
 	}
 	if (rc == CKFS_OK && !a->c.json)
 		printf("run  %s, %zu steps\n\n", ckfs_cli_shown(src), w.n_steps);
@@ -579,10 +630,11 @@ static int diff_run(const struct diff_args *a, const char *src)
 		free(h);
 	}
 	int status = rc == CKFS_OK ? 0 : ckfs_cli_report(&err);
-	if (root && rc == CKFS_OK)
-		status = print_json(root);
-	else
-		cJSON_Delete(root);
+	if (w.json && rc == CKFS_OK) {
+		ckfs_strbuf_str(&json, "]}\n");
+		status = print_json(&json);
+	}
+	free(json.p);
 	for (size_t r = 0; r < w.n_roles; r++) {
 		for (size_t p = 0; w.roles[r].diffs && p + 1 < w.n_steps; p++) {
 			ckfs_diff_free(w.roles[r].diffs[p]);
@@ -612,8 +664,19 @@ int ckfs_cmd_diff(int argc, char **argv)
 	}
 	if (argc - first == 2)
 		return diff_two(&a, argv[first], argv[first + 1]);
-	if (ckfs_run_kind(argv[first]) != CKFS_RUN_RUN)
-		return ckfs_cli_usage_error("diff", "expected A and B, or a training run alone "
-					    "('%s' is no run)", argv[first]);
+	if (ckfs_run_kind(argv[first]) != CKFS_RUN_RUN) {
+		/* no run by its names, or its folder could not be listed: the
+		 * scan tells which */
+		struct ckfs_run_scan scan;
+		struct ckfs_error err;
+		ckfs_error_clear(&err);
+		if (ckfs_run_scan(argv[first], NULL, &scan, &err) != CKFS_OK)
+			return ckfs_cli_report(&err);
+		bool run = scan.has_tracker || scan.n_steps || scan.n_ignored;
+		ckfs_run_scan_release(&scan);
+		if (!run)
+			return ckfs_cli_usage_error("diff", "expected A and B, or a training run "
+						    "alone ('%s' is no run)", argv[first]);
+	}
 	return diff_run(&a, argv[first]);
 }
