@@ -60,11 +60,28 @@
  * source a second time for bytes nobody asks for. A request is queued
  * under the shard lock too, so none slips in between.
  *
+ * Sharing (opt->share). A fill's bytes are hashed (XXH3-128, no lock held)
+ * and looked up in a table of the buffers held (share_lock); a buffer of
+ * the same hash and length is pinned, compared byte for byte without the
+ * lock, and, when equal and still in the table, taken: the new slice
+ * points at it (refs + 1) and its own buffer is freed. Otherwise the new
+ * buffer joins the table. A buffer leaves the table, and is freed, when
+ * its last slice goes (and no fill is comparing with it). Buffers are
+ * never recycled with sharing on: a fill does not know, before it has
+ * run, which held slice it will equal, and would otherwise evict or
+ * overwrite exactly that one; it allocates, and room is made after it
+ * publishes (glibc hands freed slices' memory back to the next
+ * allocation, ckfs setting its thresholds in main). share_lock is a leaf,
+ * held only for pointer and counter updates.
+ *
  * Accounting. bytes counts VALID and FILLING slices (charged when the
  * slice is inserted, before its buffer exists, so that eviction runs
  * before allocation) and is atomic because the budget check reads it
  * without locks. Eviction brings it back under the budget whenever enough
- * unpinned slices exist; otherwise the next unpin does. Buffers come from
+ * unpinned slices exist; otherwise the next unpin does. With sharing,
+ * bytes counts buffers: a slice that takes a held buffer gives its own
+ * charge back at once, and a shared buffer's charge goes when the buffer
+ * does (not when one of its slices leaves the table). Buffers come from
  * posix_memalign (4 KiB alignment from 4 KiB up), or are recycled from a
  * done slice at the LRU tail (same length), which spares the page faults
  * and zeroing of fresh memory; the budget counts slice bytes, not
@@ -92,6 +109,19 @@
 
 _Static_assert(CACHE_SHARDS == 1 << CACHE_SHARD_BITS, "shard bits");
 
+/* A buffer held once for every slice of equal bytes (opt->share). */
+struct shared_buf {
+	/* Immutable while the buffer is in use. */
+	XXH128_hash_t hash;
+	size_t len;
+	unsigned char *data;
+	/* Protected by c->share_lock. */
+	unsigned refs;                  /* slices pointing at data */
+	unsigned pins;                  /* fills comparing their bytes with it */
+	bool linked;                    /* in the table: fills may find it */
+	struct shared_buf *next;        /* its bucket's chain */
+};
+
 enum slice_state {
 	SLICE_FILLING, /* in the table, buffer owned by the filler */
 	SLICE_VALID,   /* in the table, bytes immutable */
@@ -106,6 +136,7 @@ struct ckfs_slice {
 	/* Set by the filler under shard->lock as the slice turns VALID, then
 	 * immutable; readers reach it through a pin taken under that lock. */
 	unsigned char *data;
+	struct shared_buf *buf;         /* data's holder when shared, or NULL */
 	/* Protected by shard->lock. */
 	struct ckfs_slice *hnext;       /* bucket chain while in the table */
 	enum slice_state state;
@@ -162,8 +193,18 @@ struct ckfs_cache {
 	int nthreads;                   /* started read-ahead workers (reset
 					 * to 0 once ckfs_cache_free joins) */
 	struct prefetch_worker *workers;
+	bool share;
 
 	_Atomic uint64_t bytes;         /* VALID + FILLING slice bytes */
+
+	/* The buffers held, by content (share). */
+	pthread_mutex_t share_lock;     /* a leaf: nothing taken under it */
+	struct shared_buf **share_buckets; /* share_nbuckets chains, immutable
+					    * pointer */
+	size_t share_nbuckets;
+	/* Protected by share_lock. */
+	uint64_t shared_fills, shared_bytes, bytes_saved;
+	_Atomic uint64_t bytes_hashed;
 
 	/* The LRU list of unpinned VALID slices; head is most recent. */
 	pthread_mutex_t lru_lock;       /* after any shard lock */
@@ -257,7 +298,8 @@ static struct ckfs_slice *insert_filling(struct ckfs_cache *c,
 	return s;
 }
 
-/* Under sh->lock: take s out of its bucket and uncharge it. */
+/* Under sh->lock: take s out of its bucket and uncharge it (a shared
+ * buffer's charge goes with the buffer: share_drop). */
 static void remove_from_table(struct ckfs_cache *c, struct cache_shard *sh,
 			      struct ckfs_slice *s)
 {
@@ -268,12 +310,132 @@ static void remove_from_table(struct ckfs_cache *c, struct cache_shard *sh,
 	*p = s->hnext;
 	s->hnext = NULL;
 	sh->slices--;
-	atomic_fetch_sub(&c->bytes, (uint64_t)s->len);
+	if (!s->buf)
+		atomic_fetch_sub(&c->bytes, (uint64_t)s->len);
 }
 
-static void slice_free(struct ckfs_slice *s)
+/* ---- equal slices held once (opt->share) ---- */
+
+static struct shared_buf **share_bucket(struct ckfs_cache *c, XXH128_hash_t h)
 {
-	free(s->data);
+	return &c->share_buckets[h.low64 & (c->share_nbuckets - 1)];
+}
+
+/* Under share_lock. */
+static void share_unlink(struct ckfs_cache *c, struct shared_buf *b)
+{
+	struct shared_buf **p = share_bucket(c, b->hash);
+
+	while (*p != b)
+		p = &(*p)->next;
+	*p = b->next;
+	b->next = NULL;
+	b->linked = false;
+}
+
+/* Under share_lock: whether b is held by nothing any more (out of the
+ * table then); the caller frees it, and its charge, after the lock. */
+static bool share_unused(struct ckfs_cache *c, struct shared_buf *b)
+{
+	if (b->refs || b->pins)
+		return false;
+	if (b->linked)
+		share_unlink(c, b);
+	return true;
+}
+
+static void share_free(struct ckfs_cache *c, struct shared_buf *b)
+{
+	atomic_fetch_sub(&c->bytes, (uint64_t)b->len);
+	free(b->data);
+	free(b);
+}
+
+/* A slice holding b goes. Called with no lock held. */
+static void share_drop(struct ckfs_cache *c, struct shared_buf *b)
+{
+	bool unused;
+
+	pthread_mutex_lock(&c->share_lock);
+	if (b->refs-- > 1)
+		c->bytes_saved -= b->len;
+	unused = share_unused(c, b);
+	pthread_mutex_unlock(&c->share_lock);
+	if (unused)
+		share_free(c, b);
+}
+
+/*
+ * s was just filled into data (len bytes, charged to s): hold the bytes
+ * once. Either a held buffer has them (s points at it, data is freed, s's
+ * charge given back) or data becomes a held buffer. Returns what s now
+ * points at. Out of memory for the table entry: data stays s's own,
+ * unshared. Called with no lock held.
+ */
+static unsigned char *share_publish(struct ckfs_cache *c, struct ckfs_slice *s,
+				    unsigned char *data)
+{
+	XXH128_hash_t h = XXH3_128bits(data, s->len);
+	struct shared_buf *mine = calloc(1, sizeof(*mine)), *b, *last = NULL;
+	bool equal = false;
+
+	atomic_fetch_add(&c->bytes_hashed, (uint64_t)s->len);
+	pthread_mutex_lock(&c->share_lock);
+	for (b = *share_bucket(c, h); b && !equal; b = b->next) {
+		if (!XXH128_isEqual(b->hash, h) || b->len != s->len)
+			continue;
+		/* Compared without the lock: pinned, b stays alive and its
+		 * bytes (never recycled while pinned) stay the same. */
+		b->pins++;
+		pthread_mutex_unlock(&c->share_lock);
+		equal = memcmp(b->data, data, s->len) == 0;
+		pthread_mutex_lock(&c->share_lock);
+		b->pins--;
+		if (equal && b->linked) {
+			/* its last slice may have gone while it was pinned */
+			if (b->refs++ > 0)
+				c->bytes_saved += b->len;
+			c->shared_fills++;
+			c->shared_bytes += b->len;
+			s->buf = b;
+			break;
+		}
+		equal = false;
+		if (share_unused(c, b)) {
+			last = b; /* its last holder left while we compared */
+			break;
+		}
+		if (!b->linked)
+			break; /* the chain we walked may have changed */
+	}
+	if (!s->buf && mine) {
+		mine->hash = h;
+		mine->len = s->len;
+		mine->data = data;
+		mine->refs = 1;
+		mine->linked = true;
+		mine->next = *share_bucket(c, h);
+		*share_bucket(c, h) = mine;
+		s->buf = mine;
+		mine = NULL;
+	}
+	pthread_mutex_unlock(&c->share_lock);
+	free(mine);
+	if (last)
+		share_free(c, last);
+	if (s->buf && s->buf->data != data) {
+		free(data);
+		atomic_fetch_sub(&c->bytes, (uint64_t)s->len); /* held once, by the buffer */
+	}
+	return s->buf ? s->buf->data : data;
+}
+
+static void slice_free(struct ckfs_cache *c, struct ckfs_slice *s)
+{
+	if (s->buf)
+		share_drop(c, s->buf);
+	else
+		free(s->data);
 	free(s->fail);
 	free(s);
 }
@@ -397,7 +559,7 @@ static void evict_to_budget(struct ckfs_cache *c)
 	struct ckfs_slice *victim;
 
 	while (atomic_load(&c->bytes) > c->budget && take_tail(c, 0, &victim))
-		slice_free(victim);
+		slice_free(c, victim);
 }
 
 /* A done slice's buffer of len bytes, taken from the LRU tail, or NULL.
@@ -412,7 +574,7 @@ static unsigned char *recycle_buffer(struct ckfs_cache *c, size_t len)
 		return NULL;
 	data = victim->data;
 	victim->data = NULL;
-	slice_free(victim);
+	slice_free(c, victim);
 	return data;
 }
 
@@ -442,12 +604,21 @@ static enum ckfs_code fill_slice(struct ckfs_cache *c, struct ckfs_slice *s,
 	bool last;
 
 	ckfs_error_clear(&local);
-	/* A done slice's buffer first (taking it also makes room), then
-	 * make room before allocating. */
-	data = recycle_buffer(c, s->len);
-	evict_to_budget(c);
-	if (!data)
+	if (c->share) {
+		/* Equal bytes are known only after the fill, and the slice
+		 * eviction or recycling would take first may be the very one
+		 * this fill equals: nothing goes before it, room is made after
+		 * the publish (so fills in flight may hold a slice each over
+		 * the budget meanwhile). */
 		data = slice_alloc(s->len);
+	} else {
+		/* A done slice's buffer first (taking it also makes room),
+		 * then make room before allocating. */
+		data = recycle_buffer(c, s->len);
+		evict_to_budget(c);
+		if (!data)
+			data = slice_alloc(s->len);
+	}
 	if (!data) {
 		rc = ckfs_fail(&local, CKFS_E_NOMEM,
 			       "cannot allocate %zu bytes for slice %" PRIu64
@@ -463,6 +634,8 @@ static enum ckfs_code fill_slice(struct ckfs_cache *c, struct ckfs_slice *s,
 				  ckfs_strerror(rc));
 	}
 
+	if (rc == CKFS_OK && c->share)
+		data = share_publish(c, s, data);
 	pthread_mutex_lock(&sh->lock);
 	if (rc == CKFS_OK) {
 		s->data = data;
@@ -472,6 +645,8 @@ static enum ckfs_code fill_slice(struct ckfs_cache *c, struct ckfs_slice *s,
 		if (s->refs > 1)
 			pthread_cond_broadcast(&sh->filled);
 		pthread_mutex_unlock(&sh->lock);
+		if (c->share)
+			evict_to_budget(c);
 		return CKFS_OK;
 	}
 	remove_from_table(c, sh, s);
@@ -489,7 +664,7 @@ static enum ckfs_code fill_slice(struct ckfs_cache *c, struct ckfs_slice *s,
 	pthread_mutex_unlock(&sh->lock);
 	free(data);
 	if (last)
-		slice_free(s);
+		slice_free(c, s);
 	if (err && err->code == CKFS_OK)
 		*err = local;
 	return rc;
@@ -609,7 +784,7 @@ enum ckfs_code ckfs_cache_get(struct ckfs_cache *c, uint64_t file_id,
 		last = --s->refs == 0;
 		pthread_mutex_unlock(&sh->lock);
 		if (last)
-			slice_free(s);
+			slice_free(c, s);
 		return rc;
 	}
 	s = insert_filling(c, sh, hash, file_id, index, len, false);
@@ -809,6 +984,12 @@ void ckfs_cache_get_stats(struct ckfs_cache *c, struct ckfs_cache_stats *out)
 	out->prefetch_queued = c->prefetch_queued;
 	out->prefetch_dropped = c->prefetch_dropped;
 	pthread_mutex_unlock(&c->q_lock);
+	pthread_mutex_lock(&c->share_lock);
+	out->shared_fills = c->shared_fills;
+	out->shared_bytes = c->shared_bytes;
+	out->bytes_saved = c->bytes_saved;
+	pthread_mutex_unlock(&c->share_lock);
+	out->bytes_hashed = atomic_load(&c->bytes_hashed);
 	out->bytes_cached = atomic_load(&c->bytes);
 	out->budget_bytes = c->budget;
 }
@@ -921,7 +1102,9 @@ enum ckfs_code ckfs_cache_new(const struct ckfs_cache_options *opt,
 		want = CACHE_MAX_BUCKETS;
 	c->nbuckets = round_up_pow2(want);
 	atomic_init(&c->bytes, 0);
+	atomic_init(&c->bytes_hashed, 0);
 	pthread_mutex_init(&c->lru_lock, NULL);
+	pthread_mutex_init(&c->share_lock, NULL);
 	pthread_mutex_init(&c->q_lock, NULL);
 	pthread_cond_init(&c->q_cond, NULL);
 	for (i = 0; i < CACHE_SHARDS; i++) {
@@ -931,6 +1114,13 @@ enum ckfs_code ckfs_cache_new(const struct ckfs_cache_options *opt,
 	for (i = 0; i < CACHE_SHARDS; i++) {
 		c->shards[i].buckets = calloc(c->nbuckets, sizeof(void *));
 		if (!c->shards[i].buckets)
+			goto nomem;
+	}
+	if (opt->share) {
+		c->share = true;
+		c->share_nbuckets = c->nbuckets * CACHE_SHARDS;
+		c->share_buckets = calloc(c->share_nbuckets, sizeof(void *));
+		if (!c->share_buckets)
 			goto nomem;
 	}
 	if (opt->prefetch_threads > 0) {
@@ -967,13 +1157,18 @@ void ckfs_cache_free(struct ckfs_cache *c)
 				next = s->hnext;
 				CACHE_BUG_ON(s->refs != 0,
 					     "cache freed with a pinned slice");
-				slice_free(s);
+				slice_free(c, s);
 			}
 		}
 		free(sh->buckets);
 		pthread_cond_destroy(&sh->filled);
 		pthread_mutex_destroy(&sh->lock);
 	}
+	/* every shared buffer went with its last slice */
+	for (size_t b = 0; c->share_buckets && b < c->share_nbuckets; b++)
+		CACHE_BUG_ON(c->share_buckets[b] != NULL, "a shared buffer outlived its slices");
+	free(c->share_buckets);
+	pthread_mutex_destroy(&c->share_lock);
 	free(c->q);
 	free(c->workers);
 	pthread_cond_destroy(&c->q_cond);

@@ -79,6 +79,7 @@ struct fill_ctx {
 	pthread_cond_t cond;
 	bool gate_closed;            /* under lock */
 	uint64_t gate_file;          /* the gate holds only this file; 0: all */
+	bool twins;                  /* file id N + 100 holds N's bytes */
 	int in_gate;                 /* under lock: fills blocked */
 };
 
@@ -160,19 +161,21 @@ static enum ckfs_code test_fill(void *ctx, uint64_t file_id, uint64_t offset,
 		return ckfs_fail_errno(err, "cannot read source of file %"
 				       PRIu64 " at %" PRIu64, file_id, offset);
 	}
+	uint64_t content = f->twins ? file_id % 100 : file_id;
 	for (size_t i = 0; i < len; i++)
-		((uint8_t *)buf)[i] = pattern(file_id, offset + i);
+		((uint8_t *)buf)[i] = pattern(content, offset + i);
 	return CKFS_OK;
 }
 
-static struct ckfs_cache *make_cache(struct fill_ctx *f, size_t slice_size,
-				     uint64_t budget, int threads, int queue)
+static struct ckfs_cache *make_cache_opt(struct fill_ctx *f, size_t slice_size,
+					 uint64_t budget, int threads, int queue, bool share)
 {
 	struct ckfs_cache_options opt = {
 		.slice_size = slice_size,
 		.budget_bytes = budget,
 		.prefetch_threads = threads,
 		.prefetch_queue = queue,
+		.share = share,
 	};
 	struct ckfs_error err;
 	struct ckfs_cache *c = NULL;
@@ -185,6 +188,12 @@ static struct ckfs_cache *make_cache(struct fill_ctx *f, size_t slice_size,
 	}
 	f->cache = c;
 	return c;
+}
+
+static struct ckfs_cache *make_cache(struct fill_ctx *f, size_t slice_size,
+				     uint64_t budget, int threads, int queue)
+{
+	return make_cache_opt(f, slice_size, budget, threads, queue, false);
 }
 
 static void done(struct ckfs_cache *c, struct fill_ctx *f)
@@ -998,6 +1007,112 @@ static void test_recycle(void)
 	done(c, &f);
 }
 
+/* get file_id's slice, check it holds content's bytes, and put it back
+ * having served `served` bytes. Returns its data pointer. */
+static const void *serve_as(struct ckfs_cache *c, uint64_t file_id, uint64_t content,
+			    uint64_t index, size_t served)
+{
+	struct ckfs_error err;
+	struct ckfs_slice *s;
+	const void *p;
+
+	ckfs_error_clear(&err);
+	if (ckfs_cache_get(c, file_id, index, SS, &s, &err) != CKFS_OK) {
+		CHECK(0);
+		return NULL;
+	}
+	p = ckfs_slice_data(s);
+	CHECK(pattern_ok(content, index * SS, p, SS));
+	ckfs_cache_put_served(c, s, served);
+	return p;
+}
+
+/* Equal slices are held once: twins share one buffer, each slice still
+ * filled (its sources read) and counted; the budget counts the buffer
+ * once; without share nothing is shared. */
+static void test_share_twins(void)
+{
+	for (int share = 0; share <= 1; share++) {
+		struct fill_ctx f;
+		struct ckfs_cache *c = make_cache_opt(&f, SS, 16 * SS, 0, 0, share);
+		struct ckfs_cache_stats st;
+
+		f.twins = true;
+		for (uint64_t i = 0; i < 4; i++) {
+			const void *a = serve_as(c, 1, 1, i, 0);
+			const void *b = serve_as(c, 101, 1, i, 0);
+			CHECK((a == b) == (bool)share);
+			serve_as(c, 2, 2, i, 0); /* no twin held */
+		}
+		st = stats_of(c);
+		CHECK_EQ_INT(st.fills, 12);
+		CHECK_EQ_INT(atomic_load(&f.calls), 12);
+		CHECK_EQ_INT(st.slices_cached, 12);
+		CHECK_EQ_INT(st.shared_fills, share ? 4 : 0);
+		CHECK_EQ_INT(st.shared_bytes, share ? 4 * SS : 0);
+		CHECK_EQ_INT(st.bytes_saved, share ? 4 * SS : 0);
+		CHECK_EQ_INT(st.bytes_cached, share ? 8 * SS : 12 * SS);
+		CHECK_EQ_INT(st.bytes_hashed, share ? 12 * SS : 0);
+		CHECK_EQ_INT(touch(c, 2, 3, SS), CKFS_OK); /* a hit */
+		CHECK_EQ_INT(stats_of(c).hits, 1);
+		done(c, &f);
+	}
+}
+
+/* Evicting one of two twins frees nothing; the other keeps the bytes
+ * until it goes too, and then the buffer's bytes go. */
+static void test_share_eviction(void)
+{
+	struct fill_ctx f;
+	struct ckfs_cache *c = make_cache_opt(&f, SS, 4 * SS, 0, 0, true);
+	struct ckfs_cache_stats st;
+
+	f.twins = true;
+	for (uint64_t i = 0; i < 4; i++)
+		serve_as(c, 1, 1, i, 0);
+	for (uint64_t i = 0; i < 4; i++)
+		serve_as(c, 101, 1, i, 0);
+	st = stats_of(c);
+	CHECK_EQ_INT(st.bytes_cached, 4 * SS); /* 8 slices within a 4-slice budget */
+	CHECK_EQ_INT(st.evictions, 0);
+	serve_as(c, 3, 3, 0, 0); /* over the budget: file 1's slices go first */
+	st = stats_of(c);
+	CHECK(st.bytes_cached <= 4 * SS);
+	CHECK_EQ_INT(st.evictions, 5); /* file 1's four (freeing nothing), then 101's first */
+	CHECK_EQ_INT(st.bytes_saved, 0);
+	for (uint64_t i = 1; i < 4; i++)
+		serve_as(c, 101, 1, i, 0); /* still held: hits */
+	CHECK_EQ_INT(stats_of(c).hits, 3);
+	serve_as(c, 1, 1, 2, 0); /* filled again, and shared again */
+	st = stats_of(c);
+	CHECK_EQ_INT(st.shared_fills, 5);
+	CHECK_EQ_INT(st.bytes_saved, SS);
+	done(c, &f);
+}
+
+/* With sharing, a done slice is never recycled (a fill may equal it):
+ * its twin keeps the bytes, and room is made by eviction after fills. */
+static void test_share_recycle(void)
+{
+	struct fill_ctx f;
+	struct ckfs_cache *c = make_cache_opt(&f, SS, 3 * SS, 0, 0, true);
+	const void *p;
+
+	f.twins = true;
+	p = serve_as(c, 1, 1, 0, SS);  /* done */
+	CHECK(serve_as(c, 101, 1, 0, 0) == p); /* still there to be shared */
+	serve_as(c, 4, 4, 0, SS);
+	CHECK(serve_as(c, 101, 1, 0, 0) == p); /* a hit, bytes intact */
+	CHECK(serve_as(c, 1, 1, 0, 0) == p);
+	serve_as(c, 5, 5, 0, 0);       /* the budget's three buffers */
+	serve_as(c, 6, 6, 0, 0);       /* over it: the done file 4 goes, not reused */
+	CHECK_EQ_INT(stats_of(c).recycled, 0);
+	CHECK_EQ_INT(stats_of(c).evictions, 1);
+	CHECK_EQ_INT(stats_of(c).bytes_cached, 3 * SS);
+	CHECK_EQ_INT(atomic_load(&f.calls), 5);
+	done(c, &f);
+}
+
 static void test_stats_consistency(void)
 {
 	struct fill_ctx f;
@@ -1074,6 +1189,9 @@ int main(void)
 	RUN(test_free_drops_queue);
 	RUN(test_read);
 	RUN(test_recycle);
+	RUN(test_share_twins);
+	RUN(test_share_eviction);
+	RUN(test_share_recycle);
 	RUN(test_stats_consistency);
 	RUN(test_put_unpinned_aborts);
 	return test_summary();
