@@ -33,7 +33,9 @@
  *     until the last slice holding it goes. Nothing is evicted or
  *     recycled before a fill (it may be the slice the fill equals): room
  *     is made after it, so the budget may be exceeded by one slice per
- *     fill in flight, and done slices' buffers are not recycled.
+ *     fill in flight; done slices give their buffers to the next fills
+ *     only when no other slice holds them (a few spare buffers, outside
+ *     the budget, carry them over).
  * Keys are (file id, slice index); the cache knows nothing of tensors. All
  * functions are thread-safe; the fill callback runs without cache locks
  * held and may run on several threads at once for different slices.

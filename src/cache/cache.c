@@ -66,13 +66,18 @@
  * lock, and, when equal and still in the table, taken: the new slice
  * points at it (refs + 1) and its own buffer is freed. Otherwise the new
  * buffer joins the table. A buffer leaves the table, and is freed, when
- * its last slice goes (and no fill is comparing with it). Buffers are
- * never recycled with sharing on: a fill does not know, before it has
- * run, which held slice it will equal, and would otherwise evict or
- * overwrite exactly that one; it allocates, and room is made after it
- * publishes (glibc hands freed slices' memory back to the next
- * allocation, ckfs setting its thresholds in main). share_lock is a leaf,
- * held only for pointer and counter updates.
+ * its last slice goes (and no fill is comparing with it). A fill does not
+ * know, before it has run, which held slice it will equal, so nothing is
+ * evicted or recycled before it (that could be exactly the one): it fills
+ * a spare buffer (or a fresh one), publishes, and only then makes room:
+ * a done slice at the LRU tail whose buffer nobody else holds gives its
+ * buffer to the spares (a done slice held with others stays: it costs no
+ * memory of its own), then eviction restores the budget. A fill that
+ * found its bytes held gives its own buffer to the spares. So a stream of
+ * unequal slices cycles through warm buffers as without sharing, and
+ * equal ones are still there to be found. The spares (CACHE_SPARES slices
+ * at most) are outside the budget. share_lock is a leaf, held only for
+ * pointer and counter updates.
  *
  * Accounting. bytes counts VALID and FILLING slices (charged when the
  * slice is inserted, before its buffer exists, so that eviction runs
@@ -98,6 +103,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
+#ifdef CKFS_HAVE_XXH_DISPATCH
+#include <xxh_x86dispatch.h>
+#define share_hash XXH3_128bits_dispatch /* AVX2 or AVX-512, picked at run time */
+#else
+#define share_hash XXH3_128bits
+#endif
 
 #include "ckfs/log.h"
 
@@ -106,6 +117,7 @@
 #define CACHE_MIN_BUCKETS 8       /* per shard, a power of two */
 #define CACHE_MAX_BUCKETS (1u << 16)
 #define CACHE_MAX_THREADS 256
+#define CACHE_SPARES 4            /* share: buffers kept for the next fills */
 
 _Static_assert(CACHE_SHARDS == 1 << CACHE_SHARD_BITS, "shard bits");
 
@@ -204,6 +216,8 @@ struct ckfs_cache {
 	size_t share_nbuckets;
 	/* Protected by share_lock. */
 	uint64_t shared_fills, shared_bytes, bytes_saved;
+	unsigned char *spare[CACHE_SPARES]; /* slice_size buffers for fills */
+	int n_spare;
 	_Atomic uint64_t bytes_hashed;
 
 	/* The LRU list of unpinned VALID slices; head is most recent. */
@@ -365,6 +379,30 @@ static void share_drop(struct ckfs_cache *c, struct shared_buf *b)
 		share_free(c, b);
 }
 
+/* Keep buf (len bytes) for a later fill, or free it. */
+static void spare_put(struct ckfs_cache *c, unsigned char *buf, size_t len)
+{
+	pthread_mutex_lock(&c->share_lock);
+	if (len == c->slice_size && c->n_spare < CACHE_SPARES) {
+		c->spare[c->n_spare++] = buf;
+		buf = NULL;
+	}
+	pthread_mutex_unlock(&c->share_lock);
+	free(buf);
+}
+
+/* A buffer of len bytes for a fill: a spare, or a fresh one. */
+static unsigned char *spare_get(struct ckfs_cache *c, size_t len)
+{
+	unsigned char *buf = NULL;
+
+	pthread_mutex_lock(&c->share_lock);
+	if (len == c->slice_size && c->n_spare > 0)
+		buf = c->spare[--c->n_spare];
+	pthread_mutex_unlock(&c->share_lock);
+	return buf;
+}
+
 /*
  * s was just filled into data (len bytes, charged to s): hold the bytes
  * once. Either a held buffer has them (s points at it, data is freed, s's
@@ -375,7 +413,7 @@ static void share_drop(struct ckfs_cache *c, struct shared_buf *b)
 static unsigned char *share_publish(struct ckfs_cache *c, struct ckfs_slice *s,
 				    unsigned char *data)
 {
-	XXH128_hash_t h = XXH3_128bits(data, s->len);
+	XXH128_hash_t h = share_hash(data, s->len);
 	struct shared_buf *mine = calloc(1, sizeof(*mine)), *b, *last = NULL;
 	bool equal = false;
 
@@ -424,10 +462,26 @@ static unsigned char *share_publish(struct ckfs_cache *c, struct ckfs_slice *s,
 	if (last)
 		share_free(c, last);
 	if (s->buf && s->buf->data != data) {
-		free(data);
+		spare_put(c, data, s->len);
 		atomic_fetch_sub(&c->bytes, (uint64_t)s->len); /* held once, by the buffer */
 	}
 	return s->buf ? s->buf->data : data;
+}
+
+/* Under the slice's shard lock and lru_lock: a done slice's buffer may be
+ * recycled only when no other slice holds it and no fill is comparing
+ * with it; it then leaves the share table at once, so no fill can find
+ * it while it is overwritten. */
+static bool share_take(struct ckfs_cache *c, struct shared_buf *b)
+{
+	bool mine;
+
+	pthread_mutex_lock(&c->share_lock);
+	mine = b->refs == 1 && b->pins == 0;
+	if (mine && b->linked)
+		share_unlink(c, b);
+	pthread_mutex_unlock(&c->share_lock);
+	return mine;
 }
 
 static void slice_free(struct ckfs_cache *c, struct ckfs_slice *s)
@@ -526,6 +580,13 @@ static int take_tail(struct ckfs_cache *c, size_t want_len,
 		pthread_mutex_lock(&sh->lock);
 		pthread_mutex_lock(&c->lru_lock);
 		v = c->lru_tail;
+		if (v && v->shard == sh && want_len && v->done && v->len == want_len &&
+		    v->buf && !share_take(c, v->buf)) {
+			/* held with other slices: no memory of its own to give */
+			pthread_mutex_unlock(&c->lru_lock);
+			pthread_mutex_unlock(&sh->lock);
+			return 0;
+		}
 		if (v && v->shard == sh &&
 		    (!want_len || (v->done && v->len == want_len)) &&
 		    (want_len || atomic_load(&c->bytes) > c->budget)) {
@@ -574,6 +635,13 @@ static unsigned char *recycle_buffer(struct ckfs_cache *c, size_t len)
 		return NULL;
 	data = victim->data;
 	victim->data = NULL;
+	if (victim->buf) {
+		/* out of the share table already (share_take): the buffer's
+		 * charge goes with it */
+		atomic_fetch_sub(&c->bytes, (uint64_t)victim->buf->len);
+		free(victim->buf);
+		victim->buf = NULL;
+	}
 	slice_free(c, victim);
 	return data;
 }
@@ -610,7 +678,9 @@ static enum ckfs_code fill_slice(struct ckfs_cache *c, struct ckfs_slice *s,
 		 * this fill equals: nothing goes before it, room is made after
 		 * the publish (so fills in flight may hold a slice each over
 		 * the budget meanwhile). */
-		data = slice_alloc(s->len);
+		data = spare_get(c, s->len);
+		if (!data)
+			data = slice_alloc(s->len);
 	} else {
 		/* A done slice's buffer first (taking it also makes room),
 		 * then make room before allocating. */
@@ -645,8 +715,12 @@ static enum ckfs_code fill_slice(struct ckfs_cache *c, struct ckfs_slice *s,
 		if (s->refs > 1)
 			pthread_cond_broadcast(&sh->filled);
 		pthread_mutex_unlock(&sh->lock);
-		if (c->share)
+		if (c->share) {
+			unsigned char *old = recycle_buffer(c, c->slice_size);
+			if (old)
+				spare_put(c, old, c->slice_size);
 			evict_to_budget(c);
+		}
 		return CKFS_OK;
 	}
 	remove_from_table(c, sh, s);
@@ -1168,6 +1242,8 @@ void ckfs_cache_free(struct ckfs_cache *c)
 	for (size_t b = 0; c->share_buckets && b < c->share_nbuckets; b++)
 		CACHE_BUG_ON(c->share_buckets[b] != NULL, "a shared buffer outlived its slices");
 	free(c->share_buckets);
+	for (int i = 0; i < c->n_spare; i++)
+		free(c->spare[i]);
 	pthread_mutex_destroy(&c->share_lock);
 	free(c->q);
 	free(c->workers);

@@ -40,7 +40,7 @@ library_home() {
 	case $1 in
 	fuse*.h) echo "fuse" ;;
 	zip.h | zlib.h) echo "fmt" ;;
-	xxhash.h) echo "cache" ;;
+	xxhash.h | xxh_x86dispatch.h) echo "cache" ;;
 	cjson/cJSON.h) echo "util fmt layouts cli" ;;
 	*) echo "*" ;;
 	esac

@@ -1090,24 +1090,26 @@ static void test_share_eviction(void)
 	done(c, &f);
 }
 
-/* With sharing, a done slice is never recycled (a fill may equal it):
- * its twin keeps the bytes, and room is made by eviction after fills. */
+/* With sharing, a fill never takes a buffer before it has run (it may
+ * equal that slice); after it, a done slice no other slice holds gives its
+ * buffer to the next fill, and a done slice held with a twin keeps it. */
 static void test_share_recycle(void)
 {
 	struct fill_ctx f;
 	struct ckfs_cache *c = make_cache_opt(&f, SS, 3 * SS, 0, 0, true);
-	const void *p;
+	const void *p, *q;
 
 	f.twins = true;
 	p = serve_as(c, 1, 1, 0, SS);  /* done */
 	CHECK(serve_as(c, 101, 1, 0, 0) == p); /* still there to be shared */
-	serve_as(c, 4, 4, 0, SS);
+	q = serve_as(c, 4, 4, 0, SS);  /* done, unshared; the shared done one stays */
+	CHECK_EQ_INT(stats_of(c).recycled, 0);
 	CHECK(serve_as(c, 101, 1, 0, 0) == p); /* a hit, bytes intact */
 	CHECK(serve_as(c, 1, 1, 0, 0) == p);
-	serve_as(c, 5, 5, 0, 0);       /* the budget's three buffers */
-	serve_as(c, 6, 6, 0, 0);       /* over it: the done file 4 goes, not reused */
-	CHECK_EQ_INT(stats_of(c).recycled, 0);
-	CHECK_EQ_INT(stats_of(c).evictions, 1);
+	serve_as(c, 5, 5, 0, 0);       /* after it, file 4's done buffer is taken */
+	CHECK_EQ_INT(stats_of(c).recycled, 1);
+	CHECK(serve_as(c, 6, 6, 0, 0) == q); /* and filled next */
+	CHECK_EQ_INT(stats_of(c).evictions, 0);
 	CHECK_EQ_INT(stats_of(c).bytes_cached, 3 * SS);
 	CHECK_EQ_INT(atomic_load(&f.calls), 5);
 	done(c, &f);
