@@ -24,10 +24,11 @@
  *   - ckfs_cache_prefetch() queues slices for worker threads to fill in the
  *     background (read-ahead); already cached or queued slices are skipped,
  *     and the queue is bounded (extra requests are dropped, counted).
- *   - With opt->share, equal slices are held once: every fill's bytes are
- *     hashed (XXH3-128), and a fill whose bytes equal (compared byte for
- *     byte, not trusted to the hash) those of a slice held already points
- *     at that slice's buffer instead of keeping its own. The fill still
+ *   - With opt->share, equal slices are held once: every fill gets a
+ *     fingerprint (XXH3-128 of 16 pages spread over it), and a fill whose
+ *     bytes equal (compared byte for byte: the fingerprint only finds
+ *     candidates) those of a slice held already points at that slice's
+ *     buffer instead of keeping its own. The fill still
  *     ran: what is saved is memory (and so what the budget keeps), not
  *     reading. A shared buffer counts once against the budget and lives
  *     until the last slice holding it goes. Nothing is evicted or
@@ -82,7 +83,7 @@ struct ckfs_cache_stats {
 	uint64_t shared_bytes;      /* their bytes: not held a second time */
 	uint64_t bytes_saved;       /* now: bytes held once for several slices,
 				     * beyond the first (what unshared would add) */
-	uint64_t bytes_hashed;      /* bytes of fills hashed (share) */
+	uint64_t bytes_hashed;      /* bytes run through the fingerprint (share) */
 	uint64_t bytes_cached;      /* now */
 	uint64_t slices_cached;     /* now */
 	uint64_t budget_bytes;

@@ -70,7 +70,7 @@ const struct ckfs_stat_row ckfs_stat_rows[CKFS_STAT_ROWS] = {
 				    "Bytes the slice cache would hold more if it held equal "
 				    "slices apart." },
 	[CKFS_STAT_BYTES_HASHED] = { "bytes_hashed", "ckfs_cache_hashed_bytes_total", "counter",
-				     "Bytes of fills hashed to find equal slices." },
+				     "Bytes of fills hashed to fingerprint them (share)." },
 	[CKFS_STAT_FILES] = { "files", "ckfs_files", "gauge", "Files in the served folder." },
 	[CKFS_STAT_UPTIME] = { "uptime_s", "ckfs_uptime_seconds", "gauge",
 			       "Seconds since the mount became ready." },

@@ -80,6 +80,7 @@ struct fill_ctx {
 	bool gate_closed;            /* under lock */
 	uint64_t gate_file;          /* the gate holds only this file; 0: all */
 	bool twins;                  /* file id N + 100 holds N's bytes */
+	bool pokes;                  /* and N + 200 ... N + 600 too, but one byte */
 	int in_gate;                 /* under lock: fills blocked */
 };
 
@@ -138,6 +139,13 @@ static int gate_blocked(struct fill_ctx *f)
 	return n;
 }
 
+/* Where file kNN (k 2 to 6) differs from file NN: in page 3 of a 1 MiB
+ * slice, which the fingerprint (16 pages, 69632 bytes apart) does not read. */
+static size_t poke_at(uint64_t file_id)
+{
+	return 12345 + (size_t)(file_id / 100) * 7;
+}
+
 static enum ckfs_code test_fill(void *ctx, uint64_t file_id, uint64_t offset,
 				size_t len, void *buf, struct ckfs_error *err)
 {
@@ -164,6 +172,9 @@ static enum ckfs_code test_fill(void *ctx, uint64_t file_id, uint64_t offset,
 	uint64_t content = f->twins ? file_id % 100 : file_id;
 	for (size_t i = 0; i < len; i++)
 		((uint8_t *)buf)[i] = pattern(content, offset + i);
+	/* in a page the fingerprint does not read (see poke_at) */
+	if (f->pokes && file_id / 100 >= 2 && file_id / 100 <= 6 && offset == 0)
+		((uint8_t *)buf)[poke_at(file_id)] ^= 0xFF;
 	return CKFS_OK;
 }
 
@@ -1115,6 +1126,47 @@ static void test_share_recycle(void)
 	done(c, &f);
 }
 
+/* Slices larger than the fingerprint's 16 pages: equal ones are found by
+ * it; ones that agree on those pages and differ elsewhere are compared,
+ * found different, and keep their own bytes; at most SHARE_CANDIDATES
+ * buffers of one fingerprint are compared. */
+static void test_share_fingerprint(void)
+{
+	enum { BIG = 1 << 20 };
+	struct fill_ctx f;
+	struct ckfs_cache *c = make_cache_opt(&f, BIG, 64 * (uint64_t)BIG, 0, 0, true);
+	struct ckfs_error err;
+	struct ckfs_slice *a, *b;
+	struct ckfs_cache_stats st;
+
+	f.twins = f.pokes = true;
+	ckfs_error_clear(&err);
+	CHECK(ckfs_cache_get(c, 1, 0, BIG, &a, &err) == CKFS_OK);
+	CHECK(ckfs_cache_get(c, 101, 0, BIG, &b, &err) == CKFS_OK);
+	CHECK(ckfs_slice_data(a) == ckfs_slice_data(b));
+	ckfs_cache_put(c, b);
+	for (uint64_t id = 201; id <= 601; id += 100) { /* all but one byte equal */
+		CHECK(ckfs_cache_get(c, id, 0, BIG, &b, &err) == CKFS_OK);
+		const uint8_t *p = ckfs_slice_data(b), *q = ckfs_slice_data(a);
+		CHECK(p != q);
+		CHECK((p[poke_at(id)] ^ q[poke_at(id)]) == 0xFF);
+		CHECK(memcmp(p, q, poke_at(id)) == 0);
+		ckfs_cache_put(c, b);
+	}
+	st = stats_of(c);
+	CHECK_EQ_INT(st.shared_fills, 1);
+	CHECK_EQ_INT(st.bytes_cached, 6 * (uint64_t)BIG);
+	CHECK_EQ_INT(st.bytes_hashed, 7 * 16 * 4096);
+	/* file 1's buffer is now behind five of its fingerprint: not reached */
+	CHECK(ckfs_cache_get(c, 1001, 0, BIG, &b, &err) == CKFS_OK);
+	CHECK(ckfs_slice_data(b) != ckfs_slice_data(a));
+	CHECK(memcmp(ckfs_slice_data(b), ckfs_slice_data(a), BIG) == 0); /* held twice */
+	CHECK_EQ_INT(stats_of(c).shared_fills, 1);
+	ckfs_cache_put(c, b);
+	ckfs_cache_put(c, a);
+	done(c, &f);
+}
+
 static void test_stats_consistency(void)
 {
 	struct fill_ctx f;
@@ -1194,6 +1246,7 @@ int main(void)
 	RUN(test_share_twins);
 	RUN(test_share_eviction);
 	RUN(test_share_recycle);
+	RUN(test_share_fingerprint);
 	RUN(test_stats_consistency);
 	RUN(test_put_unpinned_aborts);
 	return test_summary();
