@@ -24,6 +24,19 @@
  *   - ckfs_cache_prefetch() queues slices for worker threads to fill in the
  *     background (read-ahead); already cached or queued slices are skipped,
  *     and the queue is bounded (extra requests are dropped, counted).
+ *   - With opt->share, equal slices are held once: every fill gets a
+ *     fingerprint (XXH3-128 of 16 pages spread over it), and a fill whose
+ *     bytes equal (compared byte for byte: the fingerprint only finds
+ *     candidates) those of a slice held already points at that slice's
+ *     buffer instead of keeping its own. The fill still
+ *     ran: what is saved is memory (and so what the budget keeps), not
+ *     reading. A shared buffer counts once against the budget and lives
+ *     until the last slice holding it goes. Nothing is evicted or
+ *     recycled before a fill (it may be the slice the fill equals): room
+ *     is made after it, so the budget may be exceeded by one slice per
+ *     fill in flight; done slices give their buffers to the next fills
+ *     only when no other slice holds them (a few spare buffers, outside
+ *     the budget, carry them over).
  * Keys are (file id, slice index); the cache knows nothing of tensors. All
  * functions are thread-safe; the fill callback runs without cache locks
  * held and may run on several threads at once for different slices.
@@ -31,6 +44,7 @@
 #ifndef CKFS_CACHE_H
 #define CKFS_CACHE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -50,6 +64,7 @@ struct ckfs_cache_options {
 	uint64_t budget_bytes;      /* e.g. 1 GiB */
 	int prefetch_threads;       /* 0 disables read-ahead */
 	int prefetch_queue;         /* max queued slices */
+	bool share;                 /* hold equal slices once (see above) */
 };
 
 struct ckfs_cache_stats {
@@ -64,6 +79,11 @@ struct ckfs_cache_stats {
 	uint64_t prefetch_dropped;
 	uint64_t prefetch_hits;     /* gets that found a prefetched slice */
 	uint64_t recycled;          /* done slices whose buffer a fill reused */
+	uint64_t shared_fills;      /* fills whose bytes a held buffer had */
+	uint64_t shared_bytes;      /* their bytes: not held a second time */
+	uint64_t bytes_saved;       /* now: bytes held once for several slices,
+				     * beyond the first (what unshared would add) */
+	uint64_t bytes_hashed;      /* bytes run through the fingerprint (share) */
 	uint64_t bytes_cached;      /* now */
 	uint64_t slices_cached;     /* now */
 	uint64_t budget_bytes;

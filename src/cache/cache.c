@@ -60,11 +60,41 @@
  * source a second time for bytes nobody asks for. A request is queued
  * under the shard lock too, so none slips in between.
  *
+ * Sharing (opt->share). A fill's bytes get a fingerprint (XXH3-128 of
+ * SHARE_PAGES pages spread over the slice, of all of it when it is that
+ * small; no lock held) and are looked up in a table of the buffers held
+ * (share_lock); a buffer of the same fingerprint and length is pinned,
+ * compared byte for byte without the lock, and, when equal and still in
+ * the table, taken: the new slice points at it (refs + 1) and its own
+ * buffer goes to the spares. Otherwise the new buffer joins the table.
+ * The fingerprint only finds candidates; the comparison decides. So it
+ * need not read every byte: a slice that equals nothing held costs 16
+ * pages of hashing (0.4 % of a 4 MiB slice) instead of all of it, and one
+ * that equals a held one costs the comparison, which reading it for a
+ * hash would have cost anyway. Slices that agree on the sampled pages
+ * and differ elsewhere cost a comparison each (to the first difference),
+ * for at most SHARE_CANDIDATES buffers, then keep their own. A buffer leaves the table, and is freed, when
+ * its last slice goes (and no fill is comparing with it). A fill does not
+ * know, before it has run, which held slice it will equal, so nothing is
+ * evicted or recycled before it (that could be exactly the one): it fills
+ * a spare buffer (or a fresh one), publishes, and only then makes room:
+ * a done slice at the LRU tail whose buffer nobody else holds gives its
+ * buffer to the spares (a done slice held with others stays: it costs no
+ * memory of its own), then eviction restores the budget. A fill that
+ * found its bytes held gives its own buffer to the spares. So a stream of
+ * unequal slices cycles through warm buffers as without sharing, and
+ * equal ones are still there to be found. The spares (CACHE_SPARES slices
+ * at most) are outside the budget. share_lock is a leaf, held only for
+ * pointer and counter updates.
+ *
  * Accounting. bytes counts VALID and FILLING slices (charged when the
  * slice is inserted, before its buffer exists, so that eviction runs
  * before allocation) and is atomic because the budget check reads it
  * without locks. Eviction brings it back under the budget whenever enough
- * unpinned slices exist; otherwise the next unpin does. Buffers come from
+ * unpinned slices exist; otherwise the next unpin does. With sharing,
+ * bytes counts buffers: a slice that takes a held buffer gives its own
+ * charge back at once, and a shared buffer's charge goes when the buffer
+ * does (not when one of its slices leaves the table). Buffers come from
  * posix_memalign (4 KiB alignment from 4 KiB up), or are recycled from a
  * done slice at the LRU tail (same length), which spares the page faults
  * and zeroing of fresh memory; the budget counts slice bytes, not
@@ -80,7 +110,12 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack (fingerprint) */
 #include <xxhash.h>
+#ifdef CKFS_HAVE_XXH_DISPATCH
+/* AVX2 or AVX-512, picked at run time (the header renames the calls) */
+#include <xxh_x86dispatch.h>
+#endif
 
 #include "ckfs/log.h"
 
@@ -89,8 +124,25 @@
 #define CACHE_MIN_BUCKETS 8       /* per shard, a power of two */
 #define CACHE_MAX_BUCKETS (1u << 16)
 #define CACHE_MAX_THREADS 256
+#define CACHE_SPARES 4            /* share: buffers kept for the next fills */
+#define SHARE_PAGE 4096           /* share: a fingerprint hashes this much */
+#define SHARE_PAGES 16            /* at this many places of a slice */
+#define SHARE_CANDIDATES 4        /* buffers of one fingerprint compared */
 
 _Static_assert(CACHE_SHARDS == 1 << CACHE_SHARD_BITS, "shard bits");
+
+/* A buffer held once for every slice of equal bytes (opt->share). */
+struct shared_buf {
+	/* Immutable while the buffer is in use. */
+	XXH128_hash_t hash;
+	size_t len;
+	unsigned char *data;
+	/* Protected by c->share_lock. */
+	unsigned refs;                  /* slices pointing at data */
+	unsigned pins;                  /* fills comparing their bytes with it */
+	bool linked;                    /* in the table: fills may find it */
+	struct shared_buf *next;        /* its bucket's chain */
+};
 
 enum slice_state {
 	SLICE_FILLING, /* in the table, buffer owned by the filler */
@@ -106,6 +158,7 @@ struct ckfs_slice {
 	/* Set by the filler under shard->lock as the slice turns VALID, then
 	 * immutable; readers reach it through a pin taken under that lock. */
 	unsigned char *data;
+	struct shared_buf *buf;         /* data's holder when shared, or NULL */
 	/* Protected by shard->lock. */
 	struct ckfs_slice *hnext;       /* bucket chain while in the table */
 	enum slice_state state;
@@ -162,8 +215,20 @@ struct ckfs_cache {
 	int nthreads;                   /* started read-ahead workers (reset
 					 * to 0 once ckfs_cache_free joins) */
 	struct prefetch_worker *workers;
+	bool share;
 
 	_Atomic uint64_t bytes;         /* VALID + FILLING slice bytes */
+
+	/* The buffers held, by content (share). */
+	pthread_mutex_t share_lock;     /* a leaf: nothing taken under it */
+	struct shared_buf **share_buckets; /* share_nbuckets chains, immutable
+					    * pointer */
+	size_t share_nbuckets;
+	/* Protected by share_lock. */
+	uint64_t shared_fills, shared_bytes, bytes_saved;
+	unsigned char *spare[CACHE_SPARES]; /* slice_size buffers for fills */
+	int n_spare;
+	_Atomic uint64_t bytes_hashed;
 
 	/* The LRU list of unpinned VALID slices; head is most recent. */
 	pthread_mutex_t lru_lock;       /* after any shard lock */
@@ -257,7 +322,8 @@ static struct ckfs_slice *insert_filling(struct ckfs_cache *c,
 	return s;
 }
 
-/* Under sh->lock: take s out of its bucket and uncharge it. */
+/* Under sh->lock: take s out of its bucket and uncharge it (a shared
+ * buffer's charge goes with the buffer: share_drop). */
 static void remove_from_table(struct ckfs_cache *c, struct cache_shard *sh,
 			      struct ckfs_slice *s)
 {
@@ -268,12 +334,194 @@ static void remove_from_table(struct ckfs_cache *c, struct cache_shard *sh,
 	*p = s->hnext;
 	s->hnext = NULL;
 	sh->slices--;
-	atomic_fetch_sub(&c->bytes, (uint64_t)s->len);
+	if (!s->buf)
+		atomic_fetch_sub(&c->bytes, (uint64_t)s->len);
 }
 
-static void slice_free(struct ckfs_slice *s)
+/* ---- equal slices held once (opt->share) ---- */
+
+static struct shared_buf **share_bucket(struct ckfs_cache *c, XXH128_hash_t h)
 {
-	free(s->data);
+	return &c->share_buckets[h.low64 & (c->share_nbuckets - 1)];
+}
+
+/* Under share_lock. */
+static void share_unlink(struct ckfs_cache *c, struct shared_buf *b)
+{
+	struct shared_buf **p = share_bucket(c, b->hash);
+
+	while (*p != b)
+		p = &(*p)->next;
+	*p = b->next;
+	b->next = NULL;
+	b->linked = false;
+}
+
+/* Under share_lock: whether b is held by nothing any more (out of the
+ * table then); the caller frees it, and its charge, after the lock. */
+static bool share_unused(struct ckfs_cache *c, struct shared_buf *b)
+{
+	if (b->refs || b->pins)
+		return false;
+	if (b->linked)
+		share_unlink(c, b);
+	return true;
+}
+
+static void share_free(struct ckfs_cache *c, struct shared_buf *b)
+{
+	atomic_fetch_sub(&c->bytes, (uint64_t)b->len);
+	free(b->data);
+	free(b);
+}
+
+/* A slice holding b goes. Called with no lock held. */
+static void share_drop(struct ckfs_cache *c, struct shared_buf *b)
+{
+	bool unused;
+
+	pthread_mutex_lock(&c->share_lock);
+	if (b->refs-- > 1)
+		c->bytes_saved -= b->len;
+	unused = share_unused(c, b);
+	pthread_mutex_unlock(&c->share_lock);
+	if (unused)
+		share_free(c, b);
+}
+
+/* Keep buf (len bytes) for a later fill, or free it. */
+static void spare_put(struct ckfs_cache *c, unsigned char *buf, size_t len)
+{
+	pthread_mutex_lock(&c->share_lock);
+	if (len == c->slice_size && c->n_spare < CACHE_SPARES) {
+		c->spare[c->n_spare++] = buf;
+		buf = NULL;
+	}
+	pthread_mutex_unlock(&c->share_lock);
+	free(buf);
+}
+
+/* A buffer of len bytes for a fill: a spare, or a fresh one. */
+static unsigned char *spare_get(struct ckfs_cache *c, size_t len)
+{
+	unsigned char *buf = NULL;
+
+	pthread_mutex_lock(&c->share_lock);
+	if (len == c->slice_size && c->n_spare > 0)
+		buf = c->spare[--c->n_spare];
+	pthread_mutex_unlock(&c->share_lock);
+	return buf;
+}
+
+/* The fingerprint a slice's bytes are found by (see the top). */
+static XXH128_hash_t fingerprint(const unsigned char *p, size_t len)
+{
+	XXH3_state_t st;
+	size_t step;
+
+	if (len <= (size_t)SHARE_PAGE * SHARE_PAGES)
+		return XXH3_128bits(p, len);
+	step = (len - SHARE_PAGE) / (SHARE_PAGES - 1); /* first and last pages too */
+	XXH3_128bits_reset(&st);
+	for (int i = 0; i < SHARE_PAGES; i++)
+		XXH3_128bits_update(&st, p + (size_t)i * step, SHARE_PAGE);
+	return XXH3_128bits_digest(&st);
+}
+
+static size_t fingerprint_bytes(size_t len)
+{
+	return len <= (size_t)SHARE_PAGE * SHARE_PAGES ? len : (size_t)SHARE_PAGE * SHARE_PAGES;
+}
+
+/*
+ * s was just filled into data (len bytes, charged to s): hold the bytes
+ * once. Either a held buffer has them (s points at it, data is freed, s's
+ * charge given back) or data becomes a held buffer. Returns what s now
+ * points at. Out of memory for the table entry: data stays s's own,
+ * unshared. Called with no lock held.
+ */
+static unsigned char *share_publish(struct ckfs_cache *c, struct ckfs_slice *s,
+				    unsigned char *data)
+{
+	XXH128_hash_t h = fingerprint(data, s->len);
+	struct shared_buf *mine = calloc(1, sizeof(*mine)), *b, *last = NULL;
+	bool equal = false;
+	int compared = 0;
+
+	atomic_fetch_add(&c->bytes_hashed, (uint64_t)fingerprint_bytes(s->len));
+	pthread_mutex_lock(&c->share_lock);
+	for (b = *share_bucket(c, h); b && !equal && compared < SHARE_CANDIDATES; b = b->next) {
+		if (!XXH128_isEqual(b->hash, h) || b->len != s->len)
+			continue;
+		compared++;
+		/* Compared without the lock: pinned, b stays alive and its
+		 * bytes (never recycled while pinned) stay the same. */
+		b->pins++;
+		pthread_mutex_unlock(&c->share_lock);
+		equal = memcmp(b->data, data, s->len) == 0;
+		pthread_mutex_lock(&c->share_lock);
+		b->pins--;
+		if (equal && b->linked) {
+			/* its last slice may have gone while it was pinned */
+			if (b->refs++ > 0)
+				c->bytes_saved += b->len;
+			c->shared_fills++;
+			c->shared_bytes += b->len;
+			s->buf = b;
+			break;
+		}
+		equal = false;
+		if (share_unused(c, b)) {
+			last = b; /* its last holder left while we compared */
+			break;
+		}
+		if (!b->linked)
+			break; /* the chain we walked may have changed */
+	}
+	if (!s->buf && mine) {
+		mine->hash = h;
+		mine->len = s->len;
+		mine->data = data;
+		mine->refs = 1;
+		mine->linked = true;
+		mine->next = *share_bucket(c, h);
+		*share_bucket(c, h) = mine;
+		s->buf = mine;
+		mine = NULL;
+	}
+	pthread_mutex_unlock(&c->share_lock);
+	free(mine);
+	if (last)
+		share_free(c, last);
+	if (s->buf && s->buf->data != data) {
+		spare_put(c, data, s->len);
+		atomic_fetch_sub(&c->bytes, (uint64_t)s->len); /* held once, by the buffer */
+	}
+	return s->buf ? s->buf->data : data;
+}
+
+/* Under the slice's shard lock and lru_lock: a done slice's buffer may be
+ * recycled only when no other slice holds it and no fill is comparing
+ * with it; it then leaves the share table at once, so no fill can find
+ * it while it is overwritten. */
+static bool share_take(struct ckfs_cache *c, struct shared_buf *b)
+{
+	bool mine;
+
+	pthread_mutex_lock(&c->share_lock);
+	mine = b->refs == 1 && b->pins == 0;
+	if (mine && b->linked)
+		share_unlink(c, b);
+	pthread_mutex_unlock(&c->share_lock);
+	return mine;
+}
+
+static void slice_free(struct ckfs_cache *c, struct ckfs_slice *s)
+{
+	if (s->buf)
+		share_drop(c, s->buf);
+	else
+		free(s->data);
 	free(s->fail);
 	free(s);
 }
@@ -364,6 +612,13 @@ static int take_tail(struct ckfs_cache *c, size_t want_len,
 		pthread_mutex_lock(&sh->lock);
 		pthread_mutex_lock(&c->lru_lock);
 		v = c->lru_tail;
+		if (v && v->shard == sh && want_len && v->done && v->len == want_len &&
+		    v->buf && !share_take(c, v->buf)) {
+			/* held with other slices: no memory of its own to give */
+			pthread_mutex_unlock(&c->lru_lock);
+			pthread_mutex_unlock(&sh->lock);
+			return 0;
+		}
 		if (v && v->shard == sh &&
 		    (!want_len || (v->done && v->len == want_len)) &&
 		    (want_len || atomic_load(&c->bytes) > c->budget)) {
@@ -397,7 +652,7 @@ static void evict_to_budget(struct ckfs_cache *c)
 	struct ckfs_slice *victim;
 
 	while (atomic_load(&c->bytes) > c->budget && take_tail(c, 0, &victim))
-		slice_free(victim);
+		slice_free(c, victim);
 }
 
 /* A done slice's buffer of len bytes, taken from the LRU tail, or NULL.
@@ -412,7 +667,14 @@ static unsigned char *recycle_buffer(struct ckfs_cache *c, size_t len)
 		return NULL;
 	data = victim->data;
 	victim->data = NULL;
-	slice_free(victim);
+	if (victim->buf) {
+		/* out of the share table already (share_take): the buffer's
+		 * charge goes with it */
+		atomic_fetch_sub(&c->bytes, (uint64_t)victim->buf->len);
+		free(victim->buf);
+		victim->buf = NULL;
+	}
+	slice_free(c, victim);
 	return data;
 }
 
@@ -442,12 +704,23 @@ static enum ckfs_code fill_slice(struct ckfs_cache *c, struct ckfs_slice *s,
 	bool last;
 
 	ckfs_error_clear(&local);
-	/* A done slice's buffer first (taking it also makes room), then
-	 * make room before allocating. */
-	data = recycle_buffer(c, s->len);
-	evict_to_budget(c);
-	if (!data)
-		data = slice_alloc(s->len);
+	if (c->share) {
+		/* Equal bytes are known only after the fill, and the slice
+		 * eviction or recycling would take first may be the very one
+		 * this fill equals: nothing goes before it, room is made after
+		 * the publish (so fills in flight may hold a slice each over
+		 * the budget meanwhile). */
+		data = spare_get(c, s->len);
+		if (!data)
+			data = slice_alloc(s->len);
+	} else {
+		/* A done slice's buffer first (taking it also makes room),
+		 * then make room before allocating. */
+		data = recycle_buffer(c, s->len);
+		evict_to_budget(c);
+		if (!data)
+			data = slice_alloc(s->len);
+	}
 	if (!data) {
 		rc = ckfs_fail(&local, CKFS_E_NOMEM,
 			       "cannot allocate %zu bytes for slice %" PRIu64
@@ -463,6 +736,8 @@ static enum ckfs_code fill_slice(struct ckfs_cache *c, struct ckfs_slice *s,
 				  ckfs_strerror(rc));
 	}
 
+	if (rc == CKFS_OK && c->share)
+		data = share_publish(c, s, data);
 	pthread_mutex_lock(&sh->lock);
 	if (rc == CKFS_OK) {
 		s->data = data;
@@ -472,6 +747,12 @@ static enum ckfs_code fill_slice(struct ckfs_cache *c, struct ckfs_slice *s,
 		if (s->refs > 1)
 			pthread_cond_broadcast(&sh->filled);
 		pthread_mutex_unlock(&sh->lock);
+		if (c->share) {
+			unsigned char *old = recycle_buffer(c, c->slice_size);
+			if (old)
+				spare_put(c, old, c->slice_size);
+			evict_to_budget(c);
+		}
 		return CKFS_OK;
 	}
 	remove_from_table(c, sh, s);
@@ -489,7 +770,7 @@ static enum ckfs_code fill_slice(struct ckfs_cache *c, struct ckfs_slice *s,
 	pthread_mutex_unlock(&sh->lock);
 	free(data);
 	if (last)
-		slice_free(s);
+		slice_free(c, s);
 	if (err && err->code == CKFS_OK)
 		*err = local;
 	return rc;
@@ -609,7 +890,7 @@ enum ckfs_code ckfs_cache_get(struct ckfs_cache *c, uint64_t file_id,
 		last = --s->refs == 0;
 		pthread_mutex_unlock(&sh->lock);
 		if (last)
-			slice_free(s);
+			slice_free(c, s);
 		return rc;
 	}
 	s = insert_filling(c, sh, hash, file_id, index, len, false);
@@ -809,6 +1090,12 @@ void ckfs_cache_get_stats(struct ckfs_cache *c, struct ckfs_cache_stats *out)
 	out->prefetch_queued = c->prefetch_queued;
 	out->prefetch_dropped = c->prefetch_dropped;
 	pthread_mutex_unlock(&c->q_lock);
+	pthread_mutex_lock(&c->share_lock);
+	out->shared_fills = c->shared_fills;
+	out->shared_bytes = c->shared_bytes;
+	out->bytes_saved = c->bytes_saved;
+	pthread_mutex_unlock(&c->share_lock);
+	out->bytes_hashed = atomic_load(&c->bytes_hashed);
 	out->bytes_cached = atomic_load(&c->bytes);
 	out->budget_bytes = c->budget;
 }
@@ -921,7 +1208,9 @@ enum ckfs_code ckfs_cache_new(const struct ckfs_cache_options *opt,
 		want = CACHE_MAX_BUCKETS;
 	c->nbuckets = round_up_pow2(want);
 	atomic_init(&c->bytes, 0);
+	atomic_init(&c->bytes_hashed, 0);
 	pthread_mutex_init(&c->lru_lock, NULL);
+	pthread_mutex_init(&c->share_lock, NULL);
 	pthread_mutex_init(&c->q_lock, NULL);
 	pthread_cond_init(&c->q_cond, NULL);
 	for (i = 0; i < CACHE_SHARDS; i++) {
@@ -931,6 +1220,13 @@ enum ckfs_code ckfs_cache_new(const struct ckfs_cache_options *opt,
 	for (i = 0; i < CACHE_SHARDS; i++) {
 		c->shards[i].buckets = calloc(c->nbuckets, sizeof(void *));
 		if (!c->shards[i].buckets)
+			goto nomem;
+	}
+	if (opt->share) {
+		c->share = true;
+		c->share_nbuckets = c->nbuckets * CACHE_SHARDS;
+		c->share_buckets = calloc(c->share_nbuckets, sizeof(void *));
+		if (!c->share_buckets)
 			goto nomem;
 	}
 	if (opt->prefetch_threads > 0) {
@@ -967,13 +1263,20 @@ void ckfs_cache_free(struct ckfs_cache *c)
 				next = s->hnext;
 				CACHE_BUG_ON(s->refs != 0,
 					     "cache freed with a pinned slice");
-				slice_free(s);
+				slice_free(c, s);
 			}
 		}
 		free(sh->buckets);
 		pthread_cond_destroy(&sh->filled);
 		pthread_mutex_destroy(&sh->lock);
 	}
+	/* every shared buffer went with its last slice */
+	for (size_t b = 0; c->share_buckets && b < c->share_nbuckets; b++)
+		CACHE_BUG_ON(c->share_buckets[b] != NULL, "a shared buffer outlived its slices");
+	free(c->share_buckets);
+	for (int i = 0; i < c->n_spare; i++)
+		free(c->spare[i]);
+	pthread_mutex_destroy(&c->share_lock);
 	free(c->q);
 	free(c->workers);
 	pthread_cond_destroy(&c->q_cond);

@@ -14,13 +14,14 @@ int ckfs_cmd_verify(int argc, char **argv);
 int ckfs_cmd_mount(int argc, char **argv);
 int ckfs_cmd_umount(int argc, char **argv);
 int ckfs_cmd_stats(int argc, char **argv);
+int ckfs_cmd_diff(int argc, char **argv);
 /* ckfs help COMMAND (its --help); hidden: --man prints ckfs(1), and
  * --bash-completion the completion script, both made from the tables. */
 int ckfs_cmd_help(int argc, char **argv);
 
 struct cli_command;
 extern const struct cli_command ckfs_cmd_inspect_def, ckfs_cmd_export_def,
-	ckfs_cmd_verify_def, ckfs_cmd_mount_def, ckfs_cmd_umount_def, ckfs_cmd_stats_def;
+	ckfs_cmd_verify_def, ckfs_cmd_mount_def, ckfs_cmd_umount_def, ckfs_cmd_stats_def, ckfs_cmd_diff_def;
 
 /* The mount's -o keys that are not ckfs's (mount.c, NULL-terminated):
  * mount(8)'s and systemd's, ignored; libfuse's flags and valued keys,

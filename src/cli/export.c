@@ -36,6 +36,7 @@
 #include "ckfs/run.h"
 #include "cli/cli.h"
 #include "cli/export_dest.h"
+#include "cli/export_since.h"
 #include "cli/options.h"
 
 #define EXPORT_BLOCK (8u << 20)
@@ -187,7 +188,8 @@ static enum ckfs_code carry_modes(const struct ckfs_folder *f, const char *tmp,
 
 static enum ckfs_code write_node(const struct ckfs_folder *f, const struct ckfs_node *n,
 				 const char *dir, const struct export_modes *em,
-				 int threads, struct progress *prog, struct ckfs_error *err)
+				 int threads, struct export_since *prev, struct progress *prog,
+				 struct ckfs_error *err)
 {
 	char path[PATH_MAX];
 	enum ckfs_code rc = CKFS_OK;
@@ -199,6 +201,13 @@ static enum ckfs_code write_node(const struct ckfs_folder *f, const struct ckfs_
 	if (n->kind == CKFS_NODE_DIR) /* before what it holds: nodes are in path order */
 		return mkdir(path, mode) == 0 ? CKFS_OK
 					      : ckfs_fail_errno(err, "'%s': cannot create", path);
+	if (prev && n->kind == CKFS_NODE_WEIGHTS) { /* only what changed since PREV */
+		enum ckfs_code rc2 = export_since_write(prev, f, n, path, mode, em->gid, threads,
+							&interrupted, err);
+		prog->base += n->size;
+		progress_draw(prog, 0, n->name);
+		return rc2;
+	}
 	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
 	if (fd < 0)
 		return ckfs_fail_errno(err, "'%s': cannot create", path);
@@ -309,6 +318,7 @@ struct export_args {
 	struct cli_common c;
 	bool force, quiet;
 	int threads;
+	const char *since;
 };
 
 static const struct cli_opt opt_force = {
@@ -321,13 +331,19 @@ static const struct cli_opt opt_threads = {
 	.kind = CLI_COUNT, .lo = 1, .hi = 256,
 	.help = "threads assembling the weights (default: the CPUs, at most 16)"
 };
+static const struct cli_opt opt_since = {
+	.id = OPT_SINCE, .name = "since", .arg = "PREV", .kind = CLI_TEXT,
+	.help = "PREV is an earlier export of this model with the same options: "
+		"compare every weight file with it and write only what changed (files "
+		"unchanged hard-linked or reflinked from PREV); DIR is the same folder"
+};
 static const struct cli_opt opt_quiet = {
 	.id = OPT_QUIET, .name = "quiet", .letter = 'q', .help = "no progress, warnings or summary"
 };
 
 static const struct cli_opt *const export_opts[] = {
 	&cli_opt_dtype, &cli_opt_max_shard_size, &cli_opt_transformers_version, &cli_opt_config, &opt_force, &opt_threads,
-	&opt_quiet, &cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_lora, &cli_opt_base,
+	&opt_since, &opt_quiet, &cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_lora, &cli_opt_base,
 	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_fp8_skip, &cli_opt_log_level, NULL,
 };
 
@@ -357,6 +373,7 @@ static int export_apply(void *ctx, const struct cli_opt *o, const struct cli_val
 	switch (o->id) {
 	case OPT_FORCE: a->force = true; return 0;
 	case OPT_QUIET: a->quiet = true; return 0;
+	case OPT_SINCE: a->since = v->text; return 0;
 	case OPT_EXPORT_THREADS:
 		a->threads = (int)v->n;
 		return 0;
@@ -367,8 +384,8 @@ static int export_apply(void *ctx, const struct cli_opt *o, const struct cli_val
 
 /* Every file of f into the folder tmp, with the carried modes, synced. */
 static enum ckfs_code write_folder(const struct export_args *a, const struct ckfs_folder *f,
-				   const char *tmp, struct progress *prog,
-				   struct ckfs_error *err)
+				   const char *tmp, struct export_since *prev,
+				   struct progress *prog, struct ckfs_error *err)
 {
 	struct export_modes em = { 0 };
 	mode_t process_umask = umask(0); /* read it (no threads yet) */
@@ -381,7 +398,7 @@ static enum ckfs_code write_folder(const struct export_args *a, const struct ckf
 	for (size_t i = 0; i < f->n_nodes; i++)
 		prog->total += f->nodes[i].size;
 	for (size_t i = 0; i < f->n_nodes && rc == CKFS_OK; i++)
-		rc = write_node(f, &f->nodes[i], tmp, &em, a->threads, prog, err);
+		rc = write_node(f, &f->nodes[i], tmp, &em, a->threads, prev, prog, err);
 	if (prog->enabled)
 		fputc('\n', stderr);
 	if (rc == CKFS_OK && chmod(tmp, em.dir & ~process_umask) != 0)
@@ -436,9 +453,27 @@ out:
 	return rc;
 }
 
+/* What --since saved, against a full export. */
+static void say_since(const struct export_since_totals *t)
+{
+	char w[32], full[32], l[32], c[32], cp[32];
+
+	ckfs_format_bytes((double)t->written, w, sizeof(w));
+	ckfs_format_bytes((double)t->full, full, sizeof(full));
+	ckfs_format_bytes((double)t->linked, l, sizeof(l));
+	ckfs_format_bytes((double)t->cloned, c, sizeof(c));
+	ckfs_format_bytes((double)t->copied, cp, sizeof(cp));
+	ckfs_cli_say("since PREV: wrote %s of a full export's %s (%.1f%%), %zu of %zu tensors "
+		     "unchanged; from PREV: %zu files hard-linked (%s), %s reflinked (%zu whole "
+		     "files), %s copied", w, full,
+		     t->full ? 100.0 * (double)t->written / (double)t->full : 0.0,
+		     t->tensors_unchanged, t->tensors, t->files_linked, l, c, t->files_cloned, cp);
+}
+
 /* Build DIR.ckfs-tmp-PID beside dst from f, then put it in place. */
 static enum ckfs_code export_folder(const struct export_args *a, const struct ckfs_folder *f,
-				    const char *dst, struct ckfs_error *err)
+				    const char *dst, struct export_since *prev,
+				    struct ckfs_error *err)
 {
 	/* Room for DIR and the suffix: dst is shorter than PATH_MAX. */
 	char tmp[PATH_MAX + 32], old[PATH_MAX + 32];
@@ -454,7 +489,7 @@ static enum ckfs_code export_folder(const struct export_args *a, const struct ck
 	 * from one a killed export left (export_dest.c). */
 	int tmp_lock = ckfs_export_dest_lock(tmp);
 	rc = tmp_lock < 0 ? ckfs_fail_errno(err, "'%s': cannot lock", tmp)
-			  : write_folder(a, f, tmp, &prog, err);
+			  : write_folder(a, f, tmp, prev, &prog, err);
 	if (rc == CKFS_OK)
 		rc = put_in_place(tmp, dst, old, a->force, &placed, err);
 	if (!placed)
@@ -469,6 +504,8 @@ static enum ckfs_code export_folder(const struct export_args *a, const struct ck
 			files += f->nodes[i].kind != CKFS_NODE_DIR;
 		ckfs_cli_say("wrote %zu files (%s) to '%s' in %.2f s", files, size, dst,
 			     since(&prog.start));
+		if (prev)
+			say_since(export_since_totals(prev));
 	}
 	return rc;
 }
@@ -478,6 +515,7 @@ int ckfs_cmd_export(int argc, char **argv)
 	struct export_args a = { 0 }; /* the defaults are in the option rows */
 	struct ckfs_model *m = NULL;
 	struct ckfs_folder *f = NULL;
+	struct export_since *prev = NULL;
 	struct ckfs_error err;
 	struct stat st;
 	char dst[PATH_MAX];
@@ -514,15 +552,17 @@ int ckfs_cmd_export(int argc, char **argv)
 		for (size_t i = 0; i < m->n_warnings && !a.quiet; i++)
 			ckfs_cli_say("warning: %s", m->warnings[i]);
 		if (ckfs_folder_build(m, &a.c.folder, &f, &err) == CKFS_OK &&
-		    ckfs_export_dest_check(dst, exists, m, f, &err) == CKFS_OK) {
+		    ckfs_export_dest_check(dst, exists, m, f, &err) == CKFS_OK &&
+		    (!a.since || export_since_open(a.since, src, f, &prev, &err) == CKFS_OK)) {
 			ckfs_export_dest_clean(dst);
 			struct sigaction sa = { .sa_handler = on_signal };
 			sigaction(SIGINT, &sa, NULL);
 			sigaction(SIGTERM, &sa, NULL);
 			sigaction(SIGHUP, &sa, NULL);
-			export_folder(&a, f, dst, &err);
+			export_folder(&a, f, dst, prev, &err);
 		}
 	}
+	export_since_close(prev);
 	ckfs_folder_free(f);
 	ckfs_model_free(m);
 	if (err.code != CKFS_OK)

@@ -78,7 +78,7 @@ const char *ckfs_cli_shown(const char *s)
 }
 
 const struct cli_command *const ckfs_commands[] = {
-	&ckfs_cmd_inspect_def, &ckfs_cmd_export_def, &ckfs_cmd_verify_def,
+	&ckfs_cmd_inspect_def, &ckfs_cmd_export_def, &ckfs_cmd_verify_def, &ckfs_cmd_diff_def,
 	&ckfs_cmd_mount_def, &ckfs_cmd_umount_def, &ckfs_cmd_stats_def, NULL,
 };
 

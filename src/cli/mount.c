@@ -95,13 +95,25 @@ static const struct cli_opt opt_max_plans = {
 	.help = "a run: step roles kept ready, their files open (LRU)"
 };
 
+static const struct cli_choice share_words[] = {
+	{ "auto", CKFS_SHARE_AUTO }, { "on", CKFS_SHARE_ON }, { "off", CKFS_SHARE_OFF },
+	{ NULL, 0 }
+};
+static const struct cli_opt opt_share_slices = {
+	.id = OPT_SHARE_SLICES, .key = "share_slices", .arg = "WHEN", .kind = CLI_CHOICE,
+	.choices = share_words, .def = "auto",
+	.help = "hold slices whose bytes are equal once in the cache (every fill hashed and "
+		"compared): on, off, or auto (on for a training run, where steps share what "
+		"did not change; off for one checkpoint)"
+};
+
 static const struct cli_opt *const mount_opts[] = {
 	&opt_foreground, &opt_debug, &opt_options, &cli_opt_dtype, &cli_opt_max_shard_size, &cli_opt_transformers_version,
 	&opt_cache_size, &opt_threads, &opt_readahead, &cli_opt_config,
 	&cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_lora, &cli_opt_base,
 	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_fp8_skip, &cli_opt_log_level,
 	&opt_prefetch_threads, &opt_slice_size, &opt_kernel_readahead, &opt_uid, &opt_gid,
-	&opt_umask, &opt_max_plans, &cli_opt_rank_checks, NULL,
+	&opt_umask, &opt_max_plans, &opt_share_slices, &cli_opt_rank_checks, NULL,
 };
 
 const struct cli_command ckfs_cmd_mount_def = {
@@ -253,6 +265,9 @@ static int mount_apply(void *ctx, const struct cli_opt *o, const struct cli_valu
 		return 0;
 	case OPT_MAX_PLANS:
 		mo->max_plans = (int)v->n;
+		return 0;
+	case OPT_SHARE_SLICES:
+		mo->share_slices = (int)v->n;
 		return 0;
 	case OPT_UMASK:
 		mo->umask = (mode_t)v->n;

@@ -49,6 +49,12 @@ const struct cli_opt cli_opt_dtype = {
 		"tensor as stored), or fp8 (linear weights block-quantized to "
 		"float8_e4m3fn with their scales, the rest bf16)"
 };
+const struct cli_opt cli_opt_dtype_as_stored = {
+	.id = OPT_DTYPE, .name = "dtype", .arg = "T", .kind = CLI_CHOICE, .choices = dtype_words,
+	.def = "auto",
+	.help = "compare values as served in dtype T: auto (each tensor as stored), bf16, "
+		"fp16, fp32 or fp8"
+};
 const struct cli_opt cli_opt_max_shard_size = {
 	.id = OPT_MAX_SHARD_SIZE, .name = "max-shard-size", .key = "max_shard_size",
 	.arg = "SIZE", .kind = CLI_SIZE, .lo = 1, .hi = INT64_MAX,
@@ -289,7 +295,7 @@ int cli_parse(const struct cli_command *cmd, int argc, char **argv, cli_apply_fn
 	}
 	if (rc)
 		return rc;
-	if (argc - optind != cmd->n_args)
+	if (argc - optind < cmd->n_args || argc - optind > cmd->n_args + cmd->n_optional)
 		return wrong_args(cmd);
 	*first_arg = optind;
 	return 0;

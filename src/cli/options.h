@@ -27,11 +27,13 @@ enum cli_opt_id {
 	/* mount */
 	OPT_FOREGROUND, OPT_DEBUG, OPT_MOUNT_OPTIONS, OPT_CACHE_SIZE, OPT_THREADS,
 	OPT_READAHEAD, OPT_PREFETCH_THREADS, OPT_SLICE_SIZE, OPT_KERNEL_READAHEAD, OPT_UID,
-	OPT_GID, OPT_UMASK, OPT_MAX_PLANS,
+	OPT_GID, OPT_UMASK, OPT_MAX_PLANS, OPT_SHARE_SLICES,
 	/* umount */
 	OPT_LAZY,
 	/* stats */
 	OPT_PROMETHEUS,
+	/* diff, export --since */
+	OPT_SVG, OPT_SINCE,
 	OPT_ID_END /* one past the last */
 };
 
@@ -81,6 +83,7 @@ struct cli_command {
 	const char *name;       /* "export" */
 	const char *args;       /* "SRC DIR" */
 	int n_args;             /* positional arguments it takes */
+	int n_optional;         /* and how many more it may take */
 	const char *brief;      /* one line for `ckfs --help` */
 	const char *about;      /* a paragraph for its --help */
 	const struct cli_opt *const *opts; /* NULL-terminated; --help is implied */
@@ -96,6 +99,8 @@ extern const struct cli_opt cli_opt_dtype, cli_opt_max_shard_size, cli_opt_confi
 	cli_opt_follow_symlinks, cli_opt_raw_names, cli_opt_log_level, cli_opt_json,
 	cli_opt_lora, cli_opt_base, cli_opt_lora_alpha, cli_opt_rslora, cli_opt_fp8_skip,
 	cli_opt_rank_checks, cli_opt_transformers_version;
+/* --dtype defaulting to auto (each tensor as stored): what ckfs diff compares. */
+extern const struct cli_opt cli_opt_dtype_as_stored;
 /* -h, --help: implied in every command (after its table). */
 extern const struct cli_opt cli_opt_help;
 

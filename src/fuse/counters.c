@@ -62,6 +62,15 @@ const struct ckfs_stat_row ckfs_stat_rows[CKFS_STAT_ROWS] = {
 	[CKFS_STAT_OPENS] = { "opens", "ckfs_opens_total", "counter", "Files opened." },
 	[CKFS_STAT_ERRORS] = { "errors", "ckfs_read_errors_total", "counter",
 			       "Read requests answered with an error." },
+	[CKFS_STAT_SHARED_SLICES] = { "shared_slices", "ckfs_cache_shared_slices_total", "counter",
+				      "Fills whose bytes a slice held already had: held once." },
+	[CKFS_STAT_SHARED_BYTES] = { "shared_bytes", "ckfs_cache_shared_bytes_total", "counter",
+				     "Bytes of those fills." },
+	[CKFS_STAT_BYTES_SAVED] = { "bytes_saved", "ckfs_cache_saved_bytes", "gauge",
+				    "Bytes the slice cache would hold more if it held equal "
+				    "slices apart." },
+	[CKFS_STAT_BYTES_HASHED] = { "bytes_hashed", "ckfs_cache_hashed_bytes_total", "counter",
+				     "Bytes of fills hashed to fingerprint them (share)." },
 	[CKFS_STAT_FILES] = { "files", "ckfs_files", "gauge", "Files in the served folder." },
 	[CKFS_STAT_UPTIME] = { "uptime_s", "ckfs_uptime_seconds", "gauge",
 			       "Seconds since the mount became ready." },
@@ -126,6 +135,10 @@ static void counters_now(struct ckfs_fs *fs, uint64_t v[CKFS_STAT_COUNTERS])
 	v[CKFS_STAT_BYTES_READ] = ld(&fs->stats.io.n[CKFS_IO_BYTES_READ]);
 	v[CKFS_STAT_OPENS] = ld(&fs->stats.io.n[CKFS_IO_OPENS]);
 	v[CKFS_STAT_ERRORS] = ld(&fs->stats.io.n[CKFS_IO_ERRORS]);
+	v[CKFS_STAT_SHARED_SLICES] = cs.shared_fills;
+	v[CKFS_STAT_SHARED_BYTES] = cs.shared_bytes;
+	v[CKFS_STAT_BYTES_SAVED] = cs.bytes_saved;
+	v[CKFS_STAT_BYTES_HASHED] = cs.bytes_hashed;
 }
 
 void ckfs_stats_put_uptime(struct ckfs_fs *fs, struct ckfs_strbuf *b)

@@ -29,10 +29,19 @@ enum ckfs_code ckfs_fs_open(const struct ckfs_mount_options *opt, struct ckfs_fs
 {
 	enum ckfs_run_kind kind = ckfs_run_kind(opt->src);
 
+	enum ckfs_code rc;
+
 	*out = NULL;
 	if (kind == CKFS_RUN_NOT)
-		return ckfs_checkpoint_tree_open(opt, out, err);
-	return ckfs_run_tree_open(opt, kind == CKFS_RUN_STEP, out, err);
+		rc = ckfs_checkpoint_tree_open(opt, out, err);
+	else
+		rc = ckfs_run_tree_open(opt, kind == CKFS_RUN_STEP, out, err);
+	/* Steps of a run share what did not change between them; one
+	 * checkpoint rarely holds two equal slices, so it skips the hashing. */
+	if (rc == CKFS_OK)
+		(*out)->share_slices = opt->share_slices == CKFS_SHARE_ON ||
+				       (opt->share_slices == CKFS_SHARE_AUTO && kind != CKFS_RUN_NOT);
+	return rc;
 }
 
 /* ---- per-thread scratch for the core read path ---- */
@@ -74,6 +83,7 @@ enum ckfs_code ckfs_fs_start_cache(struct ckfs_fs *fs, struct ckfs_error *err)
 		.budget_bytes = opt->cache_size,
 		.prefetch_threads = ra_threads,
 		.prefetch_queue = queue < 64 ? 64 : queue,
+		.share = fs->share_slices,
 	};
 	return ckfs_cache_new(&co, ckfs_fs_fill, fs, &fs->cache, err);
 }

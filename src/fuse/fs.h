@@ -50,6 +50,10 @@ struct ckfs_mount_options {
 	int prefetch_threads;       /* read-ahead workers; 0 disables */
 	int readahead;              /* largest read-ahead window, in slices */
 	int max_plans;              /* a run: step roles kept built (LRU) */
+	/* share_slices=: equal slices held once in the cache (include/ckfs/
+	 * cache.h): CKFS_SHARE_AUTO (a run's mount: yes; one checkpoint: no),
+	 * _ON or _OFF */
+	enum { CKFS_SHARE_AUTO, CKFS_SHARE_ON, CKFS_SHARE_OFF } share_slices;
 	unsigned kernel_readahead_kb; /* the mount's read_ahead_kb; 0 leaves
 				       * the kernel's (root only) */
 	bool foreground;

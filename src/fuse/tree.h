@@ -130,6 +130,7 @@ struct ckfs_fs {
 	const struct ckfs_tree_ops *ops;
 	const struct ckfs_mount_options *opt;
 	struct ckfs_cache *cache;
+	bool share_slices;          /* the cache holds equal slices once */
 	size_t slice_size;
 	uid_t uid;                  /* the owner shown */
 	gid_t gid;

@@ -341,6 +341,30 @@ else
 	echo "note: plan cache cases of another user's files not run (needs root to chown)"
 fi
 
+# ckfs diff: usage, refusals, output (the figures: tests/py/test_diff.py)
+HIST=$FIX/history
+expect "diff without A" 2 "expected A and \[B\]" -- "$CKFS" diff
+expect "diff with three" 2 "expected A and \[B\]" -- "$CKFS" diff "$SAMPLE" "$SAMPLE" "$SAMPLE"
+expect "diff of one checkpoint" 2 "expected A and B, or a training run alone" -- "$CKFS" diff "$SAMPLE"
+expect "diff of a run and B" 1 "^ckfs: '.*fsdp_ppo': a training run .*compare two of its roles" -- \
+	"$CKFS" diff "$FIX/run/fsdp_ppo" "$SAMPLE"
+expect "diff of a missing B" 1 "^ckfs: '/nonexistent/b': not found$" -- "$CKFS" diff "$SAMPLE" /nonexistent/b
+mkdir -p "$WORK/onestep"
+cp -r "$HIST/frozen_run/global_step_1" "$WORK/onestep/" && echo 1 >"$WORK/onestep/latest_checkpointed_iteration.txt"
+expect "diff of a run of one step" 1 "a run with 1 complete step; diff compares consecutive steps" -- \
+	"$CKFS" diff "$WORK/onestep"
+expect "diff --svg into a missing folder" 1 "^ckfs: '$WORK/none/x.svg.ckfs-tmp-[0-9]+': cannot create" -- \
+	"$CKFS" diff --svg "$WORK/none/x.svg" "$HIST/frozen_run"
+out=$("$CKFS" diff "$HIST/frozen_run/global_step_1/actor" "$HIST/frozen_run/global_step_2/actor")
+grep -qE '^model\.layers\.0\.mlp\.up_proj\.weight +identical *$' <<<"$out" &&
+	grep -qE '^model\.layers\.1\.mlp\.up_proj\.weight +changed +[0-9.e-]+ +[0-9.e-]+ +0\.[0-9]+ +[0-9]+ of 2048$' <<<"$out" &&
+	grep -qE '^total +39 +13 +26 +0 ' <<<"$out" && ok "diff: text per tensor and in total" ||
+	bad "diff: text per tensor and in total: $out"
+"$CKFS" diff --svg "$WORK/run.svg" "$HIST/lora_run" >"$WORK/run.txt" && grep -q '^<svg ' "$WORK/run.svg" &&
+	grep -qE '^  global_step_1 -> global_step_2: 28 of 55 tensors changed, 27 identical' "$WORK/run.txt" &&
+	! ls "$WORK" | grep -q 'ckfs-tmp' && ok "diff RUN: the pairs and the picture" ||
+	bad "diff RUN: the pairs and the picture: $(cat "$WORK/run.txt")"
+
 # a full disk fails before anything lands (root only: needs a tiny tmpfs)
 if [ "$(id -u)" = 0 ] && mkdir -p "$WORK/tiny" && mount -t tmpfs -o size=64k tmpfs "$WORK/tiny" 2>/dev/null; then
 	expect "full disk" 1 "No space left on device" -- "$CKFS" export -q "$SAMPLE" "$WORK/tiny/out"

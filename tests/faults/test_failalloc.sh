@@ -28,6 +28,17 @@ bad() {
 	echo "FAIL $*"
 }
 
+# CMD SRC DEST, with the arguments of EXTRA: export (after its options),
+# diff (after A: B and options) or inspect.
+EXTRA=()
+run_cmd() {
+	case $1 in
+	export) "$CKFS" export -q "${EXTRA[@]}" "$2" "$3" ;;
+	diff) "$CKFS" diff "$2" "${EXTRA[@]}" ;;
+	*) "$CKFS" "$1" "$2" ;;
+	esac
+}
+
 # sweep NAME SRC CMD MODE
 sweep() {
 	local name=$1 src=$2 cmd=$3 mode=$4 total n rc out err
@@ -35,30 +46,17 @@ sweep() {
 	mkdir -p "$WORK/exp"
 	# Reference: no fault (armed past the end, which also counts).
 	rm -f "$WORK/rep"
-	if [ "$cmd" = export ]; then
-		CKFS_FAIL_ALLOC=999999999 CKFS_FAIL_REPORT=$WORK/rep LD_PRELOAD=$SHIM \
-			"$CKFS" export -q "$src" "$WORK/ref" >/dev/null 2>&1 ||
-			{ bad "$name: export without faults failed"; return; }
-	else
-		CKFS_FAIL_ALLOC=999999999 CKFS_FAIL_REPORT=$WORK/rep LD_PRELOAD=$SHIM \
-			"$CKFS" inspect "$src" >"$WORK/ref.txt" 2>/dev/null ||
-			{ bad "$name: inspect without faults failed"; return; }
-	fi
+	CKFS_FAIL_ALLOC=999999999 CKFS_FAIL_REPORT=$WORK/rep LD_PRELOAD=$SHIM \
+		run_cmd "$cmd" "$src" "$WORK/ref" >"$WORK/ref.txt" 2>/dev/null ||
+		{ bad "$name: $cmd without faults failed"; return; }
 	total=$(awk '$1 == "count" { print $2 }' "$WORK/rep")
 	[ -n "$total" ] && [ "$total" -gt 0 ] || { bad "$name: the shim counted nothing"; return; }
-	local ok_runs=0 clean_runs=0 STEP=${CKFS_FAILALLOC_STEP:-1}
+	local ok_runs=0 clean_runs=0 STEP=${CKFS_FAILALLOC_STEP:-${SWEEP_STEP:-1}}
 	[ "$RUNS" -gt 0 ] && [ -z "${CKFS_FAILALLOC_STEP:-}" ] && STEP=$(((total + RUNS - 1) / RUNS))
 	for ((n = 1; n <= total; n += STEP)); do
 		rm -rf "$dest" "$WORK/rep"
-		if [ "$cmd" = export ]; then
-			CKFS_FAIL_ALLOC=$n CKFS_FAIL_ALLOC_MODE=$mode CKFS_FAIL_REPORT=$WORK/rep \
-				LD_PRELOAD=$SHIM "$CKFS" export -q "$src" "$dest" \
-				>"$WORK/out.txt" 2>"$WORK/err.txt"
-		else
-			CKFS_FAIL_ALLOC=$n CKFS_FAIL_ALLOC_MODE=$mode CKFS_FAIL_REPORT=$WORK/rep \
-				LD_PRELOAD=$SHIM "$CKFS" inspect "$src" \
-				>"$WORK/out.txt" 2>"$WORK/err.txt"
-		fi
+		CKFS_FAIL_ALLOC=$n CKFS_FAIL_ALLOC_MODE=$mode CKFS_FAIL_REPORT=$WORK/rep \
+			LD_PRELOAD=$SHIM run_cmd "$cmd" "$src" "$dest" >"$WORK/out.txt" 2>"$WORK/err.txt"
 		rc=$?
 		runs=$((runs + 1))
 		err=$(cat "$WORK/err.txt")
@@ -67,6 +65,10 @@ sweep() {
 			if [ "$cmd" = export ]; then
 				diff -r "$WORK/ref" "$dest" >/dev/null ||
 					bad "$name N=$n: export succeeded with different files"
+			elif [ "$cmd" = diff ]; then # but the time it took
+				cmp -s <(grep -vE '"seconds":|^read .* s$' "$WORK/ref.txt") \
+					<(grep -vE '"seconds":|^read .* s$' "$WORK/out.txt") ||
+					bad "$name N=$n: diff succeeded with different output"
 			else
 				cmp -s "$WORK/ref.txt" "$WORK/out.txt" ||
 					bad "$name N=$n: inspect succeeded with different output"
@@ -100,6 +102,18 @@ for spec in fsdp/qwen2_fsdp2_w2 dcp/qwen2_tied_fsdp2_w3 megatron/llama_tp2 megat
 		sweep "$cmd ${spec}" "$FIX/$spec" "$cmd" once
 	done
 done
+# export --since (a LoRA step since the one before: the base linked, the
+# adapter written) and diff (a run's two steps, and a whole run).
+"$CKFS" export -q "$FIX/history/lora_run/global_step_1/actor" "$WORK/prev"
+EXTRA=(--since "$WORK/prev")
+sweep "export --since history/lora_run" "$FIX/history/lora_run/global_step_2/actor" export once
+EXTRA=("$FIX/history/frozen_run/global_step_2/actor")
+sweep "diff history/frozen_run" "$FIX/history/frozen_run/global_step_1/actor" diff once
+EXTRA=(--json)
+SWEEP_STEP=13 # 5,500 allocations, most of them the JSON's: every 13th
+sweep "diff --json RUN history/lora_run" "$FIX/history/lora_run" diff once
+SWEEP_STEP=
+EXTRA=()
 # Every allocation failing from N on: error paths that allocate are hit too.
 for spec in fsdp/qwen2_fsdp2_w2 dcp/qwen2_tied_fsdp2_w3 deepspeed/trainer_z3_w3_bf16_tied; do
 	sweep "export ${spec}" "$FIX/$spec" export after

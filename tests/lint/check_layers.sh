@@ -16,6 +16,7 @@ header_module() {
 	model) echo model ;;
 	layouts | run) echo layouts ;;
 	folder | weights | perm) echo folder ;;
+	history) echo history ;;
 	cache) echo cache ;;
 	s3) echo store ;;
 	*) echo "?$1" ;;
@@ -29,10 +30,11 @@ allowed() {
 	model) echo "util model" ;;
 	layouts) echo "util fmt model layouts" ;;
 	folder) echo "util model folder" ;;
+	history) echo "util model history" ;;
 	cache) echo "util cache" ;;
 	store) echo "util store" ;;
 	fuse) echo "util model layouts folder cache fuse" ;;
-	cli) echo "util fmt model layouts folder cache fuse cli" ;;
+	cli) echo "util fmt model layouts folder history cache store fuse cli" ;;
 	esac
 }
 # Third-party headers and the modules they may appear in.
@@ -40,7 +42,7 @@ library_home() {
 	case $1 in
 	fuse*.h) echo "fuse" ;;
 	zip.h | zlib.h) echo "fmt" ;;
-	xxhash.h) echo "cache" ;;
+	xxhash.h | xxh_x86dispatch.h) echo "cache" ;;
 	curl/curl.h) echo "store" ;;
 	cjson/cJSON.h) echo "util fmt layouts cli" ;;
 	*) echo "*" ;;

@@ -34,6 +34,8 @@ FIELDS = {  # metric -> stats field (--json)
     "ckfs_readahead_skipped_total": "readahead_skipped", "ckfs_reads_total": "reads",
     "ckfs_read_bytes_total": "bytes_read", "ckfs_read_errors_total": "errors",
     "ckfs_opens_total": "opens", "ckfs_source_read_bytes_total": "source_bytes_read",
+    "ckfs_cache_shared_slices_total": "shared_slices", "ckfs_cache_shared_bytes_total": "shared_bytes",
+    "ckfs_cache_saved_bytes": "bytes_saved", "ckfs_cache_hashed_bytes_total": "bytes_hashed",
     "ckfs_files": "files", "ckfs_uptime_seconds": "uptime_s",
 }
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"

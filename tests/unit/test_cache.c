@@ -79,6 +79,8 @@ struct fill_ctx {
 	pthread_cond_t cond;
 	bool gate_closed;            /* under lock */
 	uint64_t gate_file;          /* the gate holds only this file; 0: all */
+	bool twins;                  /* file id N + 100 holds N's bytes */
+	bool pokes;                  /* and N + 200 ... N + 600 too, but one byte */
 	int in_gate;                 /* under lock: fills blocked */
 };
 
@@ -137,6 +139,13 @@ static int gate_blocked(struct fill_ctx *f)
 	return n;
 }
 
+/* Where file kNN (k 2 to 6) differs from file NN: in page 3 of a 1 MiB
+ * slice, which the fingerprint (16 pages, 69632 bytes apart) does not read. */
+static size_t poke_at(uint64_t file_id)
+{
+	return 12345 + (size_t)(file_id / 100) * 7;
+}
+
 static enum ckfs_code test_fill(void *ctx, uint64_t file_id, uint64_t offset,
 				size_t len, void *buf, struct ckfs_error *err)
 {
@@ -160,19 +169,24 @@ static enum ckfs_code test_fill(void *ctx, uint64_t file_id, uint64_t offset,
 		return ckfs_fail_errno(err, "cannot read source of file %"
 				       PRIu64 " at %" PRIu64, file_id, offset);
 	}
+	uint64_t content = f->twins ? file_id % 100 : file_id;
 	for (size_t i = 0; i < len; i++)
-		((uint8_t *)buf)[i] = pattern(file_id, offset + i);
+		((uint8_t *)buf)[i] = pattern(content, offset + i);
+	/* in a page the fingerprint does not read (see poke_at) */
+	if (f->pokes && file_id / 100 >= 2 && file_id / 100 <= 6 && offset == 0)
+		((uint8_t *)buf)[poke_at(file_id)] ^= 0xFF;
 	return CKFS_OK;
 }
 
-static struct ckfs_cache *make_cache(struct fill_ctx *f, size_t slice_size,
-				     uint64_t budget, int threads, int queue)
+static struct ckfs_cache *make_cache_opt(struct fill_ctx *f, size_t slice_size,
+					 uint64_t budget, int threads, int queue, bool share)
 {
 	struct ckfs_cache_options opt = {
 		.slice_size = slice_size,
 		.budget_bytes = budget,
 		.prefetch_threads = threads,
 		.prefetch_queue = queue,
+		.share = share,
 	};
 	struct ckfs_error err;
 	struct ckfs_cache *c = NULL;
@@ -185,6 +199,12 @@ static struct ckfs_cache *make_cache(struct fill_ctx *f, size_t slice_size,
 	}
 	f->cache = c;
 	return c;
+}
+
+static struct ckfs_cache *make_cache(struct fill_ctx *f, size_t slice_size,
+				     uint64_t budget, int threads, int queue)
+{
+	return make_cache_opt(f, slice_size, budget, threads, queue, false);
 }
 
 static void done(struct ckfs_cache *c, struct fill_ctx *f)
@@ -998,6 +1018,155 @@ static void test_recycle(void)
 	done(c, &f);
 }
 
+/* get file_id's slice, check it holds content's bytes, and put it back
+ * having served `served` bytes. Returns its data pointer. */
+static const void *serve_as(struct ckfs_cache *c, uint64_t file_id, uint64_t content,
+			    uint64_t index, size_t served)
+{
+	struct ckfs_error err;
+	struct ckfs_slice *s;
+	const void *p;
+
+	ckfs_error_clear(&err);
+	if (ckfs_cache_get(c, file_id, index, SS, &s, &err) != CKFS_OK) {
+		CHECK(0);
+		return NULL;
+	}
+	p = ckfs_slice_data(s);
+	CHECK(pattern_ok(content, index * SS, p, SS));
+	ckfs_cache_put_served(c, s, served);
+	return p;
+}
+
+/* Equal slices are held once: twins share one buffer, each slice still
+ * filled (its sources read) and counted; the budget counts the buffer
+ * once; without share nothing is shared. */
+static void test_share_twins(void)
+{
+	for (int share = 0; share <= 1; share++) {
+		struct fill_ctx f;
+		struct ckfs_cache *c = make_cache_opt(&f, SS, 16 * SS, 0, 0, share);
+		struct ckfs_cache_stats st;
+
+		f.twins = true;
+		for (uint64_t i = 0; i < 4; i++) {
+			const void *a = serve_as(c, 1, 1, i, 0);
+			const void *b = serve_as(c, 101, 1, i, 0);
+			CHECK((a == b) == (bool)share);
+			serve_as(c, 2, 2, i, 0); /* no twin held */
+		}
+		st = stats_of(c);
+		CHECK_EQ_INT(st.fills, 12);
+		CHECK_EQ_INT(atomic_load(&f.calls), 12);
+		CHECK_EQ_INT(st.slices_cached, 12);
+		CHECK_EQ_INT(st.shared_fills, share ? 4 : 0);
+		CHECK_EQ_INT(st.shared_bytes, share ? 4 * SS : 0);
+		CHECK_EQ_INT(st.bytes_saved, share ? 4 * SS : 0);
+		CHECK_EQ_INT(st.bytes_cached, share ? 8 * SS : 12 * SS);
+		CHECK_EQ_INT(st.bytes_hashed, share ? 12 * SS : 0);
+		CHECK_EQ_INT(touch(c, 2, 3, SS), CKFS_OK); /* a hit */
+		CHECK_EQ_INT(stats_of(c).hits, 1);
+		done(c, &f);
+	}
+}
+
+/* Evicting one of two twins frees nothing; the other keeps the bytes
+ * until it goes too, and then the buffer's bytes go. */
+static void test_share_eviction(void)
+{
+	struct fill_ctx f;
+	struct ckfs_cache *c = make_cache_opt(&f, SS, 4 * SS, 0, 0, true);
+	struct ckfs_cache_stats st;
+
+	f.twins = true;
+	for (uint64_t i = 0; i < 4; i++)
+		serve_as(c, 1, 1, i, 0);
+	for (uint64_t i = 0; i < 4; i++)
+		serve_as(c, 101, 1, i, 0);
+	st = stats_of(c);
+	CHECK_EQ_INT(st.bytes_cached, 4 * SS); /* 8 slices within a 4-slice budget */
+	CHECK_EQ_INT(st.evictions, 0);
+	serve_as(c, 3, 3, 0, 0); /* over the budget: file 1's slices go first */
+	st = stats_of(c);
+	CHECK(st.bytes_cached <= 4 * SS);
+	CHECK_EQ_INT(st.evictions, 5); /* file 1's four (freeing nothing), then 101's first */
+	CHECK_EQ_INT(st.bytes_saved, 0);
+	for (uint64_t i = 1; i < 4; i++)
+		serve_as(c, 101, 1, i, 0); /* still held: hits */
+	CHECK_EQ_INT(stats_of(c).hits, 3);
+	serve_as(c, 1, 1, 2, 0); /* filled again, and shared again */
+	st = stats_of(c);
+	CHECK_EQ_INT(st.shared_fills, 5);
+	CHECK_EQ_INT(st.bytes_saved, SS);
+	done(c, &f);
+}
+
+/* With sharing, a fill never takes a buffer before it has run (it may
+ * equal that slice); after it, a done slice no other slice holds gives its
+ * buffer to the next fill, and a done slice held with a twin keeps it. */
+static void test_share_recycle(void)
+{
+	struct fill_ctx f;
+	struct ckfs_cache *c = make_cache_opt(&f, SS, 3 * SS, 0, 0, true);
+	const void *p, *q;
+
+	f.twins = true;
+	p = serve_as(c, 1, 1, 0, SS);  /* done */
+	CHECK(serve_as(c, 101, 1, 0, 0) == p); /* still there to be shared */
+	q = serve_as(c, 4, 4, 0, SS);  /* done, unshared; the shared done one stays */
+	CHECK_EQ_INT(stats_of(c).recycled, 0);
+	CHECK(serve_as(c, 101, 1, 0, 0) == p); /* a hit, bytes intact */
+	CHECK(serve_as(c, 1, 1, 0, 0) == p);
+	serve_as(c, 5, 5, 0, 0);       /* after it, file 4's done buffer is taken */
+	CHECK_EQ_INT(stats_of(c).recycled, 1);
+	CHECK(serve_as(c, 6, 6, 0, 0) == q); /* and filled next */
+	CHECK_EQ_INT(stats_of(c).evictions, 0);
+	CHECK_EQ_INT(stats_of(c).bytes_cached, 3 * SS);
+	CHECK_EQ_INT(atomic_load(&f.calls), 5);
+	done(c, &f);
+}
+
+/* Slices larger than the fingerprint's 16 pages: equal ones are found by
+ * it; ones that agree on those pages and differ elsewhere are compared,
+ * found different, and keep their own bytes; at most SHARE_CANDIDATES
+ * buffers of one fingerprint are compared. */
+static void test_share_fingerprint(void)
+{
+	enum { BIG = 1 << 20 };
+	struct fill_ctx f;
+	struct ckfs_cache *c = make_cache_opt(&f, BIG, 64 * (uint64_t)BIG, 0, 0, true);
+	struct ckfs_error err;
+	struct ckfs_slice *a, *b;
+	struct ckfs_cache_stats st;
+
+	f.twins = f.pokes = true;
+	ckfs_error_clear(&err);
+	CHECK(ckfs_cache_get(c, 1, 0, BIG, &a, &err) == CKFS_OK);
+	CHECK(ckfs_cache_get(c, 101, 0, BIG, &b, &err) == CKFS_OK);
+	CHECK(ckfs_slice_data(a) == ckfs_slice_data(b));
+	ckfs_cache_put(c, b);
+	for (uint64_t id = 201; id <= 601; id += 100) { /* all but one byte equal */
+		CHECK(ckfs_cache_get(c, id, 0, BIG, &b, &err) == CKFS_OK);
+		const uint8_t *p = ckfs_slice_data(b), *q = ckfs_slice_data(a);
+		CHECK(p != q);
+		CHECK((p[poke_at(id)] ^ q[poke_at(id)]) == 0xFF);
+		CHECK(memcmp(p, q, poke_at(id)) == 0);
+		ckfs_cache_put(c, b);
+	}
+	st = stats_of(c);
+	CHECK_EQ_INT(st.shared_fills, 1);
+	CHECK_EQ_INT(st.bytes_cached, 6 * (uint64_t)BIG);
+	CHECK_EQ_INT(st.bytes_hashed, 7 * 16 * 4096);
+	/* file 1's buffer is now behind five of its fingerprint: not reached */
+	CHECK(ckfs_cache_get(c, 1001, 0, BIG, &b, &err) == CKFS_OK);
+	CHECK(ckfs_slice_data(b) != ckfs_slice_data(a));
+	CHECK(memcmp(ckfs_slice_data(b), ckfs_slice_data(a), BIG) == 0); /* held twice */
+	CHECK_EQ_INT(stats_of(c).shared_fills, 1);
+	ckfs_cache_put(c, b);
+	ckfs_cache_put(c, a);
+	done(c, &f);
+}
+
 static void test_stats_consistency(void)
 {
 	struct fill_ctx f;
@@ -1074,6 +1243,10 @@ int main(void)
 	RUN(test_free_drops_queue);
 	RUN(test_read);
 	RUN(test_recycle);
+	RUN(test_share_twins);
+	RUN(test_share_eviction);
+	RUN(test_share_recycle);
+	RUN(test_share_fingerprint);
 	RUN(test_stats_consistency);
 	RUN(test_put_unpinned_aborts);
 	return test_summary();

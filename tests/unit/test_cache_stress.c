@@ -12,7 +12,8 @@
  * past that until the mix has shown what it is here for (a failed fill,
  * a wait, an eviction, a queued read-ahead): how much of it two seconds
  * show depends on how busy the machine is. A cap of HANG_SECONDS only
- * catches a hang.
+ * catches a hang. Run twice: then with equal slices held once (share),
+ * the files' contents paired so that fills find equal buffers held.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -42,12 +43,16 @@ static const uint64_t file_sizes[] = {
 #define FILE_ID(i) (1000 + (uint64_t)(i)) /* not the array index */
 
 static atomic_uint_fast64_t fill_calls, fills_failed, bytes_ok;
+/* share run: files of the same parity hold the same bytes */
+static bool twins;
 static atomic_bool stop;
 static atomic_int running;
 static long max_ops = 200000;
 
 static uint8_t pattern(uint64_t file_id, uint64_t off)
 {
+	if (twins)
+		file_id %= 2;
 	uint64_t x = (off + 1) * 0x9E3779B97F4A7C15ull ^
 		     (file_id + 1) * 0xC2B2AE3D27D4EB4Full;
 
@@ -263,7 +268,7 @@ static bool mix_seen(struct ckfs_cache *c)
 
 	ckfs_cache_get_stats(c, &st);
 	return st.fill_errors > 0 && st.waits > 0 && st.evictions > 0 &&
-	       st.prefetch_queued > 0;
+	       st.prefetch_queued > 0 && (st.bytes_hashed == 0 || st.shared_fills > 0);
 }
 
 static void sleep_10ms(void)
@@ -286,13 +291,14 @@ static bool at_rest_consistent(struct ckfs_cache *c,
 	       st->bytes_filled == atomic_load(&bytes_ok);
 }
 
-static void test_stress(void)
+static void stress(bool share)
 {
 	struct ckfs_cache_options opt = {
 		.slice_size = SS,
 		.budget_bytes = 24 * SS, /* the working set is ~160 slices */
 		.prefetch_threads = 4,
 		.prefetch_queue = 32,
+		.share = share,
 	};
 	struct worker w[NTHREADS];
 	struct ckfs_cache_stats st;
@@ -364,11 +370,36 @@ static void test_stress(void)
 	CHECK(st.waits > 0 || ops < 10000);
 	CHECK(st.evictions > 0);
 	CHECK(st.prefetch_queued > 0);
-	ckfs_cache_free(c);
+	if (share) {
+		CHECK(st.shared_fills > 0);
+		CHECK(st.bytes_saved + st.bytes_cached <= st.slices_cached * SS);
+		CHECK_EQ_INT(st.bytes_hashed, st.bytes_filled);
+	} else {
+		CHECK_EQ_INT(st.shared_fills, 0);
+		CHECK_EQ_INT(st.bytes_saved, 0);
+	}
+	ckfs_cache_free(c); /* aborts if a shared buffer outlived its slices */
+}
+
+static void test_stress(void)
+{
+	stress(false);
+}
+
+static void test_stress_shared(void)
+{
+	twins = true;
+	atomic_store(&fill_calls, 0);
+	atomic_store(&fills_failed, 0);
+	atomic_store(&bytes_ok, 0);
+	atomic_store(&stop, false);
+	stress(true);
+	twins = false;
 }
 
 int main(void)
 {
 	RUN(test_stress);
+	RUN(test_stress_shared);
 	return test_summary();
 }
