@@ -484,7 +484,6 @@ static enum ckfs_code walk_role(struct run_walk *w, struct role_history *r, stru
 	struct ckfs_model *prev = NULL, *next = NULL;
 	enum ckfs_code rc;
 
-
 	r->diffs = calloc(pairs + 1, sizeof(*r->diffs));
 	r->labels = calloc(pairs + 1, sizeof(*r->labels));
 	if (!r->diffs || !r->labels)
@@ -636,9 +635,12 @@ static int diff_run(const struct diff_args *a, const char *src)
 	}
 	free(json.p);
 	for (size_t r = 0; r < w.n_roles; r++) {
-		for (size_t p = 0; w.roles[r].diffs && p + 1 < w.n_steps; p++) {
-			ckfs_diff_free(w.roles[r].diffs[p]);
-			free(w.roles[r].labels[p]);
+		for (size_t p = 0; p + 1 < w.n_steps; p++) {
+			/* either array may be missing after a failed allocation */
+			if (w.roles[r].diffs)
+				ckfs_diff_free(w.roles[r].diffs[p]);
+			if (w.roles[r].labels)
+				free(w.roles[r].labels[p]);
 		}
 		free(w.roles[r].diffs);
 		free(w.roles[r].labels);
