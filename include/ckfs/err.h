@@ -12,6 +12,8 @@
 #ifndef CKFS_ERR_H
 #define CKFS_ERR_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 
 /* Numeric values are stable: tests and scripts assert them. */
@@ -68,6 +70,18 @@ void ckfs_error_prefix(struct ckfs_error *err, const char *fmt, ...)
 
 /* Short name of a code, e.g. "format error". */
 const char *ckfs_strerror(enum ckfs_code code);
+
+/* The first failure among a job's threads: each reports what it hit, the
+ * first report is kept, and `failed` lets the others stop early without
+ * taking the lock. */
+struct ckfs_first_error {
+	pthread_mutex_t lock;
+	struct ckfs_error err; /* the first failure reported, under lock */
+	atomic_int failed;
+};
+void ckfs_first_error_init(struct ckfs_first_error *f);
+void ckfs_first_error_set(struct ckfs_first_error *f, const struct ckfs_error *e);
+void ckfs_first_error_destroy(struct ckfs_first_error *f);
 
 /* Forward a failure: evaluate expr once, return its code when not CKFS_OK. */
 #define CKFS_TRY(expr)                                                     \

@@ -57,19 +57,8 @@ struct job {
 	atomic_uint_fast64_t next_block;
 	atomic_uint_fast64_t bytes_done;
 	atomic_int workers_left;
-	pthread_mutex_t lock;
-	struct ckfs_error err; /* first failure, under lock */
-	atomic_int failed;
+	struct ckfs_first_error fail;
 };
-
-static void job_fail(struct job *j, const struct ckfs_error *e)
-{
-	pthread_mutex_lock(&j->lock);
-	if (j->err.code == CKFS_OK)
-		j->err = *e;
-	pthread_mutex_unlock(&j->lock);
-	atomic_store(&j->failed, 1);
-}
 
 static enum ckfs_code write_all(int fd, const void *buf, size_t len, uint64_t off,
 				const char *path, struct ckfs_error *err)
@@ -98,9 +87,9 @@ static void *worker(void *arg)
 	ckfs_error_clear(&err);
 	if (!buf) {
 		ckfs_nomem(&err);
-		job_fail(j, &err);
+		ckfs_first_error_set(&j->fail, &err);
 	}
-	while (buf && !atomic_load(&j->failed) && !interrupted) {
+	while (buf && !atomic_load(&j->fail.failed) && !interrupted) {
 		uint64_t b = atomic_fetch_add(&j->next_block, 1);
 		if (b >= j->n_blocks)
 			break;
@@ -109,7 +98,7 @@ static void *worker(void *arg)
 		if (ckfs_folder_read(j->folder, j->node, off, EXPORT_BLOCK, buf, &got,
 				     &scratch, &err) != CKFS_OK ||
 		    write_all(j->fd, buf, got, off, j->node->name, &err) != CKFS_OK) {
-			job_fail(j, &err);
+			ckfs_first_error_set(&j->fail, &err);
 			break;
 		}
 		/* Start writing the block back now, so the disk works while the
@@ -230,8 +219,7 @@ static enum ckfs_code write_node(const struct ckfs_folder *f, const struct ckfs_
 	}
 	struct job j = { .folder = f, .node = n, .fd = fd };
 	j.n_blocks = (n->size + EXPORT_BLOCK - 1) / EXPORT_BLOCK;
-	pthread_mutex_init(&j.lock, NULL);
-	ckfs_error_clear(&j.err);
+	ckfs_first_error_init(&j.fail);
 	int nt = n->kind == CKFS_NODE_WEIGHTS ? threads : 1;
 	if ((uint64_t)nt > j.n_blocks)
 		nt = j.n_blocks ? (int)j.n_blocks : 1;
@@ -244,7 +232,7 @@ static enum ckfs_code write_node(const struct ckfs_folder *f, const struct ckfs_
 			struct ckfs_error e;
 			ckfs_error_clear(&e);
 			ckfs_fail(&e, CKFS_E_NOMEM, "out of memory (cannot start a thread)");
-			job_fail(&j, &e);
+			ckfs_first_error_set(&j.fail, &e);
 			break;
 		}
 		started++;
@@ -257,15 +245,15 @@ static enum ckfs_code write_node(const struct ckfs_folder *f, const struct ckfs_
 	for (int i = 0; i < started; i++)
 		pthread_join(tids[i], NULL);
 	prog->base += atomic_load(&j.bytes_done);
-	if (j.err.code != CKFS_OK) {
-		*err = j.err;
-		rc = j.err.code;
+	if (j.fail.err.code != CKFS_OK) {
+		*err = j.fail.err;
+		rc = err->code;
 	} else if (interrupted) {
 		rc = ckfs_fail(err, CKFS_E_IO, "interrupted");
 	} else if (fsync(fd) != 0) {
 		rc = ckfs_fail_errno(err, "'%s': fsync failed", path);
 	}
-	pthread_mutex_destroy(&j.lock);
+	ckfs_first_error_destroy(&j.fail);
 	if (close(fd) != 0 && rc == CKFS_OK)
 		rc = ckfs_fail_errno(err, "'%s': close failed", path);
 	return rc;

@@ -176,22 +176,12 @@ struct job {
 	uint64_t n_blocks;
 	volatile sig_atomic_t *stop;
 	atomic_uint_fast64_t next_block, written;
-	atomic_int failed;
+	struct ckfs_first_error fail;
 	_Atomic unsigned char *changed; /* per tensor */
-	pthread_mutex_t lock;           /* guards err and the ranges */
-	struct ckfs_error err;
+	pthread_mutex_t lock;           /* guards the ranges */
 	struct range *equal;
 	size_t n_equal, cap;
 };
-
-static void job_fail(struct job *j, const struct ckfs_error *e)
-{
-	pthread_mutex_lock(&j->lock);
-	if (j->err.code == CKFS_OK)
-		j->err = *e;
-	pthread_mutex_unlock(&j->lock);
-	atomic_store(&j->failed, 1);
-}
 
 static enum ckfs_code pwrite_all(int fd, const unsigned char *buf, size_t len, uint64_t off,
 				 const char *path, struct ckfs_error *err)
@@ -295,14 +285,14 @@ static void *worker(void *arg)
 	ckfs_error_clear(&err);
 	if (!mine || !theirs || !local) {
 		ckfs_nomem(&err);
-		job_fail(j, &err);
+		ckfs_first_error_set(&j->fail, &err);
 	}
-	while (mine && theirs && local && !atomic_load(&j->failed) && !*j->stop) {
+	while (mine && theirs && local && !atomic_load(&j->fail.failed) && !*j->stop) {
 		uint64_t b = atomic_fetch_add(&j->next_block, 1);
 		if (b >= j->n_blocks)
 			break;
 		if (do_block(j, b, mine, theirs, local, &n_local, &scratch, &err) != CKFS_OK) {
-			job_fail(j, &err);
+			ckfs_first_error_set(&j->fail, &err);
 			break;
 		}
 		pthread_mutex_lock(&j->lock);
@@ -322,7 +312,7 @@ static void *worker(void *arg)
 		pthread_mutex_unlock(&j->lock);
 		if (!room) {
 			ckfs_nomem(&err);
-			job_fail(j, &err);
+			ckfs_first_error_set(&j->fail, &err);
 			break;
 		}
 	}
@@ -518,7 +508,7 @@ enum ckfs_code export_since_write(struct export_since *s, const struct ckfs_fold
 	}
 	j.n_blocks = (n->size + SINCE_BLOCK - 1) / SINCE_BLOCK;
 	pthread_mutex_init(&j.lock, NULL);
-	ckfs_error_clear(&j.err);
+	ckfs_first_error_init(&j.fail);
 	if (threads > 256)
 		threads = 256;
 	if ((uint64_t)threads > j.n_blocks)
@@ -528,15 +518,15 @@ enum ckfs_code export_since_write(struct export_since *s, const struct ckfs_fold
 			struct ckfs_error e;
 			ckfs_error_clear(&e);
 			ckfs_fail(&e, CKFS_E_NOMEM, "out of memory (cannot start a thread)");
-			job_fail(&j, &e);
+			ckfs_first_error_set(&j.fail, &e);
 			break;
 		}
 		started++;
 	}
 	for (int i = 0; i < started; i++)
 		pthread_join(tids[i], NULL);
-	if (j.err.code != CKFS_OK) {
-		*err = j.err;
+	if (j.fail.err.code != CKFS_OK) {
+		*err = j.fail.err;
 		rc = err->code;
 	} else if (*stop) {
 		rc = ckfs_fail(err, CKFS_E_IO, "interrupted");
@@ -560,6 +550,7 @@ enum ckfs_code export_since_write(struct export_since *s, const struct ckfs_fold
 	if (!closed && close(j.fd) != 0 && rc == CKFS_OK)
 		rc = ckfs_fail_errno(err, "'%s': close failed", path);
 	pthread_mutex_destroy(&j.lock);
+	ckfs_first_error_destroy(&j.fail);
 	free(j.equal);
 	free(j.changed);
 	return rc;

@@ -113,19 +113,8 @@ struct job {
 	struct ckfs_diff_sums *win;
 	size_t n_windows, max_elem;
 	atomic_size_t next;
-	atomic_int failed;
-	pthread_mutex_t lock;
-	struct ckfs_error err;               /* the first failure, under lock */
+	struct ckfs_first_error fail;
 };
-
-static void job_fail(struct job *j, const struct ckfs_error *e)
-{
-	pthread_mutex_lock(&j->lock);
-	if (j->err.code == CKFS_OK)
-		j->err = *e;
-	pthread_mutex_unlock(&j->lock);
-	atomic_store(&j->failed, 1);
-}
 
 /* The compared tensor window w belongs to. */
 static size_t tensor_of(const struct job *j, size_t w)
@@ -153,9 +142,9 @@ static void *worker(void *arg)
 	ckfs_error_clear(&err);
 	if (!a || !b) {
 		ckfs_nomem(&err);
-		job_fail(j, &err);
+		ckfs_first_error_set(&j->fail, &err);
 	}
-	while (a && b && !atomic_load(&j->failed)) {
+	while (a && b && !atomic_load(&j->fail.failed)) {
 		size_t w = atomic_fetch_add(&j->next, 1);
 		if (w >= j->n_windows)
 			break;
@@ -166,7 +155,7 @@ static void *worker(void *arg)
 		size_t n = left < CKFS_DIFF_WINDOW ? (size_t)left : CKFS_DIFF_WINDOW;
 		if (ckfs_tensor_read(j->ma, t->a, first, n, a, &scratch, &err) != CKFS_OK ||
 		    ckfs_tensor_read(j->mb, t->b, first, n, b, &scratch, &err) != CKFS_OK) {
-			job_fail(j, &err);
+			ckfs_first_error_set(&j->fail, &err);
 			break;
 		}
 		ckfs_diff_window(t->a->out_dtype, a, t->b->out_dtype, b, n, &j->win[w]);
@@ -189,23 +178,22 @@ static enum ckfs_code compare(struct job *j, int threads, struct ckfs_error *err
 		threads = 256;
 	if ((size_t)threads > j->n_windows)
 		threads = j->n_windows ? (int)j->n_windows : 1;
-	pthread_mutex_init(&j->lock, NULL);
-	ckfs_error_clear(&j->err);
+	ckfs_first_error_init(&j->fail);
 	for (int i = 0; i < threads && j->n_windows; i++) {
 		if (pthread_create(&tids[i], NULL, worker, j) != 0) {
 			struct ckfs_error e;
 			ckfs_error_clear(&e);
 			ckfs_fail(&e, CKFS_E_NOMEM, "out of memory (cannot start a thread)");
-			job_fail(j, &e);
+			ckfs_first_error_set(&j->fail, &e);
 			break;
 		}
 		started++;
 	}
 	for (int i = 0; i < started; i++)
 		pthread_join(tids[i], NULL);
-	pthread_mutex_destroy(&j->lock);
-	if (j->err.code != CKFS_OK) {
-		*err = j->err;
+	ckfs_first_error_destroy(&j->fail);
+	if (j->fail.err.code != CKFS_OK) {
+		*err = j->fail.err;
 		return err->code;
 	}
 	return CKFS_OK;

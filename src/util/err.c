@@ -114,3 +114,24 @@ const char *ckfs_strerror(enum ckfs_code code)
 	}
 	return "unknown error";
 }
+
+void ckfs_first_error_init(struct ckfs_first_error *f)
+{
+	pthread_mutex_init(&f->lock, NULL);
+	ckfs_error_clear(&f->err);
+	atomic_init(&f->failed, 0);
+}
+
+void ckfs_first_error_set(struct ckfs_first_error *f, const struct ckfs_error *e)
+{
+	pthread_mutex_lock(&f->lock);
+	if (f->err.code == CKFS_OK)
+		f->err = *e;
+	pthread_mutex_unlock(&f->lock);
+	atomic_store(&f->failed, 1);
+}
+
+void ckfs_first_error_destroy(struct ckfs_first_error *f)
+{
+	pthread_mutex_destroy(&f->lock);
+}
