@@ -247,9 +247,29 @@ def test_run_without_tracker_waits_for_quiet(tmp_path, mount):
     src = copy_run("fsdp_grpo", tmp_path / "run")
     m = mount(src)
     shutil.copytree(src / "global_step_2", src / "global_step_3")  # fresh mtimes: being saved
-    wait_for(lambda: m.stats() and True, "stats")
-    assert "global_step_3" not in os.listdir(m.mnt)
-    assert os.readlink(m.mnt / "latest") == "global_step_2"
+    # Keep it being saved (its files touched every half second) while it is
+    # checked to be hidden: a stall of the busy test machine must not let
+    # the quiet time pass before the check.
+    files = [p for p in (src / "global_step_3").rglob("*") if p.is_file()]
+    saving = threading.Event()
+    saving.set()
+
+    def save():
+        while saving.is_set():
+            for p in files:
+                os.utime(p)
+            time.sleep(0.5)
+
+    saver = threading.Thread(target=save)
+    saver.start()
+    try:
+        wait_for(lambda: m.stats() and True, "stats")
+        time.sleep(2)
+        assert "global_step_3" not in os.listdir(m.mnt)
+        assert os.readlink(m.mnt / "latest") == "global_step_2"
+    finally:
+        saving.clear()
+        saver.join()
     wait_for(lambda: "global_step_3" in os.listdir(m.mnt), "the quiet step to appear")
     assert os.readlink(m.mnt / "latest") == "global_step_3"
 
