@@ -197,17 +197,14 @@ static int apply_option_list(struct mount_args *a, const char *list)
 		if (val)
 			*val++ = '\0';
 		const struct cli_opt *o = cli_find_key(&ckfs_cmd_mount_def, opt);
-		struct cli_value v;
 		if (!o)
 			rc = other_key(a, opt, val, whole);
 		else if (o->arg && (!val || !*val))
 			rc = ckfs_cli_usage_error("mount", "option '%s' needs a value", opt);
 		else if (!o->arg && val)
 			rc = ckfs_cli_usage_error("mount", "option '%s' takes no value", opt);
-		else if (!val)
-			rc = mount_apply(a, o, NULL);
-		else if ((rc = cli_value_parse(&ckfs_cmd_mount_def, o, val, &v)) == 0)
-			rc = mount_apply(a, o, &v);
+		else
+			rc = cli_apply_text(&ckfs_cmd_mount_def, o, val, mount_apply, a);
 	}
 	free(copy);
 	return rc;

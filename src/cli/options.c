@@ -151,8 +151,9 @@ static void choice_words(const struct cli_choice *c, char *buf, size_t size)
 					i == 0 ? "" : i + 1 == n ? " or " : ", ", words[i]);
 }
 
-int cli_value_parse(const struct cli_command *cmd, const struct cli_opt *o, const char *text,
-		    struct cli_value *v)
+/* text as a value of o (command cmd): 0, or 2 for a usage error, reported. */
+static int cli_value_parse(const struct cli_command *cmd, const struct cli_opt *o,
+			   const char *text, struct cli_value *v)
 {
 	char who[64], what[160];
 	char *end;
@@ -225,8 +226,8 @@ static int wrong_args(const struct cli_command *cmd)
 	return ckfs_cli_usage_error(cmd->name, "expected %s", what);
 }
 
-static int apply_text(const struct cli_command *cmd, const struct cli_opt *o, const char *text,
-		      cli_apply_fn apply, void *ctx)
+int cli_apply_text(const struct cli_command *cmd, const struct cli_opt *o, const char *text,
+		   cli_apply_fn apply, void *ctx)
 {
 	struct cli_value v;
 
@@ -265,7 +266,7 @@ int cli_parse(const struct cli_command *cmd, int argc, char **argv, cli_apply_fn
 	}
 	for (size_t i = 0; i < n && rc == 0; i++)
 		if (cmd->opts[i]->def)
-			rc = apply_text(cmd, cmd->opts[i], cmd->opts[i]->def, apply, ctx);
+			rc = cli_apply_text(cmd, cmd->opts[i], cmd->opts[i]->def, apply, ctx);
 	longs[nl++] = (struct option){ "help", no_argument, NULL, 'h' };
 	longs[nl] = (struct option){ 0 };
 	shorts[ns] = '\0';
@@ -291,7 +292,7 @@ int cli_parse(const struct cli_command *cmd, int argc, char **argv, cli_apply_fn
 					o = cmd->opts[i];
 		}
 		if (o)
-			rc = apply_text(cmd, o, o->arg ? optarg : NULL, apply, ctx);
+			rc = cli_apply_text(cmd, o, o->arg ? optarg : NULL, apply, ctx);
 	}
 	if (rc)
 		return rc;

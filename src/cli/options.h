@@ -120,9 +120,10 @@ typedef int (*cli_apply_fn)(void *ctx, const struct cli_opt *opt, const struct c
 #define CLI_HELP_SHOWN (-1)
 int cli_parse(const struct cli_command *cmd, int argc, char **argv, cli_apply_fn apply,
 	      void *ctx, int *first_arg);
-/* text as a value of o (command cmd): 0, or 2 for a usage error, reported. */
-int cli_value_parse(const struct cli_command *cmd, const struct cli_opt *o, const char *text,
-		    struct cli_value *value);
+/* text (NULL for a flag) parsed as o's value, then applied: 0, or the
+ * exit status to stop with (a bad value reported). */
+int cli_apply_text(const struct cli_command *cmd, const struct cli_opt *o, const char *text,
+		   cli_apply_fn apply, void *ctx);
 /* The option of cmd with -o key `key`, or NULL. */
 const struct cli_opt *cli_find_key(const struct cli_command *cmd, const char *key);
 /* cmd's --help text. */
