@@ -81,6 +81,8 @@ struct ckfs_first_error {
 };
 void ckfs_first_error_init(struct ckfs_first_error *f);
 void ckfs_first_error_set(struct ckfs_first_error *f, const struct ckfs_error *e);
+/* A worker thread could not be started: recorded as running out of memory. */
+void ckfs_first_error_no_thread(struct ckfs_first_error *f);
 void ckfs_first_error_destroy(struct ckfs_first_error *f);
 
 /* Forward a failure: evaluate expr once, return its code when not CKFS_OK. */

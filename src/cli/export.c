@@ -229,10 +229,7 @@ static enum ckfs_code write_node(const struct ckfs_folder *f, const struct ckfs_
 	for (int i = 0; i < nt; i++) {
 		if (pthread_create(&tids[i], NULL, worker, &j) != 0) {
 			atomic_fetch_sub(&j.workers_left, nt - i);
-			struct ckfs_error e;
-			ckfs_error_clear(&e);
-			ckfs_fail(&e, CKFS_E_NOMEM, "out of memory (cannot start a thread)");
-			ckfs_first_error_set(&j.fail, &e);
+			ckfs_first_error_no_thread(&j.fail);
 			break;
 		}
 		started++;

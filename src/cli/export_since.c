@@ -515,10 +515,7 @@ enum ckfs_code export_since_write(struct export_since *s, const struct ckfs_fold
 		threads = j.n_blocks ? (int)j.n_blocks : 1;
 	for (int i = 0; i < threads; i++) {
 		if (pthread_create(&tids[i], NULL, worker, &j) != 0) {
-			struct ckfs_error e;
-			ckfs_error_clear(&e);
-			ckfs_fail(&e, CKFS_E_NOMEM, "out of memory (cannot start a thread)");
-			ckfs_first_error_set(&j.fail, &e);
+			ckfs_first_error_no_thread(&j.fail);
 			break;
 		}
 		started++;

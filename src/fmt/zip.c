@@ -546,7 +546,8 @@ static enum ckfs_code zip_check_local(struct ckfs_zip *z, const struct zip_end *
 }
 
 /* Where entry e's local header (up to the end of its name) ends, when it
- * lies before the central directory; 0 (with err set) when it does not. */
+ * lies before the central directory; 0 when it does not (why in err, which
+ * may be NULL). */
 static uint64_t zip_local_end(const struct ckfs_zip *z, const struct zip_end *end,
 			      const struct ckfs_zip_entry *e, struct ckfs_error *err)
 {
@@ -591,13 +592,12 @@ static enum ckfs_code zip_read_locals(struct ckfs_zip *z, const struct zip_end *
 			break;
 		}
 		for (j = i + 1; j < z->n_entries; j++) {
+			/* a header out of place starts a run of its own, which
+			 * reports it */
 			const struct ckfs_zip_entry *e = &z->entries[j];
 			if (e->header_offset < z->entries[j - 1].header_offset ||
-			    e->header_offset >= end->cd_offset ||
-			    end->cd_offset - e->header_offset < ZIP_LOCAL_LEN + strlen(e->name))
-				break;
-			next = e->header_offset + ZIP_LOCAL_LEN + strlen(e->name);
-			if (next - start > ZIP_LOCAL_WINDOW || e->header_offset > stop + ZIP_LOCAL_GAP)
+			    !(next = zip_local_end(z, end, e, NULL)) ||
+			    next - start > ZIP_LOCAL_WINDOW || e->header_offset > stop + ZIP_LOCAL_GAP)
 				break;
 			stop = next > stop ? next : stop;
 		}

@@ -181,10 +181,7 @@ static enum ckfs_code compare(struct job *j, int threads, struct ckfs_error *err
 	ckfs_first_error_init(&j->fail);
 	for (int i = 0; i < threads && j->n_windows; i++) {
 		if (pthread_create(&tids[i], NULL, worker, j) != 0) {
-			struct ckfs_error e;
-			ckfs_error_clear(&e);
-			ckfs_fail(&e, CKFS_E_NOMEM, "out of memory (cannot start a thread)");
-			ckfs_first_error_set(&j->fail, &e);
+			ckfs_first_error_no_thread(&j->fail);
 			break;
 		}
 		started++;

@@ -131,6 +131,15 @@ void ckfs_first_error_set(struct ckfs_first_error *f, const struct ckfs_error *e
 	atomic_store(&f->failed, 1);
 }
 
+void ckfs_first_error_no_thread(struct ckfs_first_error *f)
+{
+	struct ckfs_error e;
+
+	ckfs_error_clear(&e);
+	ckfs_fail(&e, CKFS_E_NOMEM, "out of memory (cannot start a thread)");
+	ckfs_first_error_set(f, &e);
+}
+
 void ckfs_first_error_destroy(struct ckfs_first_error *f)
 {
 	pthread_mutex_destroy(&f->lock);
