@@ -98,7 +98,8 @@ static uint64_t scan(const struct ckfs_disk_cache *c, bool evict, uint64_t keep)
 			closedir(dir);
 	}
 	if (evict) {
-		qsort(all, n, sizeof(*all), by_age);
+		if (n)
+			qsort(all, n, sizeof(*all), by_age);
 		for (size_t i = 0; i < n && total > keep; i++)
 			if (unlink(all[i].path) == 0)
 				total -= all[i].size;

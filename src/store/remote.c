@@ -140,7 +140,8 @@ static enum ckfs_code list_prefix(struct ckfs_s3 *s3, const struct root *r,
 {
 	CKFS_TRY(ckfs_s3_list(s3, r->bucket, r->prefix, false, out, err));
 	drop_markers(out, r->object ? r->prefix : NULL);
-	qsort(out->objects, out->n_objects, sizeof(*out->objects), by_key);
+	if (out->n_objects) /* (an empty listing has no array) */
+		qsort(out->objects, out->n_objects, sizeof(*out->objects), by_key);
 	return CKFS_OK;
 }
 
