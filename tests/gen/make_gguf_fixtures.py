@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Generate the GGUF view's checkpoints (tests/fixtures/gguf/): tiny models with a SentencePiece
+tokenizer, saved as verl saves an FSDP2 actor.
+
+llama.cpp's converter identifies BPE tokenizers by a hash of their output, so the toy tokenizers
+of the other fixtures are refused by it; a SentencePiece tokenizer.model takes its SentencePiece
+path without that check. The model is trained here, offline, by the real `sentencepiece` package
+(in the GGUF oracle venv, tests/gguf/setup-gguf-venv.sh), on a small fixed text, one thread
+(deterministic). The weights are built by real transformers and sharded by real FSDP2 through
+verl's own FSDPCheckpointManager (make_fixtures.py's workers), in the main venv:
+
+    tests/gguf/setup-gguf-venv.sh
+    ~/.cache/ckfs/venv/bin/python tests/gen/make_gguf_fixtures.py       # ~30 s
+
+Outputs: tests/fixtures/gguf/<case>/ (the checkpoint, huggingface/ holding config.json,
+generation_config.json, tokenizer.model, tokenizer_config.json, special_tokens_map.json) and
+tests/fixtures/gguf/tokenizer.model. The expected GGUF files are not written here: tests/py/test_gguf.py
+runs the converter on `ckfs export`'s folder and records their sha256 (tests/fixtures/gguf/expected.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+os.environ["CKFS_GEN_REEXEC"] = "1"
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+OUT = os.path.join(REPO, "tests", "fixtures", "gguf")
+sys.path.insert(0, HERE)
+GGUF_PYTHON = os.environ.get("CKFS_GGUF_PYTHON", os.path.expanduser("~/.cache/ckfs/gguf-venv/bin/python"))
+
+SP_VOCAB = 320
+# Rows of 64 and 128 values: multiples of the 32-value blocks of Q8_0 and Q4_0. Head dim 16 with
+# 4 query heads and 2 KV heads exercises the converter's Q/K permutation on both.
+SHAPE = dict(vocab_size=SP_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2)
+CASES = [("llama_fsdp2_w2", "llama", False), ("qwen2_fsdp2_w2", "qwen2", False),
+         ("llama_tied_fsdp2_w2", "llama", True)]
+
+TEXT = """the model is good. hello world! a checkpoint is a merge of shards.
+verl saves one shard per rank; a mount shows the merged model as a folder.
+llama.cpp loads gguf files: a header, key-values, tensor infos and aligned data.
+tensors are converted on read, block by block, with bounded memory.
+"""
+
+TRAIN_SP = r"""
+import sys, sentencepiece as spm
+text, prefix, vocab = sys.argv[1], sys.argv[2], int(sys.argv[3])
+spm.SentencePieceTrainer.train(input=text, model_prefix=prefix, vocab_size=vocab, model_type="unigram",
+    character_coverage=1.0, num_threads=1, byte_fallback=True, hard_vocab_limit=False,
+    user_defined_symbols=["<|im_start|>", "<|im_end|>"], minloglevel=2)
+"""
+
+
+def train_tokenizer(tmp):
+    text = os.path.join(tmp, "text.txt")
+    with open(text, "w") as f:
+        f.write(TEXT * 4)
+    prefix = os.path.join(tmp, "sp")
+    subprocess.run([GGUF_PYTHON, "-c", TRAIN_SP, text, prefix, str(SP_VOCAB)], check=True)
+    return prefix + ".model"
+
+
+class SentencePieceFiles:
+    """What LlamaTokenizer.save_pretrained writes for this model, without needing sentencepiece in
+    the main venv: the model file itself and the two JSON files naming its special tokens."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def save_pretrained(self, d):
+        shutil.copyfile(self.model, os.path.join(d, "tokenizer.model"))
+        special = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+        with open(os.path.join(d, "special_tokens_map.json"), "w") as f:
+            json.dump(special, f, indent=2)
+        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+            json.dump(dict(special, add_bos_token=True, add_eos_token=False, model_max_length=128,
+                           tokenizer_class="LlamaTokenizer", clean_up_tokenization_spaces=False,
+                           legacy=True), f, indent=2)
+
+
+def main():
+    import make_fixtures as mf
+
+    mf.SPECIAL_F32_BITS = []  # no planted edge values: the weights should generate sensibly
+    os.makedirs(OUT, exist_ok=True)
+    tmp_root = tempfile.mkdtemp(prefix="ckfs-gguf-fixtures-")
+    try:
+        sp = train_tokenizer(tmp_root)
+        shutil.copyfile(sp, os.path.join(OUT, "tokenizer.model"))
+        mf.build_tokenizer = lambda: SentencePieceFiles(sp)
+        # verl's manager saves the tokenizer it was given into huggingface/; loading this one
+        # through transformers needs sentencepiece, which the main venv lacks (the forked ranks
+        # inherit this stand-in, which writes the same files).
+        import verl.utils.tokenizer as vt
+        vt.hf_tokenizer = lambda path, **kw: SentencePieceFiles(sp)
+        for name, arch, tied in CASES:
+            spec = mf.cfg(name, dict(SHAPE, arch=arch), 2, 2, tied=tied,
+                          desc=f"{arch} FSDP2 W=2 with a SentencePiece tokenizer (GGUF view)")
+            ckpt = os.path.join(OUT, name)
+            shutil.rmtree(ckpt, ignore_errors=True)
+            tmp = os.path.join(tmp_root, name)
+            srcdir = os.path.join(tmp, "src")
+            os.makedirs(srcdir)
+            mf.prepare_source(spec, srcdir)
+            mf.run_ranks(spec, srcdir, ckpt, tmp)
+            mf.log(f"[{name}] written")
+    finally:
+        shutil.rmtree(tmp_root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
