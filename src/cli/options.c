@@ -17,7 +17,7 @@
 static const struct cli_choice dtype_words[] = {
 	{ "bf16", CKFS_DTYPE_BF16 },  { "bfloat16", CKFS_DTYPE_BF16 },
 	{ "fp16", CKFS_DTYPE_F16 },   { "float16", CKFS_DTYPE_F16 },
-	{ "half", CKFS_DTYPE_F16 },   { "f16", CKFS_DTYPE_F16 },
+	{ "half", CKFS_DTYPE_F16 },
 	{ "fp32", CKFS_DTYPE_F32 },
 	{ "float32", CKFS_DTYPE_F32 }, { "float", CKFS_DTYPE_F32 },
 	{ "auto", CKFS_DTYPE_AUTO }, { "fp8", CKFS_DTYPE_F8_E4M3 },
