@@ -21,17 +21,27 @@
 #define ALIGN 32               /* general.alignment's default */
 #define READ_CHUNK (1u << 20)  /* source values converted per step */
 
+/* When the converter writes attention.key_length and value_length: it
+ * writes head_dim when transformers' config object has one. LlamaConfig
+ * always does (hidden / heads when config.json has none); Qwen2Config
+ * only when config.json gives it; Qwen3Config always, defaulting to 128,
+ * which ckfs does not guess. */
+enum head_dim_rule { HEAD_DIM_OR_QUOTIENT, HEAD_DIM_IF_GIVEN, HEAD_DIM_REQUIRED };
+
 /* The architectures served: the converter's model class and what it adds. */
 struct arch {
 	const char *hf;          /* config.json's architectures[0] */
 	const char *name;        /* general.architecture */
 	bool llama;              /* LlamaModel: Q/K permuted, vocab_size and rope
-				  * dimension count written, head_dim always */
+				  * dimension count written */
+	bool qk_norm;            /* Qwen3's q_norm and k_norm */
+	enum head_dim_rule head_dim;
 };
 static const struct arch archs[] = {
-	{ "LlamaForCausalLM", "llama", true },
-	{ "MistralForCausalLM", "llama", true },
-	{ "Qwen2ForCausalLM", "qwen2", false },
+	{ "LlamaForCausalLM", "llama", true, false, HEAD_DIM_OR_QUOTIENT },
+	{ "MistralForCausalLM", "llama", true, false, HEAD_DIM_OR_QUOTIENT },
+	{ "Qwen2ForCausalLM", "qwen2", false, false, HEAD_DIM_IF_GIVEN },
+	{ "Qwen3ForCausalLM", "qwen3", false, true, HEAD_DIM_REQUIRED },
 };
 
 /* config.json keys that make the converter write or do something this
@@ -55,19 +65,22 @@ static const char *const refused_keys[] = {
 /* HF names inside model.layers.N. and what they become in blk.N. */
 static const struct {
 	const char *hf, *gguf;
+	bool qk_norm;            /* only where the architecture has them */
 } layer_names[] = {
-	{ "input_layernorm.weight", "attn_norm.weight" },
-	{ "post_attention_layernorm.weight", "ffn_norm.weight" },
-	{ "self_attn.q_proj.weight", "attn_q.weight" },
-	{ "self_attn.k_proj.weight", "attn_k.weight" },
-	{ "self_attn.v_proj.weight", "attn_v.weight" },
-	{ "self_attn.o_proj.weight", "attn_output.weight" },
-	{ "self_attn.q_proj.bias", "attn_q.bias" },
-	{ "self_attn.k_proj.bias", "attn_k.bias" },
-	{ "self_attn.v_proj.bias", "attn_v.bias" },
-	{ "mlp.gate_proj.weight", "ffn_gate.weight" },
-	{ "mlp.up_proj.weight", "ffn_up.weight" },
-	{ "mlp.down_proj.weight", "ffn_down.weight" },
+	{ "input_layernorm.weight", "attn_norm.weight", false },
+	{ "post_attention_layernorm.weight", "ffn_norm.weight", false },
+	{ "self_attn.q_proj.weight", "attn_q.weight", false },
+	{ "self_attn.k_proj.weight", "attn_k.weight", false },
+	{ "self_attn.v_proj.weight", "attn_v.weight", false },
+	{ "self_attn.o_proj.weight", "attn_output.weight", false },
+	{ "self_attn.q_proj.bias", "attn_q.bias", false },
+	{ "self_attn.k_proj.bias", "attn_k.bias", false },
+	{ "self_attn.v_proj.bias", "attn_v.bias", false },
+	{ "mlp.gate_proj.weight", "ffn_gate.weight", false },
+	{ "mlp.up_proj.weight", "ffn_up.weight", false },
+	{ "mlp.down_proj.weight", "ffn_down.weight", false },
+	{ "self_attn.q_norm.weight", "attn_q_norm.weight", true },
+	{ "self_attn.k_norm.weight", "attn_k_norm.weight", true },
 };
 
 struct build {
@@ -115,8 +128,8 @@ static enum ckfs_code check_config(struct build *b)
 		if (strcmp(a0->valuestring, archs[i].hf) == 0)
 			b->arch = &archs[i];
 	if (!b->arch) {
-		snprintf(what, sizeof(what), "architecture %s (the GGUF view serves Llama, Mistral "
-			 "and Qwen2)", cJSON_IsString(a0) ? a0->valuestring : "unknown");
+		snprintf(what, sizeof(what), "architecture %s (the GGUF view serves Llama, Mistral, "
+			 "Qwen2 and Qwen3)", cJSON_IsString(a0) ? a0->valuestring : "unknown");
 		return refuse(b, what);
 	}
 	for (size_t i = 0; i < sizeof(refused_keys) / sizeof(refused_keys[0]); i++)
@@ -182,7 +195,8 @@ static const char *gguf_name(struct build *b, const char *name, bool *q, bool *k
 		if (strncmp(name, canon, strlen(canon)) != 0)
 			goto unknown; /* "model.layers.01." */
 		for (size_t i = 0; i < sizeof(layer_names) / sizeof(layer_names[0]); i++)
-			if (strcmp(name + used, layer_names[i].hf) == 0) {
+			if (strcmp(name + used, layer_names[i].hf) == 0 &&
+			    (b->arch->qk_norm || !layer_names[i].qk_norm)) {
 				*q = strcmp(layer_names[i].hf, "self_attn.q_proj.weight") == 0;
 				*k = strcmp(layer_names[i].hf, "self_attn.k_proj.weight") == 0;
 				const char *s = ckfs_arena_printf(ar, "blk.%lld.%s", layer,
@@ -377,12 +391,10 @@ static enum ckfs_code hparams(struct build *b, struct gguf_kv *kv, uint32_t file
 		snprintf(k, sizeof(k), "%s.attention.layer_norm_rms_epsilon", a);
 		gguf_kv_f32(kv, k, f);
 	}
-	/* head_dim: transformers' LlamaConfig always has one (hidden / heads
-	 * when config.json has none); Qwen2Config only when given */
 	int64_t head_dim, hidden;
-	CKFS_TRY(whole(b, "head_dim", false, &head_dim));
+	CKFS_TRY(whole(b, "head_dim", b->arch->head_dim == HEAD_DIM_REQUIRED, &head_dim));
 	CKFS_TRY(whole(b, "hidden_size", b->arch->llama, &hidden));
-	if (head_dim < 0 && b->arch->llama)
+	if (head_dim < 0 && b->arch->head_dim == HEAD_DIM_OR_QUOTIENT)
 		head_dim = hidden / b->n_head;
 	if (head_dim >= 0) {
 		snprintf(k, sizeof(k), "%s.attention.key_length", a);

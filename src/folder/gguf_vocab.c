@@ -283,7 +283,8 @@ enum ckfs_code gguf_vocab(const struct ckfs_model *m, struct ckfs_gguf_file *g,
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': no tokenizer.model: the GGUF "
 				 "view serves SentencePiece tokenizers only",
 				 m->hf_dir ? m->hf_dir : m->src_dir);
-	rc = parse_model("tokenizer.model", (const unsigned char *)data, len, &pc, &n, err);
+	rc = parse_model(g->from[g->n_from - 1].path, (const unsigned char *)data, len, &pc, &n,
+			 err);
 	if (rc == CKFS_OK)
 		rc = gguf_side_json(m, g, "tokenizer_config.json", &tc, err);
 	if (rc == CKFS_OK && llama) {

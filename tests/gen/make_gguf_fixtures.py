@@ -10,7 +10,8 @@ path without that check. The model is trained here, offline, by the real `senten
 verl's own FSDPCheckpointManager (make_fixtures.py's workers), in the main venv:
 
     tests/gguf/setup-gguf-venv.sh
-    ~/.cache/ckfs/venv/bin/python tests/gen/make_gguf_fixtures.py       # ~30 s
+    ~/.cache/ckfs/venv/bin/python tests/gen/make_gguf_fixtures.py       # ~40 s
+    ~/.cache/ckfs/venv/bin/python tests/gen/make_gguf_fixtures.py qwen3_fsdp2_w2   # one case
 
 Outputs: tests/fixtures/gguf/<case>/ (the checkpoint, huggingface/ holding config.json,
 generation_config.json, tokenizer.model, tokenizer_config.json, special_tokens_map.json) and
@@ -40,7 +41,10 @@ SP_VOCAB = 320
 SHAPE = dict(vocab_size=SP_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2)
 CASES = [("llama_fsdp2_w2", "llama", False), ("qwen2_fsdp2_w2", "qwen2", False),
-         ("llama_tied_fsdp2_w2", "llama", True)]
+         ("llama_tied_fsdp2_w2", "llama", True), ("mistral_fsdp2_w2", "mistral", False),
+         ("qwen3_fsdp2_w2", "qwen3", False)]
+MODEL_CLASS = dict(llama="LlamaForCausalLM", qwen2="Qwen2ForCausalLM", mistral="MistralForCausalLM",
+                   qwen3="Qwen3ForCausalLM")
 
 TEXT = """the model is good. hello world! a checkpoint is a merge of shards.
 verl saves one shard per rank; a mount shows the merged model as a folder.
@@ -58,12 +62,12 @@ spm.SentencePieceTrainer.train(input=text, model_prefix=prefix, vocab_size=vocab
 
 
 def train_tokenizer(tmp):
-    text = os.path.join(tmp, "text.txt")
-    with open(text, "w") as f:
+    # relative paths: the model records its trainer's input and prefix, so these must not
+    # carry the temporary folder's random name (the file is byte-reproducible this way)
+    with open(os.path.join(tmp, "text.txt"), "w") as f:
         f.write(TEXT * 4)
-    prefix = os.path.join(tmp, "sp")
-    subprocess.run([GGUF_PYTHON, "-c", TRAIN_SP, text, prefix, str(SP_VOCAB)], check=True)
-    return prefix + ".model"
+    subprocess.run([GGUF_PYTHON, "-c", TRAIN_SP, "text.txt", "sp", str(SP_VOCAB)], check=True, cwd=tmp)
+    return os.path.join(tmp, "sp.model")
 
 
 class SentencePieceFiles:
@@ -84,6 +88,27 @@ class SentencePieceFiles:
                            legacy=True), f, indent=2)
 
 
+def hf_config(mf_hf_config):
+    """make_fixtures.hf_config knows Llama and Qwen2; Mistral and Qwen3 the same way, by their own
+    transformers config classes (Qwen3 with head_dim given: its class's default is 128)."""
+
+    def make(spec):
+        from transformers import MistralConfig, Qwen3Config
+
+        m = dict(spec["model"])
+        arch = m.pop("arch")
+        if arch not in ("mistral", "qwen3"):
+            return mf_hf_config(spec)
+        cls, extra = (MistralConfig, dict(sliding_window=None)) if arch == "mistral" else \
+            (Qwen3Config, dict(head_dim=m["hidden_size"] // m["num_attention_heads"], use_sliding_window=False))
+        c = cls(max_position_embeddings=128, tie_word_embeddings=spec["tied"], bos_token_id=1, eos_token_id=2,
+                pad_token_id=0, rms_norm_eps=1e-6, rope_theta=10000.0, **extra, **m)
+        c.architectures = [spec["model_class"]]
+        return c
+
+    return make
+
+
 def main():
     import make_fixtures as mf
 
@@ -94,13 +119,17 @@ def main():
         sp = train_tokenizer(tmp_root)
         shutil.copyfile(sp, os.path.join(OUT, "tokenizer.model"))
         mf.build_tokenizer = lambda: SentencePieceFiles(sp)
+        mf.hf_config = hf_config(mf.hf_config)
         # verl's manager saves the tokenizer it was given into huggingface/; loading this one
         # through transformers needs sentencepiece, which the main venv lacks (the forked ranks
         # inherit this stand-in, which writes the same files).
         import verl.utils.tokenizer as vt
         vt.hf_tokenizer = lambda path, **kw: SentencePieceFiles(sp)
+        only = sys.argv[1:]
         for name, arch, tied in CASES:
-            spec = mf.cfg(name, dict(SHAPE, arch=arch), 2, 2, tied=tied,
+            if only and name not in only:
+                continue
+            spec = mf.cfg(name, dict(SHAPE, arch=arch), 2, 2, tied=tied, model_class=MODEL_CLASS[arch],
                           desc=f"{arch} FSDP2 W=2 with a SentencePiece tokenizer (GGUF view)")
             ckpt = os.path.join(OUT, name)
             shutil.rmtree(ckpt, ignore_errors=True)

@@ -9,14 +9,20 @@
 #   ~/.cache/ckfs/gguf-venv/llama.cpp/      convert_hf_to_gguf.py, conversion/, gguf-py/
 #
 #   tests/gguf/setup-gguf-venv.sh [--print-path]   (then the venv path on stdout)
+#   tests/gguf/setup-gguf-venv.sh --runtime        also llama.cpp itself:
+#
+#   ~/.cache/ckfs/gguf-runtime-venv         llama-cpp-python 0.3.36 built from its
+#                                           source package (compiles llama.cpp: about
+#                                           15 minutes on 2 CPUs), numpy
 #
 # Nothing is compiled (the converter is pure Python): a few minutes the first
 # time, most of it torch (hardlinked from uv's cache when the client venvs
 # exist). Idempotent: a venv whose stamp holds the lock's and the sdist's
 # sha256 is left alone.
 set -eu
-print_path=0
+print_path=0 runtime=0
 [ "${1:-}" = "--print-path" ] && print_path=1
+[ "${1:-}" = "--runtime" ] && runtime=1
 exec 3>&1 1>&2 # progress on stderr; stdout (fd 3) carries only the path
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -58,6 +64,24 @@ else
 	mv "$tmp/$top" "$venv/llama.cpp"
 	echo "$want" >"$stamp"
 	echo "setup-gguf-venv: installed in $(($(date +%s) - start)) s"
+fi
+if [ "$runtime" = 1 ]; then
+	rt=$cache/gguf-runtime-venv
+	if [ -f "$rt/.ckfs-stamp" ] && [ "$(cat "$rt/.ckfs-stamp")" = "llama-cpp-python==$LLAMA_CPP_PYTHON" ]; then
+		echo "setup-gguf-venv: $rt up to date"
+	else
+		start=$(date +%s)
+		rm -rf "$rt"
+		python3 -m venv "$rt"
+		echo "setup-gguf-venv: building llama-cpp-python $LLAMA_CPP_PYTHON into $rt (compiles llama.cpp)"
+		# portable code (no -march=native: the venv may be copied), CPU only, 2 jobs
+		CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+			CMAKE_BUILD_PARALLEL_LEVEL=${CKFS_JOBS:-2} \
+			"$rt/bin/python" -m pip install -q --disable-pip-version-check --no-binary llama-cpp-python \
+			"llama-cpp-python==$LLAMA_CPP_PYTHON" "numpy==2.3.5"
+		echo "llama-cpp-python==$LLAMA_CPP_PYTHON" >"$rt/.ckfs-stamp"
+		echo "setup-gguf-venv: llama-cpp-python built in $(($(date +%s) - start)) s"
+	fi
 fi
 [ "$print_path" = 1 ] && echo "$venv" >&3
 exit 0

@@ -139,7 +139,7 @@ def test_refusals(tmp_path):
     model = (hf / "tokenizer.model").read_bytes()
     for name, data in [("truncated", model[: len(model) // 2]), ("garbage", os.urandom(4096)),
                        ("empty", b""), ("huge varint", b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01"),
-                       ("bad type", b"\x0a\x07\x0a\x01a\x18\x09")]:
+                       ("bad type", b"\x0a\x05\x0a\x01a\x18\x09")]:
         (hf / "tokenizer.model").write_bytes(data)
         line = refused(d)
         assert "tokenizer.model" in line, (name, line)
