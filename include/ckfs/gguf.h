@@ -53,8 +53,8 @@ struct ckfs_gguf_file {
 	struct ckfs_gguf_tensor *tensors; /* in file order */
 	uint64_t size;
 	/* The side files it is made from (tokenizer.model, tokenizer_config.json,
-	 * generation_config.json), for who may read it (perm.c). */
-	struct ckfs_file_access from[3];
+	 * chat_template.jinja, generation_config.json), for who may read it (perm.c). */
+	struct ckfs_file_access from[4];
 	size_t n_from;
 };
 

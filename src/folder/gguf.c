@@ -20,6 +20,7 @@
 
 #define ALIGN 32               /* general.alignment's default */
 #define READ_CHUNK (1u << 20)  /* source values converted per step */
+#define MAX_VOCAB (1 << 24)    /* tokens in the header (the largest real: 262k) */
 
 /* When the converter writes attention.key_length and value_length: it
  * writes head_dim when transformers' config object has one. LlamaConfig
@@ -118,6 +119,13 @@ static enum ckfs_code whole(struct build *b, const char *k, bool need, int64_t *
 	return CKFS_OK;
 }
 
+/* rope_parameters (transformers 5), else rope_scaling; NULL: neither. */
+static const cJSON *rope_object(const struct build *b)
+{
+	const cJSON *rope = get(b->config, "rope_parameters");
+	return rope ? rope : get(b->config, "rope_scaling");
+}
+
 static enum ckfs_code check_config(struct build *b)
 {
 	const cJSON *a = get(b->config, "architectures");
@@ -142,10 +150,8 @@ static enum ckfs_code check_config(struct build *b)
 		return refuse(b, "is_causal false");
 	if (b->arch->llama && cJSON_IsTrue(get(b->config, "attention_bias")))
 		return refuse(b, "attention_bias (Llama's permuted biases)");
-	/* rope: plain only; rope_theta from rope_parameters or the top level */
-	const cJSON *rope = get(b->config, "rope_parameters");
-	if (!rope)
-		rope = get(b->config, "rope_scaling");
+	/* rope: plain only, its theta the one parameter */
+	const cJSON *rope = rope_object(b);
 	if (rope) {
 		const cJSON *t = get(rope, "rope_type");
 		if (!t)
@@ -374,10 +380,8 @@ static enum ckfs_code hparams(struct build *b, struct gguf_kv *kv, uint32_t file
 	CKFS_TRY(put_u32_param(b, kv, "intermediate_size", "feed_forward_length"));
 	CKFS_TRY(put_u32_param(b, kv, "num_attention_heads", "attention.head_count"));
 	CKFS_TRY(put_u32_param(b, kv, "num_key_value_heads", "attention.head_count_kv"));
-	const cJSON *rope = get(b->config, "rope_parameters");
+	const cJSON *rope = rope_object(b);
 	const cJSON *theta = rope ? get(rope, "rope_theta") : NULL;
-	if (!theta && !get(b->config, "rope_parameters") && get(b->config, "rope_scaling"))
-		theta = get(get(b->config, "rope_scaling"), "rope_theta");
 	if (!theta)
 		theta = get(b->config, "rope_theta");
 	if (theta) {
@@ -431,6 +435,10 @@ static enum ckfs_code key_values(struct build *b, struct gguf_kv *kv, uint64_t p
 	const char *name = b->opt->model_name;
 
 	CKFS_TRY(whole(b, "vocab_size", true, &n_vocab));
+	if (n_vocab > MAX_VOCAB)
+		return ckfs_fail(b->err, CKFS_E_LIMIT, "'%s': vocab_size %lld is more than the "
+				 "GGUF view's limit of %d", b->m->config_path, (long long)n_vocab,
+				 MAX_VOCAB);
 	if (b->arch->llama && (n_vocab == 32016 || n_vocab == 49152))
 		return refuse(b, "a CodeLlama or Granite vocabulary size");
 	if (!name) { /* the converter's default: the folder's name */
@@ -584,34 +592,39 @@ static enum ckfs_code read_rows(const struct ckfs_model *m, const struct ckfs_gg
 	return CKFS_OK;
 }
 
-/* The bytes [off, end) of tensor t's data (relative to its start). */
+/* The bytes [off, end) of tensor t's data (relative to its start): the
+ * rows they touch, READ_CHUNK source values (or one row) at a time. */
 static enum ckfs_code read_tensor(const struct ckfs_model *m, const struct ckfs_gguf_tensor *t,
 				  uint64_t off, uint64_t end, unsigned char *buf,
 				  struct ckfs_read_scratch *scratch, struct ckfs_error *err)
 {
-	size_t cap = (size_t)t->ne0 > READ_CHUNK ? (size_t)t->ne0 : READ_CHUNK;
+	uint64_t rows = (end + t->row_bytes - 1) / t->row_bytes - off / t->row_bytes;
+	uint64_t want = rows * (uint64_t)t->ne0;
+	size_t cap = want < READ_CHUNK ? (size_t)want : READ_CHUNK;
+	if (cap < (size_t)t->ne0)
+		cap = (size_t)t->ne0;
 	int64_t per = (int64_t)(cap / (size_t)t->ne0);
 	uint16_t *bf = malloc(cap * 2);
 	float *f = malloc(cap * 4);
-	unsigned char *rows = malloc((size_t)per * t->row_bytes);
-	enum ckfs_code rc = bf && f && rows ? CKFS_OK : ckfs_nomem(err);
+	unsigned char *enc = malloc((size_t)per * t->row_bytes);
+	enum ckfs_code rc = bf && f && enc ? CKFS_OK : ckfs_nomem(err);
 
 	while (rc == CKFS_OK && off < end) {
 		int64_t r0 = (int64_t)(off / t->row_bytes);
 		int64_t r1 = (int64_t)((end + t->row_bytes - 1) / t->row_bytes);
 		if (r1 - r0 > per)
 			r1 = r0 + per;
-		rc = read_rows(m, t, r0, r1, rows, bf, f, cap, scratch, err);
+		rc = read_rows(m, t, r0, r1, enc, bf, f, cap, scratch, err);
 		uint64_t from = (uint64_t)r0 * t->row_bytes;
 		uint64_t to = (uint64_t)r1 * t->row_bytes < end ? (uint64_t)r1 * t->row_bytes : end;
 		if (rc == CKFS_OK)
-			memcpy(buf, rows + (off - from), (size_t)(to - off));
+			memcpy(buf, enc + (off - from), (size_t)(to - off));
 		buf += to - off;
 		off = to;
 	}
 	free(bf);
 	free(f);
-	free(rows);
+	free(enc);
 	return rc;
 }
 

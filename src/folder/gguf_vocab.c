@@ -154,7 +154,7 @@ static enum ckfs_code parse_model(const char *path, const unsigned char *data, s
 /* Files whose presence changes what the converter writes in ways this
  * view does not follow. */
 static const char *const refused_files[] = {
-	"tokenizer.json", "added_tokens.json", "chat_template.json", "chat_template.jinja",
+	"tokenizer.json", "added_tokens.json", "chat_template.json", "additional_chat_templates",
 	"modules.json", "tekken.json",
 };
 
@@ -194,15 +194,18 @@ static enum ckfs_code special_ids(const struct ckfs_model *m, const cJSON *confi
 	return CKFS_OK;
 }
 
-/* tokenizer_config.json's add_bos/eos/sep_token flags and chat template;
- * anything there that changes the converter's vocabulary is refused. */
-static enum ckfs_code tokenizer_config(const cJSON *tc, struct gguf_kv *kv,
+/* tokenizer_config.json's add_bos/eos/sep_token flags and chat template
+ * (its own, else chat_template.jinja's, as SpecialVocab picks them; none
+ * without a non-empty tokenizer_config.json); anything there that changes
+ * the converter's vocabulary is refused. */
+static enum ckfs_code tokenizer_config(const struct ckfs_model *m, struct ckfs_gguf_file *g,
+				       const cJSON *tc, struct gguf_kv *kv,
 				       struct ckfs_error *err)
 {
 	static const char *const refused[] = { "added_tokens_decoder" };
 	static const char *const adds[] = { "bos", "eos", "sep" };
 
-	if (!tc)
+	if (!tc || !tc->child)
 		return CKFS_OK;
 	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
 		const cJSON *v = cJSON_GetObjectItemCaseSensitive(tc, refused[i]);
@@ -223,13 +226,27 @@ static enum ckfs_code tokenizer_config(const cJSON *tc, struct gguf_kv *kv,
 			gguf_kv_bool(kv, k, cJSON_IsTrue(v));
 	}
 	const cJSON *tmpl = cJSON_GetObjectItemCaseSensitive(tc, "chat_template");
-	if (tmpl && !cJSON_IsNull(tmpl)) {
+	if (tmpl) {
+		if (cJSON_IsNull(tmpl))
+			return CKFS_OK;
 		if (!cJSON_IsString(tmpl))
 			return ckfs_fail(err, CKFS_E_UNSUPPORTED, "tokenizer_config.json: a "
 					 "chat_template that is not one string is not reproduced by "
 					 "the GGUF view");
 		gguf_kv_str(kv, "tokenizer.chat_template", tmpl->valuestring);
+		return CKFS_OK;
 	}
+	char *text;
+	size_t len;
+	CKFS_TRY(gguf_side_file(m, g, "chat_template.jinja", CKFS_MAX_JSON_BYTES, &text, &len,
+				err));
+	if (text && memchr(text, 0, len)) {
+		free(text);
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "chat_template.jinja: a NUL byte");
+	}
+	if (text)
+		gguf_kv_str(kv, "tokenizer.chat_template", text);
+	free(text);
 	return CKFS_OK;
 }
 
@@ -303,7 +320,7 @@ enum ckfs_code gguf_vocab(const struct ckfs_model *m, struct ckfs_gguf_file *g,
 		rc = special_ids(m, config, n_vocab, kv, err);
 	}
 	if (rc == CKFS_OK)
-		rc = tokenizer_config(tc, kv, err);
+		rc = tokenizer_config(m, g, tc, kv, err);
 	cJSON_Delete(tc);
 	free(pc);
 	free(data);
