@@ -40,9 +40,14 @@ SP_VOCAB = 320
 # 4 query heads and 2 KV heads exercises the converter's Q/K permutation on both.
 SHAPE = dict(vocab_size=SP_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2)
-CASES = [("llama_fsdp2_w2", "llama", False), ("qwen2_fsdp2_w2", "qwen2", False),
-         ("llama_tied_fsdp2_w2", "llama", True), ("mistral_fsdp2_w2", "mistral", False),
-         ("qwen3_fsdp2_w2", "qwen3", False)]
+# (name, architecture, tied, where the chat template is: None, "config" (tokenizer_config.json,
+# as transformers 4 saves it) or "jinja" (chat_template.jinja, as transformers 5 saves it))
+CASES = [("llama_fsdp2_w2", "llama", False, None), ("qwen2_fsdp2_w2", "qwen2", False, "config"),
+         ("llama_tied_fsdp2_w2", "llama", True, "jinja"), ("mistral_fsdp2_w2", "mistral", False, None),
+         ("qwen3_fsdp2_w2", "qwen3", False, "jinja")]
+CHAT_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] "
+                 "+ '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+                 "{% endif %}")
 MODEL_CLASS = dict(llama="LlamaForCausalLM", qwen2="Qwen2ForCausalLM", mistral="MistralForCausalLM",
                    qwen3="Qwen3ForCausalLM")
 
@@ -74,18 +79,24 @@ class SentencePieceFiles:
     """What LlamaTokenizer.save_pretrained writes for this model, without needing sentencepiece in
     the main venv: the model file itself and the two JSON files naming its special tokens."""
 
-    def __init__(self, model):
+    def __init__(self, model, chat=None):
         self.model = model
+        self.chat = chat
 
     def save_pretrained(self, d):
         shutil.copyfile(self.model, os.path.join(d, "tokenizer.model"))
         special = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
         with open(os.path.join(d, "special_tokens_map.json"), "w") as f:
             json.dump(special, f, indent=2)
+        config = dict(special, add_bos_token=True, add_eos_token=False, model_max_length=128,
+                      tokenizer_class="LlamaTokenizer", clean_up_tokenization_spaces=False, legacy=True)
+        if self.chat == "config":
+            config["chat_template"] = CHAT_TEMPLATE
+        elif self.chat == "jinja":
+            with open(os.path.join(d, "chat_template.jinja"), "w") as f:
+                f.write(CHAT_TEMPLATE)
         with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
-            json.dump(dict(special, add_bos_token=True, add_eos_token=False, model_max_length=128,
-                           tokenizer_class="LlamaTokenizer", clean_up_tokenization_spaces=False,
-                           legacy=True), f, indent=2)
+            json.dump(config, f, indent=2)
 
 
 def hf_config(mf_hf_config):
@@ -118,17 +129,17 @@ def main():
     try:
         sp = train_tokenizer(tmp_root)
         shutil.copyfile(sp, os.path.join(OUT, "tokenizer.model"))
-        mf.build_tokenizer = lambda: SentencePieceFiles(sp)
         mf.hf_config = hf_config(mf.hf_config)
-        # verl's manager saves the tokenizer it was given into huggingface/; loading this one
-        # through transformers needs sentencepiece, which the main venv lacks (the forked ranks
-        # inherit this stand-in, which writes the same files).
         import verl.utils.tokenizer as vt
-        vt.hf_tokenizer = lambda path, **kw: SentencePieceFiles(sp)
         only = sys.argv[1:]
-        for name, arch, tied in CASES:
+        for name, arch, tied, chat in CASES:
             if only and name not in only:
                 continue
+            mf.build_tokenizer = lambda: SentencePieceFiles(sp, chat)
+            # verl's manager saves the tokenizer it was given into huggingface/; loading this one
+            # through transformers needs sentencepiece, which the main venv lacks (the forked
+            # ranks inherit this stand-in, which writes the same files).
+            vt.hf_tokenizer = lambda path, **kw: SentencePieceFiles(sp, chat)
             spec = mf.cfg(name, dict(SHAPE, arch=arch), 2, 2, tied=tied, model_class=MODEL_CLASS[arch],
                           desc=f"{arch} FSDP2 W=2 with a SentencePiece tokenizer (GGUF view)")
             ckpt = os.path.join(OUT, name)
