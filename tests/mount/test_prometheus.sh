@@ -36,6 +36,8 @@ FIELDS = {  # metric -> stats field (--json)
     "ckfs_opens_total": "opens", "ckfs_source_read_bytes_total": "source_bytes_read",
     "ckfs_cache_shared_slices_total": "shared_slices", "ckfs_cache_shared_bytes_total": "shared_bytes",
     "ckfs_cache_saved_bytes": "bytes_saved", "ckfs_cache_hashed_bytes_total": "bytes_hashed",
+    "ckfs_store_requests_total": "store_requests", "ckfs_store_retries_total": "store_retries",
+    "ckfs_store_received_bytes_total": "store_bytes",
     "ckfs_files": "files", "ckfs_uptime_seconds": "uptime_s",
 }
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
