@@ -280,8 +280,8 @@ static enum ckfs_code map_tensors(struct build *b, uint64_t *params)
 
 /* ---- key-values ---- */
 
-/* gguf.size_label for a dense model: 3 significant digits at most,
- * "115K", "1.5B", "7.6B", "72B". */
+/* gguf.size_label for a dense model: K, M, B or T with at least two
+ * significant digits ("115K", "1.5B", "72B"), rounded as Python formats. */
 static void size_label(uint64_t params, char *out, size_t size)
 {
 	double n = (double)params, s;

@@ -9,6 +9,7 @@
  * (tokenizer.json, added tokens, template files) are refused by name.
  */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,17 +203,10 @@ static enum ckfs_code tokenizer_config(const struct ckfs_model *m, struct ckfs_g
 				       const cJSON *tc, struct gguf_kv *kv,
 				       struct ckfs_error *err)
 {
-	static const char *const refused[] = { "added_tokens_decoder" };
 	static const char *const adds[] = { "bos", "eos", "sep" };
 
 	if (!tc || !tc->child)
 		return CKFS_OK;
-	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
-		const cJSON *v = cJSON_GetObjectItemCaseSensitive(tc, refused[i]);
-		if (v && !(cJSON_IsObject(v) && !v->child))
-			return ckfs_fail(err, CKFS_E_UNSUPPORTED, "tokenizer_config.json: '%s' "
-					 "is not reproduced by the GGUF view", refused[i]);
-	}
 	const cJSON *hybrid = cJSON_GetObjectItemCaseSensitive(tc, "tokenizer_class");
 	if (cJSON_IsString(hybrid) && strcmp(hybrid->valuestring, "HybridDNATokenizer") == 0)
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "tokenizer_config.json: the "
@@ -250,29 +244,126 @@ static enum ckfs_code tokenizer_config(const struct ckfs_model *m, struct ckfs_g
 	return CKFS_OK;
 }
 
-static void put_tokens(struct gguf_kv *kv, const struct piece *pc, size_t n, int64_t n_vocab)
+/* Added tokens that the converter makes CONTROL although not marked
+ * special (does_token_look_special). */
+static bool looks_special(const char *t)
 {
-	char pad[32];
+	static const char *const exact[] = { "<pad>", "<mask>", "<2mass>", "[@BOS@]" };
+	static const char *const around[][2] = {
+		{ "<|", "|>" }, { "<\xef\xbd\x9c", "\xef\xbd\x9c>" }, { "<unused", ">" },
+	};
+	size_t n = strlen(t);
 
-	gguf_kv_array(kv, "tokenizer.ggml.tokens", GGUF_STRING, (uint64_t)n_vocab);
-	for (int64_t i = 0; i < n_vocab; i++) {
-		if ((size_t)i < n) {
-			gguf_put_str(&kv->b, pc[i].text, pc[i].len);
-		} else { /* ids the model has beyond the tokenizer's */
-			int len = snprintf(pad, sizeof(pad), "[PAD%lld]", (long long)i);
-			gguf_put_str(&kv->b, pad, (size_t)len);
+	for (size_t i = 0; i < sizeof(exact) / sizeof(exact[0]); i++)
+		if (strcmp(t, exact[i]) == 0)
+			return true;
+	for (size_t i = 0; i < sizeof(around) / sizeof(around[0]); i++) {
+		size_t a = strlen(around[i][0]), z = strlen(around[i][1]);
+		if (n >= a && n >= z && memcmp(t, around[i][0], a) == 0 &&
+		    memcmp(t + n - z, around[i][1], z) == 0)
+			return true;
+	}
+	return false;
+}
+
+/* text with SentencePiece's U+2581 made spaces, in the arena. */
+static const char *spaces(struct ckfs_arena *ar, const char *text, size_t *len)
+{
+	size_t n = strlen(text), k = 0;
+	char *out = ckfs_arena_alloc(ar, n + 1);
+
+	for (size_t i = 0; out && i < n; i++) {
+		if (i + 3 <= n && memcmp(text + i, "\xe2\x96\x81", 3) == 0) {
+			out[k++] = ' ';
+			i += 2;
+		} else {
+			out[k++] = text[i];
 		}
 	}
-	gguf_kv_array(kv, "tokenizer.ggml.scores", GGUF_FLOAT32, (uint64_t)n_vocab);
-	for (int64_t i = 0; i < n_vocab; i++) {
-		float s = (size_t)i < n ? pc[i].score : -10000.0f;
-		ckfs_strbuf_put(&kv->b, (const char *)&s, 4);
+	if (out)
+		out[k] = '\0';
+	*len = k;
+	return out;
+}
+
+/* tokenizer_config.json's added_tokens_decoder over the table, as the
+ * converter applies it: score -1000, CONTROL when special or looking so,
+ * else USER_DEFINED with U+2581 made spaces; ids past the model skipped. */
+static enum ckfs_code added_tokens(const cJSON *tc, struct piece *tok, int64_t n_vocab,
+				   struct ckfs_arena *ar, struct ckfs_error *err)
+{
+	const cJSON *dec = tc ? cJSON_GetObjectItemCaseSensitive(tc, "added_tokens_decoder") : NULL;
+
+	if (!dec || cJSON_IsNull(dec))
+		return CKFS_OK;
+	if (!cJSON_IsObject(dec))
+		goto bad;
+	for (const cJSON *e = dec->child; e; e = e->next) {
+		const cJSON *content = cJSON_GetObjectItemCaseSensitive(e, "content");
+		const cJSON *special = cJSON_GetObjectItemCaseSensitive(e, "special");
+		char *end;
+		errno = 0;
+		long long id = strtoll(e->string, &end, 10);
+		if (errno || end == e->string || *end || id < 0 || !cJSON_IsString(content) ||
+		    (special && !cJSON_IsBool(special)))
+			goto bad;
+		if (id >= n_vocab)
+			continue;
+		struct piece *p = &tok[id];
+		p->score = -1000.0f;
+		if (cJSON_IsTrue(special) || looks_special(content->valuestring)) {
+			p->type = SP_CONTROL;
+			p->text = content->valuestring;
+			p->len = strlen(p->text);
+		} else {
+			p->type = SP_USER;
+			if (!(p->text = spaces(ar, content->valuestring, &p->len)))
+				return ckfs_nomem(err);
+		}
 	}
-	gguf_kv_array(kv, "tokenizer.ggml.token_type", GGUF_INT32, (uint64_t)n_vocab);
+	return CKFS_OK;
+bad:
+	return ckfs_fail(err, CKFS_E_UNSUPPORTED, "tokenizer_config.json: an "
+			 "added_tokens_decoder the GGUF view does not read");
+}
+
+/* The converter's token table: the pieces (USER_DEFINED written NORMAL, as
+ * SentencePieceProcessor reports them), [PADn] for ids past them. */
+static enum ckfs_code token_table(const struct piece *pc, size_t n, int64_t n_vocab,
+				  struct ckfs_arena *ar, struct piece **out,
+				  struct ckfs_error *err)
+{
+	struct piece *tok = ckfs_arena_calloc(ar, (size_t)n_vocab + 1, sizeof(*tok));
+
+	if (!tok)
+		return ckfs_nomem(err);
 	for (int64_t i = 0; i < n_vocab; i++) {
-		int32_t t = SP_UNUSED;
-		if ((size_t)i < n)
-			t = pc[i].type == SP_USER ? SP_NORMAL : pc[i].type;
+		if ((size_t)i < n) {
+			tok[i] = pc[i];
+			if (tok[i].type == SP_USER)
+				tok[i].type = SP_NORMAL;
+			continue;
+		}
+		char *t = ckfs_arena_printf(ar, "[PAD%lld]", (long long)i);
+		if (!t)
+			return ckfs_nomem(err);
+		tok[i] = (struct piece){ t, strlen(t), -10000.0f, SP_UNUSED };
+	}
+	*out = tok;
+	return CKFS_OK;
+}
+
+static void put_tokens(struct gguf_kv *kv, const struct piece *tok, int64_t n)
+{
+	gguf_kv_array(kv, "tokenizer.ggml.tokens", GGUF_STRING, (uint64_t)n);
+	for (int64_t i = 0; i < n; i++)
+		gguf_put_str(&kv->b, tok[i].text, tok[i].len);
+	gguf_kv_array(kv, "tokenizer.ggml.scores", GGUF_FLOAT32, (uint64_t)n);
+	for (int64_t i = 0; i < n; i++)
+		ckfs_strbuf_put(&kv->b, (const char *)&tok[i].score, 4);
+	gguf_kv_array(kv, "tokenizer.ggml.token_type", GGUF_INT32, (uint64_t)n);
+	for (int64_t i = 0; i < n; i++) {
+		int32_t t = tok[i].type;
 		ckfs_strbuf_put(&kv->b, (const char *)&t, 4);
 	}
 }
@@ -313,14 +404,22 @@ enum ckfs_code gguf_vocab(const struct ckfs_model *m, struct ckfs_gguf_file *g,
 			rc = ckfs_fail(err, CKFS_E_UNSUPPORTED, "tokenizer_config.json: "
 				       "add_prefix_space is not true or false");
 	}
+	struct piece *tok = NULL;
+	struct ckfs_arena ar;
+	ckfs_arena_init(&ar); /* the table's strings, until they are copied */
+	if (rc == CKFS_OK)
+		rc = token_table(pc, n, n_vocab, &ar, &tok, err);
+	if (rc == CKFS_OK)
+		rc = added_tokens(tc, tok, n_vocab, &ar, err);
 	if (rc == CKFS_OK) {
 		gguf_kv_str(kv, "tokenizer.ggml.model", "llama");
 		gguf_kv_str(kv, "tokenizer.ggml.pre", "default");
-		put_tokens(kv, pc, n, n_vocab);
+		put_tokens(kv, tok, n_vocab);
 		rc = special_ids(m, config, n_vocab, kv, err);
 	}
 	if (rc == CKFS_OK)
 		rc = tokenizer_config(m, g, tc, kv, err);
+	ckfs_arena_release(&ar);
 	cJSON_Delete(tc);
 	free(pc);
 	free(data);

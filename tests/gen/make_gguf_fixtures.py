@@ -40,10 +40,13 @@ SP_VOCAB = 320
 # 4 query heads and 2 KV heads exercises the converter's Q/K permutation on both.
 SHAPE = dict(vocab_size=SP_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2)
-# (name, architecture, tied, where the chat template is: None, "config" (tokenizer_config.json,
-# as transformers 4 saves it) or "jinja" (chat_template.jinja, as transformers 5 saves it))
+# (name, architecture, tied, what the tokenizer files add: None, a chat template in
+# tokenizer_config.json ("config", as transformers 4 saves it) or in chat_template.jinja ("jinja", as
+# transformers 5 saves it), or "decoder": tokenizer_config.json's added_tokens_decoder as LlamaTokenizer
+# writes it for its special tokens, plus the two user-defined ones and one plain added token over
+# the last piece (which the converter replaces, its U+2581 made spaces))
 CASES = [("llama_fsdp2_w2", "llama", False, None), ("qwen2_fsdp2_w2", "qwen2", False, "config"),
-         ("llama_tied_fsdp2_w2", "llama", True, "jinja"), ("mistral_fsdp2_w2", "mistral", False, None),
+         ("llama_tied_fsdp2_w2", "llama", True, "jinja"), ("mistral_fsdp2_w2", "mistral", False, "decoder"),
          ("qwen3_fsdp2_w2", "qwen3", False, "jinja")]
 CHAT_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] "
                  "+ '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
@@ -90,6 +93,14 @@ class SentencePieceFiles:
             json.dump(special, f, indent=2)
         config = dict(special, add_bos_token=True, add_eos_token=False, model_max_length=128,
                       tokenizer_class="LlamaTokenizer", clean_up_tokenization_spaces=False, legacy=True)
+        if self.chat == "decoder":
+            entry = dict(lstrip=False, normalized=False, rstrip=False, single_word=False)
+            config["added_tokens_decoder"] = {
+                "0": dict(entry, content="<unk>", special=True), "1": dict(entry, content="<s>", special=True),
+                "2": dict(entry, content="</s>", special=True),
+                "3": dict(entry, content="<|im_start|>", special=False),
+                "4": dict(entry, content="<|im_end|>", special=False),
+                str(SP_VOCAB - 1): dict(entry, content="\u2581hello\u2581world", normalized=True, special=False)}
         if self.chat == "config":
             config["chat_template"] = CHAT_TEMPLATE
         elif self.chat == "jinja":
