@@ -12,8 +12,11 @@
 #   tests/gguf/setup-gguf-venv.sh --runtime        also llama.cpp itself:
 #
 #   ~/.cache/ckfs/gguf-runtime-venv         llama-cpp-python 0.3.36 built from its
-#                                           source package (compiles llama.cpp: about
-#                                           15 minutes on 2 CPUs), numpy
+#                                           source package, numpy. This compiles
+#                                           llama.cpp: 178 objects, of which 95 took
+#                                           49 minutes on 2 CPUs shared with other
+#                                           builds (so over an hour here; minutes on
+#                                           a 16-core machine)
 #
 # Nothing is compiled (the converter is pure Python): a few minutes the first
 # time, most of it torch (hardlinked from uv's cache when the client venvs
