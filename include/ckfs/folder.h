@@ -19,11 +19,12 @@
 
 #include "ckfs/arena.h"
 #include "ckfs/err.h"
+#include "ckfs/gguf.h"
 #include "ckfs/model.h"
 #include "ckfs/weights.h"
 
 enum ckfs_node_kind {
-	CKFS_NODE_WEIGHTS,     /* a safetensors file, assembled on read */
+	CKFS_NODE_WEIGHTS,     /* a safetensors or GGUF file, assembled on read */
 	CKFS_NODE_RENDERED,    /* bytes held in memory */
 	CKFS_NODE_PASSTHROUGH, /* a side file, read from its source */
 	CKFS_NODE_DIR,         /* a folder inside the folder */
@@ -35,7 +36,8 @@ struct ckfs_node {
 	size_t parent;                  /* the folder's node index + 1; 0: top */
 	enum ckfs_node_kind kind;
 	uint64_t size;
-	const struct ckfs_st_file *st;  /* WEIGHTS */
+	const struct ckfs_st_file *st;  /* WEIGHTS: safetensors */
+	const struct ckfs_gguf_file *gguf; /* WEIGHTS: GGUF (st NULL) */
 	const char *data;               /* RENDERED */
 	/* RENDERED: what it is rendered from, for who may read it: a file
 	 * (config.json) and the weight files of a layout (the index,
@@ -67,6 +69,9 @@ struct ckfs_folder_options {
 	uint64_t max_shard_size;        /* 0: one model.safetensors */
 	/* --transformers-version; NULL: the newest known */
 	const struct ckfs_transformers_release *transformers;
+	/* --format gguf: the folder is model.gguf alone (include/ckfs/gguf.h) */
+	bool gguf;
+	struct ckfs_gguf_options gguf_options;
 };
 
 struct ckfs_folder {
@@ -74,6 +79,7 @@ struct ckfs_folder {
 	const struct ckfs_model *model; /* borrowed */
 	struct ckfs_st_layout layout;
 	struct ckfs_st_layout adapter;  /* a LoRA adapter's weights, if served */
+	struct ckfs_gguf_file gguf;     /* --format gguf */
 	size_t n_nodes;
 	struct ckfs_node *nodes;        /* sorted by path: a folder before
 					 * what it holds */

@@ -330,7 +330,8 @@ static const struct cli_opt opt_quiet = {
 static const struct cli_opt *const export_opts[] = {
 	&cli_opt_dtype, &cli_opt_max_shard_size, &cli_opt_transformers_version, &cli_opt_config, &cli_opt_s3_endpoint, &cli_opt_s3_cache, &opt_force, &opt_threads,
 	&opt_since, &opt_quiet, &cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_lora, &cli_opt_base,
-	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_fp8_skip, &cli_opt_log_level, NULL,
+	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_fp8_skip, &cli_opt_format, &cli_opt_model_name,
+	&cli_opt_log_level, NULL,
 };
 
 static int export_apply(void *ctx, const struct cli_opt *o, const struct cli_value *v);
@@ -511,6 +512,10 @@ int ckfs_cmd_export(int argc, char **argv)
 	int rc = cli_parse(&ckfs_cmd_export_def, argc, argv, export_apply, &a, &first);
 	if (rc)
 		return rc < 0 ? 0 : rc;
+	if ((rc = cli_common_settle(&ckfs_cmd_export_def, &a.c)) != 0)
+		return rc;
+	if (a.since && a.c.folder.gguf)
+		return ckfs_cli_usage_error("export", "--since is for --format safetensors");
 	if ((rc = cli_attach_stores(&a.c, (const char *const *)argv + first, 1)) != 0)
 		return rc;
 	const char *src = argv[first];

@@ -118,7 +118,8 @@ static const struct cli_opt *const mount_opts[] = {
 	&opt_foreground, &opt_debug, &opt_options, &cli_opt_dtype, &cli_opt_max_shard_size, &cli_opt_transformers_version,
 	&opt_cache_size, &opt_threads, &opt_readahead, &cli_opt_config, &cli_opt_s3_endpoint, &cli_opt_s3_cache,
 	&cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_lora, &cli_opt_base,
-	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_fp8_skip, &cli_opt_log_level,
+	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_fp8_skip, &cli_opt_format,
+	&cli_opt_model_name, &cli_opt_log_level,
 	&opt_prefetch_threads, &opt_slice_size, &opt_kernel_readahead, &opt_uid, &opt_gid,
 	&opt_umask, &opt_max_plans, &opt_s3_poll, &opt_share_slices, &cli_opt_rank_checks, NULL,
 };
@@ -312,7 +313,10 @@ static int fuse_options(struct mount_args *a, char **out)
 static int settle(struct mount_args *a, const char *src)
 {
 	struct ckfs_mount_options *mo = &a->mo;
+	int rc = cli_common_settle(&ckfs_cmd_mount_def, &a->c);
 
+	if (rc)
+		return rc;
 	if (mo->cache_size < 2 * (uint64_t)mo->slice_size)
 		return ckfs_cli_usage_error("mount", "cache size must be at least two slices "
 					    "(%zu bytes)", 2 * mo->slice_size);

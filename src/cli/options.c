@@ -18,10 +18,15 @@
 static const struct cli_choice dtype_words[] = {
 	{ "bf16", CKFS_DTYPE_BF16 },  { "bfloat16", CKFS_DTYPE_BF16 },
 	{ "fp16", CKFS_DTYPE_F16 },   { "float16", CKFS_DTYPE_F16 },
-	{ "half", CKFS_DTYPE_F16 },   { "fp32", CKFS_DTYPE_F32 },
+	{ "half", CKFS_DTYPE_F16 },
+	{ "fp32", CKFS_DTYPE_F32 },
 	{ "float32", CKFS_DTYPE_F32 }, { "float", CKFS_DTYPE_F32 },
 	{ "auto", CKFS_DTYPE_AUTO }, { "fp8", CKFS_DTYPE_F8_E4M3 },
+	{ "q8_0", CLI_DTYPE_Q8_0 }, { "q4_0", CLI_DTYPE_Q4_0 },
 	{ NULL, 0 }
+};
+static const struct cli_choice format_words[] = {
+	{ "safetensors", 0 }, { "gguf", 1 }, { NULL, 0 }
 };
 static const struct cli_choice lora_words[] = {
 	{ "adapter", CKFS_LORA_ADAPTER }, { "fuse", CKFS_LORA_FUSE },
@@ -48,7 +53,20 @@ const struct cli_opt cli_opt_dtype = {
 	.kind = CLI_CHOICE, .choices = dtype_words, .def = "bf16",
 	.help = "output dtype: bf16 (as verl's merger), fp16, fp32, auto (each "
 		"tensor as stored), or fp8 (linear weights block-quantized to "
-		"float8_e4m3fn with their scales, the rest bf16)"
+		"float8_e4m3fn with their scales, the rest bf16); with --format gguf: bf16, "
+		"fp16, q8_0 or q4_0"
+};
+const struct cli_opt cli_opt_format = {
+	.id = OPT_FORMAT, .name = "format", .key = "format", .arg = "F", .kind = CLI_CHOICE,
+	.choices = format_words, .def = "safetensors",
+	.help = "safetensors (the Hugging Face folder) or gguf (model.gguf alone, as "
+		"llama.cpp's convert_hf_to_gguf.py writes it from that folder)"
+};
+const struct cli_opt cli_opt_model_name = {
+	.id = OPT_MODEL_NAME, .name = "model-name", .key = "model_name", .arg = "NAME",
+	.kind = CLI_TEXT,
+	.help = "with --format gguf, general.name (the converter's --model-name); default "
+		"the checkpoint folder's name"
 };
 const struct cli_opt cli_opt_dtype_as_stored = {
 	.id = OPT_DTYPE, .name = "dtype", .arg = "T", .kind = CLI_CHOICE, .choices = dtype_words,
@@ -407,6 +425,14 @@ void cli_help(const struct cli_command *cmd, FILE *to)
 	}
 }
 
+static bool takes(const struct cli_command *cmd, enum cli_opt_id id)
+{
+	for (const struct cli_opt *const *o = cmd->opts; *o; o++)
+		if ((*o)->id == id)
+			return true;
+	return false;
+}
+
 /* --s3-cache DIR,SIZE */
 static int apply_s3_cache(const struct cli_command *cmd, const char *text)
 {
@@ -444,7 +470,18 @@ int cli_apply_common(const struct cli_command *cmd, struct cli_common *c,
 {
 	switch (o->id) {
 	case OPT_DTYPE:
-		c->model.out_dtype = (enum ckfs_dtype)v->n;
+		if (v->n >= CLI_DTYPE_Q8_0 && !takes(cmd, OPT_FORMAT))
+			return ckfs_cli_usage_error(cmd->name, "--dtype %s is a GGUF type "
+						    "(export and mount --format gguf)", v->text);
+		c->dtype = (int)v->n;
+		c->model.out_dtype = v->n < CLI_DTYPE_Q8_0 ? (enum ckfs_dtype)v->n
+							 : CKFS_DTYPE_BF16;
+		return 0;
+	case OPT_FORMAT:
+		c->folder.gguf = v->n == 1;
+		return 0;
+	case OPT_MODEL_NAME:
+		c->folder.gguf_options.model_name = v->text;
 		return 0;
 	case OPT_MAX_SHARD_SIZE:
 		c->folder.max_shard_size = (uint64_t)v->n;
@@ -497,4 +534,36 @@ int cli_apply_common(const struct cli_command *cmd, struct cli_common *c,
 	default:
 		return -1;
 	}
+}
+
+int cli_common_settle(const struct cli_command *cmd, struct cli_common *c)
+{
+	static const struct {
+		int dtype;
+		enum ckfs_gguf_type type;
+	} gguf_types[] = {
+		{ CKFS_DTYPE_BF16, CKFS_GGUF_BF16 }, { CKFS_DTYPE_F16, CKFS_GGUF_F16 },
+		{ CLI_DTYPE_Q8_0, CKFS_GGUF_Q8_0 }, { CLI_DTYPE_Q4_0, CKFS_GGUF_Q4_0 },
+	};
+
+	if (!c->folder.gguf) {
+		if (c->dtype >= CLI_DTYPE_Q8_0)
+			return ckfs_cli_usage_error(cmd->name, "--dtype %s needs --format gguf",
+						    c->dtype == CLI_DTYPE_Q8_0 ? "q8_0" : "q4_0");
+		if (c->folder.gguf_options.model_name)
+			return ckfs_cli_usage_error(cmd->name, "--model-name needs --format gguf");
+		return 0;
+	}
+	for (size_t i = 0; i < sizeof(gguf_types) / sizeof(gguf_types[0]); i++)
+		if (gguf_types[i].dtype == c->dtype) {
+			c->folder.gguf_options.type = gguf_types[i].type;
+			/* the GGUF is made from the bf16 folder, as the converter is run on it */
+			c->model.out_dtype = CKFS_DTYPE_BF16;
+			if (c->folder.max_shard_size)
+				return ckfs_cli_usage_error(cmd->name, "--max-shard-size is for "
+							    "--format safetensors");
+			return 0;
+		}
+	return ckfs_cli_usage_error(cmd->name, "--format gguf takes --dtype bf16, fp16, q8_0 "
+				    "or q4_0");
 }

@@ -20,6 +20,7 @@ enum cli_opt_id {
 	OPT_DTYPE = 1, OPT_MAX_SHARD_SIZE, OPT_CONFIG, OPT_FOLLOW_SYMLINKS, OPT_RAW_NAMES,
 	OPT_LOG_LEVEL, OPT_JSON, OPT_LORA, OPT_BASE, OPT_LORA_ALPHA, OPT_RSLORA,
 	OPT_FP8_SKIP, OPT_RANK_CHECKS, OPT_TRANSFORMERS_VERSION, OPT_S3_ENDPOINT, OPT_S3_CACHE,
+	OPT_FORMAT, OPT_MODEL_NAME,
 	/* export */
 	OPT_FORCE, OPT_EXPORT_THREADS, OPT_QUIET,
 	/* verify */
@@ -98,7 +99,8 @@ extern const struct cli_command *const ckfs_commands[];
 extern const struct cli_opt cli_opt_dtype, cli_opt_max_shard_size, cli_opt_config,
 	cli_opt_follow_symlinks, cli_opt_raw_names, cli_opt_log_level, cli_opt_json,
 	cli_opt_lora, cli_opt_base, cli_opt_lora_alpha, cli_opt_rslora, cli_opt_fp8_skip,
-	cli_opt_rank_checks, cli_opt_transformers_version, cli_opt_s3_endpoint, cli_opt_s3_cache;
+	cli_opt_rank_checks, cli_opt_transformers_version, cli_opt_s3_endpoint, cli_opt_s3_cache,
+	cli_opt_format, cli_opt_model_name;
 /* --dtype defaulting to auto (each tensor as stored): what ckfs diff compares. */
 extern const struct cli_opt cli_opt_dtype_as_stored;
 /* -h, --help: implied in every command (after its table). */
@@ -131,16 +133,23 @@ void cli_help(const struct cli_command *cmd, FILE *to);
 /* o's help with its default appended, as --help and the man page show it. */
 void cli_opt_help_text(const struct cli_opt *o, char *buf, size_t size);
 
+/* --dtype's words for GGUF's block types (beyond enum ckfs_dtype). */
+enum { CLI_DTYPE_Q8_0 = 0x1000, CLI_DTYPE_Q4_0 };
+
 /* What the shared options set. */
 struct cli_common {
 	struct ckfs_model_options model;
 	struct ckfs_folder_options folder;
 	bool json;
+	int dtype;              /* --dtype as given: a ckfs_dtype or CLI_DTYPE_Q* */
 };
 /* Apply a shared option to c: 0, 2 (a bad value, reported), or -1 when o
  * is not one of them. */
 int cli_apply_common(const struct cli_command *cmd, struct cli_common *c,
 		     const struct cli_opt *o, const struct cli_value *value);
+/* The checks across the shared options once all are applied (--format
+ * gguf with --dtype): 0, or 2 (reported). Commands with --format call it. */
+int cli_common_settle(const struct cli_command *cmd, struct cli_common *c);
 
 /* List each of paths that is an s3:// URL, and c's --base and --config
  * when they are, so that they read as folders (include/ckfs/remote.h):

@@ -215,6 +215,19 @@ static enum ckfs_code add_model(struct ckfs_folder *f, const struct ckfs_folder_
 	return add_side_files(f, err);
 }
 
+/* --format gguf: model.gguf alone, what llama.cpp and ollama load. */
+static enum ckfs_code add_gguf(struct ckfs_folder *f, const struct ckfs_folder_options *opt,
+			       struct ckfs_error *err)
+{
+	CKFS_TRY(ckfs_gguf_build(f->model, &opt->gguf_options, &f->gguf, err));
+	struct ckfs_node *n = add_node(f, f->gguf.name, CKFS_NODE_WEIGHTS, err);
+	if (!n)
+		return err->code;
+	n->size = f->gguf.size;
+	n->gguf = &f->gguf;
+	return CKFS_OK;
+}
+
 /* A LoRA actor's adapter as verl writes it: in dir ("lora_adapter/", or
  * "" for an adapter served alone). */
 static enum ckfs_code add_adapter(struct ckfs_folder *f, const char *dir,
@@ -333,9 +346,11 @@ enum ckfs_code ckfs_folder_build(const struct ckfs_model *m,
 	 * vLLM's --lora-modules takes; else the model, with the adapter in
 	 * lora_adapter/ when it is served apart. */
 	int adapter_alone = l && l->only && m->n_tensors == 0;
-	if (rc == CKFS_OK && !adapter_alone)
+	if (rc == CKFS_OK && opt->gguf)
+		rc = add_gguf(f, opt, err);
+	else if (rc == CKFS_OK && !adapter_alone)
 		rc = add_model(f, opt, err);
-	if (rc == CKFS_OK && l && l->mode == CKFS_LORA_ADAPTER)
+	if (rc == CKFS_OK && !opt->gguf && l && l->mode == CKFS_LORA_ADAPTER)
 		rc = add_adapter(f, adapter_alone ? "" : "lora_adapter/", err);
 	if (rc == CKFS_OK)
 		rc = link_tree(f, err);
@@ -375,6 +390,7 @@ void ckfs_folder_free(struct ckfs_folder *f)
 			ckfs_file_close(&f->nodes[i].src.f);
 	ckfs_st_layout_release(&f->layout);
 	ckfs_st_layout_release(&f->adapter);
+	ckfs_gguf_release(&f->gguf);
 	ckfs_arena_release(&f->arena);
 	free(f);
 }
@@ -392,7 +408,10 @@ enum ckfs_code ckfs_folder_read(const struct ckfs_folder *f,
 		len = (size_t)(n->size - off);
 	switch (n->kind) {
 	case CKFS_NODE_WEIGHTS:
-		CKFS_TRY(ckfs_st_file_read(f->model, n->st, off, len, buf, scratch, err));
+		if (n->gguf)
+			CKFS_TRY(ckfs_gguf_read(f->model, n->gguf, off, len, buf, scratch, err));
+		else
+			CKFS_TRY(ckfs_st_file_read(f->model, n->st, off, len, buf, scratch, err));
 		break;
 	case CKFS_NODE_RENDERED:
 		memcpy(buf, n->data + off, len);

@@ -362,6 +362,26 @@ static enum ckfs_code weights_classes(struct walk *w, const struct ckfs_model *m
 	return CKFS_OK;
 }
 
+/* A GGUF file: its tensors, config.json and the side files it is made from. */
+static enum ckfs_code gguf_classes(struct walk *w, const struct ckfs_model *m,
+				   const struct ckfs_gguf_file *g, unsigned char *cache,
+				   unsigned *out)
+{
+	unsigned c;
+
+	for (size_t t = 0; t < g->n_tensors && *out; t++)
+		CKFS_TRY(tensor_classes(w, m, g->tensors[t].src, cache, out));
+	for (size_t i = 0; i < g->n_from && *out; i++) {
+		CKFS_TRY(reach_recorded(w, &g->from[i], &c));
+		*out &= c;
+	}
+	if (m->config_access.path) {
+		CKFS_TRY(reach_recorded(w, &m->config_access, &c));
+		*out &= c;
+	}
+	return CKFS_OK;
+}
+
 static enum ckfs_code root_classes(struct walk *w, const struct ckfs_model *m,
 				   mode_t *root_mode)
 {
@@ -384,6 +404,8 @@ static enum ckfs_code node_classes(struct walk *w, const struct ckfs_folder *f,
 	switch (n->kind) {
 	case CKFS_NODE_WEIGHTS:
 		*out = meta;
+		if (n->gguf)
+			return gguf_classes(w, f->model, n->gguf, cache, out);
 		return weights_classes(w, f->model, n->st, cache, out);
 	case CKFS_NODE_RENDERED: {
 		/* From a file (config.json), from weight files (the index,

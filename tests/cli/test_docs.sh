@@ -141,10 +141,11 @@ takes() { # OPTION-ARGS-PREFIX COMPLETION-LINE WORDS...
 	"$CKFS" mount $opt"no-such-value" --help >/dev/null 2>&1
 	[ $? = 2 ] && ok "'${opt}no-such-value' is refused" || bad "'${opt}no-such-value' is taken"
 }
-takes "--dtype=" "ckfs mount --dtype " bf16 bfloat16 fp16 float16 half fp32 float32 float auto fp8
+takes "--dtype=" "ckfs mount --dtype " bf16 bfloat16 fp16 float16 half fp32 float32 float auto fp8 q8_0 q4_0
 takes "--lora=" "ckfs mount --lora " adapter fuse base
 takes "--log-level=" "ckfs mount --log-level " err error warning warn notice info debug
 takes "--transformers-version=" "ckfs mount --transformers-version " 5.10 5.23
+takes "--format=" "ckfs mount --format " safetensors gguf
 takes "-orank_checks=" "ckfs mount -o rank_checks=" mount read auto
 (source "$COMPLETION" && complete -p ckfs | grep -q -- '-F _ckfs') &&
 	ok "complete -F _ckfs ckfs" || bad "the script does not register _ckfs for ckfs"

@@ -15,7 +15,7 @@ header_module() {
 	zip | pickle | torch | safetensors) echo fmt ;;
 	model) echo model ;;
 	layouts | run) echo layouts ;;
-	folder | weights | perm) echo folder ;;
+	folder | weights | perm | gguf) echo folder ;;
 	history) echo history ;;
 	cache) echo cache ;;
 	s3 | remote | file) echo store ;;
@@ -44,7 +44,7 @@ library_home() {
 	zip.h | zlib.h) echo "fmt" ;;
 	xxhash.h | xxh_x86dispatch.h) echo "cache" ;;
 	curl/curl.h) echo "store" ;;
-	cjson/cJSON.h) echo "util fmt layouts cli" ;;
+	cjson/cJSON.h) echo "util fmt layouts folder cli" ;;
 	*) echo "*" ;;
 	esac
 }

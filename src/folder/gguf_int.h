@@ -1,0 +1,56 @@
+/* SPDX-License-Identifier: MIT */
+/* Internal to the GGUF view (src/folder/gguf*.c). */
+#ifndef CKFS_FOLDER_GGUF_INT_H
+#define CKFS_FOLDER_GGUF_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ckfs/gguf.h"
+#include "ckfs/strbuf.h"
+
+struct cJSON;
+
+/* GGUF's value types, by their numbers in the file. */
+enum gguf_value {
+	GGUF_UINT32 = 4, GGUF_INT32 = 5, GGUF_FLOAT32 = 6, GGUF_BOOL = 7,
+	GGUF_STRING = 8, GGUF_ARRAY = 9, GGUF_UINT64 = 10,
+};
+
+/* Key-values as bytes, in the order they are added (gguf_kv.c). */
+struct gguf_kv {
+	struct ckfs_strbuf b;
+	uint64_t n;
+};
+
+void gguf_put_u32(struct ckfs_strbuf *b, uint32_t v);
+void gguf_put_u64(struct ckfs_strbuf *b, uint64_t v);
+void gguf_put_str(struct ckfs_strbuf *b, const char *s, size_t len);
+void gguf_kv_str(struct gguf_kv *kv, const char *key, const char *val);
+void gguf_kv_u32(struct gguf_kv *kv, const char *key, uint32_t val);
+void gguf_kv_i32(struct gguf_kv *kv, const char *key, int32_t val);
+void gguf_kv_f32(struct gguf_kv *kv, const char *key, float val);
+void gguf_kv_bool(struct gguf_kv *kv, const char *key, bool val);
+/* An array's key and head; its n elements are put by the caller. */
+void gguf_kv_array(struct gguf_kv *kv, const char *key, enum gguf_value type, uint64_t n);
+
+/* The text of the checkpoint's side file `name` (huggingface/), read
+ * under the model's file policy and recorded in g->from: CKFS_OK with
+ * *text NULL when it does not exist. */
+enum ckfs_code gguf_side_file(const struct ckfs_model *m, struct ckfs_gguf_file *g,
+			      const char *name, size_t max, char **text, size_t *len,
+			      struct ckfs_error *err);
+/* The same, parsed as a JSON object (*obj NULL when absent). */
+enum ckfs_code gguf_side_json(const struct ckfs_model *m, struct ckfs_gguf_file *g,
+			      const char *name, struct cJSON **obj, struct ckfs_error *err);
+
+/* The tokenizer's key-values (gguf_vocab.c): SentencePiece's
+ * tokenizer.model, the special token ids of config.json and the add_*
+ * flags and chat template of tokenizer_config.json, as the converter's
+ * SentencePiece path writes them for n_vocab tokens. */
+enum ckfs_code gguf_vocab(const struct ckfs_model *m, struct ckfs_gguf_file *g,
+			  const struct cJSON *config,
+			  int64_t n_vocab, bool llama, struct gguf_kv *kv,
+			  struct ckfs_error *err);
+
+#endif
