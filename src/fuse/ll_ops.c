@@ -319,7 +319,10 @@ static void ckfs_ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	size_t len = file_size - (uint64_t)off < size ? (size_t)(file_size - (uint64_t)off)
 						      : size;
 	ckfs_error_clear(&err);
-	if (ckfs_fs_reply_read(req, fs, h, (uint64_t)off, len, &err) == CKFS_OK)
+	atomic_fetch_add_explicit(&fs->reads_in_flight, 1, memory_order_relaxed);
+	enum ckfs_code rc = ckfs_fs_reply_read(req, fs, h, (uint64_t)off, len, &err);
+	atomic_fetch_sub_explicit(&fs->reads_in_flight, 1, memory_order_relaxed);
+	if (rc == CKFS_OK)
 		return;
 	ckfs_fs_count(fs, h->served, CKFS_IO_ERRORS, 1);
 	ckfs_served_log_read_error(h->served, h->node, (uint64_t)off, len, &err);

@@ -41,6 +41,7 @@
 #include "ckfs/cache.h"
 #include "ckfs/err.h"
 #include "fuse/fs.h"
+#include "fuse/preload.h"
 #include "fuse/served.h"
 
 /* Kernel cache timeouts, seconds. What never changes while mounted (a
@@ -146,6 +147,10 @@ struct ckfs_fs {
 	 * again); ra_pending says it is still to do. */
 	char bdi_ra_path[96];
 	atomic_bool ra_pending;
+	/* READ requests being answered: the preload starts no slice while
+	 * there are any (the loader first). */
+	atomic_int reads_in_flight;
+	struct ckfs_preload *preload; /* set by a tree's start, or NULL */
 };
 
 /* Per open file (fi->fh): what it reads and its read-ahead state. */
