@@ -280,7 +280,7 @@ static int mount_apply(void *ctx, const struct cli_opt *o, const struct cli_valu
 		mo->share_slices = (int)v->n;
 		return 0;
 	case OPT_PRELOAD:
-		mo->preload = CKFS_PRELOAD_ON;
+		mo->preload = true;
 		return 0;
 	case OPT_PRELOAD_MAX:
 		mo->preload_max = (uint64_t)v->n;

@@ -72,12 +72,12 @@ static enum ckfs_code cp_start(struct ckfs_fs *fs, struct fuse_session *se,
 {
 	const struct ckfs_mount_options *opt = fs->opt;
 
-	if (opt->preload == CKFS_PRELOAD_OFF)
+	if (!opt->preload)
 		return CKFS_OK;
 	return ckfs_preload_start(fs, se, &tree_of(fs)->served, ROOT_INO, opt->mountpoint,
 				  opt->has_preload_max ? opt->preload_max
 						       : ckfs_preload_default_budget(),
-				  opt->preload == CKFS_PRELOAD_AUTO, &fs->preload, err);
+				  &fs->preload, err);
 }
 
 static void cp_free(struct ckfs_fs *fs)

@@ -36,7 +36,7 @@ enum ckfs_code ckfs_fs_open(const struct ckfs_mount_options *opt, struct ckfs_fs
 		rc = ckfs_checkpoint_tree_open(opt, out, err);
 	else
 		rc = ckfs_run_tree_open(opt, kind == CKFS_RUN_STEP, out, err);
-	if (rc == CKFS_OK && kind != CKFS_RUN_NOT && opt->preload == CKFS_PRELOAD_ON)
+	if (rc == CKFS_OK && kind != CKFS_RUN_NOT && opt->preload)
 		ckfs_log(CKFS_LOG_NOTICE, "preload: a run's steps are built on first use; "
 			 "nothing preloaded");
 	/* Steps of a run share what did not change between them; one

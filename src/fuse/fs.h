@@ -54,11 +54,10 @@ struct ckfs_mount_options {
 	 * cache.h): CKFS_SHARE_AUTO (a run's mount: yes; one checkpoint: no),
 	 * _ON or _OFF */
 	enum { CKFS_SHARE_AUTO, CKFS_SHARE_ON, CKFS_SHARE_OFF } share_slices;
-	/* preload: a checkpoint's weight files stored into the kernel's page
-	 * cache from the mount's start (src/fuse/preload.c): never (_OFF),
-	 * when they all fit in preload_max (_AUTO), or as much of them as
-	 * fits (_ON, -o preload) */
-	enum { CKFS_PRELOAD_OFF, CKFS_PRELOAD_AUTO, CKFS_PRELOAD_ON } preload;
+	/* -o preload: a checkpoint's weight files stored into the kernel's
+	 * page cache from the mount's start (src/fuse/preload.c), as much of
+	 * them as preload_max allows */
+	bool preload;
 	uint64_t preload_max;       /* bytes; 0 with !has_preload_max: half of
 				     * MemAvailable at mount */
 	bool has_preload_max;

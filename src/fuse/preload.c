@@ -31,8 +31,8 @@
  * dropped are read again through FUSE on the next access (the read path,
  * its read-ahead and its checks, as without preload); the preload does not
  * store them a second time. What it stores is bounded by the budget it is
- * given (the whole files when they fit; -o preload: their first budget
- * bytes). Slices stored are marked replied in full (served->replied, as a
+ * given (preload_max, by default half of MemAvailable at mount): the
+ * first budget bytes of the weight files in file order. Slices stored are marked replied in full (served->replied, as a
  * READ does), so read-ahead does not fill them again, and their cache
  * buffers are done and recycled by the next fill.
  *
@@ -252,12 +252,11 @@ static void *preload_main(void *arg)
 
 enum ckfs_code ckfs_preload_start(struct ckfs_fs *fs, struct fuse_session *se,
 				  struct ckfs_served *s, uint64_t top, const char *mnt,
-				  uint64_t budget, bool whole_only, struct ckfs_preload **out,
+				  uint64_t budget, struct ckfs_preload **out,
 				  struct ckfs_error *err)
 {
 	struct ckfs_preload *p;
 	uint64_t total = 0;
-	char a[32], b[32];
 	int rc;
 
 	*out = NULL;
@@ -270,13 +269,6 @@ enum ckfs_code ckfs_preload_start(struct ckfs_fs *fs, struct fuse_session *se,
 		/* mount.fuse3 -o drop_privileges: no path to look files up by */
 		ckfs_log(CKFS_LOG_NOTICE, "preload: the mount point is a file descriptor; "
 			 "nothing preloaded");
-		return CKFS_OK;
-	}
-	if (whole_only && total > budget) {
-		ckfs_format_bytes((double)total, a, sizeof(a));
-		ckfs_format_bytes((double)budget, b, sizeof(b));
-		ckfs_log(CKFS_LOG_INFO, "preload: the weight files (%s) do not fit in %s; "
-			 "nothing preloaded", a, b);
 		return CKFS_OK;
 	}
 	if (!(p = calloc(1, sizeof(*p))) || !(p->mnt = strdup(mnt))) {

@@ -31,14 +31,13 @@ struct ckfs_preload_stats {
 
 /*
  * Preload the weight files of s, served at mount point mnt with node i at
- * inode top + 1 + i, within budget bytes: all of them when they fit, or,
- * with whole_only false, the first budget bytes of them in file order. The
- * thread inherits the caller's signal mask. *out is NULL when nothing is
- * to be preloaded (a note is logged why).
+ * inode top + 1 + i: their first budget bytes in file order (whole
+ * slices). The thread inherits the caller's signal mask. *out is NULL when
+ * nothing is to be preloaded.
  */
 enum ckfs_code ckfs_preload_start(struct ckfs_fs *fs, struct fuse_session *se,
 				  struct ckfs_served *s, uint64_t top, const char *mnt,
-				  uint64_t budget, bool whole_only, struct ckfs_preload **out,
+				  uint64_t budget, struct ckfs_preload **out,
 				  struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* No store into the session after this returns (call it before the
  * session is unmounted); the thread may still be finishing. NULL ignored. */
