@@ -16,7 +16,8 @@
  * negative entries and attributes; opens set keep_cache so the page cache
  * survives close/open (N tensor-parallel ranks and repeated loads share
  * one copy), and fixed listings are cached too. No direct_io: mmap must
- * work.
+ * work, and -o preload's stores (src/fuse/preload.c) land in the page
+ * cache these opens keep.
  *
  * Permissions are fixed at open of each served folder (src/fuse/served.c)
  * and enforced by the kernel (default_permissions is always on), so

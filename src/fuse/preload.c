@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Preload (src/fuse/preload.h): the weight files pushed into the kernel's
- * page cache ahead of the loader.
+ * page cache ahead of the loader. One thread stores, in file order; the
+ * read-ahead workers assemble the next prefetch_threads slices for it
+ * meanwhile (ckfs_cache_prefetch), so assembly runs on as many cores as
+ * read-ahead does.
  *
  * Why. Without it every page a loader faults in is a FUSE round trip: the
  * first load through a mount runs at 1.4-2.8x the exported copy while the
@@ -72,6 +75,7 @@ struct ckfs_preload {
 	struct fuse_session *se;
 	struct ckfs_served *s;
 	uint64_t top;               /* node i is inode top + 1 + i */
+	uint64_t ahead_max;         /* slices queued to the read-ahead workers */
 	char *mnt;
 	uint64_t target;
 	pthread_t thread;
@@ -175,6 +179,27 @@ static int store(struct ckfs_preload *p, uint64_t ino, uint64_t off, const struc
 	return rc;
 }
 
+/* Queue slices of node i from *ahead on, up to ahead_max slices past idx
+ * and within left bytes from idx, to the read-ahead workers: they assemble
+ * while this thread stores. Slices a READ has sent are left out. */
+static void queue_ahead(struct ckfs_preload *p, size_t i, uint64_t idx, uint64_t left,
+			uint64_t *ahead)
+{
+	const struct ckfs_node *n = &p->s->f->nodes[i];
+	const uint64_t S = p->fs->slice_size;
+	_Atomic uint32_t *replied = p->s->replied[i];
+
+	if (*ahead <= idx)
+		*ahead = idx + 1;
+	for (; *ahead <= idx + p->ahead_max && *ahead * S < n->size; ++*ahead) {
+		uint64_t len = n->size - *ahead * S < S ? n->size - *ahead * S : S;
+		if (*ahead * S + len - idx * S > left)
+			break;
+		if (atomic_load_explicit(&replied[*ahead], memory_order_relaxed) < len)
+			ckfs_cache_prefetch(p->fs->cache, p->s->file_base + i, *ahead, (size_t)len);
+	}
+}
+
 /* Node i's slices into the page cache while *left allows: 0, or -1 when
  * the preload is to stop. */
 static int preload_file(struct ckfs_preload *p, size_t i, uint64_t *left)
@@ -183,6 +208,7 @@ static int preload_file(struct ckfs_preload *p, size_t i, uint64_t *left)
 	const uint64_t S = p->fs->slice_size, ino = p->top + 1 + i;
 	const uint64_t file_id = p->s->file_base + i;
 	_Atomic uint32_t *replied = p->s->replied[i];
+	uint64_t ahead = 0;
 
 	if (look_up(p, n, ino) != 0)
 		return -1;
@@ -194,6 +220,7 @@ static int preload_file(struct ckfs_preload *p, size_t i, uint64_t *left)
 
 		if (len > *left || !wait_turn(p))
 			return -1;
+		queue_ahead(p, i, idx, *left, &ahead);
 		*left -= len;
 		if (atomic_load_explicit(&replied[idx], memory_order_relaxed) >= len) {
 			atomic_fetch_add(&p->skipped, len);
@@ -280,6 +307,8 @@ enum ckfs_code ckfs_preload_start(struct ckfs_fs *fs, struct fuse_session *se,
 	p->s = s;
 	p->top = top;
 	p->target = total < budget ? total : budget;
+	p->ahead_max = fs->opt->readahead > 0 && fs->opt->prefetch_threads > 0
+			       ? (uint64_t)fs->opt->prefetch_threads : 0;
 	p->gate_fd = gate_open();
 	clock_gettime(CLOCK_MONOTONIC, &p->started);
 	pthread_mutex_init(&p->lock, NULL);
