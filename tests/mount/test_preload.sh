@@ -8,6 +8,9 @@
 #   - sharded output (several weight files, in file order) with a budget:
 #     the first preload_max bytes only, the rest read through FUSE, all
 #     equal to the export;
+#   - readers while the preload runs (8 threads of random preads, then a
+#     second round while it runs free): every byte equal, and the slices
+#     the readers had brought in are skipped, not stored again;
 #   - the page cache dropped mid-preload (drop_caches, the inode with it):
 #     the preload carries on, and the pages it had stored are read again
 #     through FUSE, equal to the export;
@@ -107,6 +110,26 @@ done
 [ "$(stat_of "$MNT" reads)" -gt 0 ] || fail "sharded: nothing beyond the budget was read through FUSE"
 "$CKFS" umount "$MNT" || fail "umount"
 log "sharded: $(cat "$WORK/want") bytes of $(echo $shards | wc -w) files stored within 150 KiB"
+
+# ---- readers beside the preload ----
+open_gate
+CKFS_PRELOAD_GATE=$WORK/gate do_mount "$CK" "$MNT" -o preload,slice_size=4KiB 7>&- ||
+	die "mount with the gate"
+printf 'xxxxxxxxxx' >&7
+wait_stat "$MNT" preload_stored $((10 * S)) || die "gate: ten slices never stored"
+"$PY" "$HELPER" random "$MNT/model.safetensors" "$EXP/model.safetensors" --count 50 ||
+	fail "readers: random reads beside a held preload"
+close_gate
+"$PY" "$HELPER" random "$MNT/model.safetensors" "$EXP/model.safetensors" --count 50 ||
+	fail "readers: random reads beside a running preload"
+wait_stat "$MNT" preload_done 1 || die "readers: preload never done"
+[ "$(stat_of "$MNT" preload_errors)" = 0 ] || fail "readers: preload errors"
+[ "$(stat_of "$MNT" preload_skipped)" -gt 0 ] || fail "readers: nothing skipped"
+[ $(( $(stat_of "$MNT" preload_stored) + $(stat_of "$MNT" preload_skipped) )) = "$SIZE" ] ||
+	fail "readers: stored + skipped is not the file"
+cmp -s "$MNT/model.safetensors" "$EXP/model.safetensors" || fail "readers: model.safetensors differs"
+log "readers beside the preload: equal, $(stat_of "$MNT" preload_skipped) bytes left to them"
+"$CKFS" umount "$MNT" || fail "umount"
 
 # ---- the page cache dropped mid-preload ----
 if [ -w /proc/sys/vm/drop_caches ]; then
