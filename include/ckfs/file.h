@@ -10,8 +10,14 @@
  * a device could do anything on open, a folder is not a file). The open
  * itself cannot block (O_NONBLOCK) and the opened file must be the one
  * checked, so a link swapped in between is noticed. Readers then keep
- * the descriptor, and src/model/source.c records its identity to detect
+ * the opened file, and src/model/source.c records its identity to detect
  * later changes.
+ *
+ * A path that is an "s3://bucket/prefix/..." URL under a prefix attached
+ * with ckfs_remote_attach (include/ckfs/remote.h) names an object in a
+ * store instead: every function here answers for it from the store's
+ * listing, and an opened object reads by ranged GETs pinned to its
+ * version. There are no links in a store, so the policy is met.
  */
 #ifndef CKFS_FILE_H
 #define CKFS_FILE_H
@@ -52,16 +58,54 @@ struct ckfs_file_policy {
 enum ckfs_code ckfs_file_check_policy(const struct ckfs_file_policy *pol, const char *path,
 				      struct ckfs_error *err) CKFS_WARN_UNUSED;
 
+/* An opened file: a local descriptor (fd >= 0), or an object in a store
+ * (remote). Small, passed by value; closed by whoever opened it. */
+struct ckfs_file {
+	int fd;
+	struct ckfs_remote_file *remote;
+};
+#define CKFS_FILE_NONE ((struct ckfs_file){ .fd = -1, .remote = NULL })
+
+/* A local descriptor as an opened file (the caller keeps owning fd). */
+static inline struct ckfs_file ckfs_file_of_fd(int fd)
+{
+	return (struct ckfs_file){ .fd = fd, .remote = NULL };
+}
+
+static inline bool ckfs_file_is_open(struct ckfs_file f)
+{
+	return f.fd >= 0 || f.remote;
+}
+
 /*
  * Open path read-only as a regular file under pol (NULL: no symlink
  * policy): the policy first, then the file's type (CKFS_E_INVALID "not a
  * regular file" without opening it), then the open, then a check that
- * the opened file is the one looked at (CKFS_E_CHANGED). On success *fd
+ * the opened file is the one looked at (CKFS_E_CHANGED). On success *f
  * is the caller's, and *st (when not NULL) its fstat.
  */
 enum ckfs_code ckfs_file_open(const struct ckfs_file_policy *pol, const char *path,
-			      int *fd, struct stat *st,
+			      struct ckfs_file *f, struct stat *st,
 			      struct ckfs_error *err) CKFS_WARN_UNUSED;
+void ckfs_file_close(struct ckfs_file *f);
+/* The metadata is read: what was kept to read it in few requests (a store
+ * object's blocks) goes; later reads fetch what they need. */
+void ckfs_file_metadata_done(struct ckfs_file f);
+
+/* pread(2) until len bytes at off are read, again after EINTR and short
+ * reads: the bytes read, fewer than len only at end of file; -1 with
+ * errno when a read fails (ESTALE: a store's object is no longer the
+ * version opened). */
+ssize_t ckfs_file_pread(struct ckfs_file f, void *buf, size_t len, uint64_t off);
+
+/* fstat(2) of the file now (a store's object: as opened); -1 with errno. */
+int ckfs_file_stat(struct ckfs_file f, struct stat *st);
+/* Its size, the same way; -1 with errno. */
+int64_t ckfs_file_size(struct ckfs_file f);
+/* A second handle on the same file (dup(2); a store's object: on the
+ * same version). */
+enum ckfs_code ckfs_file_dup(struct ckfs_file f, struct ckfs_file *out,
+			     struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /* A whole regular file of at most max bytes (CKFS_E_LIMIT beyond), opened
  * as ckfs_file_open does, into a malloc'd NUL-terminated buffer; who may
@@ -70,11 +114,6 @@ enum ckfs_code ckfs_file_read_small(const struct ckfs_file_policy *pol, const ch
 				    size_t max, char **out, size_t *len,
 				    struct ckfs_file_access *access,
 				    struct ckfs_error *err) CKFS_WARN_UNUSED;
-
-/* pread(2) until len bytes at off are read, again after EINTR and short
- * reads: the bytes read, fewer than len only at end of file; -1 with
- * errno when a read fails. */
-ssize_t ckfs_pread_full(int fd, void *buf, size_t len, uint64_t off);
 
 /* Whether a file has an access ACL (POSIX or NFSv4), whose entries may
  * deny users its mode bits let in. */
@@ -96,5 +135,19 @@ int ckfs_path_within(const char *path, const struct stat *dir);
 /* stat(2) says: a folder; anything that exists. */
 bool ckfs_path_is_dir(const char *path);
 bool ckfs_path_exists(const char *path);
+
+/* stat(2), lstat(2) and realpath(3) for local paths and store URLs alike (a URL's
+ * real path is itself, without trailing slashes). */
+int ckfs_stat(const char *path, struct stat *st);
+int ckfs_lstat(const char *path, struct stat *st);
+char *ckfs_realpath(const char *path);
+
+/* A folder's entries, "." and ".." left out: opendir(3)/readdir(3) for
+ * local paths and store URLs alike. is_dir: the entry is a folder
+ * (following links). NULL with errno. */
+struct ckfs_dir;
+struct ckfs_dir *ckfs_opendir(const char *path);
+const char *ckfs_readdir(struct ckfs_dir *d, bool *is_dir);
+void ckfs_closedir(struct ckfs_dir *d);
 
 #endif

@@ -38,7 +38,7 @@
 struct ckfs_source {
 	const char *path;      /* as opened */
 	const char *name;      /* relative to the checkpoint folder */
-	int fd;
+	struct ckfs_file f;
 	uint64_t size;         /* identity recorded at open */
 	dev_t dev;
 	ino_t ino;
@@ -271,7 +271,8 @@ void ckfs_model_free(struct ckfs_model *m);
  * Check that a source is still the file that was opened: same size, mtime,
  * permissions and owner through its descriptor, not deleted, and its path
  * still naming the same inode. CKFS_E_CHANGED otherwise, with a message
- * saying what changed.
+ * saying what changed. (An object in a store is always CKFS_OK here:
+ * every read of it is pinned to the version opened, see file.h.)
  * The read path calls it before and after reading, so bytes assembled
  * while a file changed are never returned.
  */
@@ -283,8 +284,8 @@ enum ckfs_code ckfs_source_check(const struct ckfs_source *s,
 enum ckfs_code ckfs_source_open(struct ckfs_source *s, const struct ckfs_file_policy *pol,
 				const char *path, const char *name,
 				struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* Record the identity of an open descriptor into s (fd, path kept). */
-enum ckfs_code ckfs_source_init(struct ckfs_source *s, int fd, const char *path,
+/* Record the identity of an open file into s (f and path kept). */
+enum ckfs_code ckfs_source_init(struct ckfs_source *s, struct ckfs_file f, const char *path,
 				const char *name, struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Bytes of source files this process has read to serve data (not the
  * metadata read at open), for the mount's stats.

@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "ckfs/err.h"
 
@@ -68,6 +69,7 @@ struct ckfs_s3_object {
 	const char *key;      /* a listing's: malloc'd, freed with it; HEAD's: the caller's */
 	uint64_t size;
 	char etag[80];        /* quoted, as the store sends it */
+	struct timespec mtime; /* LastModified (listings only; 0 unknown) */
 };
 
 /* The object's size and ETag (HEAD), out->key = key (not copied):

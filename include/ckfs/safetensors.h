@@ -24,15 +24,15 @@ struct ckfs_st_entry {
 	int64_t shape[CKFS_MAX_DIMS];
 	uint64_t begin, end;            /* absolute file offsets */
 	const char *file;               /* path of the file holding it */
-	int fd;
+	struct ckfs_file f;
 };
 
 struct ckfs_st_set {
 	struct ckfs_arena arena;
 	size_t n_entries;
 	struct ckfs_st_entry *entries;  /* sorted by name */
-	int fds[4096];
-	size_t n_fds;
+	struct ckfs_file files[4096];
+	size_t n_files;
 };
 
 /* Open a folder's model.safetensors, or its index and every shard, under

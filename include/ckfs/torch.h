@@ -111,11 +111,11 @@ struct ckfs_torch_file {
 };
 
 /*
- * Parse the zip directory and data.pkl of the torch.save file open as fd
+ * Parse the zip directory and data.pkl of the torch.save file open as f
  * (borrowed), and turn its top-level dict into entries (in pickle order).
  * Refuses big-endian files, unknown storages and non-tensor values.
  */
-enum ckfs_code ckfs_torch_open(struct ckfs_torch_file *tf, int fd,
+enum ckfs_code ckfs_torch_open(struct ckfs_torch_file *tf, struct ckfs_file f,
 			       const char *label,
 			       struct ckfs_error *err) CKFS_WARN_UNUSED;
 void ckfs_torch_close(struct ckfs_torch_file *tf);
@@ -127,7 +127,7 @@ void ckfs_torch_close(struct ckfs_torch_file *tf);
  * Keys ending in skip_suffix (e.g. "_extra_state"; NULL for none) are not
  * decoded and are counted in tf->n_skipped.
  */
-enum ckfs_code ckfs_torch_open_list(struct ckfs_torch_file *tf, int fd,
+enum ckfs_code ckfs_torch_open_list(struct ckfs_torch_file *tf, struct ckfs_file f,
 				    const char *label, const char *skip_suffix,
 				    struct ckfs_error *err) CKFS_WARN_UNUSED;
 
@@ -137,14 +137,14 @@ enum ckfs_code ckfs_torch_open_list(struct ckfs_torch_file *tf, int fd,
  * among other values): the value tree in tf->root, nothing decoded; the
  * caller decodes the tensors it needs with ckfs_torch_decode_value.
  */
-enum ckfs_code ckfs_torch_open_tree(struct ckfs_torch_file *tf, int fd,
+enum ckfs_code ckfs_torch_open_tree(struct ckfs_torch_file *tf, struct ckfs_file f,
 				    const char *label,
 				    struct ckfs_error *err) CKFS_WARN_UNUSED;
 
-/* A torch.save zip embedded at [base, base + length) of fd (a DCP
+/* A torch.save zip embedded at [base, base + length) of f (a DCP
  * .distcp item), called label in messages. */
 struct ckfs_torch_item {
-	int fd;
+	struct ckfs_file f;
 	uint64_t base, length;
 	const char *label;
 };

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "ckfs/err.h"
+#include "ckfs/file.h"
 
 struct ckfs_zip_entry {
 	char *name;               /* full name, e.g. "archive/data/0" */
@@ -36,7 +37,7 @@ struct ckfs_zip_entry {
 
 struct ckfs_zip {
 	const char *label;        /* for messages, borrowed */
-	int fd;                   /* borrowed; the caller keeps it open */
+	struct ckfs_file file;    /* borrowed; the caller keeps it open */
 	uint64_t base, length;
 	size_t n_entries;
 	struct ckfs_zip_entry *entries; /* in central directory order */
@@ -47,7 +48,7 @@ struct ckfs_zip {
 };
 
 /*
- * Parse the directory of the zip at [base, base+length) of fd. label names
+ * Parse the directory of the zip at [base, base+length) of f. label names
  * the file in error messages. Validates every entry: offsets and sizes inside
  * the window, local header signature and name equal to the central one,
  * no overlapping data. The top folder is the text before the first '/' of
@@ -55,7 +56,7 @@ struct ckfs_zip {
  * legacy torch pickle (starts with 0x80 0x02) gives CKFS_E_UNSUPPORTED
  * "legacy (non-zip) torch.save format is not supported".
  */
-enum ckfs_code ckfs_zip_open(struct ckfs_zip *z, int fd, uint64_t base,
+enum ckfs_code ckfs_zip_open(struct ckfs_zip *z, struct ckfs_file f, uint64_t base,
 			     uint64_t length, const char *label,
 			     struct ckfs_error *err) CKFS_WARN_UNUSED;
 void ckfs_zip_release(struct ckfs_zip *z);

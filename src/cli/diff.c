@@ -49,7 +49,7 @@ static const struct cli_opt opt_threads = {
 };
 
 static const struct cli_opt *const diff_opts[] = {
-	&cli_opt_dtype_as_stored, &cli_opt_json, &opt_svg, &opt_threads, &cli_opt_config,
+	&cli_opt_dtype_as_stored, &cli_opt_json, &opt_svg, &opt_threads, &cli_opt_config, &cli_opt_s3_endpoint, &cli_opt_s3_cache,
 	&cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_lora, &cli_opt_base,
 	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_fp8_skip, &cli_opt_log_level, NULL,
 };
@@ -664,6 +664,8 @@ int ckfs_cmd_diff(int argc, char **argv)
 		long n = sysconf(_SC_NPROCESSORS_ONLN);
 		a.threads = n < 1 ? 1 : n > 16 ? 16 : (int)n;
 	}
+	if ((rc = cli_attach_stores(&a.c, (const char *const *)argv + first, argc - first)) != 0)
+		return rc;
 	if (argc - first == 2)
 		return diff_two(&a, argv[first], argv[first + 1]);
 	if (ckfs_run_kind(argv[first]) != CKFS_RUN_RUN) {

@@ -327,7 +327,7 @@ static const struct cli_opt opt_quiet = {
 };
 
 static const struct cli_opt *const export_opts[] = {
-	&cli_opt_dtype, &cli_opt_max_shard_size, &cli_opt_transformers_version, &cli_opt_config, &opt_force, &opt_threads,
+	&cli_opt_dtype, &cli_opt_max_shard_size, &cli_opt_transformers_version, &cli_opt_config, &cli_opt_s3_endpoint, &cli_opt_s3_cache, &opt_force, &opt_threads,
 	&opt_since, &opt_quiet, &cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_lora, &cli_opt_base,
 	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_fp8_skip, &cli_opt_log_level, NULL,
 };
@@ -510,6 +510,8 @@ int ckfs_cmd_export(int argc, char **argv)
 	int rc = cli_parse(&ckfs_cmd_export_def, argc, argv, export_apply, &a, &first);
 	if (rc)
 		return rc < 0 ? 0 : rc;
+	if ((rc = cli_attach_stores(&a.c, (const char *const *)argv + first, 1)) != 0)
+		return rc;
 	const char *src = argv[first];
 	if (snprintf(dst, sizeof(dst), "%s", argv[first + 1]) >= (int)sizeof(dst))
 		return ckfs_cli_usage_error("export", "DIR is too long");

@@ -178,7 +178,7 @@ static void print_text(const struct ckfs_model *m, const struct ckfs_facts *fact
 }
 
 static const struct cli_opt *const inspect_opts[] = {
-	&cli_opt_json, &cli_opt_dtype, &cli_opt_max_shard_size, &cli_opt_transformers_version, &cli_opt_config,
+	&cli_opt_json, &cli_opt_dtype, &cli_opt_max_shard_size, &cli_opt_transformers_version, &cli_opt_config, &cli_opt_s3_endpoint, &cli_opt_s3_cache,
 	&cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_lora, &cli_opt_base,
 	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_fp8_skip, &cli_opt_log_level, NULL,
 };
@@ -216,6 +216,8 @@ int ckfs_cmd_inspect(int argc, char **argv)
 	int rc = cli_parse(&ckfs_cmd_inspect_def, argc, argv, inspect_apply, &c, &first);
 	if (rc)
 		return rc < 0 ? 0 : rc;
+	if ((rc = cli_attach_stores(&c, (const char *const *)argv + first, 1)) != 0)
+		return rc;
 	enum ckfs_run_kind kind = ckfs_run_kind(argv[first]);
 	if (kind != CKFS_RUN_NOT)
 		return ckfs_inspect_run(argv[first], kind == CKFS_RUN_STEP, &c);

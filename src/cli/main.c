@@ -9,12 +9,14 @@
  */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
 
 #include "ckfs/log.h"
+#include "ckfs/remote.h"
 #include "ckfs/text.h"
 #include "cli/built_with.h"
 #include "cli/cli.h"
@@ -110,6 +112,7 @@ int main(int argc, char **argv)
 #endif
 
 	ckfs_log_set_sink(cli_log_sink);
+	atexit(ckfs_remote_detach_all); /* s3:// sources' listings and client */
 	if (cmd && strcmp(cmd, "help") == 0 && argc > 2)
 		return ckfs_cmd_help(argc - 1, argv + 1);
 	if (!cmd || strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 ||

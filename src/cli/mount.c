@@ -94,6 +94,12 @@ static const struct cli_opt opt_max_plans = {
 	.kind = CLI_COUNT, .lo = 1, .hi = 4096, .def = "8",
 	.help = "a run: step roles kept ready, their files open (LRU)"
 };
+static const struct cli_opt opt_s3_poll = {
+	.id = OPT_S3_POLL, .key = "s3_poll", .arg = "S",
+	.kind = CLI_COUNT, .lo = 1, .hi = 86400, .def = "30",
+	.help = "a run in an object store (no inotify there): list it again every S "
+		"seconds for new steps"
+};
 
 static const struct cli_choice share_words[] = {
 	{ "auto", CKFS_SHARE_AUTO }, { "on", CKFS_SHARE_ON }, { "off", CKFS_SHARE_OFF },
@@ -121,12 +127,12 @@ static const struct cli_opt opt_preload_max = {
 
 static const struct cli_opt *const mount_opts[] = {
 	&opt_foreground, &opt_debug, &opt_options, &cli_opt_dtype, &cli_opt_max_shard_size, &cli_opt_transformers_version,
-	&opt_cache_size, &opt_threads, &opt_readahead, &cli_opt_config,
+	&opt_cache_size, &opt_threads, &opt_readahead, &cli_opt_config, &cli_opt_s3_endpoint, &cli_opt_s3_cache,
 	&cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_lora, &cli_opt_base,
 	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_fp8_skip, &cli_opt_log_level,
 	&opt_prefetch_threads, &opt_slice_size, &opt_kernel_readahead, &opt_uid, &opt_gid,
-	&opt_umask, &opt_max_plans, &opt_share_slices, &opt_preload, &opt_preload_max,
-	&cli_opt_rank_checks, NULL,
+	&opt_umask, &opt_max_plans, &opt_s3_poll, &opt_share_slices, &opt_preload,
+	&opt_preload_max, &cli_opt_rank_checks, NULL,
 };
 
 const struct cli_command ckfs_cmd_mount_def = {
@@ -275,6 +281,9 @@ static int mount_apply(void *ctx, const struct cli_opt *o, const struct cli_valu
 		return 0;
 	case OPT_MAX_PLANS:
 		mo->max_plans = (int)v->n;
+		return 0;
+	case OPT_S3_POLL:
+		mo->s3_poll_s = (int)v->n;
 		return 0;
 	case OPT_SHARE_SLICES:
 		mo->share_slices = (int)v->n;

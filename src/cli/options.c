@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "ckfs/log.h"
+#include "ckfs/remote.h"
 #include "ckfs/units.h"
 #include "cli/cli.h"
 
@@ -72,6 +73,19 @@ const struct cli_opt cli_opt_config = {
 	.id = OPT_CONFIG, .name = "config", .key = "config", .arg = "PATH", .kind = CLI_TEXT,
 	.help = "config.json (or a folder holding one, whose other files are served "
 		"too) when the checkpoint has none"
+};
+const struct cli_opt cli_opt_s3_endpoint = {
+	.id = OPT_S3_ENDPOINT, .name = "s3-endpoint", .key = "s3_endpoint", .arg = "URL",
+	.kind = CLI_TEXT,
+	.help = "the object store of s3:// sources (scheme://host[:port]); default "
+		"AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, else AWS S3 in the region"
+};
+const struct cli_opt cli_opt_s3_cache = {
+	.id = OPT_S3_CACHE, .name = "s3-cache", .key = "s3_cache", .arg = "DIR,SIZE",
+	.kind = CLI_TEXT,
+	.help = "keep bytes fetched from the object store in DIR, at most SIZE (e.g. "
+		"~/.cache/ckfs/s3,20GiB; -o s3_cache=DIR:SIZE), for every mount and export "
+		"naming it"
 };
 const struct cli_opt cli_opt_follow_symlinks = {
 	.id = OPT_FOLLOW_SYMLINKS, .name = "follow-symlinks", .key = "follow_symlinks",
@@ -393,6 +407,38 @@ void cli_help(const struct cli_command *cmd, FILE *to)
 	}
 }
 
+/* --s3-cache DIR,SIZE */
+static int apply_s3_cache(const struct cli_command *cmd, const char *text)
+{
+	/* DIR:SIZE too, for -o (where a comma ends the option) */
+	const char *comma = strrchr(text, ',') ? strrchr(text, ',') : strrchr(text, ':');
+	uint64_t size = comma ? ckfs_parse_size(comma + 1) : 0;
+	struct ckfs_error err;
+
+	if (!comma || comma == text || !size)
+		return ckfs_cli_usage_error(cmd->name, "bad --s3-cache '%s' (DIR,SIZE, e.g. "
+					    "/var/cache/ckfs,20GiB)", text);
+	char *dir = strndup(text, (size_t)(comma - text));
+	if (!dir)
+		return ckfs_cli_usage_error(cmd->name, "out of memory");
+	ckfs_error_clear(&err);
+	enum ckfs_code rc = ckfs_remote_set_cache(dir, size, &err);
+	free(dir);
+	return rc == CKFS_OK ? 0 : ckfs_cli_report(&err);
+}
+
+int cli_attach_stores(const struct cli_common *c, const char *const *paths, int n)
+{
+	const char *opts[] = { c->model.base_path, c->model.config_path };
+	struct ckfs_error err;
+
+	ckfs_error_clear(&err);
+	if (ckfs_remote_attach_urls(paths, (size_t)n, &err) != CKFS_OK ||
+	    ckfs_remote_attach_urls(opts, 2, &err) != CKFS_OK)
+		return ckfs_cli_report(&err);
+	return 0;
+}
+
 int cli_apply_common(const struct cli_command *cmd, struct cli_common *c,
 		     const struct cli_opt *o, const struct cli_value *v)
 {
@@ -406,6 +452,11 @@ int cli_apply_common(const struct cli_command *cmd, struct cli_common *c,
 	case OPT_CONFIG:
 		c->model.config_path = v->text;
 		return 0;
+	case OPT_S3_ENDPOINT:
+		ckfs_remote_set_endpoint(v->text);
+		return 0;
+	case OPT_S3_CACHE:
+		return apply_s3_cache(cmd, v->text);
 	case OPT_TRANSFORMERS_VERSION:
 		if (!(c->folder.transformers = ckfs_transformers_release(v->text)))
 			return ckfs_cli_usage_error(cmd->name, "--transformers-version %s: ckfs "

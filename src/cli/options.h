@@ -19,7 +19,7 @@ enum cli_opt_id {
 	/* options of several commands (cli_apply_common) */
 	OPT_DTYPE = 1, OPT_MAX_SHARD_SIZE, OPT_CONFIG, OPT_FOLLOW_SYMLINKS, OPT_RAW_NAMES,
 	OPT_LOG_LEVEL, OPT_JSON, OPT_LORA, OPT_BASE, OPT_LORA_ALPHA, OPT_RSLORA,
-	OPT_FP8_SKIP, OPT_RANK_CHECKS, OPT_TRANSFORMERS_VERSION,
+	OPT_FP8_SKIP, OPT_RANK_CHECKS, OPT_TRANSFORMERS_VERSION, OPT_S3_ENDPOINT, OPT_S3_CACHE,
 	/* export */
 	OPT_FORCE, OPT_EXPORT_THREADS, OPT_QUIET,
 	/* verify */
@@ -27,7 +27,8 @@ enum cli_opt_id {
 	/* mount */
 	OPT_FOREGROUND, OPT_DEBUG, OPT_MOUNT_OPTIONS, OPT_CACHE_SIZE, OPT_THREADS,
 	OPT_READAHEAD, OPT_PREFETCH_THREADS, OPT_SLICE_SIZE, OPT_KERNEL_READAHEAD, OPT_UID,
-	OPT_GID, OPT_UMASK, OPT_MAX_PLANS, OPT_SHARE_SLICES, OPT_PRELOAD, OPT_PRELOAD_MAX,
+	OPT_GID, OPT_UMASK, OPT_MAX_PLANS, OPT_SHARE_SLICES, OPT_S3_POLL, OPT_PRELOAD,
+	OPT_PRELOAD_MAX,
 	/* umount */
 	OPT_LAZY,
 	/* stats */
@@ -98,7 +99,7 @@ extern const struct cli_command *const ckfs_commands[];
 extern const struct cli_opt cli_opt_dtype, cli_opt_max_shard_size, cli_opt_config,
 	cli_opt_follow_symlinks, cli_opt_raw_names, cli_opt_log_level, cli_opt_json,
 	cli_opt_lora, cli_opt_base, cli_opt_lora_alpha, cli_opt_rslora, cli_opt_fp8_skip,
-	cli_opt_rank_checks, cli_opt_transformers_version;
+	cli_opt_rank_checks, cli_opt_transformers_version, cli_opt_s3_endpoint, cli_opt_s3_cache;
 /* --dtype defaulting to auto (each tensor as stored): what ckfs diff compares. */
 extern const struct cli_opt cli_opt_dtype_as_stored;
 /* -h, --help: implied in every command (after its table). */
@@ -141,5 +142,10 @@ struct cli_common {
  * is not one of them. */
 int cli_apply_common(const struct cli_command *cmd, struct cli_common *c,
 		     const struct cli_opt *o, const struct cli_value *value);
+
+/* List each of paths that is an s3:// URL, and c's --base and --config
+ * when they are, so that they read as folders (include/ckfs/remote.h):
+ * 0, or 1 after reporting why one cannot be. */
+int cli_attach_stores(const struct cli_common *c, const char *const *paths, int n);
 
 #endif

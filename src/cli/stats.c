@@ -94,6 +94,10 @@ static void print_stats(const cJSON *o)
 	       at(o, CKFS_STAT_READS), size_at(o, CKFS_STAT_BYTES_READ, a),
 	       at(o, CKFS_STAT_OPENS), at(o, CKFS_STAT_ERRORS));
 	printf("source read     %s\n", size_at(o, CKFS_STAT_SOURCE_BYTES_READ, a));
+	if (at(o, CKFS_STAT_STORE_REQUESTS) > 0)
+		printf("object store    %.0f requests, %.0f retried, %s received\n",
+		       at(o, CKFS_STAT_STORE_REQUESTS), at(o, CKFS_STAT_STORE_RETRIES),
+		       size_at(o, CKFS_STAT_STORE_BYTES, a));
 	if (at(o, CKFS_STAT_BYTES_HASHED) > 0)
 		printf("shared          %.0f slices held once (%s), %s saved now, %s hashed\n",
 		       at(o, CKFS_STAT_SHARED_SLICES), size_at(o, CKFS_STAT_SHARED_BYTES, a),

@@ -54,7 +54,7 @@ static enum ckfs_code compare_tensor(const struct ckfs_model *m,
 		if (rc != CKFS_OK)
 			break;
 		size_t len = n * in;
-		if (pread(ref->fd, raw, len, (off_t)(ref->begin + e * in)) != (ssize_t)len) {
+		if (ckfs_file_pread(ref->f, raw, len, ref->begin + e * in) != (ssize_t)len) {
 			rc = ckfs_fail(err, CKFS_E_TRUNCATED, "'%s': cannot read '%s'",
 				       ref->file, ref->name);
 			break;
@@ -106,7 +106,7 @@ static enum ckfs_code check_containers(const struct ckfs_model *m,
 		const struct ckfs_source *s = &m->sources[i];
 		struct ckfs_zip z;
 		size_t n = 0;
-		CKFS_TRY(ckfs_zip_open(&z, s->fd, 0, s->size, s->path, err));
+		CKFS_TRY(ckfs_zip_open(&z, s->f, 0, s->size, s->path, err));
 		enum ckfs_code rc = ckfs_zip_verify_crc(&z, &n, err);
 		if (rc == CKFS_OK)
 			rc = ckfs_zip_crosscheck(&z, err);
@@ -236,7 +236,7 @@ static const struct cli_opt opt_rtol = {
 };
 
 static const struct cli_opt *const verify_opts[] = {
-	&opt_against, &cli_opt_dtype, &opt_atol, &opt_rtol, &cli_opt_config,
+	&opt_against, &cli_opt_dtype, &opt_atol, &opt_rtol, &cli_opt_config, &cli_opt_s3_endpoint, &cli_opt_s3_cache,
 	&cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_lora, &cli_opt_base,
 	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_fp8_skip, &cli_opt_log_level, NULL,
 };
@@ -362,6 +362,9 @@ int ckfs_cmd_verify(int argc, char **argv)
 		return rc < 0 ? 0 : rc;
 	if (!a.against)
 		return ckfs_cli_usage_error("verify", "expected SRC and --against DIR");
+	const char *stores[] = { argv[first], a.against };
+	if ((rc = cli_attach_stores(&a.c, stores, 2)) != 0)
+		return rc;
 	if (ckfs_model_open(argv[first], &a.c.model, &m, &err) != CKFS_OK)
 		return ckfs_cli_report(&err);
 	if (ckfs_st_set_open(a.against, NULL, &ref, &err) != CKFS_OK) {

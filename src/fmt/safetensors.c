@@ -174,12 +174,12 @@ static enum ckfs_code check_tiling(const char *path, struct ckfs_st_entry *v, si
 	return rc;
 }
 
-/* The header JSON of an open file (its descriptor in set->fds). */
-static enum ckfs_code read_header(const char *path, int fd, uint64_t size, char **json,
+/* The header JSON of an open file (in set->files). */
+static enum ckfs_code read_header(const char *path, struct ckfs_file f, uint64_t size, char **json,
 				  uint64_t *hlen, struct ckfs_error *err)
 {
 	unsigned char len8[8];
-	ssize_t got = size < 8 ? 0 : pread(fd, len8, 8, 0);
+	ssize_t got = size < 8 ? 0 : ckfs_file_pread(f, len8, 8, 0);
 
 	if (got < 0)
 		return ckfs_fail_errno(err, "'%s': cannot read", path);
@@ -195,7 +195,7 @@ static enum ckfs_code read_header(const char *path, int fd, uint64_t size, char 
 	char *j = malloc(*hlen + 1);
 	if (!j)
 		return ckfs_nomem(err);
-	got = pread(fd, j, *hlen, 8);
+	got = ckfs_file_pread(f, j, *hlen, 8);
 	if (got != (ssize_t)*hlen) {
 		free(j);
 		return got < 0 ? ckfs_fail_errno(err, "'%s': cannot read", path)
@@ -245,13 +245,13 @@ static enum ckfs_code read_file(struct st_open *o, const char *path)
 	cJSON *root = NULL;
 	enum ckfs_code rc;
 	size_t first = o->n;
-	int fd;
+	struct ckfs_file f;
 
-	if (set->n_fds == sizeof(set->fds) / sizeof(set->fds[0]))
+	if (set->n_files == sizeof(set->files) / sizeof(set->files[0]))
 		return ckfs_fail(err, CKFS_E_LIMIT, "'%s': too many shards", path);
-	CKFS_TRY(ckfs_file_open(o->pol, path, &fd, &st, err));
-	set->fds[set->n_fds++] = fd;
-	CKFS_TRY(read_header(path, fd, (uint64_t)st.st_size, &json, &hlen, err));
+	CKFS_TRY(ckfs_file_open(o->pol, path, &f, &st, err));
+	set->files[set->n_files++] = f;
+	CKFS_TRY(read_header(path, f, (uint64_t)st.st_size, &json, &hlen, err));
 	rc = ckfs_json_parse_object(path, json, hlen, &root, err);
 	free(json);
 	CKFS_TRY(rc);
@@ -276,7 +276,7 @@ static enum ckfs_code read_file(struct st_open *o, const char *path)
 		struct ckfs_st_entry *e = &o->arr[o->n];
 		rc = parse_entry(set, path, it, 8 + hlen, e, err);
 		e->file = fpath;
-		e->fd = fd;
+		e->f = f;
 		if (rc == CKFS_OK)
 			o->n++;
 	}
@@ -402,11 +402,11 @@ enum ckfs_code ckfs_st_set_open(const char *dir, const struct ckfs_file_policy *
 	ckfs_arena_init(&set->arena);
 	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
 	struct stat lst;
-	if (lstat(path, &lst) == 0) {
+	if (ckfs_lstat(path, &lst) == 0) {
 		rc = read_file(&o, path);
 	} else {
 		snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
-		if (lstat(path, &lst) != 0) {
+		if (ckfs_lstat(path, &lst) != 0) {
 			ckfs_arena_release(&set->arena);
 			return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': no model.safetensors "
 					 "or model.safetensors.index.json", dir);
@@ -436,9 +436,9 @@ enum ckfs_code ckfs_st_set_open(const char *dir, const struct ckfs_file_policy *
 
 void ckfs_st_set_release(struct ckfs_st_set *set)
 {
-	for (size_t i = 0; i < set->n_fds; i++)
-		close(set->fds[i]);
-	set->n_fds = 0;
+	for (size_t i = 0; i < set->n_files; i++)
+		ckfs_file_close(&set->files[i]);
+	set->n_files = 0;
 	ckfs_arena_release(&set->arena);
 	set->entries = NULL;
 	set->n_entries = 0;

@@ -906,9 +906,9 @@ static enum ckfs_code check_byteorder(struct ckfs_torch_file *tf,
 	return CKFS_OK;
 }
 
-/* The zip at [base, base + length) of fd and its data.pkl as a value tree
+/* The zip at [base, base + length) of f and its data.pkl as a value tree
  * in tf->root. On failure tf is released. */
-static enum ckfs_code open_pickle(struct ckfs_torch_file *tf, int fd,
+static enum ckfs_code open_pickle(struct ckfs_torch_file *tf, struct ckfs_file f,
 				  uint64_t base, uint64_t length,
 				  const char *label, struct ckfs_error *err)
 {
@@ -920,7 +920,7 @@ static enum ckfs_code open_pickle(struct ckfs_torch_file *tf, int fd,
 	memset(tf, 0, sizeof(*tf));
 	tf->label = label;
 	ckfs_arena_init(&tf->arena);
-	rc = ckfs_zip_open(&tf->zip, fd, base, length, label, err);
+	rc = ckfs_zip_open(&tf->zip, f, base, length, label, err);
 	if (rc != CKFS_OK)
 		return rc;
 	pkl = ckfs_zip_find(&tf->zip, "data.pkl");
@@ -959,7 +959,7 @@ enum ckfs_code ckfs_torch_open_item(struct ckfs_torch_file *tf,
 				    struct ckfs_error *err)
 {
 	const char *label = item->label;
-	enum ckfs_code rc = open_pickle(tf, item->fd, item->base, item->length, label, err);
+	enum ckfs_code rc = open_pickle(tf, item->f, item->base, item->length, label, err);
 
 	if (rc != CKFS_OK)
 		return rc;
@@ -974,12 +974,12 @@ enum ckfs_code ckfs_torch_open_item(struct ckfs_torch_file *tf,
 }
 
 /* The zip directory and data.pkl of a whole torch.save file. */
-static enum ckfs_code open_file_pickle(struct ckfs_torch_file *tf, int fd,
+static enum ckfs_code open_file_pickle(struct ckfs_torch_file *tf, struct ckfs_file f,
 				       const char *label, struct ckfs_error *err)
 {
-	struct stat st;
+	int64_t size = ckfs_file_size(f);
 
-	if (fstat(fd, &st) != 0) {
+	if (size < 0) {
 		memset(tf, 0, sizeof(*tf));
 		return ckfs_fail_errno(err, "'%s': cannot stat", label);
 	}
@@ -988,9 +988,11 @@ static enum ckfs_code open_file_pickle(struct ckfs_torch_file *tf, int fd,
 	 * file. Kernel read-ahead around each would pull tensor bytes into
 	 * the page cache for nothing (gigabytes for a 64-rank MoE actor), so
 	 * it is off while they are read, and back for the data reads. */
-	(void)posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
-	enum ckfs_code rc = open_pickle(tf, fd, 0, (uint64_t)st.st_size, label, err);
-	(void)posix_fadvise(fd, 0, 0, POSIX_FADV_NORMAL);
+	if (f.fd >= 0)
+		(void)posix_fadvise(f.fd, 0, 0, POSIX_FADV_RANDOM);
+	enum ckfs_code rc = open_pickle(tf, f, 0, (uint64_t)size, label, err);
+	if (f.fd >= 0)
+		(void)posix_fadvise(f.fd, 0, 0, POSIX_FADV_NORMAL);
 	return rc;
 }
 
@@ -1039,16 +1041,16 @@ static enum ckfs_code decode_dicts(struct ckfs_torch_file *tf,
 	return CKFS_OK;
 }
 
-enum ckfs_code ckfs_torch_open_tree(struct ckfs_torch_file *tf, int fd,
+enum ckfs_code ckfs_torch_open_tree(struct ckfs_torch_file *tf, struct ckfs_file f,
 				    const char *label, struct ckfs_error *err)
 {
-	return open_file_pickle(tf, fd, label, err);
+	return open_file_pickle(tf, f, label, err);
 }
 
-enum ckfs_code ckfs_torch_open(struct ckfs_torch_file *tf, int fd,
+enum ckfs_code ckfs_torch_open(struct ckfs_torch_file *tf, struct ckfs_file f,
 			       const char *label, struct ckfs_error *err)
 {
-	enum ckfs_code rc = open_file_pickle(tf, fd, label, err);
+	enum ckfs_code rc = open_file_pickle(tf, f, label, err);
 
 	if (rc != CKFS_OK)
 		return rc;
@@ -1064,11 +1066,11 @@ enum ckfs_code ckfs_torch_open(struct ckfs_torch_file *tf, int fd,
 	return rc;
 }
 
-enum ckfs_code ckfs_torch_open_list(struct ckfs_torch_file *tf, int fd,
+enum ckfs_code ckfs_torch_open_list(struct ckfs_torch_file *tf, struct ckfs_file f,
 				    const char *label, const char *skip_suffix,
 				    struct ckfs_error *err)
 {
-	enum ckfs_code rc = open_file_pickle(tf, fd, label, err);
+	enum ckfs_code rc = open_file_pickle(tf, f, label, err);
 
 	if (rc != CKFS_OK)
 		return rc;

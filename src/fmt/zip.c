@@ -107,7 +107,7 @@ static enum ckfs_code zip_pread(const struct ckfs_zip *z, void *buf, size_t n,
 				uint64_t rel, struct ckfs_error *err)
 {
 	uint64_t off = z->base + rel;
-	ssize_t got = ckfs_pread_full(z->fd, buf, n, off);
+	ssize_t got = ckfs_file_pread(z->file, buf, n, off);
 
 	if (got < 0)
 		return ckfs_fail_errno(err, "'%s': cannot read at offset %llu",
@@ -124,14 +124,14 @@ static enum ckfs_code zip_pread(const struct ckfs_zip *z, void *buf, size_t n,
 static enum ckfs_code zip_check_window(const struct ckfs_zip *z,
 				       struct ckfs_error *err)
 {
-	struct stat st;
+	int64_t size = ckfs_file_size(z->file);
 
-	if (fstat(z->fd, &st) < 0)
+	if (size < 0)
 		return ckfs_fail_errno(err, "'%s': cannot stat", z->label);
-	if (S_ISREG(st.st_mode) && (uint64_t)st.st_size < z->base + z->length)
+	if ((uint64_t)size < z->base + z->length)
 		return ckfs_fail(err, CKFS_E_TRUNCATED,
 				 "'%s': file is %llu bytes, zip expected to end at %llu",
-				 z->label, (ull)st.st_size,
+				 z->label, (ull)size,
 				 (ull)(z->base + z->length));
 	return CKFS_OK;
 }
@@ -758,7 +758,7 @@ static enum ckfs_code zip_set_prefix(struct ckfs_zip *z,
 	return CKFS_OK;
 }
 
-enum ckfs_code ckfs_zip_open(struct ckfs_zip *z, int fd, uint64_t base,
+enum ckfs_code ckfs_zip_open(struct ckfs_zip *z, struct ckfs_file f, uint64_t base,
 			     uint64_t length, const char *label,
 			     struct ckfs_error *err)
 {
@@ -771,13 +771,13 @@ enum ckfs_code ckfs_zip_open(struct ckfs_zip *z, int fd, uint64_t base,
 				 "ckfs_zip_open: missing argument");
 	memset(z, 0, sizeof(*z));
 	z->label = label ? label : "(zip)";
-	z->fd = fd;
+	z->file = f;
 	z->base = base;
 	z->length = length;
-	if (fd < 0 || base > INT64_MAX || length > INT64_MAX - base)
+	if (!ckfs_file_is_open(f) || base > INT64_MAX || length > INT64_MAX - base)
 		return ckfs_fail(err, CKFS_E_INVALID,
-				 "'%s': bad zip window (fd %d, offset %llu, length %llu)",
-				 z->label, fd, (ull)base, (ull)length);
+				 "'%s': bad zip window (offset %llu, length %llu)",
+				 z->label, (ull)base, (ull)length);
 
 	rc = zip_check_window(z, err);
 	if (!rc)
@@ -801,7 +801,6 @@ enum ckfs_code ckfs_zip_open(struct ckfs_zip *z, int fd, uint64_t base,
 
 		ckfs_zip_release(z);
 		z->label = keep;
-		z->fd = -1;
 	}
 	return rc;
 }
@@ -821,7 +820,7 @@ void ckfs_zip_release(struct ckfs_zip *z)
 	z->hash = NULL;
 	z->hash_cap = 0;
 	memset(z, 0, sizeof(*z));
-	z->fd = -1;
+	z->file = CKFS_FILE_NONE;
 }
 
 /* strcmp(name, prefix + record) without building the key. */

@@ -88,29 +88,29 @@ static struct ckfs_node *add_node(struct ckfs_folder *f, const char *name,
 	memset(n, 0, sizeof(*n));
 	n->name = name;
 	n->kind = kind;
-	n->src.fd = -1;
+	n->src.f = CKFS_FILE_NONE;
 	return n;
 }
 
 static enum ckfs_code add_side_files(struct ckfs_folder *f, struct ckfs_error *err)
 {
 	const struct ckfs_model *m = f->model;
-	DIR *d;
-	struct dirent *de;
+	struct ckfs_dir *d;
+	const char *name;
+	bool is_dir;
 
 	if (!m->hf_dir)
 		return CKFS_OK;
-	d = opendir(m->hf_dir);
+	d = ckfs_opendir(m->hf_dir);
 	if (!d)
 		return ckfs_fail_errno(err, "'%s': cannot open folder", m->hf_dir);
-	while ((de = readdir(d))) {
-		const char *name = de->d_name;
+	while ((name = ckfs_readdir(d, &is_dir))) {
 		if (name[0] == '.' || strcmp(name, "config.json") == 0 ||
 		    is_weight_like(name) || is_training_artifact(name))
 			continue;
 		char *path = ckfs_arena_printf(&f->arena, "%s/%s", m->hf_dir, name);
 		if (!path) {
-			closedir(d);
+			ckfs_closedir(d);
 			return ckfs_nomem(err);
 		}
 		/* The symlink policy before anything else; then only regular
@@ -118,7 +118,7 @@ static enum ckfs_code add_side_files(struct ckfs_folder *f, struct ckfs_error *e
 		 * without being opened). */
 		enum ckfs_code rc = ckfs_file_check_policy(&m->policy, path, err);
 		struct stat st;
-		if (rc == CKFS_OK && stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+		if (rc == CKFS_OK && ckfs_stat(path, &st) == 0 && !S_ISREG(st.st_mode))
 			continue; /* (a failing stat is reported by the open) */
 		struct ckfs_node *n = NULL;
 		const char *copy = rc == CKFS_OK ? ckfs_arena_strdup(&f->arena, name) : NULL;
@@ -130,14 +130,14 @@ static enum ckfs_code add_side_files(struct ckfs_folder *f, struct ckfs_error *e
 							    err)) != CKFS_OK)
 			f->n_nodes--; /* the cleanup never sees a half-made node */
 		if (rc != CKFS_OK) {
-			closedir(d);
+			ckfs_closedir(d);
 			return rc;
 		}
 		n->size = n->src.size;
 		if (ts_newer(n->src.mtime, f->mtime))
 			f->mtime = n->src.mtime;
 	}
-	closedir(d);
+	ckfs_closedir(d);
 	return CKFS_OK;
 }
 
@@ -371,8 +371,8 @@ void ckfs_folder_free(struct ckfs_folder *f)
 	if (!f)
 		return;
 	for (size_t i = 0; i < f->n_nodes; i++)
-		if (f->nodes[i].kind == CKFS_NODE_PASSTHROUGH && f->nodes[i].src.fd >= 0)
-			close(f->nodes[i].src.fd);
+		if (f->nodes[i].kind == CKFS_NODE_PASSTHROUGH)
+			ckfs_file_close(&f->nodes[i].src.f);
 	ckfs_st_layout_release(&f->layout);
 	ckfs_st_layout_release(&f->adapter);
 	ckfs_arena_release(&f->arena);
@@ -401,7 +401,7 @@ enum ckfs_code ckfs_folder_read(const struct ckfs_folder *f,
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': a folder", n->name);
 	case CKFS_NODE_PASSTHROUGH: {
 		CKFS_TRY(ckfs_source_check(&n->src, err));
-		ssize_t r = ckfs_pread_full(n->src.fd, buf, len, off);
+		ssize_t r = ckfs_file_pread(n->src.f, buf, len, off);
 		if (r < 0)
 			return ckfs_fail_errno(err, "'%s': read failed", n->src.path);
 		if ((size_t)r < len)

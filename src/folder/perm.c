@@ -7,6 +7,7 @@
  * stat-ed here, once each (a memo keyed by path).
  */
 #include "ckfs/perm.h"
+#include "ckfs/s3.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -175,13 +176,13 @@ static enum ckfs_code stat_access(struct walk *w, const char *path,
 {
 	struct stat st;
 
-	if (stat(path, &st) != 0)
+	if (ckfs_stat(path, &st) != 0)
 		return ckfs_fail_errno(w->err, "'%s': cannot stat", path);
 	a->path = path;
 	a->mode = st.st_mode;
 	a->uid = st.st_uid;
 	a->gid = st.st_gid;
-	a->acl = ckfs_path_has_acl(path);
+	a->acl = !ckfs_s3_is_url(path) && ckfs_path_has_acl(path);
 	return CKFS_OK;
 }
 
@@ -260,6 +261,10 @@ static enum ckfs_code reach(struct walk *w, const struct ckfs_file_access *a,
 	char *real;
 	unsigned lexical, resolved = CKFS_CLASS_ALL;
 
+	if (ckfs_s3_is_url(path)) { /* no folders on the way to an object */
+		*out = ckfs_perm_classes(w->o, a, perm);
+		return CKFS_OK;
+	}
 	if (path[0] != '/' || strlen(path) >= sizeof(parent))
 		return ckfs_fail(w->err, CKFS_E_INVALID, "'%s': not an absolute path", path);
 	parent_dir(path, parent);

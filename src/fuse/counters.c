@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ckfs/remote.h"
 #include "ckfs/strbuf.h"
 #include "fuse/counters.h"
 #include "fuse/tree.h"
@@ -71,6 +72,13 @@ const struct ckfs_stat_row ckfs_stat_rows[CKFS_STAT_ROWS] = {
 				    "slices apart." },
 	[CKFS_STAT_BYTES_HASHED] = { "bytes_hashed", "ckfs_cache_hashed_bytes_total", "counter",
 				     "Bytes of fills hashed to fingerprint them (share)." },
+	[CKFS_STAT_STORE_REQUESTS] = { "store_requests", "ckfs_store_requests_total", "counter",
+				       "Requests sent to the object store of s3:// sources "
+				       "(since the daemon started: the mount's own included)." },
+	[CKFS_STAT_STORE_RETRIES] = { "store_retries", "ckfs_store_retries_total", "counter",
+				      "Of those, attempts repeated after a failure." },
+	[CKFS_STAT_STORE_BYTES] = { "store_bytes", "ckfs_store_received_bytes_total", "counter",
+				    "Bytes received from the object store." },
 	[CKFS_STAT_PRELOAD_BYTES] = { "preload_bytes", "ckfs_preload_target_bytes", "gauge",
 				      "Bytes of weight files the preload set out to store "
 				      "(0: no preload)." },
@@ -155,6 +163,11 @@ static void counters_now(struct ckfs_fs *fs, uint64_t v[CKFS_STAT_COUNTERS])
 	v[CKFS_STAT_SHARED_BYTES] = cs.shared_bytes;
 	v[CKFS_STAT_BYTES_SAVED] = cs.bytes_saved;
 	v[CKFS_STAT_BYTES_HASHED] = cs.bytes_hashed;
+	struct ckfs_s3_counts sc;
+	ckfs_remote_counts(&sc);
+	v[CKFS_STAT_STORE_REQUESTS] = sc.requests;
+	v[CKFS_STAT_STORE_RETRIES] = sc.retries;
+	v[CKFS_STAT_STORE_BYTES] = sc.bytes;
 	ckfs_preload_get_stats(fs->preload, &ps);
 	v[CKFS_STAT_PRELOAD_BYTES] = ps.target;
 	v[CKFS_STAT_PRELOAD_STORED] = ps.stored;

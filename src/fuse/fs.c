@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ckfs/remote.h"
 #include "ckfs/run.h"
 #include "fuse/tree.h"
 
@@ -27,11 +28,13 @@ void ckfs_fs_init(struct ckfs_fs *fs, const struct ckfs_tree_ops *ops,
 enum ckfs_code ckfs_fs_open(const struct ckfs_mount_options *opt, struct ckfs_fs **out,
 			    struct ckfs_error *err)
 {
-	enum ckfs_run_kind kind = ckfs_run_kind(opt->src);
-
+	const char *stores[] = { opt->src, opt->model.base_path, opt->model.config_path };
 	enum ckfs_code rc;
 
 	*out = NULL;
+	/* Listed here, in the daemon: its connections are its own. */
+	CKFS_TRY(ckfs_remote_attach_urls(stores, 3, err));
+	enum ckfs_run_kind kind = ckfs_run_kind(opt->src);
 	if (kind == CKFS_RUN_NOT)
 		rc = ckfs_checkpoint_tree_open(opt, out, err);
 	else

@@ -51,6 +51,7 @@ struct ckfs_mount_options {
 	int prefetch_threads;       /* read-ahead workers; 0 disables */
 	int readahead;              /* largest read-ahead window, in slices */
 	int max_plans;              /* a run: step roles kept built (LRU) */
+	int s3_poll_s;              /* a run in a store: listed again this often */
 	/* share_slices=: equal slices held once in the cache (include/ckfs/
 	 * cache.h): CKFS_SHARE_AUTO (a run's mount: yes; one checkpoint: no),
 	 * _ON or _OFF */

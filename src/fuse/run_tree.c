@@ -395,7 +395,7 @@ static enum ckfs_code run_list_first(struct ckfs_run *run, struct ckfs_error *er
 	}
 	if (!run->base)
 		return ckfs_nomem(err);
-	if (stat(src, &st) != 0)
+	if (ckfs_stat(src, &st) != 0)
 		return ckfs_fail_errno(err, "'%s'", src);
 	run->dir_mode = run->opt->has_umask ? 0555 & ~run->opt->umask : st.st_mode & 0555;
 	if (run->single)

@@ -12,6 +12,10 @@
  * what is shown: steps that appeared or left, and `latest`, are
  * invalidated in the kernel (fuse_lowlevel_notify_inval_entry) at once;
  * the top folder's entries also time out after a second.
+ *
+ * A run in an object store (an s3:// source) has no inotify: its prefix
+ * is listed again every -o s3_poll seconds (include/ckfs/remote.h), then
+ * rescanned as after an event.
  */
 #define FUSE_USE_VERSION 312
 
@@ -27,7 +31,9 @@
 #include <sys/inotify.h>
 #include <unistd.h>
 
+#include "ckfs/remote.h"
 #include "ckfs/run.h"
+#include "ckfs/s3.h"
 #include "fuse/run_tree.h"
 
 /* Coalescing of inotify bursts (rmtree removes many files): wait this
@@ -241,16 +247,32 @@ static void watch_steps(struct ckfs_run *run)
 	free(names);
 }
 
+/* The store's listing of the run again (its snapshot); on failure the
+ * last one stays. */
+static void refresh_store(struct ckfs_run *run)
+{
+	struct ckfs_error err;
+
+	ckfs_error_clear(&err);
+	if (ckfs_remote_refresh(run->base, &err) != CKFS_OK)
+		ckfs_log(CKFS_LOG_ERR, "%s; the steps shown stay as they were", err.msg);
+}
+
 static void *watcher_main(void *arg)
 {
 	struct ckfs_run *run = arg;
 	char buf[16384] __attribute__((aligned(__alignof__(struct inotify_event))));
+	bool store = ckfs_s3_is_url(run->base);
 
 	for (;;) {
+		/* (a store's run: no inotify descriptor, poll skips it) */
 		struct pollfd pfd[2] = { { run->ino_fd, POLLIN, 0 }, { run->wake[0], POLLIN, 0 } };
 		/* Without tracker, the newest step waits for its quiet time:
-		 * a timer only then, so an idle mount sleeps. */
+		 * a timer only then, so an idle mount sleeps; a store's run
+		 * is listed every s3_poll seconds. */
 		int timeout = run->pending_s > 0 ? (int)run->pending_s * 1000 + 100 : -1;
+		if (store && (timeout < 0 || timeout > run->opt->s3_poll_s * 1000))
+			timeout = run->opt->s3_poll_s * 1000;
 		int n = poll(pfd, 2, timeout);
 		if (n < 0 && errno != EINTR)
 			break;
@@ -264,8 +286,11 @@ static void *watcher_main(void *arg)
 				pfd[0].revents = 0;
 			} while (poll(pfd, 1, SETTLE_MS) > 0 && (pfd[0].revents & POLLIN));
 		}
+		if (store)
+			refresh_store(run);
 		run->pending_s = rescan(run, NULL);
-		watch_steps(run);
+		if (!store)
+			watch_steps(run);
 	}
 	return NULL;
 }
@@ -276,13 +301,18 @@ static void *watcher_main(void *arg)
  * inotify queue for the watcher (started once mounted). */
 enum ckfs_code run_watch_init(struct ckfs_run *run, struct ckfs_error *err)
 {
-	run->ino_fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
-	if (run->ino_fd < 0 || inotify_add_watch(run->ino_fd, run->base, WATCH_TOP) < 0)
-		return ckfs_fail_errno(err, "cannot watch '%s' (inotify)", run->base);
+	bool store = ckfs_s3_is_url(run->base);
+
+	if (!store) {
+		run->ino_fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+		if (run->ino_fd < 0 || inotify_add_watch(run->ino_fd, run->base, WATCH_TOP) < 0)
+			return ckfs_fail_errno(err, "cannot watch '%s' (inotify)", run->base);
+	}
 	run->pending_s = rescan(run, err);
 	if (run->pending_s < 0)
 		return err->code;
-	watch_steps(run);
+	if (!store)
+		watch_steps(run);
 	return CKFS_OK;
 }
 

@@ -141,7 +141,7 @@ enum ckfs_code ckfs_model_load_config_from(struct ckfs_model *m, const char *hf,
 	 * then resolve inside that folder (policy.alt_root). */
 	const struct ckfs_file_policy *pol = &m->policy;
 	if (config_opt) {
-		char *abs = realpath(config_opt, NULL);
+		char *abs = ckfs_realpath(config_opt);
 		if (!abs)
 			return ckfs_fail_errno(err, "'%s': cannot resolve", config_opt);
 		bool is_dir = ckfs_path_is_dir(abs);

@@ -75,7 +75,7 @@ static enum ckfs_code read_optim0(struct ds_build *b, struct ckfs_error *err)
 				 b->files.step, name);
 	}
 	CKFS_TRY(open_source(b, b->files.optim[0], &src, err));
-	CKFS_TRY(ckfs_torch_open_tree(&b->optim0, m->sources[src].fd, ds_src_path(b, src), err));
+	CKFS_TRY(ckfs_torch_open_tree(&b->optim0, m->sources[src].f, ds_src_path(b, src), err));
 	CKFS_TRY(ds_optim_state(&b->optim0, &b->osd0, err));
 	CKFS_TRY(ds_optim_kind(ds_src_path(b, src), b->osd0, &b->stage, &b->ws, err));
 	m->world_size = b->ws;
@@ -395,7 +395,7 @@ static enum ckfs_code load_config(struct ds_build *b, struct ckfs_error *err)
 		return ckfs_nomem(err);
 	if (!b->opt->config_path && !beside && !ckfs_path_exists(hf_cfg)) {
 		/* SRC is the Trainer's global_stepN/: its config is one up */
-		char *up = !b->files.tag ? realpath(parent, NULL) : NULL;
+		char *up = !b->files.tag ? ckfs_realpath(parent) : NULL;
 		enum ckfs_code rc = ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': no config.json (only "
 					      "the Hugging Face Trainer saves one beside a DeepSpeed "
 					      "checkpoint); pass --config PATH to a Hugging Face "
@@ -436,7 +436,7 @@ static enum ckfs_code plan(struct ds_build *b, struct ckfs_error *err)
 {
 	struct ckfs_model *m = b->m;
 
-	CKFS_TRY(ckfs_torch_open_tree(&b->model0, m->sources[b->model_src].fd,
+	CKFS_TRY(ckfs_torch_open_tree(&b->model0, m->sources[b->model_src].f,
 				      ds_src_path(b, b->model_src), err));
 	CKFS_TRY(ds_model_states(&b->model0, &b->mv0, err));
 	CKFS_TRY(add_buffers(b, err));

@@ -131,18 +131,19 @@ static bool is_ds_file_name(const char *name)
  * when src, or one of its folders for want of memory, cannot be listed. */
 static int find_step_folder(const char *src, char *out, size_t size)
 {
-	DIR *d = opendir(src);
-	struct dirent *de;
+	struct ckfs_dir *d = ckfs_opendir(src);
+	const char *de_name;
+	bool de_dir;
 	int found = 0;
 
 	if (!d)
 		return -1;
-	while (!found && (de = readdir(d))) {
+	while (!found && (de_name = ckfs_readdir(d, &de_dir))) {
 		char path[4096];
-		if (de->d_name[0] == '.' ||
-		    (size_t)snprintf(path, sizeof(path), "%s/%s", src, de->d_name) >=
+		if (de_name[0] == '.' ||
+		    (size_t)snprintf(path, sizeof(path), "%s/%s", src, de_name) >=
 			    sizeof(path) ||
-		    !ckfs_path_is_dir(path))
+		    !de_dir)
 			continue;
 		/* a folder that cannot be listed is not a step folder, unless
 		 * listing failed for want of memory */
@@ -153,7 +154,7 @@ static int find_step_folder(const char *src, char *out, size_t size)
 			snprintf(out, size, "%s", path);
 	}
 	int saved = errno;
-	closedir(d);
+	ckfs_closedir(d);
 	errno = saved;
 	return found;
 }
@@ -253,15 +254,16 @@ static enum ckfs_code list_names(const char *dir, char ***out, size_t *n,
 	size_t cap = 0;
 	char **v = NULL;
 	enum ckfs_code rc = CKFS_OK;
-	struct dirent *de;
-	DIR *d = opendir(dir);
+	const char *de_name;
+	bool de_dir;
+	struct ckfs_dir *d = ckfs_opendir(dir);
 
 	*n = 0;
 	if (!d)
 		return ckfs_fail_errno(err, "'%s': cannot open folder", dir);
-	while (rc == CKFS_OK && (de = readdir(d))) {
+	while (rc == CKFS_OK && (de_name = ckfs_readdir(d, &de_dir))) {
 		struct ds_name dn;
-		if (ds_file_name(de->d_name, &dn) == DS_NONE)
+		if (ds_file_name(de_name, &dn) == DS_NONE)
 			continue;
 		if (*n == max) {
 			rc = ckfs_fail(err, CKFS_E_LIMIT, "'%s': more than %zu DeepSpeed files",
@@ -278,12 +280,12 @@ static enum ckfs_code list_names(const char *dir, char ***out, size_t *n,
 			v = p;
 			cap = c;
 		}
-		if (!(v[*n] = strdup(de->d_name)))
+		if (!(v[*n] = strdup(de_name)))
 			rc = ckfs_nomem(err);
 		else
 			(*n)++;
 	}
-	closedir(d);
+	ckfs_closedir(d);
 	if (*n)
 		qsort(v, *n, sizeof(*v), cmp_str);
 	*out = v;

@@ -268,15 +268,16 @@ static enum ckfs_code list_rank_names(struct ckfs_model *m, struct rank_scan *rs
 {
 	const size_t max_names = 4 * (size_t)CKFS_MAX_RANKS;
 	size_t cap = 0;
-	struct dirent *de;
+	const char *de_name;
+	bool de_dir;
 	enum ckfs_code rc = CKFS_OK;
-	DIR *d = opendir(m->src_dir);
+	struct ckfs_dir *d = ckfs_opendir(m->src_dir);
 
 	if (!d)
 		return ckfs_fail_errno(err, "'%s': cannot open folder", m->src_dir);
-	while (rc == CKFS_OK && (de = readdir(d))) {
+	while (rc == CKFS_OK && (de_name = ckfs_readdir(d, &de_dir))) {
 		struct ckfs_rank_file rf;
-		enum ckfs_rank_name kind = ckfs_fsdp_rank_file_name(de->d_name, &rf);
+		enum ckfs_rank_name kind = ckfs_fsdp_rank_file_name(de_name, &rf);
 		if (kind == CKFS_RANK_NAME_NONE)
 			continue;
 		if (rs->n_names == max_names) {
@@ -295,13 +296,13 @@ static enum ckfs_code list_rank_names(struct ckfs_model *m, struct rank_scan *rs
 			cap = c;
 		}
 		struct rank_name *rn = &rs->names[rs->n_names];
-		*rn = (struct rank_name){ strdup(de->d_name), rf.ws, rf.rank, kind };
+		*rn = (struct rank_name){ strdup(de_name), rf.ws, rf.rank, kind };
 		if (!rn->name)
 			rc = ckfs_nomem(err);
 		else
 			rs->n_names++;
 	}
-	closedir(d);
+	ckfs_closedir(d);
 	if (rc == CKFS_OK && rs->n_names)
 		qsort(rs->names, rs->n_names, sizeof(*rs->names), cmp_rank_name);
 	return rc;
@@ -561,7 +562,7 @@ static enum ckfs_code add_entry(struct acc *a, const struct ckfs_sd_entry *e,
 /* Global rank at each mesh position (row-major), read from the mesh
  * tensor when the file has one, else the identity. */
 static enum ckfs_code mesh_ranks(struct ckfs_model *m,
-				 const struct ckfs_dtensor_info *di, int fd,
+				 const struct ckfs_dtensor_info *di, struct ckfs_file f,
 				 const char *label, long *ranks, size_t n,
 				 struct ckfs_error *err)
 {
@@ -583,7 +584,7 @@ static enum ckfs_code mesh_ranks(struct ckfs_model *m,
 		for (int k = 0; k < v->ndim; k++)
 			el += (uint64_t)idx[k] * (uint64_t)v->stride[k];
 		unsigned char b[8] = { 0 };
-		if (pread(fd, b, es, (off_t)(v->storage_pos + el * es)) != (ssize_t)es)
+		if (ckfs_file_pread(f, b, es, v->storage_pos + el * es) != (ssize_t)es)
 			return ckfs_fail(err, CKFS_E_TRUNCATED,
 					 "'%s': cannot read the device mesh", label);
 		int64_t r;
@@ -623,7 +624,7 @@ static enum ckfs_code mesh_positions(struct ckfs_model *m, const struct ckfs_dte
 	if (n != (size_t)m->world_size)
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': device mesh has %zu ranks but the "
 				 "world size is %d", m->sources[src0].path, n, m->world_size);
-	CKFS_TRY(mesh_ranks(m, mesh, m->sources[src0].fd, m->sources[src0].path, ranks, n,
+	CKFS_TRY(mesh_ranks(m, mesh, m->sources[src0].f, m->sources[src0].path, ranks, n,
 			    err));
 	int64_t idx[CKFS_MAX_DIMS] = { 0 };
 	for (size_t p = 0; p < n; p++) {
@@ -691,7 +692,7 @@ static enum ckfs_code open_ranks(struct build *b, struct rank_scan *rs, struct c
 		uint32_t src;
 		CKFS_TRY(open_source(m, r, &src, err));
 	}
-	CKFS_TRY(ckfs_torch_open(&b->first, m->sources[0].fd, m->sources[0].path, err));
+	CKFS_TRY(ckfs_torch_open(&b->first, m->sources[0].f, m->sources[0].path, err));
 	char when[64];
 	if (ckfs_torch_writer(&b->first, when, sizeof(when)) &&
 	    !(m->written_by = ckfs_arena_strdup(&m->arena, when)))
@@ -853,7 +854,7 @@ static enum ckfs_code read_ranks(struct build *b, struct ckfs_error *err)
 			CKFS_TRY(add_rank(b, p, &b->first, err));
 			continue;
 		}
-		CKFS_TRY(ckfs_torch_open(&other, s->fd, s->path, err));
+		CKFS_TRY(ckfs_torch_open(&other, s->f, s->path, err));
 		enum ckfs_code rc = add_rank(b, p, &other, err);
 		ckfs_torch_close(&other);
 		CKFS_TRY(rc);

@@ -238,7 +238,7 @@ static enum ckfs_code check_position(struct rank_plan *rp, size_t p, struct ckfs
 
 	if (!seen)
 		return ckfs_nomem(err);
-	rc = ckfs_torch_open(&tf, s->fd, s->path, err);
+	rc = ckfs_torch_open(&tf, s->f, s->path, err);
 	if (rc != CKFS_OK) {
 		free(seen);
 		return rc;

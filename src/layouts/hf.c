@@ -59,12 +59,14 @@ static enum ckfs_code source_of(struct ckfs_model *m, const struct ckfs_st_entry
 	const char *name = ckfs_arena_strdup(&m->arena, rel);
 	if (!path || !name)
 		return ckfs_nomem(err);
-	int fd = fcntl(e->fd, F_DUPFD_CLOEXEC, 0);
-	if (fd < 0)
-		return ckfs_fail_errno(err, "'%s': cannot keep open", path);
+	struct ckfs_file f;
+	if (ckfs_file_dup(e->f, &f, err) != CKFS_OK) {
+		ckfs_error_prefix(err, "'%s': ", path);
+		return err->code;
+	}
 	/* The reader opened it under m's file policy. */
-	if (ckfs_source_init(&m->sources[m->n_sources], fd, path, name, err) != CKFS_OK) {
-		close(fd);
+	if (ckfs_source_init(&m->sources[m->n_sources], f, path, name, err) != CKFS_OK) {
+		ckfs_file_close(&f);
 		return err->code;
 	}
 	*out = (uint32_t)m->n_sources++;
@@ -183,7 +185,7 @@ static enum ckfs_code build_from(struct ckfs_model *m, const struct ckfs_model_o
 	}
 	order = calloc(set.n_entries, sizeof(*order));
 	m->tensors = ckfs_arena_calloc(&m->arena, set.n_entries, sizeof(*m->tensors));
-	m->sources = ckfs_arena_calloc(&m->arena, set.n_fds + 1, sizeof(*m->sources));
+	m->sources = ckfs_arena_calloc(&m->arena, set.n_files + 1, sizeof(*m->sources));
 	if (!order || !m->tensors || !m->sources) {
 		rc = ckfs_nomem(err);
 		goto out;

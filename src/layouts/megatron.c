@@ -745,7 +745,7 @@ static enum ckfs_code open_rank(struct ctx *c, int r, struct ckfs_error *err)
 	}
 	CKFS_TRY(rc);
 	c->src[r] = (int)m->n_sources++;
-	CKFS_TRY(ckfs_torch_open_list(&c->files[r], m->sources[c->src[r]].fd, path,
+	CKFS_TRY(ckfs_torch_open_list(&c->files[r], m->sources[c->src[r]].f, path,
 				      "_extra_state", err));
 	c->state[r] = R_OPEN;
 	return CKFS_OK;
@@ -794,24 +794,25 @@ static enum ckfs_code check_tp_alike(struct ctx *c, int p, size_t lo, size_t hi,
 static enum ckfs_code scan_dirs(struct ctx *c, struct ckfs_error *err)
 {
 	char path[4096];
-	DIR *d;
-	struct dirent *de;
+	struct ckfs_dir *d;
+	const char *de_name;
+	bool de_dir;
 	long max[3] = { -1, -1, -1 };
 	int fields = 0;
 	size_t cap = 0;
 
 	snprintf(path, sizeof(path), "%s/model", c->m->src_dir);
-	if (!(d = opendir(path)))
+	if (!(d = ckfs_opendir(path)))
 		return ckfs_fail_errno(err, "'%s': cannot open", path);
-	while ((de = readdir(d))) {
+	while ((de_name = ckfs_readdir(d, &de_dir))) {
 		long v[3] = { 0, 0, 0 };
 		int n;
-		if (strncmp(de->d_name, "mp_rank_", 8) != 0)
+		if (strncmp(de_name, "mp_rank_", 8) != 0)
 			continue;
-		if (!(n = parse_rank_dir(de->d_name, v))) {
+		if (!(n = parse_rank_dir(de_name, v))) {
 			ckfs_fail(err, CKFS_E_FORMAT, "'%s/%s': not an mp_rank_TT, "
 				  "mp_rank_TT_PPP or mp_rank_TT_PPP_EEE folder", path,
-				  de->d_name);
+				  de_name);
 			goto fail;
 		}
 		if (fields && n != fields) {
@@ -840,7 +841,7 @@ static enum ckfs_code scan_dirs(struct ctx *c, struct ckfs_error *err)
 		}
 		memcpy(c->names[c->n_names++], v, sizeof(v));
 	}
-	closedir(d);
+	ckfs_closedir(d);
 	if (!fields)
 		return ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': no mp_rank_* folders", path);
 	for (int k = 0; k < 3; k++)
@@ -857,7 +858,7 @@ static enum ckfs_code scan_dirs(struct ctx *c, struct ckfs_error *err)
 				 CKFS_MAX_RANKS);
 	return CKFS_OK;
 fail:
-	closedir(d);
+	ckfs_closedir(d);
 	return err->code;
 }
 

@@ -48,6 +48,8 @@ enum ckfs_code ckfs_model_finish(struct ckfs_model *m, const struct ckfs_model_o
 	apply_dtype(m, opt);
 	CKFS_TRY(ckfs_fp8_select(m, opt, err));
 	CKFS_TRY(ckfs_plan_validate_model(m, err));
+	for (size_t i = 0; i < m->n_sources; i++)
+		ckfs_file_metadata_done(m->sources[i].f);
 	return ckfs_checks_start(m, err);
 }
 
@@ -59,7 +61,7 @@ static enum ckfs_code resolve(struct ckfs_model *m, const char *src, struct ckfs
 		return ckfs_path_exists(src)
 			       ? ckfs_fail(err, CKFS_E_INVALID, "'%s': not a folder", src)
 			       : ckfs_fail(err, CKFS_E_NOTFOUND, "'%s': not found", src);
-	char *abs = realpath(src, NULL);
+	char *abs = ckfs_realpath(src);
 	if (!abs)
 		return ckfs_fail_errno(err, "'%s': cannot resolve", src);
 	m->src_dir = m->policy.root = ckfs_arena_strdup(&m->arena, abs);

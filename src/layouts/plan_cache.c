@@ -40,6 +40,7 @@
 
 #include "ckfs/hash.h"
 #include "ckfs/log.h"
+#include "ckfs/remote.h"
 #include "ckfs/strbuf.h"
 #include "layouts/layouts.h"
 
@@ -107,7 +108,12 @@ static int identity(const struct ckfs_model *m, const char *kind, struct ckfs_st
 	for (size_t i = 0; i < m->n_sources; i++) {
 		const struct ckfs_source *s = &m->sources[i];
 		struct stat st;
-		if (fstat(s->fd, &st) != 0 || (uint64_t)st.st_size != s->size ||
+		if (s->f.remote) { /* an object's version is its ETag */
+			ckfs_strbuf_fmt(b, "%s %llu %s\n", s->name, (unsigned long long)s->size,
+					ckfs_remote_etag(s->f.remote));
+			continue;
+		}
+		if (fstat(s->f.fd, &st) != 0 || (uint64_t)st.st_size != s->size ||
 		    st.st_ino != s->ino || st.st_dev != s->dev)
 			return 0; /* changed since it was opened: no record */
 		ckfs_strbuf_fmt(b, "%s %llu %llu %llu %lld.%09ld %lld.%09ld\n", s->name,

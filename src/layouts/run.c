@@ -85,50 +85,41 @@ enum ckfs_code ckfs_run_parse_tracker(const char *label, const char *text, size_
 	return CKFS_OK;
 }
 
-/* The d_type of an entry, asking stat when the file system does not say. */
-static int entry_is_dir(int dirfd, const struct dirent *de)
-{
-	struct stat st;
-
-	if (de->d_type != DT_UNKNOWN && de->d_type != DT_LNK)
-		return de->d_type == DT_DIR;
-	return fstatat(dirfd, de->d_name, &st, 0) == 0 && S_ISDIR(st.st_mode);
-}
-
 /* Does a layout claim dir, as ckfs_model_open would ask (table.c)? Then
  * a folder named global_step_<N> is that checkpoint, not a step of roles.
  * When that cannot be told, it is left to the reader to say why. */
 static bool is_checkpoint(const char *dir)
 {
-	char real[PATH_MAX];
 	const struct ckfs_layout *layout;
+	char *real = ckfs_realpath(dir);
 
-	if (!realpath(dir, real))
+	if (!real)
 		return true;
 	const struct ckfs_file_policy pol = { .root = real };
-	return ckfs_layout_find(real, &pol, &layout) != 0;
+	bool found = ckfs_layout_find(real, &pol, &layout) != 0;
+	free(real);
+	return found;
 }
 
 enum ckfs_run_kind ckfs_run_kind(const char *src)
 {
 	const char *base = strrchr(src, '/');
 	enum ckfs_run_kind kind = CKFS_RUN_NOT;
-	struct dirent *de;
+	const char *name, *why;
+	bool is_dir;
 	uint64_t step;
-	const char *why;
-	DIR *d;
+	struct ckfs_dir *d;
 
 	base = base ? base + 1 : src;
-	d = opendir(src);
+	d = ckfs_opendir(src);
 	if (!d)
 		return CKFS_RUN_NOT;
-	while (kind == CKFS_RUN_NOT && (de = readdir(d))) {
-		if (strcmp(de->d_name, CKFS_RUN_TRACKER) == 0 ||
-		    (ckfs_run_step_name(de->d_name, &step, &why) != CKFS_STEP_NAME_NONE &&
-		     entry_is_dir(dirfd(d), de)))
+	while (kind == CKFS_RUN_NOT && (name = ckfs_readdir(d, &is_dir))) {
+		if (strcmp(name, CKFS_RUN_TRACKER) == 0 ||
+		    (ckfs_run_step_name(name, &step, &why) != CKFS_STEP_NAME_NONE && is_dir))
 			kind = CKFS_RUN_RUN;
 	}
-	closedir(d);
+	ckfs_closedir(d);
 	if (kind == CKFS_RUN_NOT && ckfs_run_step_name(base, &step, &why) == CKFS_STEP_NAME_OK &&
 	    !is_checkpoint(src))
 		kind = CKFS_RUN_STEP;
@@ -171,11 +162,12 @@ static enum ckfs_code read_tracker(const char *src, const struct ckfs_run_scan *
 	ckfs_error_clear(&e);
 	/* The policy of a run: the tracker must be a regular file in it (the
 	 * root a real path, as the policy compares real paths). */
-	char real[PATH_MAX];
-	if (!realpath(src, real))
+	char *real = ckfs_realpath(src);
+	if (!real)
 		return ckfs_fail_errno(err, "'%s': cannot resolve", src);
 	struct ckfs_file_policy pol = { .root = real };
 	rc = ckfs_file_read_small(&pol, path, TRACKER_MAX, &text, &len, NULL, &e);
+	free(real);
 	if (rc == CKFS_E_NOMEM)
 		return ckfs_nomem(err);
 	if (rc == CKFS_E_NOTFOUND)
@@ -225,7 +217,7 @@ static enum ckfs_code count_roles(const char *src, struct ckfs_run_step *s,
 
 	snprintf(path, sizeof(path), "%s/%s", src, s->name);
 	struct stat st;
-	if (stat(path, &st) == 0)
+	if (ckfs_stat(path, &st) == 0)
 		s->mtime = st.st_mtim;
 	ckfs_error_clear(&e);
 	if (ckfs_run_roles(path, &names, &n, &e) != CKFS_OK)
@@ -238,7 +230,7 @@ static enum ckfs_code count_roles(const char *src, struct ckfs_run_step *s,
 		struct stat rst;
 		uint64_t id[3] = { 0, 0, 0 };
 		snprintf(role, sizeof(role), "%s/%s", path, names[i]);
-		if (stat(role, &rst) == 0) {
+		if (ckfs_stat(role, &rst) == 0) {
 			id[0] = (uint64_t)rst.st_ino;
 			id[1] = (uint64_t)rst.st_mtim.tv_sec;
 			id[2] = (uint64_t)rst.st_mtim.tv_nsec;
@@ -256,26 +248,27 @@ enum ckfs_code ckfs_run_scan(const char *src, const struct ckfs_run_scan *prev,
 			     struct ckfs_run_scan *out, struct ckfs_error *err)
 {
 	size_t cap = 0, icap = 0;
-	struct dirent *de;
+	const char *name;
+	bool is_dir;
 	enum ckfs_code rc = CKFS_OK;
-	DIR *d;
+	struct ckfs_dir *d;
 
 	memset(out, 0, sizeof(*out));
 	struct stat st;
-	if (stat(src, &st) == 0)
+	if (ckfs_stat(src, &st) == 0)
 		out->mtime = st.st_mtim;
-	d = opendir(src);
+	d = ckfs_opendir(src);
 	if (!d)
 		return ckfs_fail_errno(err, "'%s': cannot list the run folder", src);
 	errno = 0;
-	while (rc == CKFS_OK && (de = readdir(d))) {
+	while (rc == CKFS_OK && (name = ckfs_readdir(d, &is_dir))) {
 		uint64_t step;
 		const char *why;
-		enum ckfs_step_name k = ckfs_run_step_name(de->d_name, &step, &why);
-		if (k == CKFS_STEP_NAME_NONE || !entry_is_dir(dirfd(d), de))
+		enum ckfs_step_name k = ckfs_run_step_name(name, &step, &why);
+		if (k == CKFS_STEP_NAME_NONE || !is_dir)
 			continue;
 		if (k == CKFS_STEP_NAME_BAD) {
-			rc = add_ignored(out, &icap, de->d_name, why, err);
+			rc = add_ignored(out, &icap, name, why, err);
 			continue;
 		}
 		if (out->n_steps == cap) {
@@ -293,7 +286,7 @@ enum ckfs_code ckfs_run_scan(const char *src, const struct ckfs_run_scan *prev,
 		s->step = step;
 		snprintf(s->name, sizeof(s->name), CKFS_RUN_STEP_PREFIX "%" PRIu64, step);
 	}
-	closedir(d);
+	ckfs_closedir(d);
 	if (rc == CKFS_OK && out->n_steps)
 		qsort(out->steps, out->n_steps, sizeof(*out->steps), cmp_step);
 	for (size_t i = 0; rc == CKFS_OK && i < out->n_steps; i++)
@@ -394,19 +387,17 @@ void ckfs_run_roles_free(char **names, size_t n)
 
 /* Sorted names of the entries of the open folder d; dirs_only keeps
  * folders, and names starting with '.' are left out when hide_dot. */
-static enum ckfs_code list_names(DIR *d, bool dirs_only, bool hide_dot, char ***names,
-				 size_t *n, struct ckfs_error *err)
+static enum ckfs_code list_names(struct ckfs_dir *d, bool dirs_only, bool hide_dot,
+				 char ***names, size_t *n, struct ckfs_error *err)
 {
-	struct dirent *de;
+	const char *name;
+	bool is_dir;
 	size_t cap = 0;
 
 	*names = NULL;
 	*n = 0;
-	while ((de = readdir(d))) {
-		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-			continue;
-		if ((hide_dot && de->d_name[0] == '.') ||
-		    (dirs_only && !entry_is_dir(dirfd(d), de)))
+	while ((name = ckfs_readdir(d, &is_dir))) {
+		if ((hide_dot && name[0] == '.') || (dirs_only && !is_dir))
 			continue;
 		if (*n == cap) {
 			size_t c = cap ? cap * 2 : 8;
@@ -416,7 +407,7 @@ static enum ckfs_code list_names(DIR *d, bool dirs_only, bool hide_dot, char ***
 			*names = p;
 			cap = c;
 		}
-		if (!((*names)[*n] = strdup(de->d_name)))
+		if (!((*names)[*n] = strdup(name)))
 			goto oom;
 		(*n)++;
 	}
@@ -433,7 +424,7 @@ oom:
 enum ckfs_code ckfs_run_roles(const char *step_dir, char ***names, size_t *n,
 			      struct ckfs_error *err)
 {
-	DIR *d = opendir(step_dir);
+	struct ckfs_dir *d = ckfs_opendir(step_dir);
 	enum ckfs_code rc;
 
 	*names = NULL;
@@ -441,28 +432,28 @@ enum ckfs_code ckfs_run_roles(const char *step_dir, char ***names, size_t *n,
 	if (!d)
 		return ckfs_fail_errno(err, "'%s': cannot list the step", step_dir);
 	rc = list_names(d, true, true, names, n, err);
-	closedir(d);
+	ckfs_closedir(d);
 	return rc;
 }
 
 /* ---- fingerprint ---- */
 
-static enum ckfs_code fp_walk(int dirfd_, int depth, uint64_t *h, struct timespec *newest,
-			      struct ckfs_error *err)
+static enum ckfs_code fp_walk(const char *dir, int depth, uint64_t *h,
+			      struct timespec *newest, struct ckfs_error *err)
 {
-	DIR *d = fdopendir(dirfd_);
-	char **names;
+	struct ckfs_dir *d = ckfs_opendir(dir);
+	char **names, path[4096];
 	size_t n;
 	enum ckfs_code rc;
 
-	if (!d) {
-		close(dirfd_);
-		return ckfs_fail_errno(err, "cannot list a folder of the step");
-	}
+	if (!d)
+		return ckfs_fail_errno(err, "'%s': cannot list", dir);
 	rc = list_names(d, false, false, &names, &n, err);
+	ckfs_closedir(d);
 	for (size_t i = 0; rc == CKFS_OK && i < n; i++) {
 		struct stat st;
-		if (fstatat(dirfd(d), names[i], &st, AT_SYMLINK_NOFOLLOW) != 0)
+		if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, names[i]) >= sizeof(path) ||
+		    ckfs_lstat(path, &st) != 0)
 			continue; /* gone meanwhile: the names hash still differs */
 		uint64_t rec[4] = { (uint64_t)st.st_mode, (uint64_t)st.st_size,
 				    (uint64_t)st.st_mtim.tv_sec, (uint64_t)st.st_mtim.tv_nsec };
@@ -472,15 +463,15 @@ static enum ckfs_code fp_walk(int dirfd_, int depth, uint64_t *h, struct timespe
 		    (st.st_mtim.tv_sec == newest->tv_sec && st.st_mtim.tv_nsec > newest->tv_nsec))
 			*newest = st.st_mtim;
 		if (S_ISDIR(st.st_mode) && depth < FP_DEPTH) {
-			int fd = openat(dirfd(d), names[i],
-					O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-			if (fd >= 0)
-				rc = fp_walk(fd, depth + 1, h, newest, err);
+			/* a folder that cannot be listed now is left out */
+			struct ckfs_error e;
+			ckfs_error_clear(&e);
+			if (fp_walk(path, depth + 1, h, newest, &e) == CKFS_E_NOMEM)
+				rc = ckfs_nomem(err);
 			*h = ckfs_fnv1a(*h, "/", 1); /* where the folder ends */
 		}
 	}
 	ckfs_run_roles_free(names, n);
-	closedir(d);
 	return rc;
 }
 
@@ -489,12 +480,8 @@ enum ckfs_code ckfs_run_fingerprint(const char *dir, uint64_t *fp, struct timesp
 {
 	struct timespec nw = { 0, 0 };
 	uint64_t h = CKFS_FNV1A_START;
-	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	enum ckfs_code rc;
+	enum ckfs_code rc = fp_walk(dir, 0, &h, &nw, err);
 
-	if (fd < 0)
-		return ckfs_fail_errno(err, "'%s': cannot list", dir);
-	rc = fp_walk(fd, 0, &h, &nw, err);
 	*fp = h;
 	if (newest)
 		*newest = nw;
@@ -506,11 +493,13 @@ enum ckfs_code ckfs_run_open_role(const char *src, const char *role_dir,
 				  struct ckfs_model **out, struct ckfs_error *err)
 {
 	if (!opt->follow_symlinks) {
-		char root[PATH_MAX];
-		if (!realpath(src, root))
+		char *root = ckfs_realpath(src);
+		if (!root)
 			return ckfs_fail_errno(err, "'%s': cannot resolve", src);
 		const struct ckfs_file_policy pol = { .root = root };
-		CKFS_TRY(ckfs_file_check_policy(&pol, role_dir, err));
+		enum ckfs_code rc = ckfs_file_check_policy(&pol, role_dir, err);
+		free(root);
+		CKFS_TRY(rc);
 	}
 	return ckfs_model_open(role_dir, opt, out, err);
 }

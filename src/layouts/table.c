@@ -74,16 +74,17 @@ enum ckfs_code ckfs_layout_not_found(const char *dir, const char *src, struct ck
 
 int ckfs_dir_has(const char *dir, bool (*match)(const char *name))
 {
-	DIR *d = opendir(dir);
-	struct dirent *de;
+	struct ckfs_dir *d = ckfs_opendir(dir);
+	const char *de_name;
+	bool de_dir;
 	bool found = false;
 
 	if (!d)
 		return -1;
-	while (!found && (de = readdir(d)))
-		found = match(de->d_name);
+	while (!found && (de_name = ckfs_readdir(d, &de_dir)))
+		found = match(de_name);
 	int saved = errno;
-	closedir(d);
+	ckfs_closedir(d);
 	errno = saved;
 	return found;
 }

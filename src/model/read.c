@@ -60,7 +60,7 @@ static enum ckfs_code read_exact(const struct ckfs_model *m, uint32_t src,
 				 struct ckfs_error *err)
 {
 	const struct ckfs_source *s = &m->sources[src];
-	ssize_t got = ckfs_pread_full(s->fd, buf, len, pos);
+	ssize_t got = ckfs_file_pread(s->f, buf, len, pos);
 
 	if (got < 0)
 		return ckfs_fail_errno(err, "'%s': read failed", s->path);

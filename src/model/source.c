@@ -32,16 +32,16 @@ void ckfs_source_note_read(uint64_t n)
 	atomic_fetch_add_explicit(&source_bytes, n, memory_order_relaxed);
 }
 
-enum ckfs_code ckfs_source_init(struct ckfs_source *s, int fd, const char *path,
+enum ckfs_code ckfs_source_init(struct ckfs_source *s, struct ckfs_file f, const char *path,
 				const char *name, struct ckfs_error *err)
 {
 	struct stat st;
 
-	if (fstat(fd, &st) != 0)
+	if (ckfs_file_stat(f, &st) != 0)
 		return ckfs_fail_errno(err, "'%s': cannot stat", path);
 	s->path = path;
 	s->name = name;
-	s->fd = fd;
+	s->f = f;
 	s->size = (uint64_t)st.st_size;
 	s->dev = st.st_dev;
 	s->ino = st.st_ino;
@@ -49,7 +49,7 @@ enum ckfs_code ckfs_source_init(struct ckfs_source *s, int fd, const char *path,
 	s->mode = st.st_mode;
 	s->uid = st.st_uid;
 	s->gid = st.st_gid;
-	s->acl = ckfs_fd_has_acl(fd);
+	s->acl = f.fd >= 0 && ckfs_fd_has_acl(f.fd);
 	return CKFS_OK;
 }
 
@@ -58,6 +58,8 @@ enum ckfs_code ckfs_source_check(const struct ckfs_source *s,
 {
 	struct stat st;
 
+	if (s->f.remote)
+		return CKFS_OK;
 	if (stat(s->path, &st) != 0)
 		return errno == ENOENT
 			       ? ckfs_fail(err, CKFS_E_CHANGED,
@@ -66,7 +68,7 @@ enum ckfs_code ckfs_source_check(const struct ckfs_source *s,
 	if (st.st_dev != s->dev || st.st_ino != s->ino)
 		return ckfs_fail(err, CKFS_E_CHANGED, "'%s': source was replaced",
 				 s->path);
-	if (fstat(s->fd, &st) != 0)
+	if (fstat(s->f.fd, &st) != 0)
 		return ckfs_fail_errno(err, "'%s': cannot stat", s->path);
 	if (st.st_nlink == 0)
 		return ckfs_fail(err, CKFS_E_CHANGED, "'%s': source was deleted",
@@ -94,11 +96,11 @@ enum ckfs_code ckfs_source_check(const struct ckfs_source *s,
 enum ckfs_code ckfs_source_open(struct ckfs_source *s, const struct ckfs_file_policy *pol,
 				const char *path, const char *name, struct ckfs_error *err)
 {
-	int fd;
+	struct ckfs_file f;
 
-	CKFS_TRY(ckfs_file_open(pol, path, &fd, NULL, err));
-	if (ckfs_source_init(s, fd, path, name, err) != CKFS_OK) {
-		close(fd);
+	CKFS_TRY(ckfs_file_open(pol, path, &f, NULL, err));
+	if (ckfs_source_init(s, f, path, name, err) != CKFS_OK) {
+		ckfs_file_close(&f);
 		return err->code;
 	}
 	return CKFS_OK;
@@ -110,7 +112,7 @@ void ckfs_model_free(struct ckfs_model *m)
 		return;
 	ckfs_checks_free(m); /* its thread reads the sources */
 	for (size_t i = 0; i < m->n_sources; i++)
-		close(m->sources[i].fd);
+		ckfs_file_close(&m->sources[i].f);
 	for (size_t i = 0; m->lora && i < m->lora->n_pairs; i++) {
 		free(atomic_load(&m->lora->pairs[i].ab));
 		pthread_mutex_destroy(&m->lora->pairs[i].lock);

@@ -120,8 +120,33 @@ static enum ckfs_code add_object(struct ckfs_s3_listing *l, struct ckfs_error *e
 	return CKFS_OK;
 }
 
-/* A leaf's text where it means something: a listed object's Key, Size or
- * ETag, a folder's Prefix, whether the listing goes on and from where. */
+/* ISO 8601 in UTC as S3 writes it, "2026-12-01T21:18:03.000Z" (the
+ * fraction optional): seconds since the epoch, or -1. */
+static int parse_time(const char *t, struct timespec *out)
+{
+	struct tm tm = { 0 };
+	const char *end = strptime(t, "%Y-%m-%dT%H:%M:%S", &tm);
+	long ns = 0;
+
+	if (!end)
+		return -1;
+	if (*end == '.') {
+		long scale = 100000000;
+		for (end++; *end >= '0' && *end <= '9'; end++, scale /= 10)
+			ns += (*end - '0') * scale;
+	}
+	if (strcmp(end, "Z") != 0)
+		return -1;
+	time_t s = timegm(&tm);
+	if (s == (time_t)-1)
+		return -1;
+	out->tv_sec = s;
+	out->tv_nsec = ns;
+	return 0;
+}
+
+/* A leaf's text where it means something: a listed object's Key, Size,
+ * ETag or LastModified, a folder's Prefix, whether the listing goes on and from where. */
 static enum ckfs_code leaf(struct xml *x, const char *t, size_t n, struct ckfs_s3_listing *l,
 			   char **next, bool *truncated)
 {
@@ -141,6 +166,9 @@ static enum ckfs_code leaf(struct xml *x, const char *t, size_t n, struct ckfs_s
 			if (n + 1 > sizeof(o->etag))
 				return bad(x, "an ETag too long");
 			memcpy(o->etag, t, n + 1);
+		} else if (in(x, 2, "LastModified")) {
+			if (parse_time(t, &o->mtime) != 0)
+				return bad(x, "a bad LastModified time");
 		}
 	} else if (x->depth == 3 && in(x, 1, "CommonPrefixes") && in(x, 2, "Prefix")) {
 		char **p = realloc(l->prefixes, (l->n_prefixes + 1) * sizeof(*p));

@@ -51,17 +51,22 @@ enum ckfs_code ckfs_fail_errno(struct ckfs_error *err, const char *fmt, ...)
 	va_list ap;
 
 	/* ENOMEM from a system call (realpath, opendir) is running out of
-	 * memory, not an I/O error. */
-	enum ckfs_code code = saved == ENOMEM ? CKFS_E_NOMEM : CKFS_E_IO;
+	 * memory, not an I/O error; ESTALE from a read of an object in a
+	 * store (include/ckfs/file.h) is a source that changed. */
+	enum ckfs_code code = saved == ENOMEM   ? CKFS_E_NOMEM
+			      : saved == ESTALE ? CKFS_E_CHANGED
+						: CKFS_E_IO;
 
 	if (!err || err->code != CKFS_OK)
 		return code;
 	va_start(ap, fmt);
-	record(err, code, saved, fmt, ap);
+	record(err, code, code == CKFS_E_CHANGED ? 0 : saved, fmt, ap);
 	va_end(ap);
 	size_t n = strlen(err->msg);
 	snprintf(err->msg + n, sizeof(err->msg) - n, ": %s",
-		 saved == ENOMEM ? "out of memory" : strerror(saved));
+		 saved == ENOMEM   ? "out of memory"
+		 : saved == ESTALE ? "the object changed since it was opened"
+				   : strerror(saved));
 	return code;
 }
 

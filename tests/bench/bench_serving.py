@@ -5,6 +5,9 @@ not a test).
 
     bench_serving.py DIR [TP]     prints "SECONDS TENSORS BYTES"
 
+DIR may be several folders joined by commas: worker r then reads the
+r-th (modulo their count), as TP nodes would each from their own mount.
+
 Starts TP (default 8) worker processes at once, as vLLM and SGLang do with
 tensor parallelism, each of which opens every *.safetensors in DIR with
 safetensors' safe_open and reads its own shard of every tensor with
@@ -81,8 +84,9 @@ def main():
         raise SystemExit("usage: bench_serving.py DIR [TP]")
     import subprocess
 
-    d, tp = sys.argv[1], int(sys.argv[2]) if len(sys.argv) == 3 else 8
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", d, str(r), str(tp)],
+    dirs, tp = sys.argv[1].split(","), int(sys.argv[2]) if len(sys.argv) == 3 else 8
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker", dirs[r % len(dirs)], str(r),
+                               str(tp)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
              for r in range(tp)]
     for p in procs:

@@ -346,7 +346,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (fd < 0 || write(fd, files[r].bytes, files[r].len) != (ssize_t)files[r].len)
 			abort();
 		ckfs_error_clear(&err);
-		if (ckfs_source_init(&sources[r], fd, paths[r], paths[r], &err) != CKFS_OK)
+		if (ckfs_source_init(&sources[r], ckfs_file_of_fd(fd), paths[r], paths[r], &err) != CKFS_OK)
 			fail("source", &err);
 		m->n_sources++;
 	}
@@ -432,7 +432,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	ckfs_read_scratch_release(&scratch);
 	ckfs_st_layout_release(&l);
 	for (int r = 0; r < world; r++) {
-		close(sources[r].fd);
+		close(sources[r].f.fd);
 		unlink(paths[r]);
 		free(files[r].bytes);
 	}

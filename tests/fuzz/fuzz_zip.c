@@ -14,7 +14,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (fd < 0)
 		return 0;
 	ckfs_error_clear(&err);
-	if (ckfs_zip_open(&z, fd, 0, size, "fuzz", &err) == CKFS_OK) {
+	if (ckfs_zip_open(&z, ckfs_file_of_fd(fd), 0, size, "fuzz", &err) == CKFS_OK) {
 		for (size_t i = 0; i < z.n_entries && i < 64; i++) {
 			void *buf = NULL;
 			size_t len;

@@ -11,14 +11,14 @@ cd "$ROOT" || exit 1
 # Which module a public header belongs to.
 header_module() {
 	case $1 in
-	arena | err | log | text | json | file | dtype | limits | units | strbuf | hash) echo util ;;
+	arena | err | log | text | json | dtype | limits | units | strbuf | hash) echo util ;;
 	zip | pickle | torch | safetensors) echo fmt ;;
 	model) echo model ;;
 	layouts | run) echo layouts ;;
 	folder | weights | perm) echo folder ;;
 	history) echo history ;;
 	cache) echo cache ;;
-	s3) echo store ;;
+	s3 | remote | file) echo store ;;
 	*) echo "?$1" ;;
 	esac
 }
@@ -26,14 +26,14 @@ header_module() {
 allowed() {
 	case $1 in
 	util) echo "util" ;;
-	fmt) echo "util fmt" ;;
-	model) echo "util model" ;;
-	layouts) echo "util fmt model layouts" ;;
-	folder) echo "util model folder" ;;
+	fmt) echo "util store fmt" ;;
+	model) echo "util store model" ;;
+	layouts) echo "util store fmt model layouts" ;;
+	folder) echo "util store model folder" ;;
 	history) echo "util model history" ;;
 	cache) echo "util cache" ;;
 	store) echo "util store" ;;
-	fuse) echo "util model layouts folder cache fuse" ;;
+	fuse) echo "util store model layouts folder cache fuse" ;;
 	cli) echo "util fmt model layouts folder history cache store fuse cli" ;;
 	esac
 }

@@ -36,6 +36,8 @@ FIELDS = {  # metric -> stats field (--json)
     "ckfs_opens_total": "opens", "ckfs_source_read_bytes_total": "source_bytes_read",
     "ckfs_cache_shared_slices_total": "shared_slices", "ckfs_cache_shared_bytes_total": "shared_bytes",
     "ckfs_cache_saved_bytes": "bytes_saved", "ckfs_cache_hashed_bytes_total": "bytes_hashed",
+    "ckfs_store_requests_total": "store_requests", "ckfs_store_retries_total": "store_retries",
+    "ckfs_store_received_bytes_total": "store_bytes",
     "ckfs_preload_target_bytes": "preload_bytes", "ckfs_preload_stored_bytes_total": "preload_stored",
     "ckfs_preload_skipped_bytes_total": "preload_skipped",
     "ckfs_preload_errors_total": "preload_errors", "ckfs_preload_done": "preload_done",

@@ -3,10 +3,12 @@
 
 Usage: flaky_proxy.py UPSTREAM_PORT  (prints the port it listens on)
 
-For each distinct request (method and path with query) the first attempt
-gets its connection closed without an answer, the second 503 SlowDown, the
-third and later go to the store unchanged (the Host header included, so the
-SigV4 signature still holds). A path holding "always-503" always gets 503.
+For each distinct request (method, path with query, and Range) the first
+attempt gets its connection closed without an answer, the second 503
+SlowDown; a ranged GET's third gets the store's answer cut in half (all
+headers, then half the body, then the connection closed); the rest go to
+the store unchanged (the Host header included, so the SigV4 signature
+still holds). A path holding "always-503" always gets 503.
 Every connection serves one request (a dropped one is then always a fresh
 connection, which libcurl does not retry by itself as it does a reused one
 that died).
@@ -40,7 +42,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(SLOWDOWN)
 
-    def forward(self):
+    def forward(self, truncate=False):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else None
         up = http.client.HTTPConnection("127.0.0.1", UPSTREAM, timeout=60)
@@ -58,11 +60,12 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
-            self.wfile.write(data)
+            self.wfile.write(data[: len(data) // 2] if truncate else data)
         up.close()
 
     def handle_any(self):
-        key = (self.command, self.path)
+        ranged = self.command == "GET" and "Range" in self.headers
+        key = (self.command, self.path, self.headers.get("Range"))
         with lock:
             n = seen.get(key, 0)
             seen[key] = n + 1
@@ -72,7 +75,7 @@ class Handler(BaseHTTPRequestHandler):
         elif n == 0:
             self.connection.shutdown(2)  # no answer at all
         else:
-            self.forward()
+            self.forward(truncate=ranged and n == 2)
 
     do_GET = do_HEAD = do_PUT = handle_any
 

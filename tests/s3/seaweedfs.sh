@@ -4,7 +4,9 @@
 # loopback with SigV4 credentials. Sourced, not run.
 #   seaweedfs_install          the venv (once); prints nothing on success
 #   seaweedfs_start DIR        a server with its data in DIR; exports
-#                              AWS_ENDPOINT_URL and the keys, sets SEAWEED_PID
+#                              AWS_ENDPOINT_URL and the keys, sets SEAWEED_PID;
+#                              again on a DIR it served: the same ports
+#   s3_put_tree DIR URL        every file under DIR to URL/<its path>
 #   seaweedfs_stop
 #   s3curl ARGS...             curl signing as the test user
 SEAWEEDFS_VERSION=4.48
@@ -39,27 +41,30 @@ while True:
 }
 
 seaweedfs_start() {
-	local dir=$1 s3port i
+	local dir=$1 s3port i ports
 	mkdir -p "$dir/data"
+	[ -s "$dir/ports" ] || echo "$(free_port) $(free_port) $(free_port) $(free_port)" >"$dir/ports"
+	read -r s3port ports <"$dir/ports"
+	set -- $ports
 	cat >"$dir/identities.json" <<-'EOF'
 	{"identities": [{"name": "ckfs", "credentials": [{"accessKey": "ckfstestkey",
 	 "secretKey": "ckfstestsecret"}], "actions": ["Admin", "Read", "List", "Write"]}]}
 	EOF
-	s3port=$(free_port)
 	"$SEAWEEDFS_VENV/bin/weed" server -dir="$dir/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
-		-master.port="$(free_port)" -volume.port="$(free_port)" -filer.port="$(free_port)" \
+		-master.port="$1" -volume.port="$2" -filer.port="$3" \
 		-s3 -s3.port="$s3port" -s3.config="$dir/identities.json" -s3.port.iceberg=0 \
-		-s3.port.lance=0 -master.telemetry=false >"$dir/weed.log" 2>&1 &
+		-s3.port.lance=0 -master.telemetry=false >>"$dir/weed.log" 2>&1 &
 	SEAWEED_PID=$!
 	export AWS_ENDPOINT_URL=http://127.0.0.1:$s3port AWS_ACCESS_KEY_ID=ckfstestkey \
 		AWS_SECRET_ACCESS_KEY=ckfstestsecret AWS_REGION=us-east-1
 	unset AWS_PROFILE AWS_SESSION_TOKEN AWS_ENDPOINT_URL_S3
-	# Ready when a signed request gets an S3 answer (a new bucket). The
-	# filer and volume servers start behind the gateway: wide margin.
+	# Ready when a signed request gets an S3 answer (a bucket made, or
+	# there from before when restarted on DIR). The filer and volume
+	# servers start behind the gateway: wide margin.
 	for i in $(seq 1 240); do
-		if s3curl -f -X PUT "$AWS_ENDPOINT_URL/ckfs-probe" >/dev/null 2>&1; then
-			return 0
-		fi
+		case $(s3curl -o /dev/null -w '%{http_code}' -X PUT "$AWS_ENDPOINT_URL/ckfs-probe" 2>/dev/null) in
+		200 | 409) return 0 ;;
+		esac
 		kill -0 "$SEAWEED_PID" 2>/dev/null || break
 		sleep 0.5
 	done
@@ -73,6 +78,14 @@ seaweedfs_stop() {
 	kill "$SEAWEED_PID" 2>/dev/null
 	wait "$SEAWEED_PID" 2>/dev/null
 	SEAWEED_PID=
+}
+
+s3_put_tree() {
+	local dir=$1 url=$2 f args=()
+	while IFS= read -r f; do
+		args+=(-T "$dir/$f" "$url/$f")
+	done < <(cd "$dir" && find . -type f | sed 's|^\./||' | sort)
+	s3curl -f "${args[@]}" >/dev/null
 }
 
 s3curl() {

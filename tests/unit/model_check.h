@@ -121,7 +121,7 @@ static inline void test_model_equals(const struct ckfs_model *m, const struct ck
 		unsigned char *a = malloc(bytes + 1), *b = malloc(bytes + 1);
 		ckfs_error_clear(&err);
 		CHECK(ckfs_tensor_read(m, t, 0, t->numel, a, &s, &err) == CKFS_OK);
-		CHECK(pread(e->fd, b, bytes, (off_t)e->begin) == (ssize_t)bytes);
+		CHECK(ckfs_file_pread(e->f, b, bytes, e->begin) == (ssize_t)bytes);
 		if (memcmp(a, b, bytes) != 0) {
 			fprintf(stderr, "%s: %s differs from the reference\n", what, t->name);
 			CHECK(0);

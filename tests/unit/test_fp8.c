@@ -124,7 +124,7 @@ static void check_case_order(const struct fp8_case *c, int scales_first, uint64_
 			CHECK_EQ_INT(t->out_dtype, e->dtype);
 			size_t bytes = e->end - e->begin;
 			unsigned char *want = malloc(bytes + 1);
-			CHECK(pread(e->fd, want, bytes, (off_t)e->begin) == (ssize_t)bytes);
+			CHECK(ckfs_file_pread(e->f, want, bytes, e->begin) == (ssize_t)bytes);
 			if (!same_backwards(m, t, want, piece ? piece : t->numel, &s)) {
 				fprintf(stderr, "%s: %s differs (scales first %d, piece %llu)\n", c->src,
 					e->name, scales_first, (unsigned long long)piece);
@@ -170,7 +170,7 @@ static void *read_all(void *arg)
 		const struct ckfs_tensor *t = find(r->m, e->name);
 		size_t bytes = e->end - e->begin;
 		unsigned char *want = malloc(bytes + 1);
-		if (!t || pread(e->fd, want, bytes, (off_t)e->begin) != (ssize_t)bytes ||
+		if (!t || ckfs_file_pread(e->f, want, bytes, e->begin) != (ssize_t)bytes ||
 		    !same_backwards(r->m, t, want, 301 + 100 * (uint64_t)r->order, &s))
 			r->bad++;
 		free(want);

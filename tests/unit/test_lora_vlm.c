@@ -327,7 +327,7 @@ static void *read_fused(void *arg)
 			if (ckfs_tensor_read(r->m, t, i, n, got + i * 4, &s, &err) != CKFS_OK)
 				r->bad++;
 		}
-		if (!e || pread(e->fd, want, bytes, (off_t)e->begin) != (ssize_t)bytes ||
+		if (!e || ckfs_file_pread(e->f, want, bytes, e->begin) != (ssize_t)bytes ||
 		    memcmp(got, want, bytes) != 0)
 			r->bad++;
 		free(got);

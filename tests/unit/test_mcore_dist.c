@@ -312,7 +312,7 @@ static void test_raw_names(void)
 					continue;
 				size_t n = (size_t)(e->end - e->begin);
 				CHECK(at + n <= layer);
-				CHECK(pread(e->fd, b, n, (off_t)e->begin) == (ssize_t)n);
+				CHECK(ckfs_file_pread(e->f, b, n, e->begin) == (ssize_t)n);
 				if (memcmp(a + (size_t)l * layer + at, b, n) != 0) {
 					fprintf(stderr, "%s: layer %d differs from %s\n", want[i].key, l,
 						name);

@@ -194,7 +194,7 @@ static void test_fp32_equals_original(void)
 			CHECK_EQ_INT(bytes, e->end - e->begin);
 			unsigned char *a = malloc(bytes + 1), *b = malloc(bytes + 1);
 			CHECK(ckfs_tensor_read(m, t, 0, t->numel, a, &s, &err) == CKFS_OK);
-			CHECK(pread(e->fd, b, bytes, (off_t)e->begin) == (ssize_t)bytes);
+			CHECK(ckfs_file_pread(e->f, b, bytes, e->begin) == (ssize_t)bytes);
 			if (memcmp(a, b, bytes) != 0) {
 				fprintf(stderr, "%s: %s differs from the original\n", names[i], t->name);
 				CHECK(0);

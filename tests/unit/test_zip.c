@@ -44,13 +44,13 @@ static enum ckfs_code open_zip(struct ckfs_zip *z, const char *path,
 
 	ckfs_error_clear(err);
 	memset(z, 0, sizeof(*z));
-	z->fd = -1;
+	z->file = CKFS_FILE_NONE;
 	if (fd < 0) {
 		fprintf(stderr, "cannot open %s\n", path);
 		return CKFS_E_IO;
 	}
 	size = file_size(fd);
-	rc = ckfs_zip_open(z, fd, base, size - base - tail, label, err);
+	rc = ckfs_zip_open(z, ckfs_file_of_fd(fd), base, size - base - tail, label, err);
 	if (rc)
 		close(fd);
 	return rc;
@@ -58,7 +58,7 @@ static enum ckfs_code open_zip(struct ckfs_zip *z, const char *path,
 
 static void close_zip(struct ckfs_zip *z)
 {
-	int fd = z->fd;
+	int fd = z->file.fd;
 
 	ckfs_zip_release(z);
 	if (fd >= 0)
@@ -98,7 +98,7 @@ static int data_equals(const struct ckfs_zip *z, const char *name,
 
 	if (e && want && e->size == n && e->method == 0) {
 		got = malloc(n + 1);
-		ok = got && pread(z->fd, got, n, (off_t)e->data_offset) ==
+		ok = got && pread(z->file.fd, got, n, (off_t)e->data_offset) ==
 				    (ssize_t)n &&
 		     memcmp(got, want, n) == 0;
 	}
@@ -354,12 +354,12 @@ static void test_embedded(void)
 	int fd = open(FIX("embedded.bin"), O_RDONLY | O_CLOEXEC);
 	CHECK(fd >= 0);
 	ckfs_error_clear(&err);
-	CHECK_EQ_INT(ckfs_zip_open(&z, fd, 7, file_size(fd), "embedded.bin",
+	CHECK_EQ_INT(ckfs_zip_open(&z, ckfs_file_of_fd(fd), 7, file_size(fd), "embedded.bin",
 				   &err), CKFS_E_TRUNCATED);
 	CHECK_EQ_STR(err.msg,
 		     "'embedded.bin': file is 1928 bytes, zip expected to end at 1935");
 	ckfs_error_clear(&err);
-	CHECK_EQ_INT(ckfs_zip_open(&z, fd, UINT64_MAX - 5, 10, "embedded.bin",
+	CHECK_EQ_INT(ckfs_zip_open(&z, ckfs_file_of_fd(fd), UINT64_MAX - 5, 10, "embedded.bin",
 				   &err), CKFS_E_INVALID);
 	ckfs_zip_release(&z);
 	close(fd);
@@ -404,7 +404,7 @@ static void test_torch_zip64(void)
 		goto out;
 	}
 	ckfs_error_clear(&err);
-	CHECK_EQ_INT(ckfs_zip_open(&z, fd, 0, size, "big.pt", &err), CKFS_OK);
+	CHECK_EQ_INT(ckfs_zip_open(&z, ckfs_file_of_fd(fd), 0, size, "big.pt", &err), CKFS_OK);
 	if (err.code) {
 		fprintf(stderr, "%s\n", err.msg);
 		close(fd);
@@ -451,7 +451,7 @@ static void test_dcp_items(void)
 		fd = open(FIX("dcp.distcp"), O_RDONLY | O_CLOEXEC);
 		CHECK(fd >= 0);
 		ckfs_error_clear(&err);
-		CHECK_EQ_INT(ckfs_zip_open(&z, fd, off, size, "dcp.distcp", &err),
+		CHECK_EQ_INT(ckfs_zip_open(&z, ckfs_file_of_fd(fd), off, size, "dcp.distcp", &err),
 			     CKFS_OK);
 		if (err.code) {
 			fprintf(stderr, "%s\n", err.msg);

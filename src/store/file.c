@@ -2,6 +2,7 @@
 /* Opening checkpoint files: see include/ckfs/file.h. */
 #include "ckfs/file.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -10,6 +11,8 @@
 #include <string.h>
 #include <sys/xattr.h>
 #include <unistd.h>
+
+#include "ckfs/remote.h"
 
 bool ckfs_path_under(const char *path, const char *root)
 {
@@ -111,8 +114,8 @@ static enum ckfs_code resolve(const struct ckfs_file_policy *pol, const char *pa
 			      char **real, struct ckfs_error *err)
 {
 	*real = NULL;
-	if (!pol || !pol->root || pol->follow_symlinks)
-		return CKFS_OK;
+	if (!pol || !pol->root || pol->follow_symlinks || ckfs_s3_is_url(path))
+		return CKFS_OK; /* a store has no links */
 	char *r = realpath(path, NULL);
 	if (!r)
 		return errno == ENOENT || errno == ENOTDIR
@@ -138,12 +141,15 @@ enum ckfs_code ckfs_file_check_policy(const struct ckfs_file_policy *pol, const 
 }
 
 enum ckfs_code ckfs_file_open(const struct ckfs_file_policy *pol, const char *path,
-			      int *fd_out, struct stat *st_out, struct ckfs_error *err)
+			      struct ckfs_file *f, struct stat *st_out, struct ckfs_error *err)
 {
 	struct stat looked, opened, resolved;
 	char *real;
 	enum ckfs_code rc = CKFS_OK;
 
+	*f = CKFS_FILE_NONE;
+	if (ckfs_s3_is_url(path))
+		return ckfs_remote_open(path, &f->remote, st_out, err);
 	CKFS_TRY(resolve(pol, path, &real, err));
 	/* Its type before opening it: opening a FIFO blocks, opening a
 	 * device may act on it. */
@@ -175,7 +181,7 @@ enum ckfs_code ckfs_file_open(const struct ckfs_file_policy *pol, const char *pa
 		close(fd);
 		goto out;
 	}
-	*fd_out = fd;
+	f->fd = fd;
 	if (st_out)
 		*st_out = opened;
 out:
@@ -183,10 +189,52 @@ out:
 	return rc;
 }
 
-ssize_t ckfs_pread_full(int fd, void *buf, size_t len, uint64_t off)
+void ckfs_file_close(struct ckfs_file *f)
+{
+	if (f->fd >= 0)
+		close(f->fd);
+	ckfs_remote_close(f->remote);
+	*f = CKFS_FILE_NONE;
+}
+
+void ckfs_file_metadata_done(struct ckfs_file f)
+{
+	if (f.remote)
+		ckfs_remote_forget(f.remote);
+}
+
+int ckfs_file_stat(struct ckfs_file f, struct stat *st)
+{
+	if (!f.remote)
+		return fstat(f.fd, st);
+	ckfs_remote_fstat(f.remote, st);
+	return 0;
+}
+
+int64_t ckfs_file_size(struct ckfs_file f)
+{
+	struct stat st;
+
+	return ckfs_file_stat(f, &st) == 0 ? (int64_t)st.st_size : -1;
+}
+
+enum ckfs_code ckfs_file_dup(struct ckfs_file f, struct ckfs_file *out, struct ckfs_error *err)
+{
+	*out = CKFS_FILE_NONE;
+	if (f.remote)
+		return ckfs_remote_dup(f.remote, &out->remote, err);
+	if ((out->fd = fcntl(f.fd, F_DUPFD_CLOEXEC, 0)) < 0)
+		return ckfs_fail_errno(err, "cannot keep a file open");
+	return CKFS_OK;
+}
+
+ssize_t ckfs_file_pread(struct ckfs_file f, void *buf, size_t len, uint64_t off)
 {
 	size_t done = 0;
+	int fd = f.fd;
 
+	if (f.remote)
+		return ckfs_remote_pread(f.remote, buf, len, off);
 	while (done < len) {
 		ssize_t r = pread(fd, (char *)buf + done, len - done, (off_t)(off + done));
 		if (r < 0 && errno == EINTR)
@@ -205,23 +253,23 @@ enum ckfs_code ckfs_file_read_small(const struct ckfs_file_policy *pol, const ch
 				    struct ckfs_file_access *access, struct ckfs_error *err)
 {
 	struct stat st;
-	int fd;
+	struct ckfs_file f;
 
-	CKFS_TRY(ckfs_file_open(pol, path, &fd, &st, err));
+	CKFS_TRY(ckfs_file_open(pol, path, &f, &st, err));
 	if ((uint64_t)st.st_size > max) {
-		close(fd);
+		ckfs_file_close(&f);
 		return ckfs_fail(err, CKFS_E_LIMIT, "'%s': larger than %zu bytes", path, max);
 	}
 	char *buf = malloc((size_t)st.st_size + 1);
 	if (!buf) {
-		close(fd);
+		ckfs_file_close(&f);
 		return ckfs_nomem(err);
 	}
-	ssize_t got = ckfs_pread_full(fd, buf, (size_t)st.st_size, 0);
+	ssize_t got = ckfs_file_pread(f, buf, (size_t)st.st_size, 0);
 	if (got != (ssize_t)st.st_size) {
 		int e = errno;
 		free(buf);
-		close(fd);
+		ckfs_file_close(&f);
 		errno = e;
 		return got < 0 ? ckfs_fail_errno(err, "'%s': read failed", path)
 			       : ckfs_fail(err, CKFS_E_CHANGED, "'%s': shrank while "
@@ -232,9 +280,9 @@ enum ckfs_code ckfs_file_read_small(const struct ckfs_file_policy *pol, const ch
 		access->mode = st.st_mode;
 		access->uid = st.st_uid;
 		access->gid = st.st_gid;
-		access->acl = ckfs_fd_has_acl(fd);
+		access->acl = f.fd >= 0 && ckfs_fd_has_acl(f.fd);
 	}
-	close(fd);
+	ckfs_file_close(&f);
 	buf[done] = '\0';
 	*out = buf;
 	*len = done;
@@ -267,14 +315,85 @@ bool ckfs_path_has_acl(const char *path)
 	return false;
 }
 
+int ckfs_stat(const char *path, struct stat *st)
+{
+	return ckfs_s3_is_url(path) ? ckfs_remote_stat(path, st) : stat(path, st);
+}
+
+int ckfs_lstat(const char *path, struct stat *st)
+{
+	return ckfs_s3_is_url(path) ? ckfs_remote_stat(path, st) : lstat(path, st);
+}
+
+char *ckfs_realpath(const char *path)
+{
+	if (!ckfs_s3_is_url(path))
+		return realpath(path, NULL);
+	size_t n = strlen(path);
+	while (n > 5 && path[n - 1] == '/')
+		n--;
+	char *r = strndup(path, n);
+	if (!r)
+		errno = ENOMEM;
+	return r;
+}
+
 bool ckfs_path_is_dir(const char *path)
 {
 	struct stat st;
-	return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+	return ckfs_stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 bool ckfs_path_exists(const char *path)
 {
 	struct stat st;
-	return stat(path, &st) == 0;
+	return ckfs_stat(path, &st) == 0;
+}
+
+struct ckfs_dir {
+	DIR *local;
+	struct ckfs_remote_dir *remote;
+};
+
+struct ckfs_dir *ckfs_opendir(const char *path)
+{
+	struct ckfs_dir *d = calloc(1, sizeof(*d));
+
+	if (!d)
+		return NULL;
+	if (ckfs_s3_is_url(path) ? !(d->remote = ckfs_remote_opendir(path))
+				 : !(d->local = opendir(path))) {
+		free(d);
+		return NULL;
+	}
+	return d;
+}
+
+const char *ckfs_readdir(struct ckfs_dir *d, bool *is_dir)
+{
+	struct dirent *de;
+	struct stat st;
+
+	if (d->remote)
+		return ckfs_remote_readdir(d->remote, is_dir);
+	do {
+		if (!(de = readdir(d->local)))
+			return NULL;
+	} while (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0);
+	/* The file system's type when it says, else stat's (links followed). */
+	if (de->d_type != DT_UNKNOWN && de->d_type != DT_LNK)
+		*is_dir = de->d_type == DT_DIR;
+	else
+		*is_dir = fstatat(dirfd(d->local), de->d_name, &st, 0) == 0 && S_ISDIR(st.st_mode);
+	return de->d_name;
+}
+
+void ckfs_closedir(struct ckfs_dir *d)
+{
+	if (!d)
+		return;
+	if (d->local)
+		closedir(d->local);
+	ckfs_remote_closedir(d->remote);
+	free(d);
 }

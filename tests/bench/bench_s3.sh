@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Checkpoints in an object store (issue "Past one machine", item 6): the
+# bench actor uploaded to a SeaweedFS on loopback (tests/s3/seaweedfs.sh),
+# then, side by side in one run, RUNS times each, interleaved:
+#   (a) download + export: `aws s3 cp --recursive` (awscli, pinned, its own
+#       venv) of the step, then `ckfs export` of the copy, against
+#       `ckfs export s3://...` directly;
+#   (b) 8 nodes: 8 mounts of the same s3:// step (8 daemons), each read by
+#       one tensor-parallel worker taking its shard of every tensor
+#       (bench_serving.py's split); the bytes all 8 daemons fetched from the
+#       store against one copy of the rank files, and the wall time, beside
+#       the same through 8 mounts of the step on local disk;
+#   (c) first byte of model.safetensors from `ckfs mount` on, s3:// against
+#       local disk (rank files and the store's files in the page cache).
+# Figures only, no assertions: medians, ratios, the load.
+#
+#   tests/bench/bench_s3.sh [CKFS]   (env: RUNS=3, BENCH_DIR, BENCH_SIZES=0.5b)
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+[ $# -gt 0 ] && CKFS=$1
+. "$ROOT/tests/bench/bench_common.sh"
+. "$ROOT/tests/s3/seaweedfs.sh"
+AWSCLI_VERSION=1.46.3
+AWSCLI=${XDG_CACHE_HOME:-$HOME/.cache}/ckfs/awscli-$AWSCLI_VERSION
+TP=8
+W=$(mktemp -d "$BENCH_DIR/s3.XXXXXX")
+MOUNTS=()
+cleanup() {
+	for m in "${MOUNTS[@]}"; do
+		mountpoint -q "$m" && "$CKFS" umount -z "$m"
+	done
+	seaweedfs_stop
+	rm -rf "$W"
+}
+trap cleanup EXIT
+
+[ -x "$AWSCLI/bin/aws" ] || { python3 -m venv "$AWSCLI" &&
+	"$AWSCLI/bin/pip" install -q "awscli==$AWSCLI_VERSION"; } || die "cannot install awscli"
+seaweedfs_install || die "cannot install SeaweedFS"
+seaweedfs_start "$W/weed" || die "SeaweedFS did not start"
+s3curl -f -X PUT "$AWS_ENDPOINT_URL/bench" >/dev/null || die "no bucket"
+
+mount_at() { # SRC MOUNTPOINT
+	mkdir -p "$2"
+	"$CKFS" mount "$1" "$2" || die "mount $1 failed"
+	MOUNTS+=("$2")
+}
+umount_all() {
+	for m in "${MOUNTS[@]}"; do
+		"$CKFS" umount "$m"
+	done
+	MOUNTS=()
+}
+
+for size in $SIZES; do
+	D=$(shape_dir "$size")
+	URL=s3://bench/$size
+	t=$(t_now)
+	s3_put_tree "$D/ckpt" "$AWS_ENDPOINT_URL/bench/$size" || die "upload failed"
+	model=$(du -cb "$D"/ckpt/*.pt | tail -1 | cut -f1)
+	echo "== $size: uploaded $(du -sh "$D/ckpt" | cut -f1) in $(t_since "$t") s; rank files $model bytes; load $(load_now)"
+
+	: >"$W/a.txt" >"$W/b.txt" >"$W/c.txt"
+	for run in $(seq 1 "$RUNS"); do
+		# (a) download then export, against export from the store
+		rm -rf "$W/dl" "$W/out1" "$W/out2"
+		t=$(t_now)
+		"$AWSCLI/bin/aws" s3 cp --quiet --recursive --endpoint-url "$AWS_ENDPOINT_URL" \
+			"$URL" "$W/dl" || die "aws s3 cp failed"
+		t_dl=$(t_since "$t")
+		"$CKFS" export -q "$W/dl" "$W/out1"
+		t_dlx=$(t_since "$t")
+		t=$(t_now)
+		"$CKFS" export -q "$URL" "$W/out2"
+		t_direct=$(t_since "$t")
+		cmp -s "$W/out1/model.safetensors" "$W/out2/model.safetensors" ||
+			die "export from the store differs from export of the download"
+		echo "$t_dl $t_dlx $t_direct" >>"$W/a.txt"
+		rm -rf "$W/dl" "$W/out1" "$W/out2"
+
+		# (b) 8 nodes, 8 mounts, one TP shard each; local disk beside it
+		for where in s3 local; do
+			src=$URL
+			[ "$where" = local ] && src=$D/ckpt
+			dirs=
+			for r in $(seq 0 $((TP - 1))); do
+				mount_at "$src" "$W/m$r"
+				dirs+="${dirs:+,}$W/m$r"
+			done
+			read -r secs _ bytes < <("$PY" "$ROOT/tests/bench/bench_serving.py" "$dirs" "$TP")
+			fetched=0 requests=0
+			for r in $(seq 0 $((TP - 1))); do
+				fetched=$((fetched + $(stats_field "$W/m$r" store_bytes)))
+				requests=$((requests + $(stats_field "$W/m$r" store_requests)))
+			done
+			umount_all
+			echo "$where $secs $bytes $fetched $requests" >>"$W/b.txt"
+		done
+
+		# (c) first byte after the mount returns
+		for where in s3 local; do
+			src=$URL
+			[ "$where" = local ] && src=$D/ckpt
+			t=$(t_now)
+			mount_at "$src" "$W/first"
+			t_mount=$(t_since "$t")
+			head -c 1 "$W/first/model.safetensors" >/dev/null
+			echo "$where $t_mount $(t_since "$t")" >>"$W/c.txt"
+			umount_all
+		done
+	done
+
+	echo "(a) download + export vs export from the store (s, median of $RUNS)"
+	dl=$(col_median 1 "$W/a.txt") dlx=$(col_median 2 "$W/a.txt") direct=$(col_median 3 "$W/a.txt")
+	printf '    aws s3 cp --recursive       %8.2f\n' "$dl"
+	printf '    + ckfs export of the copy   %8.2f\n' "$dlx"
+	printf '    ckfs export s3://           %8.2f   (%sx faster)\n' "$direct" "$(ratio "$dlx" "$direct")"
+	echo "(b) $TP nodes, $TP mounts, one tensor-parallel shard each (median of $RUNS)"
+	for where in s3 local; do
+		grep "^$where " "$W/b.txt" | cut -d' ' -f2- >"$W/b.$where"
+		secs=$(col_median 1 "$W/b.$where")
+		if [ "$where" = s3 ]; then
+			fetched=$(col_median 3 "$W/b.$where") requests=$(col_median 4 "$W/b.$where")
+			printf '    s3://      %7.2f s; fetched %s bytes = %sx one copy of the rank files, in %s requests\n' \
+				"$secs" "$fetched" "$(ratio "$fetched" "$model")" "$requests"
+		else
+			printf '    local disk %7.2f s (rank files in the page cache)\n' "$secs"
+		fi
+	done
+	echo "    served bytes (all workers): $(col_median 2 "$W/b.s3")"
+	echo "(c) first byte of model.safetensors from the mount command (s, median of $RUNS)"
+	for where in s3 local; do
+		grep "^$where " "$W/c.txt" | cut -d' ' -f2- >"$W/c.$where"
+		printf '    %-10s mount returned %6.3f, first byte %6.3f\n' "$where" \
+			"$(col_median 1 "$W/c.$where")" "$(col_median 2 "$W/c.$where")"
+	done
+	echo "load now: $(load_now)"
+done
