@@ -13,10 +13,10 @@
  * it (If-Match), and an object replaced since fails instead of serving
  * bytes of two versions.
  *
- * Reads: small ones (headers, pickles, zip records) are served from
- * aligned blocks fetched whole and kept per object, so parsing a file's
- * metadata takes a few requests, not one per record; large ones are one
- * ranged GET each.
+ * Reads: while a file's metadata is parsed, small ones (headers, pickles,
+ * zip records) are served from aligned blocks fetched whole and kept per
+ * object, so it takes a few requests, not one per record; afterwards, and
+ * for large ones, each read is one ranged GET of exactly its bytes.
  */
 #ifndef CKFS_REMOTE_H
 #define CKFS_REMOTE_H
@@ -79,7 +79,8 @@ void ckfs_remote_fstat(const struct ckfs_remote_file *f, struct stat *st);
 enum ckfs_code ckfs_remote_dup(const struct ckfs_remote_file *f, struct ckfs_remote_file **out,
 			       struct ckfs_error *err) CKFS_WARN_UNUSED;
 void ckfs_remote_close(struct ckfs_remote_file *f);
-/* Drop the blocks kept for small reads (a model's metadata is read). */
+/* A model's metadata is read: drop the blocks kept for small reads, and
+ * from now on fetch every read's exact range. */
 void ckfs_remote_forget(struct ckfs_remote_file *f);
 
 /* The names in a folder of an attached root, each once, with whether it

@@ -34,6 +34,7 @@
 #include "ckfs/units.h"
 
 #include "ckfs/run.h"
+#include "ckfs/s3.h"
 #include "cli/cli.h"
 #include "cli/export_dest.h"
 #include "cli/export_since.h"
@@ -314,7 +315,7 @@ static const struct cli_opt opt_force = {
 static const struct cli_opt opt_threads = {
 	.id = OPT_EXPORT_THREADS, .name = "threads", .arg = "N",
 	.kind = CLI_COUNT, .lo = 1, .hi = 256,
-	.help = "threads assembling the weights (default: the CPUs, at most 16)"
+	.help = "threads assembling the weights (default: the CPUs, at most 16; 16 for an s3:// source)"
 };
 static const struct cli_opt opt_since = {
 	.id = OPT_SINCE, .name = "since", .arg = "PREV", .kind = CLI_TEXT,
@@ -519,7 +520,9 @@ int ckfs_cmd_export(int argc, char **argv)
 	for (size_t n = strlen(dst); n > 1 && dst[n - 1] == '/'; n--)
 		dst[n - 1] = '\0';
 	if (!a.threads) {
-		long n = sysconf(_SC_NPROCESSORS_ONLN);
+		/* A store's reads wait on the network, not the CPUs: 16 in
+		 * flight, as object-store tools keep several. */
+		long n = ckfs_s3_is_url(src) ? 16 : sysconf(_SC_NPROCESSORS_ONLN);
 		a.threads = n < 1 ? 1 : n > 16 ? 16 : (int)n;
 	}
 	int exists = lstat(dst, &st) == 0;

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "ckfs/log.h"
+#include "ckfs/s3.h"
 #include "ckfs/units.h"
 
 #include "cli/cli.h"
@@ -52,8 +53,8 @@ static const struct cli_opt opt_cache_size = {
 static const struct cli_opt opt_threads = {
 	.id = OPT_THREADS, .name = "threads", .key = "threads", .arg = "N",
 	.kind = CLI_COUNT, .lo = 1, .hi = 256, .def = "16",
-	.help = "FUSE worker threads; read-ahead workers: min(N, max(4, CPUs)) "
-		"unless prefetch_threads="
+	.help = "FUSE worker threads; read-ahead workers: min(N, max(4, CPUs)), N for "
+		"an s3:// source, unless prefetch_threads="
 };
 static const struct cli_opt opt_readahead = {
 	.id = OPT_READAHEAD, .name = "readahead", .key = "readahead", .arg = "N",
@@ -328,7 +329,7 @@ static int fuse_options(struct mount_args *a, char **out)
 }
 
 /* Defaults that depend on other options, and the checks across them. */
-static int settle(struct mount_args *a)
+static int settle(struct mount_args *a, const char *src)
 {
 	struct ckfs_mount_options *mo = &a->mo;
 
@@ -336,7 +337,8 @@ static int settle(struct mount_args *a)
 		return ckfs_cli_usage_error("mount", "cache size must be at least two slices "
 					    "(%zu bytes)", 2 * mo->slice_size);
 	if (!a->has_prefetch) {
-		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+		/* a store's fills wait on the network: as many as the workers */
+		long cpus = ckfs_s3_is_url(src) ? mo->threads : sysconf(_SC_NPROCESSORS_ONLN);
 		int cap = cpus > 4 ? (int)cpus : 4;
 		mo->prefetch_threads = mo->threads < cap ? mo->threads : cap;
 	}
@@ -353,7 +355,7 @@ int ckfs_cmd_mount(int argc, char **argv)
 	int first;
 
 	int rc = cli_parse(&ckfs_cmd_mount_def, argc, argv, mount_apply, &a, &first);
-	if (rc || (rc = settle(&a)) != 0)
+	if (rc || (rc = settle(&a, argv[first])) != 0)
 		goto out;
 	/* Absolute paths: the daemon works from "/", and the core re-checks
 	 * sources by path. */

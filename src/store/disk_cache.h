@@ -20,7 +20,7 @@
 
 #include "ckfs/err.h"
 
-#define CKFS_DISK_BLOCK (1u << 20)
+#define CKFS_DISK_BLOCK (256u << 10)
 
 struct ckfs_disk_cache;
 

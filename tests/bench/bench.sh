@@ -31,7 +31,8 @@
 #                fastsafetensors, in the client tier's venvs), run
 #                (bench_run.sh: 10- and 100-step hole-backed runs) and moe
 #                (bench_moe.sh: a 235B-shaped MoE actor at world size 64,
-#                hole-backed, 10 GB on disk, 9 minutes to generate once)
+#                hole-backed, 10 GB on disk, 9 minutes to generate once),
+#                s3 (bench_s3.sh: the 0.5b actor in a SeaweedFS on loopback)
 #                (default: all)
 #   BENCH_VERL   0 skips verl's merger (it needs about 1.5x the fp32
 #                checkpoint in RAM: over 9 GB for 1.5b)
@@ -49,7 +50,7 @@ RUNS=${RUNS:-3}
 BENCH_SIZES=${BENCH_SIZES:-0.5b 1.5b 7b 70b}
 CKFS_CACHE=${CKFS_CACHE:-1GiB}
 BENCH_VERL=${BENCH_VERL:-1}
-BENCH_ONLY=${BENCH_ONLY:-export ready read safe_open from_pretrained serving cold headline preload lora fp8 clients run moe}
+BENCH_ONLY=${BENCH_ONLY:-export ready read safe_open from_pretrained serving cold headline preload lora fp8 clients run moe s3}
 BENCH_ONLY=${BENCH_ONLY//,/ }
 BUILD_DIR=${BUILD_DIR:-$ROOT/build}
 case $BUILD_DIR in /*) ;; *) BUILD_DIR=$ROOT/$BUILD_DIR ;; esac
@@ -361,4 +362,5 @@ fi
 # mount, and the 235B MoE metadata figures.
 only run && { echo; CKFS_CACHE=256MiB "$ROOT/tests/bench/bench_run.sh" "$CKFS"; }
 only moe && { echo; "$ROOT/tests/bench/bench_moe.sh" "$CKFS"; }
+only s3 && { echo; "$ROOT/tests/bench/bench_s3.sh" "$CKFS"; }
 true

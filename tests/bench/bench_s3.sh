@@ -9,8 +9,10 @@
 #   (b) 8 nodes: 8 mounts of the same s3:// step (8 daemons), each read by
 #       one tensor-parallel worker taking its shard of every tensor
 #       (bench_serving.py's split); the bytes all 8 daemons fetched from the
-#       store against one copy of the rank files, and the wall time, beside
-#       the same through 8 mounts of the step on local disk;
+#       store against one copy of the rank files, and the wall time, with
+#       the mount's defaults and with options for shard readers (SHARD_OPTS),
+#       beside 8 mounts of the step on local disk, and the least any mount
+#       can fetch for these readers (tp_page_floor.py);
 #   (c) first byte of model.safetensors from `ckfs mount` on, s3:// against
 #       local disk (rank files and the store's files in the page cache).
 # Figures only, no assertions: medians, ratios, the load.
@@ -24,6 +26,9 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 AWSCLI_VERSION=1.46.3
 AWSCLI=${XDG_CACHE_HOME:-$HOME/.cache}/ckfs/awscli-$AWSCLI_VERSION
 TP=8
+# Mount options for a node that reads its shard alone: small slices, no
+# read-ahead by the daemon or (beyond a page) the kernel.
+SHARD_OPTS=${SHARD_OPTS:-slice_size=64KiB,readahead=0,kernel_readahead=4KiB}
 W=$(mktemp -d "$BENCH_DIR/s3.XXXXXX")
 MOUNTS=()
 cleanup() {
@@ -41,9 +46,9 @@ seaweedfs_install || die "cannot install SeaweedFS"
 seaweedfs_start "$W/weed" || die "SeaweedFS did not start"
 s3curl -f -X PUT "$AWS_ENDPOINT_URL/bench" >/dev/null || die "no bucket"
 
-mount_at() { # SRC MOUNTPOINT
+mount_at() { # SRC MOUNTPOINT [OPTIONS...]
 	mkdir -p "$2"
-	"$CKFS" mount "$1" "$2" || die "mount $1 failed"
+	"$CKFS" mount "${@:3}" "$1" "$2" || die "mount $1 failed"
 	MOUNTS+=("$2")
 }
 umount_all() {
@@ -80,12 +85,13 @@ for size in $SIZES; do
 		rm -rf "$W/dl" "$W/out1" "$W/out2"
 
 		# (b) 8 nodes, 8 mounts, one TP shard each; local disk beside it
-		for where in s3 local; do
-			src=$URL
+		for where in s3 s3-shard local; do
+			src=$URL opts=()
 			[ "$where" = local ] && src=$D/ckpt
+			[ "$where" = s3-shard ] && opts=(-o "$SHARD_OPTS")
 			dirs=
 			for r in $(seq 0 $((TP - 1))); do
-				mount_at "$src" "$W/m$r"
+				mount_at "$src" "$W/m$r" "${opts[@]}"
 				dirs+="${dirs:+,}$W/m$r"
 			done
 			read -r secs _ bytes < <("$PY" "$ROOT/tests/bench/bench_serving.py" "$dirs" "$TP")
@@ -117,17 +123,21 @@ for size in $SIZES; do
 	printf '    + ckfs export of the copy   %8.2f\n' "$dlx"
 	printf '    ckfs export s3://           %8.2f   (%sx faster)\n' "$direct" "$(ratio "$dlx" "$direct")"
 	echo "(b) $TP nodes, $TP mounts, one tensor-parallel shard each (median of $RUNS)"
-	for where in s3 local; do
+	for where in s3 s3-shard local; do
 		grep "^$where " "$W/b.txt" | cut -d' ' -f2- >"$W/b.$where"
 		secs=$(col_median 1 "$W/b.$where")
-		if [ "$where" = s3 ]; then
+		if [ "$where" != local ]; then
 			fetched=$(col_median 3 "$W/b.$where") requests=$(col_median 4 "$W/b.$where")
-			printf '    s3://      %7.2f s; fetched %s bytes = %sx one copy of the rank files, in %s requests\n' \
-				"$secs" "$fetched" "$(ratio "$fetched" "$model")" "$requests"
+			printf '    %-10s %7.2f s; fetched %s bytes = %sx one copy of the rank files, in %s requests\n' \
+				"$where" "$secs" "$fetched" "$(ratio "$fetched" "$model")" "$requests"
 		else
 			printf '    local disk %7.2f s (rank files in the page cache)\n' "$secs"
 		fi
 	done
+	echo "    (s3-shard: -o $SHARD_OPTS)"
+	read -r floor _ < <("$PY" "$ROOT/tests/bench/tp_page_floor.py" "$D/export.ckfs/model.safetensors" "$TP")
+	echo "    the least any mount can fetch for these readers (whole 4 KiB pages): ${floor}x"
+
 	echo "    served bytes (all workers): $(col_median 2 "$W/b.s3")"
 	echo "(c) first byte of model.safetensors from the mount command (s, median of $RUNS)"
 	for where in s3 local; do

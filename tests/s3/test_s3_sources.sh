@@ -147,6 +147,24 @@ fi
 mount_at "s3://$B/deepspeed/z3_w2_fp32" "$M/ds" --config "s3://$B/deepspeed/trainer_z2_w2_bf16/config.json" &&
 	same_as "$M/ds" "$WORK/deepspeed_z3.local" "mount deepspeed_z3 (config from the store)"
 
+echo "== names in a store: folder markers, a file and a folder of one name"
+# A Hugging Face folder with side files beside it: "notes" a file and a
+# folder ("notes/old.txt"), "notes.txt" between them in key order, a
+# folder marker ("extras/") and a file in it; folders are no side files.
+upload hf/qwen2_single
+printf 'side' >"$WORK/side"
+for k in notes notes/old.txt notes.txt extras/ extras/a.json; do
+	s3curl -f -T "$WORK/side" "$AWS_ENDPOINT_URL/$B/hf/qwen2_single/$k" >/dev/null ||
+		fail "could not upload $k"
+done
+if mount_at "s3://$B/hf/qwen2_single" "$M/names"; then
+	got=$(ls "$M/names" | tr '\n' ' ')
+	want=$( (ls "$FIX/hf/qwen2_single" | grep -v '\.safetensors$'; echo notes; echo notes.txt; echo model.safetensors) |
+		sort | tr '\n' ' ')
+	[ "$got" = "$want" ] && cmp -s "$M/names/notes" "$WORK/side" &&
+		echo "ok: names: $got" || fail "names: '$got', not '$want'"
+fi
+
 echo "== the cache on disk (--s3-cache): a second daemon fetches nothing again"
 for i in 1 2; do
 	if mount_at "s3://$B/fsdp/qwen2_fsdp1_w8" "$M/cached$i" --s3-cache "$WORK/s3cache,64MiB"; then
@@ -227,6 +245,12 @@ if mount_at "s3://$B/fsdp/qwen2_fsdp1_w8" "$M/restart"; then
 	fi
 	alive "$M/restart" "server down"
 	seaweedfs_start "$WORK/weed" || fail "the server did not start again"
+	# It answers before its volumes are back (500 InternalError for a
+	# second or so): wait until it serves an object again.
+	for i in $(seq 1 120); do
+		s3curl -fs -o /dev/null "$AWS_ENDPOINT_URL/$B/fsdp/qwen2_fsdp1_w8/huggingface/config.json" 2>/dev/null && break
+		sleep 0.5
+	done
 	same_as "$M/restart" "$WORK/fsdp1_w8.local" "server back"
 fi
 
