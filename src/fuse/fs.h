@@ -60,8 +60,8 @@ struct ckfs_mount_options {
 	 * page cache from the mount's start (src/fuse/preload.c), as much of
 	 * them as preload_max allows */
 	bool preload;
-	uint64_t preload_max;       /* bytes; 0 with !has_preload_max: half of
-				     * MemAvailable at mount */
+	uint64_t preload_max;       /* bytes, when has_preload_max; otherwise
+				     * half of MemAvailable at mount */
 	bool has_preload_max;
 	unsigned kernel_readahead_kb; /* the mount's read_ahead_kb; 0 leaves
 				       * the kernel's (root only) */

@@ -126,7 +126,8 @@ struct ckfs_fs_stats {
 };
 
 /* A mount: the handlers' userdata, the first member of its tree's state.
- * Immutable once serving but for the counters and ra_pending. */
+ * Immutable once serving but for the counters, ra_pending and
+ * reads_in_flight (preload is set by the tree's start, before the loop). */
 struct ckfs_fs {
 	const struct ckfs_tree_ops *ops;
 	const struct ckfs_mount_options *opt;
