@@ -95,12 +95,12 @@ ckfs_build build-tsan -DCKFS_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug
 # four threads (LoRA pairs read once, fp8 block rows computed once), then a
 # TSan-built daemon under 16 reader threads with faults (faults_load) and
 # 8-thread random reads of every fixture (mount_files), the rank checks
-# on threads after the mount (mount_rank_checks) and a run's watcher and
-# plan LRU (mount_run); the other mount tests exercise lifecycle, not
-# threads.
+# on threads after the mount (mount_rank_checks), a run's watcher and
+# plan LRU (mount_run) and the preload thread storing beside the readers
+# (mount_preload); the other mount tests exercise lifecycle, not threads.
 rc=0
 TSAN_OPTIONS=halt_on_error=1:log_path=$SANLOG/tsan \
-	ctest --test-dir build-tsan -R '^(test_cache|test_cache_stress|test_fp8|test_lora_vlm|faults_load|mount_files|mount_rank_checks|mount_run)$' \
+	ctest --test-dir build-tsan -R '^(test_cache|test_cache_stress|test_fp8|test_lora_vlm|faults_load|mount_files|mount_rank_checks|mount_run|mount_preload)$' \
 	--output-on-failure || rc=$?
 sanitizer_reports "tier 3" "$rc"
 rm -rf "$SANLOG"

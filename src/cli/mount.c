@@ -114,6 +114,18 @@ static const struct cli_opt opt_share_slices = {
 		"did not change; off for one checkpoint)"
 };
 
+static const struct cli_opt opt_preload = {
+	.id = OPT_PRELOAD, .key = "preload",
+	.help = "store the weight files into the kernel's page cache from the mount's start, "
+		"ahead of the loader, as much of them as preload_max allows"
+};
+static const struct cli_opt opt_preload_max = {
+	.id = OPT_PRELOAD_MAX, .key = "preload_max", .arg = "SIZE",
+	.kind = CLI_SIZE, .lo = 0, .hi = INT64_MAX,
+	.help = "what preload may store (0: nothing); default: half of the memory available "
+		"at mount"
+};
+
 static const struct cli_opt *const mount_opts[] = {
 	&opt_foreground, &opt_debug, &opt_options, &cli_opt_dtype, &cli_opt_max_shard_size, &cli_opt_transformers_version,
 	&opt_cache_size, &opt_threads, &opt_readahead, &cli_opt_config, &cli_opt_s3_endpoint, &cli_opt_s3_cache,
@@ -121,7 +133,8 @@ static const struct cli_opt *const mount_opts[] = {
 	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_fp8_skip, &cli_opt_format,
 	&cli_opt_model_name, &cli_opt_log_level,
 	&opt_prefetch_threads, &opt_slice_size, &opt_kernel_readahead, &opt_uid, &opt_gid,
-	&opt_umask, &opt_max_plans, &opt_s3_poll, &opt_share_slices, &cli_opt_rank_checks, NULL,
+	&opt_umask, &opt_max_plans, &opt_s3_poll, &opt_share_slices, &opt_preload,
+	&opt_preload_max, &cli_opt_rank_checks, NULL,
 };
 
 const struct cli_command ckfs_cmd_mount_def = {
@@ -276,6 +289,13 @@ static int mount_apply(void *ctx, const struct cli_opt *o, const struct cli_valu
 		return 0;
 	case OPT_SHARE_SLICES:
 		mo->share_slices = (int)v->n;
+		return 0;
+	case OPT_PRELOAD:
+		mo->preload = true;
+		return 0;
+	case OPT_PRELOAD_MAX:
+		mo->preload_max = (uint64_t)v->n;
+		mo->has_preload_max = true;
 		return 0;
 	case OPT_UMASK:
 		mo->umask = (mode_t)v->n;

@@ -102,6 +102,11 @@ static void print_stats(const cJSON *o)
 		printf("shared          %.0f slices held once (%s), %s saved now, %s hashed\n",
 		       at(o, CKFS_STAT_SHARED_SLICES), size_at(o, CKFS_STAT_SHARED_BYTES, a),
 		       size_at(o, CKFS_STAT_BYTES_SAVED, b), size_at(o, CKFS_STAT_BYTES_HASHED, s));
+	if (at(o, CKFS_STAT_PRELOAD_BYTES) > 0)
+		printf("preload         %s of %s stored%s, %s left to reads, %.0f errors\n",
+		       size_at(o, CKFS_STAT_PRELOAD_STORED, a), size_at(o, CKFS_STAT_PRELOAD_BYTES, b),
+		       at(o, CKFS_STAT_PRELOAD_DONE) > 0 ? " (done)" : "",
+		       size_at(o, CKFS_STAT_PRELOAD_SKIPPED, s), at(o, CKFS_STAT_PRELOAD_ERRORS));
 	if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "run")))
 		print_run(o);
 }

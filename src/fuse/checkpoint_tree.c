@@ -66,6 +66,20 @@ static void cp_log_serving(struct ckfs_fs *fs, const char *cache_size)
 		 fs->opt->threads);
 }
 
+/* Mounted: start the preload when asked (src/fuse/preload.c). */
+static enum ckfs_code cp_start(struct ckfs_fs *fs, struct fuse_session *se,
+			       struct ckfs_error *err)
+{
+	const struct ckfs_mount_options *opt = fs->opt;
+
+	if (!opt->preload)
+		return CKFS_OK;
+	return ckfs_preload_start(fs, se, &tree_of(fs)->served, ROOT_INO, opt->mountpoint,
+				  opt->has_preload_max ? opt->preload_max
+						       : ckfs_preload_default_budget(),
+				  &fs->preload, err);
+}
+
 static void cp_free(struct ckfs_fs *fs)
 {
 	ckfs_served_close(&tree_of(fs)->served);
@@ -77,6 +91,7 @@ static const struct ckfs_tree_ops checkpoint_tree_ops = {
 	.file = cp_file,
 	.stats_head = cp_stats_head,
 	.log_serving = cp_log_serving,
+	.start = cp_start,
 	.free = cp_free,
 };
 

@@ -79,6 +79,21 @@ const struct ckfs_stat_row ckfs_stat_rows[CKFS_STAT_ROWS] = {
 				      "Of those, attempts repeated after a failure." },
 	[CKFS_STAT_STORE_BYTES] = { "store_bytes", "ckfs_store_received_bytes_total", "counter",
 				    "Bytes received from the object store." },
+	[CKFS_STAT_PRELOAD_BYTES] = { "preload_bytes", "ckfs_preload_target_bytes", "gauge",
+				      "Bytes of weight files the preload set out to store "
+				      "(0: no preload)." },
+	[CKFS_STAT_PRELOAD_STORED] = { "preload_stored", "ckfs_preload_stored_bytes_total",
+				       "counter", "Bytes the preload stored into the kernel's "
+				       "page cache." },
+	[CKFS_STAT_PRELOAD_SKIPPED] = { "preload_skipped", "ckfs_preload_skipped_bytes_total",
+					"counter", "Bytes the preload left alone: reads had "
+					"sent them to the kernel." },
+	[CKFS_STAT_PRELOAD_ERRORS] = { "preload_errors", "ckfs_preload_errors_total", "counter",
+				       "Slices the preload could not assemble or store (it "
+				       "stops at the first)." },
+	[CKFS_STAT_PRELOAD_DONE] = { "preload_done", "ckfs_preload_done", "gauge",
+				     "1 once the preload has stopped: all stored, or an "
+				     "error." },
 	[CKFS_STAT_FILES] = { "files", "ckfs_files", "gauge", "Files in the served folder." },
 	[CKFS_STAT_UPTIME] = { "uptime_s", "ckfs_uptime_seconds", "gauge",
 			       "Seconds since the mount became ready." },
@@ -118,6 +133,7 @@ static uint64_t ld(atomic_uint_fast64_t *a)
 static void counters_now(struct ckfs_fs *fs, uint64_t v[CKFS_STAT_COUNTERS])
 {
 	struct ckfs_cache_stats cs;
+	struct ckfs_preload_stats ps;
 
 	ckfs_cache_get_stats(fs->cache, &cs);
 	v[CKFS_STAT_HITS] = cs.hits;
@@ -152,6 +168,12 @@ static void counters_now(struct ckfs_fs *fs, uint64_t v[CKFS_STAT_COUNTERS])
 	v[CKFS_STAT_STORE_REQUESTS] = sc.requests;
 	v[CKFS_STAT_STORE_RETRIES] = sc.retries;
 	v[CKFS_STAT_STORE_BYTES] = sc.bytes;
+	ckfs_preload_get_stats(fs->preload, &ps);
+	v[CKFS_STAT_PRELOAD_BYTES] = ps.target;
+	v[CKFS_STAT_PRELOAD_STORED] = ps.stored;
+	v[CKFS_STAT_PRELOAD_SKIPPED] = ps.skipped;
+	v[CKFS_STAT_PRELOAD_ERRORS] = ps.errors;
+	v[CKFS_STAT_PRELOAD_DONE] = ps.done;
 }
 
 void ckfs_stats_put_uptime(struct ckfs_fs *fs, struct ckfs_strbuf *b)

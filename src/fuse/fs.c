@@ -39,6 +39,9 @@ enum ckfs_code ckfs_fs_open(const struct ckfs_mount_options *opt, struct ckfs_fs
 		rc = ckfs_checkpoint_tree_open(opt, out, err);
 	else
 		rc = ckfs_run_tree_open(opt, kind == CKFS_RUN_STEP, out, err);
+	if (rc == CKFS_OK && kind != CKFS_RUN_NOT && opt->preload)
+		ckfs_log(CKFS_LOG_NOTICE, "preload: a run's steps are built on first use; "
+			 "nothing preloaded");
 	/* Steps of a run share what did not change between them; one
 	 * checkpoint rarely holds two equal slices, so it skips the hashing. */
 	if (rc == CKFS_OK)
@@ -152,6 +155,8 @@ void ckfs_fs_stop(struct ckfs_fs *fs)
 {
 	if (fs && fs->ops->stop)
 		fs->ops->stop(fs);
+	if (fs)
+		ckfs_preload_stop(fs->preload);
 }
 
 void ckfs_fs_free(struct ckfs_fs *fs)
@@ -159,8 +164,10 @@ void ckfs_fs_free(struct ckfs_fs *fs)
 	if (!fs)
 		return;
 	ckfs_fs_stop(fs);
-	/* The workers first: a read-ahead fill may still be asking the tree
-	 * for a file. */
+	/* The preload and the workers first: their fills may still be asking
+	 * the tree for a file. */
+	ckfs_preload_free(fs->preload);
+	fs->preload = NULL;
 	if (fs->cache)
 		ckfs_cache_free(fs->cache);
 	fs->cache = NULL;

@@ -11,7 +11,8 @@
  * Files: session.c (mount life cycle: checks, mount, daemonize,
  * readiness, signals, loop, teardown), fs.c (the front end's state, life
  * cycle, attributes), ll_ops.c (the handlers), read_reply.c (READ, the
- * cache's fill, read-ahead), served.c (a served folder), counters.c (the
+ * cache's fill, read-ahead), preload.c (-o preload: the weight files
+ * stored into the page cache), served.c (a served folder), counters.c (the
  * stats), checkpoint_tree.c and run_tree.c (the trees; a run's with
  * run_plans.c and run_watch.c), errno.c, mountinfo.c (mount-point lookups
  * shared with umount and stats).
@@ -55,6 +56,13 @@ struct ckfs_mount_options {
 	 * cache.h): CKFS_SHARE_AUTO (a run's mount: yes; one checkpoint: no),
 	 * _ON or _OFF */
 	enum { CKFS_SHARE_AUTO, CKFS_SHARE_ON, CKFS_SHARE_OFF } share_slices;
+	/* -o preload: a checkpoint's weight files stored into the kernel's
+	 * page cache from the mount's start (src/fuse/preload.c), as much of
+	 * them as preload_max allows */
+	bool preload;
+	uint64_t preload_max;       /* bytes, when has_preload_max; otherwise
+				     * half of MemAvailable at mount */
+	bool has_preload_max;
 	unsigned kernel_readahead_kb; /* the mount's read_ahead_kb; 0 leaves
 				       * the kernel's (root only) */
 	bool foreground;

@@ -16,7 +16,8 @@
  * negative entries and attributes; opens set keep_cache so the page cache
  * survives close/open (N tensor-parallel ranks and repeated loads share
  * one copy), and fixed listings are cached too. No direct_io: mmap must
- * work.
+ * work, and -o preload's stores (src/fuse/preload.c) land in the page
+ * cache these opens keep.
  *
  * Permissions are fixed at open of each served folder (src/fuse/served.c)
  * and enforced by the kernel (default_permissions is always on), so
@@ -319,7 +320,10 @@ static void ckfs_ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	size_t len = file_size - (uint64_t)off < size ? (size_t)(file_size - (uint64_t)off)
 						      : size;
 	ckfs_error_clear(&err);
-	if (ckfs_fs_reply_read(req, fs, h, (uint64_t)off, len, &err) == CKFS_OK)
+	atomic_fetch_add_explicit(&fs->reads_in_flight, 1, memory_order_relaxed);
+	enum ckfs_code rc = ckfs_fs_reply_read(req, fs, h, (uint64_t)off, len, &err);
+	atomic_fetch_sub_explicit(&fs->reads_in_flight, 1, memory_order_relaxed);
+	if (rc == CKFS_OK)
 		return;
 	ckfs_fs_count(fs, h->served, CKFS_IO_ERRORS, 1);
 	ckfs_served_log_read_error(h->served, h->node, (uint64_t)off, len, &err);

@@ -41,6 +41,7 @@
 #include "ckfs/cache.h"
 #include "ckfs/err.h"
 #include "fuse/fs.h"
+#include "fuse/preload.h"
 #include "fuse/served.h"
 
 /* Kernel cache timeouts, seconds. What never changes while mounted (a
@@ -125,7 +126,8 @@ struct ckfs_fs_stats {
 };
 
 /* A mount: the handlers' userdata, the first member of its tree's state.
- * Immutable once serving but for the counters and ra_pending. */
+ * Immutable once serving but for the counters, ra_pending and
+ * reads_in_flight (preload is set by the tree's start, before the loop). */
 struct ckfs_fs {
 	const struct ckfs_tree_ops *ops;
 	const struct ckfs_mount_options *opt;
@@ -146,6 +148,10 @@ struct ckfs_fs {
 	 * again); ra_pending says it is still to do. */
 	char bdi_ra_path[96];
 	atomic_bool ra_pending;
+	/* READ requests being answered: the preload starts no slice while
+	 * there are any (the loader first). */
+	atomic_int reads_in_flight;
+	struct ckfs_preload *preload; /* set by a tree's start, or NULL */
 };
 
 /* Per open file (fi->fh): what it reads and its read-ahead state. */

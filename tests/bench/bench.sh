@@ -24,7 +24,8 @@
 #                and the figures of separate scripts, each printing its own
 #                medians and ratios after the table (0.5b and 1.5b only):
 #                serving (bench_serving.sh), cold (bench_cold.sh), headline
-#                (bench_headline.sh, needs BENCH_VERL=1), lora
+#                (bench_headline.sh, needs BENCH_VERL=1), preload
+#                (bench_preload.sh: first loads with -o preload), lora
 #                (bench_lora.sh), fp8 (bench_fp8.sh, 0.5b), clients
 #                (bench_clients.sh: vLLM CPU, the Run:ai streamer and
 #                fastsafetensors, in the client tier's venvs), run
@@ -49,7 +50,7 @@ RUNS=${RUNS:-3}
 BENCH_SIZES=${BENCH_SIZES:-0.5b 1.5b 7b 70b}
 CKFS_CACHE=${CKFS_CACHE:-1GiB}
 BENCH_VERL=${BENCH_VERL:-1}
-BENCH_ONLY=${BENCH_ONLY:-export ready read safe_open from_pretrained serving cold headline lora fp8 clients run moe s3}
+BENCH_ONLY=${BENCH_ONLY:-export ready read safe_open from_pretrained serving cold headline preload lora fp8 clients run moe s3}
 BENCH_ONLY=${BENCH_ONLY//,/ }
 BUILD_DIR=${BUILD_DIR:-$ROOT/build}
 case $BUILD_DIR in /*) ;; *) BUILD_DIR=$ROOT/$BUILD_DIR ;; esac
@@ -352,6 +353,7 @@ if [ -n "$REAL_SIZES" ]; then
 	only serving && { echo; "$ROOT/tests/bench/bench_serving.sh"; }
 	only cold && { echo; "$ROOT/tests/bench/bench_cold.sh"; }
 	only headline && [ "$BENCH_VERL" = 1 ] && { echo; "$ROOT/tests/bench/bench_headline.sh"; }
+	only preload && { echo; "$ROOT/tests/bench/bench_preload.sh"; }
 	only lora && { echo; "$ROOT/tests/bench/bench_lora.sh" "$CKFS"; }
 	only fp8 && { echo; "$ROOT/tests/bench/bench_fp8.sh" "$CKFS"; }
 	only clients && { echo; "$ROOT/tests/bench/bench_clients.sh" "$CKFS"; }

@@ -38,6 +38,9 @@ FIELDS = {  # metric -> stats field (--json)
     "ckfs_cache_saved_bytes": "bytes_saved", "ckfs_cache_hashed_bytes_total": "bytes_hashed",
     "ckfs_store_requests_total": "store_requests", "ckfs_store_retries_total": "store_retries",
     "ckfs_store_received_bytes_total": "store_bytes",
+    "ckfs_preload_target_bytes": "preload_bytes", "ckfs_preload_stored_bytes_total": "preload_stored",
+    "ckfs_preload_skipped_bytes_total": "preload_skipped",
+    "ckfs_preload_errors_total": "preload_errors", "ckfs_preload_done": "preload_done",
     "ckfs_files": "files", "ckfs_uptime_seconds": "uptime_s",
 }
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
