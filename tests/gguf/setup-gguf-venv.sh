@@ -13,10 +13,9 @@
 #
 #   ~/.cache/ckfs/gguf-runtime-venv         llama-cpp-python 0.3.36 built from its
 #                                           source package, numpy. This compiles
-#                                           llama.cpp: 178 objects, of which 95 took
-#                                           49 minutes on 2 CPUs shared with other
-#                                           builds (so over an hour here; minutes on
-#                                           a 16-core machine)
+#                                           llama.cpp (without its multimodal
+#                                           library, tools and server): 13 minutes
+#                                           on 2 CPUs shared with other work
 #
 # Nothing is compiled (the converter is pure Python): a few minutes the first
 # time, most of it torch (hardlinked from uv's cache when the client venvs

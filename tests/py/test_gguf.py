@@ -180,7 +180,7 @@ RUNTIME = Path(os.environ.get("CKFS_GGUF_RUNTIME_VENV", Path.home() / ".cache" /
 def test_llama_cpp_generates_from_mount(case, outtype, converted, tmp_path):
     """llama.cpp itself (llama-cpp-python 0.3.36, built from source) loads the mount's model.gguf and
     greedy-decodes the same tokens as from the converter's file. Building the runtime compiles
-    llama.cpp (tests/gguf/setup-gguf-venv.sh --runtime, over an hour on 2 shared CPUs): without it this FAILS,
+    llama.cpp (tests/gguf/setup-gguf-venv.sh --runtime, 13 minutes on 2 busy CPUs): without it this FAILS,
     unless CKFS_GGUF_NO_RUNTIME=1 says to skip it (reported as skipped, never as passed)."""
     py = RUNTIME / "bin" / "python"
     if not (RUNTIME / ".ckfs-stamp").exists():  # (written once the build has finished)
