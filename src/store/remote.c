@@ -45,7 +45,6 @@ static struct {
 
 struct block {
 	uint64_t off;                /* UINT64_MAX: empty */
-	size_t len;
 	unsigned char *bytes;
 	uint64_t used;               /* LRU tick */
 };
@@ -528,8 +527,20 @@ static size_t disk_block_len(const struct ckfs_remote_file *f, uint64_t b)
 	return left < CKFS_DISK_BLOCK ? (size_t)left : CKFS_DISK_BLOCK;
 }
 
+/* The part of [src_off, src_off + n) of src that falls in [off, off + len)
+ * of buf, copied there. */
+static void copy_overlap(unsigned char *buf, uint64_t off, size_t len, const unsigned char *src,
+			 uint64_t src_off, uint64_t n)
+{
+	uint64_t lo = off > src_off ? off : src_off;
+	uint64_t hi = off + len < src_off + n ? off + len : src_off + n;
+
+	memcpy(buf + (lo - off), src + (lo - src_off), (size_t)(hi - lo));
+}
+
 /* [off, off + len) through the cache on disk: its blocks held there are
- * read from it, each run of the others fetched in one GET and kept. */
+ * read from it, each run of the others fetched in one GET and kept. Each
+ * block is looked up once. */
 static int get_cached(struct ckfs_remote_file *f, uint64_t off, size_t len,
 		      unsigned char *buf)
 {
@@ -543,16 +554,12 @@ static int get_cached(struct ckfs_remote_file *f, uint64_t off, size_t len,
 	}
 	for (uint64_t b = first; b <= last && rc == 0;) {
 		uint64_t b0 = b * CKFS_DISK_BLOCK;
-		/* where block b's bytes land in buf, and which of them */
-		uint64_t from = off > b0 ? off - b0 : 0;
-		uint64_t upto = off + len - b0 < disk_block_len(f, b) ? off + len - b0
-								      : disk_block_len(f, b);
 		if (ckfs_disk_cache_get(f->cache, f->cache_id, b, one, disk_block_len(f, b))) {
-			memcpy(buf + (b0 + from - off), one + from, (size_t)(upto - from));
+			copy_overlap(buf, off, len, one, b0, disk_block_len(f, b));
 			b++;
 			continue;
 		}
-		uint64_t end = b + 1; /* the run of blocks not held */
+		uint64_t end = b + 1; /* the run of blocks not held; block end (if any) is */
 		while (end <= last && !ckfs_disk_cache_get(f->cache, f->cache_id, end, one,
 							   disk_block_len(f, end)))
 			end++;
@@ -567,14 +574,14 @@ static int get_cached(struct ckfs_remote_file *f, uint64_t off, size_t len,
 				ckfs_disk_cache_put(f->cache, f->cache_id, k,
 						    run + (k - b) * CKFS_DISK_BLOCK,
 						    disk_block_len(f, k));
-			uint64_t lo = off > b0 ? off : b0;
-			uint64_t hi = off + len < b0 + run_len ? off + len : b0 + run_len;
-			memcpy(buf + (lo - off), run + (lo - b0), (size_t)(hi - lo));
-			/* the block that ended the run was held: read it next */
+			copy_overlap(buf, off, len, run, b0, run_len);
+			if (end <= last) /* the held block that ended the run, in one */
+				copy_overlap(buf, off, len, one, end * CKFS_DISK_BLOCK,
+					     disk_block_len(f, end));
 		}
 		free(run);
 		run = NULL;
-		b = end;
+		b = end + 1;
 	}
 	free(one);
 	return rc;
@@ -625,7 +632,7 @@ static int block_read(struct ckfs_remote_file *f, uint64_t boff, uint64_t off, s
 		if (f->blocks[i].used < b->used)
 			b = &f->blocks[i];
 	free(b->bytes);
-	*b = (struct block){ .off = boff, .len = blen, .bytes = bytes, .used = ++f->tick };
+	*b = (struct block){ .off = boff, .bytes = bytes, .used = ++f->tick };
 	pthread_mutex_unlock(&f->lock);
 	return 0;
 }
