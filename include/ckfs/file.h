@@ -98,6 +98,25 @@ void ckfs_file_metadata_done(struct ckfs_file f);
  * version opened). */
 ssize_t ckfs_file_pread(struct ckfs_file f, void *buf, size_t len, uint64_t off);
 
+/* Bytes of a file that a read is about to take. */
+struct ckfs_file_range {
+	struct ckfs_file f;
+	uint64_t pos, len;
+};
+
+/*
+ * Fetch ahead what one read of the calling thread will take: the ranges
+ * of v[0..n) in a store (local ones are left to the page cache) are
+ * fetched now, neighbours in one object merged into one GET, and held
+ * for this thread's ckfs_file_pread until ckfs_file_ahead_drop. A store
+ * charges per request, and a read assembles its bytes from many small
+ * runs. Best effort: what is not held (a failed fetch, a range past the
+ * bound) is fetched, and its failure reported, by the pread itself. v is
+ * reordered.
+ */
+void ckfs_file_ahead(struct ckfs_file_range *v, size_t n);
+void ckfs_file_ahead_drop(void);
+
 /* fstat(2) of the file now (a store's object: as opened); -1 with errno. */
 int ckfs_file_stat(struct ckfs_file f, struct stat *st);
 /* Its size, the same way; -1 with errno. */

@@ -192,6 +192,8 @@ struct ckfs_model {
 	int *ranks_read;
 	struct ckfs_source *sources;
 	size_t n_sources;
+	bool remote_sources;            /* some are in a store: reads fetch
+					 * ahead (ckfs_file_ahead) */
 	struct ckfs_tensor *tensors;    /* output tensors, state-dict order */
 	size_t n_tensors;
 	const char *hf_dir;             /* side files, NULL when absent */
@@ -335,6 +337,17 @@ enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
 				uint64_t count, void *dst,
 				struct ckfs_read_scratch *scratch,
 				struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/*
+ * The source ranges a ckfs_tensor_read of [first, first + count) of t
+ * will read, written to v[0..cap) (whole chunk rows: a few bytes more
+ * than the read may need): the number written. Chunks whose bytes lie
+ * too far apart for one range, and fp8 and LoRA tensors, give none; a
+ * hint for fetching ahead (ckfs_file_ahead), never a promise.
+ */
+size_t ckfs_tensor_ranges(const struct ckfs_model *m, const struct ckfs_tensor *t,
+			  uint64_t first, uint64_t count, struct ckfs_file_range *v,
+			  size_t cap);
 
 /* Internal to src/model: the read of an fp8 tensor (values or scales,
  * fp8_quant.c), called by ckfs_tensor_read. */

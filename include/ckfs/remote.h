@@ -16,7 +16,9 @@
  * Reads: while a file's metadata is parsed, small ones (headers, pickles,
  * zip records) are served from aligned blocks fetched whole and kept per
  * object, so it takes a few requests, not one per record; afterwards, and
- * for large ones, each read is one ranged GET of exactly its bytes.
+ * for large ones, each read is one ranged GET of exactly its bytes,
+ * unless a read of the served files fetched it ahead with its neighbours
+ * (ckfs_file_ahead).
  */
 #ifndef CKFS_REMOTE_H
 #define CKFS_REMOTE_H
@@ -28,6 +30,7 @@
 #include <sys/types.h>
 
 #include "ckfs/err.h"
+#include "ckfs/file.h"
 #include "ckfs/s3.h"
 
 /* Settings for the store, before the first attach: the endpoint
@@ -71,6 +74,10 @@ enum ckfs_code ckfs_remote_open(const char *path, struct ckfs_remote_file **out,
  * -1 with errno EIO (the store's error is logged, one line) or ESTALE
  * (the object is no longer the version opened). Thread-safe. */
 ssize_t ckfs_remote_pread(struct ckfs_remote_file *f, void *buf, size_t len, uint64_t off);
+/* ckfs_file_ahead and ckfs_file_ahead_drop: v[0..n) are ranges of
+ * store objects; held per thread, so no lock guards them. */
+void ckfs_remote_ahead(struct ckfs_file_range *v, size_t n);
+void ckfs_remote_ahead_drop(void);
 /* The ETag it was opened at (quoted, as the store sends it). */
 const char *ckfs_remote_etag(const struct ckfs_remote_file *f);
 /* What ckfs_remote_stat said of it when it was opened. */

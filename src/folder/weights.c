@@ -326,38 +326,13 @@ void ckfs_st_layout_release(struct ckfs_st_layout *l)
 	l->index_json = NULL;
 }
 
-enum ckfs_code ckfs_st_file_read(const struct ckfs_model *m,
-				 const struct ckfs_st_file *f, uint64_t off,
-				 size_t len, void *buf_v,
-				 struct ckfs_read_scratch *scratch,
-				 struct ckfs_error *err)
+/* Bytes [off, end) of f's tensor data into buf, from tensor i on (the first
+ * whose data ends after off). */
+static enum ckfs_code read_tensors(const struct ckfs_model *m, const struct ckfs_st_file *f,
+				   size_t i, uint64_t off, uint64_t end, unsigned char *buf,
+				   struct ckfs_read_scratch *scratch, struct ckfs_error *err)
 {
-	unsigned char *buf = buf_v;
-	uint64_t end = off + len;
-
-	if (off > f->size || len > f->size - off)
-		return ckfs_fail(err, CKFS_E_INVALID, "read past the end of '%s'",
-				 f->name);
-	if (off < f->header_len) {
-		size_t n = (size_t)((end < f->header_len ? end : f->header_len) - off);
-		memcpy(buf, f->header + off, n);
-		buf += n;
-		off += n;
-	}
-	if (off >= end)
-		return CKFS_OK;
-	/* Tensor bytes only once every source has been checked. */
-	CKFS_TRY(ckfs_model_checked(m, err));
-	/* First tensor whose data ends after off. */
-	size_t lo = 0, hi = f->n_tensors;
-	while (lo < hi) {
-		size_t mid = (lo + hi) / 2;
-		if (f->offsets[mid + 1] <= off)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	for (size_t i = lo; i < f->n_tensors && off < end; i++) {
+	for (; i < f->n_tensors && off < end; i++) {
 		const struct ckfs_tensor *t = f->tensors[i];
 		uint64_t t_end = f->offsets[i + 1];
 		if (t_end == f->offsets[i])
@@ -397,4 +372,68 @@ enum ckfs_code ckfs_st_file_read(const struct ckfs_model *m,
 		off = f->offsets[i] + rel;
 	}
 	return CKFS_OK;
+}
+
+/* What reads [off, end) of f's tensor data will take from a store, fetched
+ * ahead in few requests (ckfs_file_ahead): tensor i on, as in
+ * read_tensors. Ranges beyond the first RANGES are left to the reads. */
+static void fetch_ahead(const struct ckfs_model *m, const struct ckfs_st_file *f, size_t i,
+			uint64_t off, uint64_t end)
+{
+	enum { RANGES = 512 };
+	struct ckfs_file_range v[RANGES];
+	size_t n = 0;
+
+	for (; i < f->n_tensors && off < end && n < RANGES; i++) {
+		const struct ckfs_tensor *t = f->tensors[i];
+		uint64_t t_end = f->offsets[i + 1];
+		size_t es = ckfs_dtype_size(t->out_dtype);
+		if (t_end == f->offsets[i])
+			continue;
+		uint64_t rel = off - f->offsets[i];
+		uint64_t stop = (end < t_end ? end : t_end) - f->offsets[i];
+		uint64_t first = rel / es, last = (stop + es - 1) / es;
+		n += ckfs_tensor_ranges(m, t, first, last - first, v + n, RANGES - n);
+		off = t_end;
+	}
+	ckfs_file_ahead(v, n);
+}
+
+enum ckfs_code ckfs_st_file_read(const struct ckfs_model *m,
+				 const struct ckfs_st_file *f, uint64_t off,
+				 size_t len, void *buf_v,
+				 struct ckfs_read_scratch *scratch,
+				 struct ckfs_error *err)
+{
+	unsigned char *buf = buf_v;
+	uint64_t end = off + len;
+
+	if (off > f->size || len > f->size - off)
+		return ckfs_fail(err, CKFS_E_INVALID, "read past the end of '%s'",
+				 f->name);
+	if (off < f->header_len) {
+		size_t n = (size_t)((end < f->header_len ? end : f->header_len) - off);
+		memcpy(buf, f->header + off, n);
+		buf += n;
+		off += n;
+	}
+	if (off >= end)
+		return CKFS_OK;
+	/* Tensor bytes only once every source has been checked. */
+	CKFS_TRY(ckfs_model_checked(m, err));
+	/* First tensor whose data ends after off. */
+	size_t lo = 0, hi = f->n_tensors;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (f->offsets[mid + 1] <= off)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (!m->remote_sources)
+		return read_tensors(m, f, lo, off, end, buf, scratch, err);
+	fetch_ahead(m, f, lo, off, end);
+	enum ckfs_code rc = read_tensors(m, f, lo, off, end, buf, scratch, err);
+	ckfs_file_ahead_drop();
+	return rc;
 }

@@ -48,8 +48,10 @@ enum ckfs_code ckfs_model_finish(struct ckfs_model *m, const struct ckfs_model_o
 	apply_dtype(m, opt);
 	CKFS_TRY(ckfs_fp8_select(m, opt, err));
 	CKFS_TRY(ckfs_plan_validate_model(m, err));
-	for (size_t i = 0; i < m->n_sources; i++)
+	for (size_t i = 0; i < m->n_sources; i++) {
 		ckfs_file_metadata_done(m->sources[i].f);
+		m->remote_sources |= m->sources[i].f.remote != NULL;
+	}
 	return ckfs_checks_start(m, err);
 }
 

@@ -368,6 +368,66 @@ static enum ckfs_code read_row_blocks(struct tensor_read *r, uint64_t ra, uint64
 	return CKFS_OK;
 }
 
+/*
+ * The source bytes of chunk c that elements [first, end) of t take, as
+ * one range: the chunk's rows (dim 0) those elements fall in, from the
+ * first row's start to the last one's end. Whole rows, so a little
+ * more than a partial row needs; false when c has no such rows or its
+ * layout spreads them too thin for one range to be worth fetching (a
+ * transposed view).
+ */
+static bool chunk_range(const struct ckfs_model *m, const struct ckfs_tensor *t,
+			const struct ckfs_chunk *c, uint64_t first, uint64_t end,
+			struct ckfs_file_range *out)
+{
+	/* row: the source elements one chunk row spans; per_row: those it
+	 * holds; inner: elements of one row of t. */
+	uint64_t in = ckfs_dtype_size(c->dtype), row = 1, per_row = 1, inner = 1;
+
+	if (t->ndim == 0) {
+		*out = (struct ckfs_file_range){ m->sources[c->source].f, c->pos, in };
+		return true;
+	}
+	for (int k = 1; k < t->ndim; k++) {
+		if (c->stride[k] < 0)
+			return false;
+		row += (uint64_t)(c->shape[k] - 1) * (uint64_t)c->stride[k];
+		per_row *= (uint64_t)c->shape[k];
+		inner *= (uint64_t)t->shape[k];
+	}
+	if (c->stride[0] < 0 || !c->shape[0] || !inner)
+		return false;
+	/* Global rows [g0, g1] hold the elements; the chunk's local rows
+	 * among them are [r0, r1]. */
+	int64_t g0 = (int64_t)(first / inner), g1 = (int64_t)((end - 1) / inner);
+	int64_t r0 = (g0 > c->offset[0] ? g0 : c->offset[0]) - c->offset[0];
+	int64_t r1 = (g1 < c->offset[0] + c->shape[0] - 1 ? g1 : c->offset[0] + c->shape[0] - 1) -
+		     c->offset[0];
+	if (r0 > r1)
+		return false;
+	uint64_t rows = (uint64_t)(r1 - r0 + 1);
+	uint64_t span = (rows - 1) * (uint64_t)c->stride[0] + row;
+	if (span > 2 * rows * per_row + (64 << 10) / in)
+		return false;
+	*out = (struct ckfs_file_range){ m->sources[c->source].f,
+					 c->pos + (uint64_t)r0 * (uint64_t)c->stride[0] * in,
+					 span * in };
+	return true;
+}
+
+size_t ckfs_tensor_ranges(const struct ckfs_model *m, const struct ckfs_tensor *t,
+			  uint64_t first, uint64_t count, struct ckfs_file_range *v,
+			  size_t cap)
+{
+	size_t n = 0;
+
+	if (t->fp8 || t->lora || !count || first >= t->numel || count > t->numel - first)
+		return 0;
+	for (uint32_t i = 0; i < t->n_chunks && n < cap; i++)
+		n += chunk_range(m, t, &t->chunks[i], first, first + count, &v[n]);
+	return n;
+}
+
 enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
 				const struct ckfs_tensor *t, uint64_t first,
 				uint64_t count, void *dst_v,

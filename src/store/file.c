@@ -228,6 +228,21 @@ enum ckfs_code ckfs_file_dup(struct ckfs_file f, struct ckfs_file *out, struct c
 	return CKFS_OK;
 }
 
+void ckfs_file_ahead(struct ckfs_file_range *v, size_t n)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < n; i++)
+		if (v[i].f.remote && v[i].len)
+			v[k++] = v[i];
+	ckfs_remote_ahead(v, k);
+}
+
+void ckfs_file_ahead_drop(void)
+{
+	ckfs_remote_ahead_drop();
+}
+
 ssize_t ckfs_file_pread(struct ckfs_file f, void *buf, size_t len, uint64_t off)
 {
 	size_t done = 0;

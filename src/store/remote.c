@@ -23,6 +23,13 @@
  * 101 MB and 100 requests). */
 enum { BLOCK = 16 << 10, BLOCKS = 2 };
 
+/* Read ahead (ckfs_file_ahead): ranges of one object at most AHEAD_GAP
+ * apart are fetched as one (the gap between two tensors' storages in a
+ * torch.save zip is a local header and its padding, under 200 bytes),
+ * and one read holds at most AHEAD_MAX bytes (an 8 MiB window of bf16
+ * output converted from fp32 takes 16 MiB). */
+enum { AHEAD_GAP = 4 << 10, AHEAD_MAX = 32 << 20 };
+
 /* One listed prefix: its keys in byte order (binary search). */
 struct root {
 	char *url;                   /* "s3://bucket/prefix", no trailing '/' */
@@ -507,16 +514,17 @@ void ckfs_remote_close(struct ckfs_remote_file *f)
 	free(f);
 }
 
-/* One ranged GET; a failure is logged (the store's words) and becomes an
- * errno as pread(2) would give. */
-static int fetch(struct ckfs_remote_file *f, uint64_t off, size_t len, void *buf)
+/* One ranged GET; a failure becomes an errno as pread(2) would give, and
+ * is logged (the store's words) when report is set. */
+static int fetch(struct ckfs_remote_file *f, uint64_t off, size_t len, void *buf, bool report)
 {
 	struct ckfs_error err;
 
 	ckfs_error_clear(&err);
 	if (ckfs_s3_get(f->s3, f->bucket, &f->obj, off, len, buf, &err) == CKFS_OK)
 		return 0;
-	ckfs_log(CKFS_LOG_ERR, "%s", err.msg);
+	if (report)
+		ckfs_log(CKFS_LOG_ERR, "%s", err.msg);
 	errno = err.code == CKFS_E_CHANGED ? ESTALE : err.code == CKFS_E_NOMEM ? ENOMEM : EIO;
 	return -1;
 }
@@ -542,7 +550,7 @@ static void copy_overlap(unsigned char *buf, uint64_t off, size_t len, const uns
  * read from it, each run of the others fetched in one GET and kept. Each
  * block is looked up once. */
 static int get_cached(struct ckfs_remote_file *f, uint64_t off, size_t len,
-		      unsigned char *buf)
+		      unsigned char *buf, bool report)
 {
 	uint64_t first = off / CKFS_DISK_BLOCK, last = (off + len - 1) / CKFS_DISK_BLOCK;
 	unsigned char *one = malloc(CKFS_DISK_BLOCK), *run = NULL;
@@ -569,7 +577,7 @@ static int get_cached(struct ckfs_remote_file *f, uint64_t off, size_t len,
 			rc = -1;
 			break;
 		}
-		if ((rc = fetch(f, b0, (size_t)run_len, run)) == 0) {
+		if ((rc = fetch(f, b0, (size_t)run_len, run, report)) == 0) {
 			for (uint64_t k = b; k < end; k++)
 				ckfs_disk_cache_put(f->cache, f->cache_id, k,
 						    run + (k - b) * CKFS_DISK_BLOCK,
@@ -588,11 +596,11 @@ static int get_cached(struct ckfs_remote_file *f, uint64_t off, size_t len,
 }
 
 /* len bytes at off: from the cache on disk when there is one. */
-static int get(struct ckfs_remote_file *f, uint64_t off, size_t len, void *buf)
+static int get(struct ckfs_remote_file *f, uint64_t off, size_t len, void *buf, bool report)
 {
 	if (f->cache && len)
-		return get_cached(f, off, len, buf);
-	return fetch(f, off, len, buf);
+		return get_cached(f, off, len, buf, report);
+	return fetch(f, off, len, buf, report);
 }
 
 /* The block at boff, from those kept or fetched (and kept). Copies
@@ -621,7 +629,7 @@ static int block_read(struct ckfs_remote_file *f, uint64_t boff, uint64_t off, s
 		errno = ENOMEM;
 		return -1;
 	}
-	if (get(f, boff, blen, bytes) != 0) {
+	if (get(f, boff, blen, bytes, true) != 0) {
 		free(bytes);
 		return -1;
 	}
@@ -637,16 +645,97 @@ static int block_read(struct ckfs_remote_file *f, uint64_t boff, uint64_t off, s
 	return 0;
 }
 
+/* What this thread fetched ahead for the read it is doing. */
+struct held {
+	const struct ckfs_remote_file *f;
+	uint64_t off;
+	size_t len;
+	unsigned char *bytes;
+};
+static _Thread_local struct {
+	struct held *v;
+	size_t n;
+} ahead;
+
+static int by_file_pos(const void *a, const void *b)
+{
+	const struct ckfs_file_range *x = a, *y = b;
+	uintptr_t fx = (uintptr_t)x->f.remote, fy = (uintptr_t)y->f.remote;
+
+	if (fx != fy)
+		return fx < fy ? -1 : 1;
+	return x->pos < y->pos ? -1 : x->pos > y->pos;
+}
+
+void ckfs_remote_ahead(struct ckfs_file_range *v, size_t n)
+{
+	size_t total = 0;
+
+	ckfs_remote_ahead_drop();
+	if (!n || !(ahead.v = calloc(n, sizeof(*ahead.v))))
+		return;
+	qsort(v, n, sizeof(*v), by_file_pos);
+	for (size_t i = 0; i < n;) {
+		struct ckfs_remote_file *f = v[i].f.remote;
+		uint64_t lo = v[i].pos, hi = v[i].pos + v[i].len;
+		for (i++; i < n && v[i].f.remote == f && v[i].pos <= hi + AHEAD_GAP; i++)
+			if (v[i].pos + v[i].len > hi)
+				hi = v[i].pos + v[i].len;
+		if (lo >= f->obj.size)
+			continue;
+		if (hi > f->obj.size)
+			hi = f->obj.size;
+		size_t len = (size_t)(hi - lo);
+		if (len > AHEAD_MAX - total)
+			break;
+		/* A failure is left to the read's own pread to meet again
+		 * and report (one line), and stops fetching ahead. */
+		unsigned char *bytes = malloc(len);
+		if (!bytes || get(f, lo, len, bytes, false) != 0) {
+			free(bytes);
+			break;
+		}
+		ahead.v[ahead.n++] = (struct held){ .f = f, .off = lo, .len = len, .bytes = bytes };
+		total += len;
+	}
+}
+
+void ckfs_remote_ahead_drop(void)
+{
+	for (size_t i = 0; i < ahead.n; i++)
+		free(ahead.v[i].bytes);
+	free(ahead.v);
+	ahead.v = NULL;
+	ahead.n = 0;
+}
+
+/* [off, off + len) of f from what this thread holds; false if it holds
+ * none of it whole. */
+static bool held_read(const struct ckfs_remote_file *f, void *buf, size_t len, uint64_t off)
+{
+	for (size_t i = 0; i < ahead.n; i++) {
+		const struct held *h = &ahead.v[i];
+		if (h->f == f && off >= h->off && off - h->off <= h->len &&
+		    len <= h->len - (off - h->off)) {
+			memcpy(buf, h->bytes + (off - h->off), len);
+			return true;
+		}
+	}
+	return false;
+}
+
 ssize_t ckfs_remote_pread(struct ckfs_remote_file *f, void *buf, size_t len, uint64_t off)
 {
 	if (off >= f->obj.size)
 		return 0;
 	if (len > f->obj.size - off)
 		len = (size_t)(f->obj.size - off);
+	if (held_read(f, buf, len, off))
+		return (ssize_t)len;
 	/* Data reads fetch exactly their range: a node reading its tensor-
 	 * parallel shard must not pull its neighbours' bytes. */
 	if (len >= BLOCK || atomic_load_explicit(&f->exact, memory_order_relaxed))
-		return get(f, off, len, buf) == 0 ? (ssize_t)len : -1;
+		return get(f, off, len, buf, true) == 0 ? (ssize_t)len : -1;
 	for (size_t done = 0; done < len;) {
 		uint64_t at = off + done, boff = at - at % BLOCK;
 		size_t n = (size_t)(boff + BLOCK - at < len - done ? boff + BLOCK - at : len - done);

@@ -7,6 +7,7 @@
 #     a legacy Megatron checkpoint, DeepSpeed ZeRO (its config from the
 #     store too), a DCP checkpoint, a Hugging Face folder and a LoRA actor;
 #     inspect --json says the same apart from the source's name
+#   - export fetches neighbouring shards of a rank file in one GET
 #   - a mount of s3:// serves the same bytes; verify agrees; with
 #     --s3-cache, a second mount (another daemon) fetches only the listing
 #   - faults, each ending with correct bytes or EIO and a live daemon:
@@ -108,6 +109,26 @@ for c in "${CASES[@]}"; do
 		diff "$WORK/$name.local.json" "$WORK/$name.s3.json" | head -5 >&2
 	fi
 done
+
+echo "== requests: neighbouring tensor bytes come in one GET per rank file"
+# The FSDP1 actor at world size 8 holds each of its tensors' shards in
+# each of 8 rank files: read one by one, a GET per shard (204 here). Its
+# whole model.safetensors is one export window, so fetched ahead with
+# their neighbours (ckfs_file_ahead) each rank file's shards come in one
+# or two. inspect reads the same metadata as export, without the data.
+requests() { sed -n 's/^ckfs: object store: \([0-9]*\) requests.*/\1/p' "$1"; }
+CKFS_PLAN_CACHE=off "$CKFS" inspect --log-level info "s3://$B/fsdp/qwen2_fsdp1_w8" \
+	>/dev/null 2>"$WORK/req.meta"
+CKFS_PLAN_CACHE=off "$CKFS" export --log-level info "s3://$B/fsdp/qwen2_fsdp1_w8" \
+	"$WORK/req.out" >/dev/null 2>"$WORK/req.export"
+meta=$(requests "$WORK/req.meta") all=$(requests "$WORK/req.export")
+if [ -n "$meta" ] && [ -n "$all" ] && [ $((all - meta)) -le 16 ] &&
+	cmp -s "$WORK/req.out/model.safetensors" "$WORK/fsdp1_w8.local/model.safetensors"; then
+	echo "ok: requests: export $all, of which data $((all - meta)) for 8 rank files"
+else
+	fail "requests: export ${all:-?}, metadata ${meta:-?}: more than 16 GETs of data" \
+		"for 8 rank files, or the bytes differ"
+fi
 
 # A mount; prints nothing, fails the test when it cannot mount.
 mount_at() { # URL MOUNTPOINT [OPTIONS...]
