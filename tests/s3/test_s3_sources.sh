@@ -8,6 +8,7 @@
 #     store too), a DCP checkpoint, a Hugging Face folder and a LoRA actor;
 #     inspect --json says the same apart from the source's name
 #   - export fetches neighbouring shards of a rank file in one GET
+#   - diff of a training run in the store equals diff of it on disk
 #   - a mount of s3:// serves the same bytes; verify agrees; with
 #     --s3-cache, a second mount (another daemon) fetches only the listing
 #   - faults, each ending with correct bytes or EIO and a live daemon:
@@ -128,6 +129,28 @@ if [ -n "$meta" ] && [ -n "$all" ] && [ $((all - meta)) -le 16 ] &&
 else
 	fail "requests: export ${all:-?}, metadata ${meta:-?}: more than 16 GETs of data" \
 		"for 8 rank files, or the bytes differ"
+fi
+
+echo "== diff of a run in the store: every pair of steps, as on disk"
+upload history/frozen_run
+"$CKFS" diff --json "$FIX/history/frozen_run" >"$WORK/diff.local.json" 2>"$WORK/diff.err"
+"$CKFS" diff --json "s3://$B/history/frozen_run" >"$WORK/diff.s3.json" 2>>"$WORK/diff.err"
+if python3 - "$WORK/diff.local.json" "$WORK/diff.s3.json" <<'EOF'; then
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+for d in (a, b):  # all but the source's name and the time taken
+    d.pop("run")
+    for r in d["roles"]:
+        for p in r["pairs"]:
+            p.pop("seconds")
+pairs = [p for r in a["roles"] for p in r["pairs"]]
+changed = sum(t["status"] == "changed" for p in pairs for t in p["tensors"])
+print("ok: diff: %d pairs of steps, %d tensors changed, the same from s3://" % (len(pairs), changed))
+sys.exit(0 if a == b and len(pairs) >= 2 and changed else 1)
+EOF
+	:
+else
+	fail "diff of the run from s3:// differs from the local one: $(tail -2 "$WORK/diff.err")"
 fi
 
 # A mount; prints nothing, fails the test when it cannot mount.
