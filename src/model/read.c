@@ -368,13 +368,29 @@ static enum ckfs_code read_row_blocks(struct tensor_read *r, uint64_t ra, uint64
 	return CKFS_OK;
 }
 
+/* c holds whole rows of t (every dim but the first complete), stored
+ * row-major and contiguous. */
+static bool row_block(const struct ckfs_tensor *t, const struct ckfs_chunk *c)
+{
+	int L = t->ndim - 1;
+
+	if (c->stride[L] != 1)
+		return false;
+	for (int k = 1; k <= L; k++)
+		if (c->offset[k] != 0 || c->shape[k] != t->shape[k] ||
+		    c->stride[k - 1] != c->stride[k] * c->shape[k])
+			return false;
+	return true;
+}
+
 /*
  * The source bytes of chunk c that elements [first, end) of t take, as
- * one range: the chunk's rows (dim 0) those elements fall in, from the
- * first row's start to the last one's end. Whole rows, so a little
- * more than a partial row needs; false when c has no such rows or its
- * layout spreads them too thin for one range to be worth fetching (a
- * transposed view).
+ * one range. A block of whole rows stored in order (an FSDP Shard(0)
+ * shard, a flat shard's rows) gives exactly those bytes. Any other chunk
+ * gives its rows (dim 0) those elements fall in, from the first row's
+ * start to the last one's end: a little more than partial rows need.
+ * false when c holds none of them, or its layout spreads them too thin
+ * for one range to be worth fetching (a transposed view).
  */
 static bool chunk_range(const struct ckfs_model *m, const struct ckfs_tensor *t,
 			const struct ckfs_chunk *c, uint64_t first, uint64_t end,
@@ -386,6 +402,19 @@ static bool chunk_range(const struct ckfs_model *m, const struct ckfs_tensor *t,
 
 	if (t->ndim == 0) {
 		*out = (struct ckfs_file_range){ m->sources[c->source].f, c->pos, in };
+		return true;
+	}
+	if (t->shape[0] > 0 && row_block(t, c)) {
+		/* Its elements are one run of t's, stored in order: exactly
+		 * the part of [first, end) it holds. */
+		uint64_t inner_all = t->numel / (uint64_t)t->shape[0];
+		uint64_t n = (uint64_t)c->shape[0] * inner_all;
+		uint64_t c0 = (uint64_t)c->offset[0] * inner_all;
+		uint64_t lo = first > c0 ? first : c0, hi = end < c0 + n ? end : c0 + n;
+		if (lo >= hi)
+			return false;
+		*out = (struct ckfs_file_range){ m->sources[c->source].f,
+						 c->pos + (lo - c0) * in, (hi - lo) * in };
 		return true;
 	}
 	for (int k = 1; k < t->ndim; k++) {
