@@ -1,0 +1,184 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * compressed-tensors' pack-quantized W4A16 on read (--dtype w4a16;
+ * include/ckfs/model.h, struct ckfs_w4a16). The arithmetic is the
+ * library's (compressed-tensors 0.20: calculate_qparams, _quantize,
+ * pack_to_int32) on a bf16 model, each step rounded to bf16 as torch's
+ * bf16 operations round it:
+ *
+ *   s = bf16(max(|min|, |max|) / 7.5) over a group of 128 consecutive
+ *       elements of a row (q_max - q_min = 15, halved: symmetric);
+ *       s = 2^-7 (bf16's eps) where that is 0
+ *   q = round_half_even(clamp(bf16(w / s), -8, 7))
+ *   word j of a row = sum over k < 8 of (q[8j + k] + 8) << 4k
+ *
+ * A group never crosses a row (the input dim is a multiple of 128), so
+ * packed element p is made from weight elements [8p, 8p + 8) and their
+ * group p / 16, and scale e is group e: any range of either is a
+ * contiguous run of the weight, read in windows of whole groups. Nothing
+ * is kept between reads: a reader of a weight's values and then its
+ * scales reads the weight twice (its source is in the page cache by
+ * then). tests/py/test_w4a16.py checks every byte against the library.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckfs/dtype.h"
+#include "ckfs/model.h"
+
+#define GROUP CKFS_W4A16_GROUP
+/* Groups per window: 512 KiB of bf16, within L2 with its output. */
+#define WINDOW_GROUPS 2048u
+#define BF16_EPS 0x3C00u /* 2^-7, torch.finfo(torch.bfloat16).eps */
+
+static uint16_t *buffer(struct ckfs_read_scratch *s, size_t n)
+{
+	if (s->w4a16_cap < n) {
+		uint16_t *p = realloc(s->w4a16, n * sizeof(*p));
+		if (!p)
+			return NULL;
+		s->w4a16 = p;
+		s->w4a16_cap = n;
+	}
+	return s->w4a16;
+}
+
+static inline float from_bf16(uint16_t b)
+{
+	uint32_t u = (uint32_t)b << 16;
+	float f;
+
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+/* f rounded to bf16 (nearest even) and back, for a finite or infinite f:
+ * the rounding torch applies to each bf16 operation's float result. */
+static inline float round_bf16(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, 4);
+	u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+/* The scale of one group, as bf16 bits. */
+static uint16_t group_scale(const uint16_t *w)
+{
+	float m = 0.0f;
+	int nan = 0;
+
+	for (int k = 0; k < GROUP; k++) {
+		float v = from_bf16(w[k]);
+		v = v < 0 ? -v : v;
+		nan |= v != v;
+		m = v > m ? v : m;
+	}
+	if (nan) /* torch's max propagates it */
+		m = m - m + __builtin_nanf("");
+	float s = m / 7.5f;
+	uint32_t bits;
+	memcpy(&bits, &s, 4);
+	uint16_t b = ckfs_f32_to_bf16(bits);
+	return (b & 0x7FFFu) == 0 ? BF16_EPS : b;
+}
+
+/* words x 8 elements of one group, all with scale s, packed. A NaN
+ * quotient (a group holding a NaN or an Inf) is written as 0: torch's cast
+ * of NaN to int8 is undefined. */
+CKFS_VECTOR_CLONES
+static void pack_run(const uint16_t *restrict w, size_t words, float s, unsigned char *restrict out)
+{
+	for (size_t j = 0; j < words; j++) {
+		uint32_t word = 0;
+		for (int k = 0; k < 8; k++) {
+			float v = round_bf16(from_bf16(w[8 * j + (size_t)k]) / s);
+			int nan = v != v;
+			v = v < -8.0f ? -8.0f : v;
+			v = v > 7.0f ? 7.0f : v;
+			/* round half to even: exact for |v| <= 2^22 */
+			v = (v + 12582912.0f) - 12582912.0f;
+			uint32_t q = nan ? 8u : (uint32_t)((int)v + 8);
+			word |= q << (4 * k);
+		}
+		memcpy(out + 4 * j, &word, 4); /* dst need not be aligned */
+	}
+}
+
+/* Groups [g, g + n) of the weight as bf16, into the scratch buffer. */
+static enum ckfs_code read_groups(const struct ckfs_model *m, const struct ckfs_w4a16 *w,
+				  uint64_t g, uint64_t n, const uint16_t **out,
+				  struct ckfs_read_scratch *scratch, struct ckfs_error *err)
+{
+	uint16_t *buf = buffer(scratch, (size_t)(n * GROUP));
+
+	if (!buf)
+		return ckfs_nomem(err);
+	*out = buf;
+	return ckfs_tensor_read(m, &w->weight, g * GROUP, n * GROUP, buf, scratch, err);
+}
+
+/* Packed elements [first, first + count): 16 per group. */
+static enum ckfs_code read_packed(const struct ckfs_model *m, const struct ckfs_w4a16 *w,
+				  uint64_t first, uint64_t count, unsigned char *dst,
+				  struct ckfs_read_scratch *scratch, struct ckfs_error *err)
+{
+	const uint64_t per = GROUP / 8, end = first + count;
+
+	for (uint64_t g = first / per; g * per < end; g += WINDOW_GROUPS) {
+		uint64_t n = (end + per - 1) / per - g;
+		const uint16_t *buf = NULL;
+		n = n < WINDOW_GROUPS ? n : WINDOW_GROUPS;
+		CKFS_TRY(read_groups(m, w, g, n, &buf, scratch, err));
+		for (uint64_t i = 0; i < n; i++) {
+			uint64_t p0 = (g + i) * per, p1 = p0 + per;
+			p0 = p0 > first ? p0 : first;
+			p1 = p1 < end ? p1 : end;
+			if (p0 >= p1)
+				continue;
+			const uint16_t *grp = buf + i * GROUP;
+			float s = from_bf16(group_scale(grp));
+			pack_run(grp + (p0 - (g + i) * per) * 8, (size_t)(p1 - p0), s,
+				 dst + 4 * (p0 - first));
+		}
+	}
+	return CKFS_OK;
+}
+
+/* Scales [first, first + count): scale e is group e. */
+static enum ckfs_code read_scales(const struct ckfs_model *m, const struct ckfs_w4a16 *w,
+				  uint64_t first, uint64_t count, unsigned char *dst,
+				  struct ckfs_read_scratch *scratch, struct ckfs_error *err)
+{
+	for (uint64_t i = 0; i < count; i += WINDOW_GROUPS) {
+		uint64_t n = count - i < WINDOW_GROUPS ? count - i : WINDOW_GROUPS;
+		const uint16_t *buf = NULL;
+		CKFS_TRY(read_groups(m, w, first + i, n, &buf, scratch, err));
+		for (uint64_t k = 0; k < n; k++) {
+			uint16_t b = group_scale(buf + k * GROUP);
+			memcpy(dst + 2 * (i + k), &b, 2);
+		}
+	}
+	return CKFS_OK;
+}
+
+enum ckfs_code ckfs_w4a16_read(const struct ckfs_model *m, const struct ckfs_tensor *t,
+			       uint64_t first, uint64_t count, void *dst,
+			       struct ckfs_read_scratch *scratch, struct ckfs_error *err)
+{
+	const struct ckfs_w4a16 *w = t->w4a16;
+
+	switch (t->w4a16_part) {
+	case CKFS_W4A16_PACKED:
+		return read_packed(m, w, first, count, dst, scratch, err);
+	case CKFS_W4A16_SCALE:
+		return read_scales(m, w, first, count, dst, scratch, err);
+	case CKFS_W4A16_SHAPE:
+		break;
+	}
+	int64_t shape[2] = { w->weight.shape[0], w->weight.shape[1] };
+	memcpy(dst, shape + first, count * sizeof(int64_t));
+	return CKFS_OK;
+}
