@@ -64,45 +64,61 @@ static inline float round_bf16(float f)
 	return f;
 }
 
+/* max |w| over one group, NaN when one is: vectorised (the loop is most
+ * of the cost with the quantizing below). */
+CKFS_VECTOR_CLONES
+static float group_amax(const uint16_t *restrict w)
+{
+	uint32_t m = 0, nan = 0;
+
+	/* on the bits: |w| orders as its magnitude bits do, NaNs above Inf */
+	for (int k = 0; k < GROUP; k++) {
+		uint32_t a = w[k] & 0x7FFFu;
+		nan |= a > 0x7F80u;
+		m = a > m ? a : m;
+	}
+	return nan ? __builtin_nanf("") : from_bf16((uint16_t)m);
+}
+
 /* The scale of one group, as bf16 bits. */
 static uint16_t group_scale(const uint16_t *w)
 {
-	float m = 0.0f;
-	int nan = 0;
-
-	for (int k = 0; k < GROUP; k++) {
-		float v = from_bf16(w[k]);
-		v = v < 0 ? -v : v;
-		nan |= v != v;
-		m = v > m ? v : m;
-	}
-	if (nan) /* torch's max propagates it */
-		m = m - m + __builtin_nanf("");
-	float s = m / 7.5f;
+	float s = group_amax(w) / 7.5f;
 	uint32_t bits;
+
 	memcpy(&bits, &s, 4);
 	uint16_t b = ckfs_f32_to_bf16(bits);
 	return (b & 0x7FFFu) == 0 ? BF16_EPS : b;
 }
 
-/* words x 8 elements of one group, all with scale s, packed. A NaN
- * quotient (a group holding a NaN or an Inf) is written as 0: torch's cast
- * of NaN to int8 is undefined. */
+/* n values with scale s as q + 8 (0..15), one a byte: vectorised. A NaN
+ * quotient (a group holding a NaN or an Inf) is written as 0 (q + 8 = 8):
+ * torch's cast of NaN to int8 is undefined. */
 CKFS_VECTOR_CLONES
-static void pack_run(const uint16_t *restrict w, size_t words, float s, unsigned char *restrict out)
+static void quantize_run(const uint16_t *restrict w, size_t n, float s, uint8_t *restrict q)
 {
+	for (size_t i = 0; i < n; i++) {
+		float v = round_bf16(from_bf16(w[i]) / s);
+		v = v != v ? 0.0f : v;
+		v = v < -8.0f ? -8.0f : v;
+		v = v > 7.0f ? 7.0f : v;
+		/* round half to even: exact for |v| <= 2^22 */
+		v = (v + 12582912.0f) - 12582912.0f;
+		q[i] = (uint8_t)((int)v + 8);
+	}
+}
+
+/* words x 8 elements of one group, all with scale s, packed: element k of
+ * a word in bits 4k..4k+3. */
+static void pack_run(const uint16_t *w, size_t words, float s, unsigned char *out)
+{
+	uint8_t q[GROUP];
+
+	quantize_run(w, words * 8, s, q);
 	for (size_t j = 0; j < words; j++) {
 		uint32_t word = 0;
-		for (int k = 0; k < 8; k++) {
-			float v = round_bf16(from_bf16(w[8 * j + (size_t)k]) / s);
-			int nan = v != v;
-			v = v < -8.0f ? -8.0f : v;
-			v = v > 7.0f ? 7.0f : v;
-			/* round half to even: exact for |v| <= 2^22 */
-			v = (v + 12582912.0f) - 12582912.0f;
-			uint32_t q = nan ? 8u : (uint32_t)((int)v + 8);
-			word |= q << (4 * k);
-		}
+		for (int k = 0; k < 8; k++)
+			word |= (uint32_t)q[8 * j + (size_t)k] << (4 * k);
 		memcpy(out + 4 * j, &word, 4); /* dst need not be aligned */
 	}
 }
