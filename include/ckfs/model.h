@@ -103,7 +103,7 @@ struct ckfs_tensor {
 	bool fp8_scales;
 	/* --dtype w4a16: the weight this tensor is the packed values, scales
 	 * or shape of (no chunks; which one: w4a16_part); NULL for others. */
-	const struct ckfs_w4a16 *w4a16;
+	struct ckfs_w4a16 *w4a16;
 	enum ckfs_w4a16_part {
 		CKFS_W4A16_PACKED,      /* I32 [rows, cols / 8]: 8 nibbles q + 8 */
 		CKFS_W4A16_SCALE,       /* BF16 [rows, cols / 128] */
@@ -122,6 +122,23 @@ struct ckfs_tensor {
 #define CKFS_W4A16_GROUP 128
 struct ckfs_w4a16 {
 	struct ckfs_tensor weight;      /* the weight as planned, served as bf16 */
+	/* Scales computed by reads of the packed values, kept for the read
+	 * of the scales that follows (so it need not read the weight again):
+	 * one bf16 and one "known" byte per group, allocated by the first
+	 * such read within the model's budget, freed once every scale was
+	 * served from it (w4a16_quant.c). Guarded by lock. */
+	pthread_mutex_t lock;
+	uint16_t *scales;
+	unsigned char *known;
+	uint64_t served;                /* scales served from them */
+	struct ckfs_w4a16_kept *kept;   /* the model's budget */
+};
+/* The bytes all w4a16 weights of a model keep scales in, at most
+ * CKFS_W4A16_KEPT_BYTES: past it, scales are computed again. */
+#define CKFS_W4A16_KEPT_BYTES (256u << 20)
+struct ckfs_w4a16_kept {
+	pthread_mutex_t lock;
+	uint64_t bytes;
 };
 
 /*
@@ -238,6 +255,8 @@ struct ckfs_model {
 	/* --dtype w4a16 (src/layouts/w4a16_select.c): how many weights are
 	 * quantized, and the Linear modules left bf16 (its "ignore" list). */
 	size_t n_w4a16;
+	struct ckfs_w4a16 *w4a16;
+	struct ckfs_w4a16_kept *w4a16_kept;
 	const char **w4a16_ignore;
 	size_t n_w4a16_ignore;
 	/* --base: the model the base weights were taken from (its sources

@@ -76,7 +76,7 @@ static enum ckfs_code list_ignored(struct ckfs_model *m, struct ckfs_error *err)
 }
 
 /* A served tensor of w's triple: name <module>.<suffix>. */
-static enum ckfs_code part(struct ckfs_model *m, const struct ckfs_w4a16 *w,
+static enum ckfs_code part(struct ckfs_model *m, struct ckfs_w4a16 *w,
 			   enum ckfs_w4a16_part which, const char *suffix,
 			   struct ckfs_tensor *out, struct ckfs_error *err)
 {
@@ -122,8 +122,12 @@ static enum ckfs_code select_weights(struct ckfs_model *m, const regex_t *skip,
 				 "weight to quantize (docs/formats.md, \"W4A16\")", m->src_dir);
 	struct ckfs_tensor *ts = ckfs_arena_calloc(&m->arena, n + 2 * n_q + 1, sizeof(*ts));
 	struct ckfs_w4a16 *ws = ckfs_arena_calloc(&m->arena, n_q, sizeof(*ws));
-	if (!ts || !ws)
+	struct ckfs_w4a16_kept *kept = ckfs_arena_calloc(&m->arena, 1, sizeof(*kept));
+	if (!ts || !ws || !kept)
 		return ckfs_nomem(err);
+	pthread_mutex_init(&kept->lock, NULL);
+	m->w4a16 = ws;
+	m->w4a16_kept = kept;
 	/* The triple in the weight's place, in name order (packed, scale,
 	 * shape): a reader going by name reads each weight's source once
 	 * for its values, then again for its scales. */
@@ -133,6 +137,8 @@ static enum ckfs_code select_weights(struct ckfs_model *m, const regex_t *skip,
 			continue;
 		}
 		struct ckfs_w4a16 *w = &ws[m->n_w4a16++];
+		pthread_mutex_init(&w->lock, NULL);
+		w->kept = kept;
 		w->weight = m->tensors[i];
 		w->weight.out_dtype = CKFS_DTYPE_BF16;
 		CKFS_TRY(part(m, w, CKFS_W4A16_PACKED, "weight_packed", &ts[k++], err));

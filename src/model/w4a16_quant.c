@@ -15,11 +15,14 @@
  * A group never crosses a row (the input dim is a multiple of 128), so
  * packed element p is made from weight elements [8p, 8p + 8) and their
  * group p / 16, and scale e is group e: any range of either is a
- * contiguous run of the weight, read in windows of whole groups. Nothing
- * is kept between reads: a reader of a weight's values and then its
- * scales reads the weight twice (its source is in the page cache by
- * then). tests/py/test_w4a16.py checks every byte against the library.
+ * contiguous run of the weight, read in windows of whole groups. The
+ * scales a read of values computes are kept for the read of the scales
+ * that follows it in the file (struct ckfs_w4a16: within a budget per
+ * model, freed once all were served), so a reader in file order reads
+ * each weight once; a scale not kept is computed again from the weight.
+ * tests/py/test_w4a16.py checks every byte against the library.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,7 +127,7 @@ static void pack_run(const uint16_t *w, size_t words, float s, unsigned char *ou
 }
 
 /* Groups [g, g + n) of the weight as bf16, into the scratch buffer. */
-static enum ckfs_code read_groups(const struct ckfs_model *m, const struct ckfs_w4a16 *w,
+static enum ckfs_code read_groups(const struct ckfs_model *m, struct ckfs_w4a16 *w,
 				  uint64_t g, uint64_t n, const uint16_t **out,
 				  struct ckfs_read_scratch *scratch, struct ckfs_error *err)
 {
@@ -136,8 +139,76 @@ static enum ckfs_code read_groups(const struct ckfs_model *m, const struct ckfs_
 	return ckfs_tensor_read(m, &w->weight, g * GROUP, n * GROUP, buf, scratch, err);
 }
 
+/* ---- scales kept from reads of the values for reads of the scales ---- */
+
+static uint64_t n_groups(const struct ckfs_w4a16 *w)
+{
+	return w->weight.numel / GROUP;
+}
+
+/* Take (sign 1) or give back (-1) bytes of the model's budget: 0 when
+ * they do not fit. */
+static int budget(struct ckfs_w4a16_kept *k, uint64_t bytes, int sign)
+{
+	int ok = 1;
+
+	pthread_mutex_lock(&k->lock);
+	if (sign < 0)
+		k->bytes -= bytes;
+	else if ((ok = k->bytes + bytes <= CKFS_W4A16_KEPT_BYTES))
+		k->bytes += bytes;
+	pthread_mutex_unlock(&k->lock);
+	return ok;
+}
+
+static void drop(struct ckfs_w4a16 *w)
+{
+	free(w->scales);
+	free(w->known);
+	w->scales = NULL;
+	w->known = NULL;
+	w->served = 0;
+	budget(w->kept, n_groups(w) * 3, -1);
+}
+
+/* Keep scales [g, g + n) (bf16 bits), allocating room for all of w's
+ * when the budget allows. */
+static void keep(struct ckfs_w4a16 *w, uint64_t g, uint64_t n, const uint16_t *sc)
+{
+	uint64_t total = n_groups(w);
+
+	pthread_mutex_lock(&w->lock);
+	if (!w->scales && budget(w->kept, total * 3, 1)) {
+		w->scales = malloc((size_t)total * sizeof(*w->scales));
+		w->known = calloc((size_t)total, 1);
+		if (!w->scales || !w->known)
+			drop(w);
+	}
+	if (w->scales) {
+		memcpy(w->scales + g, sc, (size_t)n * sizeof(*sc));
+		memset(w->known + g, 1, (size_t)n);
+	}
+	pthread_mutex_unlock(&w->lock);
+}
+
+/* Scales [first, first + count) into dst when all are kept: 1, else 0. */
+static int take(struct ckfs_w4a16 *w, uint64_t first, uint64_t count, unsigned char *dst)
+{
+	int all = 0;
+
+	pthread_mutex_lock(&w->lock);
+	if (w->scales && (all = memchr(w->known + first, 0, (size_t)count) == NULL)) {
+		memcpy(dst, w->scales + first, (size_t)count * sizeof(*w->scales));
+		/* every scale served: a read again computes them again */
+		if ((w->served += count) >= n_groups(w))
+			drop(w);
+	}
+	pthread_mutex_unlock(&w->lock);
+	return all;
+}
+
 /* Packed elements [first, first + count): 16 per group. */
-static enum ckfs_code read_packed(const struct ckfs_model *m, const struct ckfs_w4a16 *w,
+static enum ckfs_code read_packed(const struct ckfs_model *m, struct ckfs_w4a16 *w,
 				  uint64_t first, uint64_t count, unsigned char *dst,
 				  struct ckfs_read_scratch *scratch, struct ckfs_error *err)
 {
@@ -148,26 +219,29 @@ static enum ckfs_code read_packed(const struct ckfs_model *m, const struct ckfs_
 		const uint16_t *buf = NULL;
 		n = n < WINDOW_GROUPS ? n : WINDOW_GROUPS;
 		CKFS_TRY(read_groups(m, w, g, n, &buf, scratch, err));
+		uint16_t sc[WINDOW_GROUPS];
 		for (uint64_t i = 0; i < n; i++) {
 			uint64_t p0 = (g + i) * per, p1 = p0 + per;
+			const uint16_t *grp = buf + i * GROUP;
+			sc[i] = group_scale(grp);
 			p0 = p0 > first ? p0 : first;
 			p1 = p1 < end ? p1 : end;
-			if (p0 >= p1)
-				continue;
-			const uint16_t *grp = buf + i * GROUP;
-			float s = from_bf16(group_scale(grp));
-			pack_run(grp + (p0 - (g + i) * per) * 8, (size_t)(p1 - p0), s,
-				 dst + 4 * (p0 - first));
+			if (p0 < p1)
+				pack_run(grp + (p0 - (g + i) * per) * 8, (size_t)(p1 - p0),
+					 from_bf16(sc[i]), dst + 4 * (p0 - first));
 		}
+		keep(w, g, n, sc);
 	}
 	return CKFS_OK;
 }
 
 /* Scales [first, first + count): scale e is group e. */
-static enum ckfs_code read_scales(const struct ckfs_model *m, const struct ckfs_w4a16 *w,
+static enum ckfs_code read_scales(const struct ckfs_model *m, struct ckfs_w4a16 *w,
 				  uint64_t first, uint64_t count, unsigned char *dst,
 				  struct ckfs_read_scratch *scratch, struct ckfs_error *err)
 {
+	if (take(w, first, count, dst))
+		return CKFS_OK;
 	for (uint64_t i = 0; i < count; i += WINDOW_GROUPS) {
 		uint64_t n = count - i < WINDOW_GROUPS ? count - i : WINDOW_GROUPS;
 		const uint16_t *buf = NULL;
@@ -184,7 +258,7 @@ enum ckfs_code ckfs_w4a16_read(const struct ckfs_model *m, const struct ckfs_ten
 			       uint64_t first, uint64_t count, void *dst,
 			       struct ckfs_read_scratch *scratch, struct ckfs_error *err)
 {
-	const struct ckfs_w4a16 *w = t->w4a16;
+	struct ckfs_w4a16 *w = t->w4a16;
 
 	switch (t->w4a16_part) {
 	case CKFS_W4A16_PACKED:
