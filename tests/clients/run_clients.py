@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 """The client tier: real loaders read ckfs mounts, and what they load must equal the reference.
 
-    python3 tests/clients/run_clients.py [--only vllm,runai,fastsafetensors] [--keep DIR]
+    python3 tests/clients/run_clients.py [--only vllm,runai,fastsafetensors] [--cases w4a16,...] [--keep DIR]
         env: CKFS_BIN (default build/ckfs), CKFS_VENV (the main venv, default ~/.cache/ckfs/venv)
 
 Run by tests/run-tests.sh after the Python tier. Each client runs in its own venv
@@ -160,6 +160,7 @@ def make_w4a16(root):
     src = os.path.join(REPO, "tests", "fixtures", "w4a16", "qwen2_fsdp2_w2")
     bf16, ref = os.path.join(root, "w4a16", "bf16"), os.path.join(root, "w4a16", "reference")
     t0 = time.monotonic()
+    os.makedirs(os.path.join(root, "w4a16"), exist_ok=True)
     run(["sh", os.path.join(REPO, "tests", "w4a16", "setup-w4a16-venv.sh")])
     run([CKFS, "export", "-q", src, bf16])
     venv = os.environ.get("CKFS_W4A16_VENV", os.path.join(CACHE, "w4a16-venv"))
@@ -190,6 +191,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", help="comma-separated clients: vllm,runai,fastsafetensors")
     ap.add_argument("--keep", help="work folder to use and keep (default: a temporary one, removed)")
+    ap.add_argument("--cases", help="comma-separated cases to run (default: all), e.g. w4a16")
     a = ap.parse_args()
     only = set(a.only.split(",")) if a.only else {r[0] for r in RUNS}
     runs = [r for r in RUNS if r[0] in only]
@@ -224,14 +226,21 @@ def main():
     failures = []
     try:
         todo_cases = {}
+        wanted = set(a.cases.split(",")) if a.cases else None
+        use = lambda name: wanted is None or name in wanted  # noqa: E731
         for name, c in cases.items():
-            todo_cases[name] = dict(c, src=os.path.join(FIXTURES, c["src"]), reference=reference_folder(root, name, c),
-                                    clients={"vllm", "runai", "fastsafetensors"})
-        if only & {"runai", "fastsafetensors"}:
+            if use(name):
+                todo_cases[name] = dict(c, src=os.path.join(FIXTURES, c["src"]),
+                                        reference=reference_folder(root, name, c),
+                                        clients={"vllm", "runai", "fastsafetensors"})
+        if only & {"runai", "fastsafetensors"} and use("bulk"):
             todo_cases["bulk"] = make_bulk(root)
-        if only & {"runai", "fastsafetensors"} or amx:
+        if (only & {"runai", "fastsafetensors"} or amx) and use("fp8"):
             todo_cases["fp8"] = make_fp8(root, amx)
-        todo_cases["w4a16"] = make_w4a16(root)
+        if use("w4a16"):
+            todo_cases["w4a16"] = make_w4a16(root)
+        if not todo_cases:
+            raise SystemExit(f"clients: no case named in --cases {a.cases}")
         for client, venv, script, extra, title in runs:
             say(f"\n---- {title} ({client}, venv {os.path.join(CACHE, 'client-' + venv)}"
                 f"{', ' + ' '.join(f'{k}={v}' for k, v in extra.items()) if extra else ''})")
