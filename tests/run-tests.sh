@@ -100,7 +100,7 @@ ckfs_build build-tsan -DCKFS_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug
 # (mount_preload); the other mount tests exercise lifecycle, not threads.
 rc=0
 TSAN_OPTIONS=halt_on_error=1:log_path=$SANLOG/tsan \
-	ctest --test-dir build-tsan -R '^(test_cache|test_cache_stress|test_fp8|test_lora_vlm|faults_load|mount_files|mount_rank_checks|mount_run|mount_preload)$' \
+	ctest --test-dir build-tsan -R '^(test_cache|test_cache_stress|test_fp8|test_w4a16|test_lora_vlm|faults_load|mount_files|mount_rank_checks|mount_run|mount_preload)$' \
 	--output-on-failure || rc=$?
 sanitizer_reports "tier 3" "$rc"
 rm -rf "$SANLOG"
@@ -113,6 +113,9 @@ VENV=$(CKFS_VENV=${CKFS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ckfs/venv} \
 # venv, and llama.cpp itself (llama-cpp-python built from its source package:
 # 13 minutes on 2 busy CPUs the first time, kept under ~/.cache/ckfs after).
 sh tests/gguf/setup-gguf-venv.sh --runtime
+# The W4A16 oracle: compressed-tensors 0.20.1 (its own quantize and pack) with
+# transformers, in their own venv (torch hardlinked from uv's cache: seconds).
+sh tests/w4a16/setup-w4a16-venv.sh
 CKFS_BIN="$CKFS_ROOT/build/ckfs" "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs tests/py
 
 tier "tier 5: the Debian package in a clean Debian 12 root"

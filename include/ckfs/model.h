@@ -101,6 +101,44 @@ struct ckfs_tensor {
 	 * NULL for other tensors. */
 	struct ckfs_fp8 *fp8;
 	bool fp8_scales;
+	/* --dtype w4a16: the weight this tensor is the packed values, scales
+	 * or shape of (no chunks; which one: w4a16_part); NULL for others. */
+	struct ckfs_w4a16 *w4a16;
+	enum ckfs_w4a16_part {
+		CKFS_W4A16_PACKED,      /* I32 [rows, cols / 8]: 8 nibbles q + 8 */
+		CKFS_W4A16_SCALE,       /* BF16 [rows, cols / 128] */
+		CKFS_W4A16_SHAPE,       /* I64 [2]: rows, cols */
+	} w4a16_part;
+};
+
+/*
+ * compressed-tensors' pack-quantized W4A16 of a 2-D weight W [rows, cols]
+ * (src/model/w4a16_quant.c; docs/formats.md "W4A16"): per group of
+ * CKFS_W4A16_GROUP consecutive elements of a row, from W as bf16,
+ * s = bf16(max|w| / 7.5) (the bf16 eps when that is 0) and
+ * q = round_half_even(clamp(bf16(w / s), -8, 7)), packed 8 to an int32
+ * along the row, element k in bits 4k..4k+3 as q + 8.
+ */
+#define CKFS_W4A16_GROUP 128
+struct ckfs_w4a16 {
+	struct ckfs_tensor weight;      /* the weight as planned, served as bf16 */
+	/* Scales computed by reads of the packed values, kept for the read
+	 * of the scales that follows (so it need not read the weight again):
+	 * one bf16 and one "known" byte per group, allocated by the first
+	 * such read within the model's budget, freed once every scale was
+	 * served from it (w4a16_quant.c). Guarded by lock. */
+	pthread_mutex_t lock;
+	uint16_t *scales;
+	unsigned char *known;
+	uint64_t served;                /* scales served from them */
+	struct ckfs_w4a16_kept *kept;   /* the model's budget */
+};
+/* The bytes all w4a16 weights of a model keep scales in, at most
+ * CKFS_W4A16_KEPT_BYTES: past it, scales are computed again. */
+#define CKFS_W4A16_KEPT_BYTES (256u << 20)
+struct ckfs_w4a16_kept {
+	pthread_mutex_t lock;
+	uint64_t bytes;
 };
 
 /*
@@ -216,6 +254,13 @@ struct ckfs_model {
 	const char **fp8_unconverted;
 	size_t n_fp8_unconverted;
 	struct ckfs_fp8_kept *fp8_kept;
+	/* --dtype w4a16 (src/layouts/w4a16_select.c): how many weights are
+	 * quantized, and the Linear modules left bf16 (its "ignore" list). */
+	size_t n_w4a16;
+	struct ckfs_w4a16 *w4a16;
+	struct ckfs_w4a16_kept *w4a16_kept;
+	const char **w4a16_ignore;
+	size_t n_w4a16_ignore;
 	/* --base: the model the base weights were taken from (its sources
 	 * moved into m's); freed with m. */
 	struct ckfs_model *base;
@@ -324,6 +369,8 @@ struct ckfs_read_scratch {
 	float *fused;                   /* fused LoRA reads (lora_fuse.c) */
 	float *fp8;                     /* fp8 block rows (fp8_quant.c) */
 	size_t fp8_cap;                 /* in elements */
+	uint16_t *w4a16;                /* bf16 groups (w4a16_quant.c) */
+	size_t w4a16_cap;               /* in elements */
 };
 void ckfs_read_scratch_release(struct ckfs_read_scratch *s);
 
@@ -355,6 +402,12 @@ enum ckfs_code ckfs_fp8_read(const struct ckfs_model *m, const struct ckfs_tenso
 			     uint64_t first, uint64_t count, void *dst,
 			     struct ckfs_read_scratch *scratch,
 			     struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* Internal to src/model: the read of a w4a16 tensor (packed values,
+ * scales or shape: w4a16_quant.c), called by ckfs_tensor_read. */
+enum ckfs_code ckfs_w4a16_read(const struct ckfs_model *m, const struct ckfs_tensor *t,
+			       uint64_t first, uint64_t count, void *dst,
+			       struct ckfs_read_scratch *scratch,
+			       struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Internal to src/model: the read of a tensor with a LoRA pair (lora_fuse.c),
  * called by ckfs_tensor_read. */
 enum ckfs_code ckfs_lora_read(const struct ckfs_model *m, const struct ckfs_tensor *t,

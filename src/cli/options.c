@@ -22,6 +22,7 @@ static const struct cli_choice dtype_words[] = {
 	{ "fp32", CKFS_DTYPE_F32 },
 	{ "float32", CKFS_DTYPE_F32 }, { "float", CKFS_DTYPE_F32 },
 	{ "auto", CKFS_DTYPE_AUTO }, { "fp8", CKFS_DTYPE_F8_E4M3 },
+	{ "w4a16", CKFS_DTYPE_W4A16 },
 	{ "q8_0", CLI_DTYPE_Q8_0 }, { "q4_0", CLI_DTYPE_Q4_0 },
 	{ NULL, 0 }
 };
@@ -52,9 +53,10 @@ const struct cli_opt cli_opt_dtype = {
 	.id = OPT_DTYPE, .name = "dtype", .key = "dtype", .arg = "T",
 	.kind = CLI_CHOICE, .choices = dtype_words, .def = "bf16",
 	.help = "output dtype: bf16 (as verl's merger), fp16, fp32, auto (each "
-		"tensor as stored), or fp8 (linear weights block-quantized to "
-		"float8_e4m3fn with their scales, the rest bf16); with --format gguf: bf16, "
-		"fp16, q8_0 or q4_0"
+		"tensor as stored), fp8 (linear weights block-quantized to "
+		"float8_e4m3fn with their scales, the rest bf16) or w4a16 (linear weights as "
+		"compressed-tensors' pack-quantized INT4 in groups of 128, the rest bf16); "
+		"with --format gguf: bf16, fp16, q8_0 or q4_0"
 };
 const struct cli_opt cli_opt_format = {
 	.id = OPT_FORMAT, .name = "format", .key = "format", .arg = "F", .kind = CLI_CHOICE,
@@ -72,7 +74,7 @@ const struct cli_opt cli_opt_dtype_as_stored = {
 	.id = OPT_DTYPE, .name = "dtype", .arg = "T", .kind = CLI_CHOICE, .choices = dtype_words,
 	.def = "auto",
 	.help = "compare values as served in dtype T: auto (each tensor as stored), bf16, "
-		"fp16, fp32 or fp8"
+		"fp16, fp32, fp8 or w4a16"
 };
 const struct cli_opt cli_opt_max_shard_size = {
 	.id = OPT_MAX_SHARD_SIZE, .name = "max-shard-size", .key = "max_shard_size",
@@ -138,8 +140,8 @@ const struct cli_opt cli_opt_rslora = {
 const struct cli_opt cli_opt_fp8_skip = {
 	.id = OPT_FP8_SKIP, .name = "fp8-skip", .key = "fp8_skip", .arg = "REGEX",
 	.kind = CLI_TEXT,
-	.help = "with --dtype fp8, weights whose names match REGEX (POSIX extended) stay "
-		"bf16; default: the vision tower and multimodal projector"
+	.help = "with --dtype fp8 or w4a16, weights whose names match REGEX (POSIX "
+		"extended) stay bf16; default: the vision tower and multimodal projector"
 };
 const struct cli_opt cli_opt_rank_checks = {
 	.id = OPT_RANK_CHECKS, .key = "rank_checks", .arg = "WHEN", .kind = CLI_CHOICE,

@@ -16,7 +16,8 @@
  *    them at the top level too);
  *  - with --dtype fp8, "quantization_config" says so (its value replaced
  *    in place, or the key added first), as transformers'
- *    FineGrainedFP8Config and vLLM read it.
+ *    FineGrainedFP8Config and vLLM read it; with --dtype w4a16 the same
+ *    way, as compressed-tensors writes it.
  *
  * Everything else is kept byte for byte. Keys are compared as JSON reads
  * them ("dt\u0079pe" is "dtype"), so no key escapes an edit by its spelling.
@@ -341,6 +342,38 @@ enum ckfs_code ckfs_fp8_quantization_json(const char *const *unconverted, size_t
 		ckfs_strbuf_json(&o, unconverted[i]);
 	}
 	ckfs_strbuf_str(&o, "], \"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}");
+	if (o.failed) {
+		free(o.p);
+		return ckfs_nomem(err);
+	}
+	*out = o.p;
+	return CKFS_OK;
+}
+
+/* The scheme's fields, keys sorted, as compressed-tensors 0.20.1's
+ * ModelCompressor.update_config writes them for llm-compressor's W4A16
+ * preset (its QuantizationConfig.model_dump: null fields kept, the
+ * weights' unset optional fields dropped). */
+enum ckfs_code ckfs_w4a16_quantization_json(const char *const *ignore, size_t n, char **out,
+					    struct ckfs_error *err)
+{
+	struct ckfs_strbuf o = { 0 };
+
+	ckfs_strbuf_str(&o, "{\"config_groups\": {\"group_0\": {\"format\": \"pack-quantized\", "
+		    "\"input_activations\": null, \"output_activations\": null, "
+		    "\"targets\": [\"Linear\"], \"weights\": {\"dynamic\": false, "
+		    "\"group_size\": 128, \"num_bits\": 4, \"strategy\": \"group\", "
+		    "\"symmetric\": true, \"type\": \"int\"}}}, \"format\": \"pack-quantized\", "
+		    "\"global_compression_ratio\": null, \"ignore\": [");
+	for (size_t i = 0; i < n; i++) {
+		if (i)
+			ckfs_strbuf_put(&o, ", ", 2);
+		ckfs_strbuf_json(&o, ignore[i]);
+	}
+	ckfs_strbuf_str(&o, "], \"kv_cache_scheme\": null, \"moe_sparsity_config\": null, "
+		    "\"quant_method\": \"compressed-tensors\", \"quantization_status\": "
+		    "\"compressed\", \"sparsity_config\": {}, \"transform_config\": {}, "
+		    "\"version\": \"0.20.1\"}");
 	if (o.failed) {
 		free(o.p);
 		return ckfs_nomem(err);

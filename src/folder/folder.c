@@ -59,10 +59,10 @@ static int ts_newer(struct timespec a, struct timespec b)
 
 /* The dtype config.json should announce: the output dtype, or with
  * --dtype auto the stored dtype of the first floating tensor; with
- * --dtype fp8, bf16, the dtype of what is not quantized. */
+ * --dtype fp8 or w4a16, bf16, the dtype of what is not quantized. */
 static const char *config_dtype(const struct ckfs_model *m)
 {
-	if (m->n_fp8)
+	if (m->n_fp8 || m->n_w4a16)
 		return "bfloat16";
 	for (size_t i = 0; i < m->n_tensors; i++)
 		if (ckfs_dtype_is_float(m->tensors[i].out_dtype))
@@ -204,6 +204,9 @@ static enum ckfs_code add_model(struct ckfs_folder *f, const struct ckfs_folder_
 	if (m->n_fp8)
 		CKFS_TRY(ckfs_fp8_quantization_json(m->fp8_unconverted, m->n_fp8_unconverted,
 						    &quant, err));
+	if (m->n_w4a16)
+		CKFS_TRY(ckfs_w4a16_quantization_json(m->w4a16_ignore, m->n_w4a16_ignore, &quant,
+						      err));
 	e.quantization = quant;
 	enum ckfs_code rc = ckfs_render_config(m->config_json, m->config_len, &e, &text, &len,
 					       err);

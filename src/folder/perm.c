@@ -345,6 +345,8 @@ static enum ckfs_code tensor_classes(struct walk *w, const struct ckfs_model *m,
 	}
 	if (t->fp8_scales && *out) /* computed from the weight */
 		CKFS_TRY(tensor_classes(w, m, t->fp8->values, cache, out));
+	if (t->w4a16 && *out) /* so are the parts of a w4a16 weight */
+		CKFS_TRY(tensor_classes(w, m, &t->w4a16->weight, cache, out));
 	if (t->lora && *out)
 		CKFS_TRY(tensor_classes(w, m, t->lora->a, cache, out));
 	if (t->lora && *out)

@@ -237,8 +237,11 @@ enum ckfs_code ckfs_st_layout_build(const struct ckfs_model *m,
 			continue;
 		}
 		/* fp8 scales follow their weight (src/layouts/fp8_select.c) into its
-		 * shard, even past the limit by their few bytes. */
-		if (m->tensors[i].fp8_scales && i > 0) {
+		 * shard, even past the limit by their few bytes; so do a w4a16
+		 * weight's scales and shape (w4a16_select.c). */
+		if ((m->tensors[i].fp8_scales || (m->tensors[i].w4a16 &&
+						  m->tensors[i].w4a16_part != CKFS_W4A16_PACKED)) &&
+		    i > 0) {
 			shard_of[i] = shard_of[i - 1];
 			if (shard_of[i] == current)
 				current_size += size;
@@ -277,7 +280,7 @@ enum ckfs_code ckfs_st_layout_build(const struct ckfs_model *m,
 			snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors",
 				 s + 1, n_shards);
 		rc = build_file(l, &l->files[s], name, buf, k,
-				FILE_METADATA | (m->n_fp8 > 0 ? FILE_BY_NAME : 0), err);
+				FILE_METADATA | (m->n_fp8 || m->n_w4a16 ? FILE_BY_NAME : 0), err);
 	}
 	if (rc == CKFS_OK && n_shards > 1)
 		rc = render_index(l, m, shard_of, err);

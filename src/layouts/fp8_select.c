@@ -64,7 +64,7 @@ static int is_projection(const char *name)
 	return 0;
 }
 
-static int quantizable(const struct ckfs_tensor *t, const regex_t *skip)
+int ckfs_quant_linear(const struct ckfs_tensor *t, const regex_t *skip)
 {
 	return t->ndim == 2 && t->shape[0] > 0 && t->shape[1] > 0 &&
 	       ckfs_dtype_is_float(t->stored_dtype) && t->stored_dtype != CKFS_DTYPE_F8_E4M3 &&
@@ -159,7 +159,7 @@ static enum ckfs_code select_weights(struct ckfs_model *m, const regex_t *skip,
 	size_t n_q = 0, k = 0, n = m->n_tensors;
 
 	for (size_t i = 0; i < n; i++)
-		n_q += quantizable(&m->tensors[i], skip);
+		n_q += ckfs_quant_linear(&m->tensors[i], skip);
 	if (n_q == 0)
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': --dtype fp8 found no linear "
 				 "weight to quantize (docs/formats.md, \"FP8\")", m->src_dir);
@@ -174,7 +174,7 @@ static enum ckfs_code select_weights(struct ckfs_model *m, const regex_t *skip,
 	for (size_t i = 0; i < n; i++) {
 		struct ckfs_tensor *t = &ts[k++];
 		*t = m->tensors[i];
-		if (!quantizable(t, skip))
+		if (!ckfs_quant_linear(t, skip))
 			continue;
 		struct ckfs_fp8 *q = &m->fp8[m->n_fp8++];
 		q->values = t;
@@ -183,6 +183,17 @@ static enum ckfs_code select_weights(struct ckfs_model *m, const regex_t *skip,
 	m->tensors = ts;
 	m->n_tensors = k;
 	return list_unconverted(m, err);
+}
+
+enum ckfs_code ckfs_quant_skip(const struct ckfs_model_options *opt, regex_t *skip,
+			       struct ckfs_error *err)
+{
+	const char *pattern = opt->fp8_skip ? opt->fp8_skip : ckfs_fp8_default_skip;
+
+	if (regcomp(skip, pattern, REG_EXTENDED | REG_NOSUB) != 0)
+		return ckfs_fail(err, CKFS_E_INVALID, "--fp8-skip: '%s' is not a regular "
+				 "expression", pattern);
+	return CKFS_OK;
 }
 
 enum ckfs_code ckfs_fp8_select(struct ckfs_model *m, const struct ckfs_model_options *opt,
@@ -197,10 +208,7 @@ enum ckfs_code ckfs_fp8_select(struct ckfs_model *m, const struct ckfs_model_opt
 				 m->src_dir, scale);
 	if (opt->out_dtype != CKFS_DTYPE_F8_E4M3)
 		return CKFS_OK;
-	const char *pattern = opt->fp8_skip ? opt->fp8_skip : ckfs_fp8_default_skip;
-	if (regcomp(&skip, pattern, REG_EXTENDED | REG_NOSUB) != 0)
-		return ckfs_fail(err, CKFS_E_INVALID, "--fp8-skip: '%s' is not a regular "
-				 "expression", pattern);
+	CKFS_TRY(ckfs_quant_skip(opt, &skip, err));
 	enum ckfs_code rc = select_weights(m, &skip, err);
 	regfree(&skip);
 	return rc;

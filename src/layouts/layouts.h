@@ -3,6 +3,7 @@
 #ifndef CKFS_LAYOUTS_INT_H
 #define CKFS_LAYOUTS_INT_H
 
+#include <regex.h>
 #include <string.h>
 
 #include "ckfs/json.h"
@@ -220,6 +221,23 @@ enum ckfs_code ckfs_fp8_select(struct ckfs_model *m, const struct ckfs_model_opt
 			       struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* The default of --fp8-skip. */
 extern const char ckfs_fp8_default_skip[];
+/* Whether t is a weight the quantized views quantize: a 2-D float
+ * <module>.weight of a linear projection by its module's last name, not
+ * matched by skip (shared by --dtype fp8 and w4a16). */
+int ckfs_quant_linear(const struct ckfs_tensor *t, const regex_t *skip);
+/* The skip pattern of the quantized views (--fp8-skip, or the default)
+ * compiled into *skip (regfree it). */
+enum ckfs_code ckfs_quant_skip(const struct ckfs_model_options *opt, regex_t *skip,
+			       struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/* ---- w4a16_select.c ---- */
+
+/* --dtype w4a16: each weight ckfs_quant_linear picks replaced by its
+ * compressed-tensors pack-quantized triple (weight_packed, weight_scale,
+ * weight_shape), the Linear modules left bf16 listed (m->w4a16_ignore);
+ * a weight whose input dim is not a multiple of the group refused. */
+enum ckfs_code ckfs_w4a16_select(struct ckfs_model *m, const struct ckfs_model_options *opt,
+				 struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /* ---- outputs.c: output tensors under construction ---- */
 

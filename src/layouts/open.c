@@ -3,7 +3,7 @@
  * A model's opening (include/ckfs/layouts.h): the layout the table finds
  * (table.c), its build, then what every layout's model goes through once,
  * here and nowhere else: the names by the layout's flags, --base, the dtype
- * rule, --dtype fp8, the model's validation and the start of any deferred
+ * rule, --dtype fp8 and w4a16, the model's validation and the start of any deferred
  * checks, in that order.
  */
 #include <stdlib.h>
@@ -13,11 +13,14 @@
 /* The one dtype rule: a layout serves each tensor as --dtype auto would
  * (as stored, unless its reference tool says otherwise: DeepSpeed's
  * buffers); any other --dtype applies to every tensor, the adapter's too,
- * and --dtype fp8 is bf16 for all but the weights fp8_select.c quantizes. */
+ * and --dtype fp8 (w4a16) is bf16 for all but the weights fp8_select.c
+ * (w4a16_select.c) quantizes. */
 static void apply_dtype(struct ckfs_model *m, const struct ckfs_model_options *opt)
 {
-	enum ckfs_dtype to = opt->out_dtype == CKFS_DTYPE_F8_E4M3 ? CKFS_DTYPE_BF16
-								   : opt->out_dtype;
+	enum ckfs_dtype to = opt->out_dtype == CKFS_DTYPE_F8_E4M3 ||
+					     opt->out_dtype == CKFS_DTYPE_W4A16
+				     ? CKFS_DTYPE_BF16
+				     : opt->out_dtype;
 
 	if (opt->out_dtype == CKFS_DTYPE_AUTO)
 		return;
@@ -47,6 +50,7 @@ enum ckfs_code ckfs_model_finish(struct ckfs_model *m, const struct ckfs_model_o
 	CKFS_TRY(check_base_option(m, opt, err));
 	apply_dtype(m, opt);
 	CKFS_TRY(ckfs_fp8_select(m, opt, err));
+	CKFS_TRY(ckfs_w4a16_select(m, opt, err));
 	CKFS_TRY(ckfs_plan_validate_model(m, err));
 	for (size_t i = 0; i < m->n_sources; i++) {
 		ckfs_file_metadata_done(m->sources[i].f);
@@ -90,7 +94,8 @@ enum ckfs_code ckfs_model_open(const char *src, const struct ckfs_model_options 
 	struct ckfs_model *m;
 
 	if (opt->out_dtype == CKFS_DTYPE_INVALID ||
-	    (opt->out_dtype >= CKFS_DTYPE_COUNT && opt->out_dtype != CKFS_DTYPE_AUTO))
+	    (opt->out_dtype >= CKFS_DTYPE_COUNT && opt->out_dtype != CKFS_DTYPE_AUTO &&
+	     opt->out_dtype != CKFS_DTYPE_W4A16))
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': no output dtype asked for", src);
 	if (!(m = calloc(1, sizeof(*m))))
 		return ckfs_nomem(err);

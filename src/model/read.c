@@ -31,6 +31,9 @@ void ckfs_read_scratch_release(struct ckfs_read_scratch *s)
 	free(s->buf);
 	free(s->fused);
 	free(s->fp8);
+	free(s->w4a16);
+	s->w4a16 = NULL;
+	s->w4a16_cap = 0;
 	s->buf = NULL;
 	s->fused = NULL;
 	s->fp8 = NULL;
@@ -474,6 +477,8 @@ enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
 				 "read past the end of tensor '%s'", t->name);
 	if (t->fp8)
 		return ckfs_fp8_read(m, t, first, count, dst, scratch, err);
+	if (t->w4a16)
+		return ckfs_w4a16_read(m, t, first, count, dst, scratch, err);
 	if (t->lora)
 		return ckfs_lora_read(m, t, first, count, dst, scratch, err);
 	if (t->ndim == 0)

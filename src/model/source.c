@@ -126,6 +126,13 @@ void ckfs_model_free(struct ckfs_model *m)
 			free(m->fp8_kept->slot[i].bytes);
 		pthread_mutex_destroy(&m->fp8_kept->lock);
 	}
+	for (size_t i = 0; i < m->n_w4a16; i++) {
+		free(m->w4a16[i].scales);
+		free(m->w4a16[i].known);
+		pthread_mutex_destroy(&m->w4a16[i].lock);
+	}
+	if (m->w4a16_kept)
+		pthread_mutex_destroy(&m->w4a16_kept->lock);
 	ckfs_model_free(m->base);
 	ckfs_model_dims_release(m);
 	ckfs_arena_release(&m->arena);

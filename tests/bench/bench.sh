@@ -26,7 +26,7 @@
 #                serving (bench_serving.sh), cold (bench_cold.sh), headline
 #                (bench_headline.sh, needs BENCH_VERL=1), preload
 #                (bench_preload.sh: first loads with -o preload), lora
-#                (bench_lora.sh), fp8 (bench_fp8.sh, 0.5b), clients
+#                (bench_lora.sh), fp8 (bench_fp8.sh, 0.5b), w4a16 (bench_w4a16.sh, 0.5b), clients
 #                (bench_clients.sh: vLLM CPU, the Run:ai streamer and
 #                fastsafetensors, in the client tier's venvs), run
 #                (bench_run.sh: 10- and 100-step hole-backed runs) and moe
@@ -50,7 +50,7 @@ RUNS=${RUNS:-3}
 BENCH_SIZES=${BENCH_SIZES:-0.5b 1.5b 7b 70b}
 CKFS_CACHE=${CKFS_CACHE:-1GiB}
 BENCH_VERL=${BENCH_VERL:-1}
-BENCH_ONLY=${BENCH_ONLY:-export ready read safe_open from_pretrained serving cold headline preload lora fp8 clients run moe s3}
+BENCH_ONLY=${BENCH_ONLY:-export ready read safe_open from_pretrained serving cold headline preload lora fp8 w4a16 clients run moe s3}
 BENCH_ONLY=${BENCH_ONLY//,/ }
 BUILD_DIR=${BUILD_DIR:-$ROOT/build}
 case $BUILD_DIR in /*) ;; *) BUILD_DIR=$ROOT/$BUILD_DIR ;; esac
@@ -356,6 +356,7 @@ if [ -n "$REAL_SIZES" ]; then
 	only preload && { echo; "$ROOT/tests/bench/bench_preload.sh"; }
 	only lora && { echo; "$ROOT/tests/bench/bench_lora.sh" "$CKFS"; }
 	only fp8 && { echo; "$ROOT/tests/bench/bench_fp8.sh" "$CKFS"; }
+	only w4a16 && { echo; "$ROOT/tests/bench/bench_w4a16.sh" "$CKFS"; }
 	only clients && { echo; "$ROOT/tests/bench/bench_clients.sh" "$CKFS"; }
 fi
 # Hole-backed checkpoints of their own, any size: a training run as one

@@ -36,7 +36,7 @@ EXPECTED=$FIX/expected/qwen2_fsdp2_w3
 "$CKFS" --version | grep -q '^ckfs ' && ok version || bad version
 expect "unknown command" 2 "unknown command" -- "$CKFS" frobnicate
 expect "export without DIR" 2 "expected SRC and DIR" -- "$CKFS" export "$SAMPLE"
-expect "bad dtype" 2 "unknown --dtype 'int7' \\(bf16, fp16, fp32, auto, fp8, q8_0 or q4_0\\)" -- "$CKFS" export --dtype int7 "$SAMPLE" "$WORK/x"
+expect "bad dtype" 2 "unknown --dtype 'int7' \\(bf16, fp16, fp32, auto, fp8, w4a16, q8_0 or q4_0\\)" -- "$CKFS" export --dtype int7 "$SAMPLE" "$WORK/x"
 expect "bad size" 2 "bad --max-shard-size '12XB' \\(a size such as" -- "$CKFS" export --max-shard-size 12XB "$SAMPLE" "$WORK/x"
 
 # export: success, then refuse to overwrite, then --force

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 """The client tier: real loaders read ckfs mounts, and what they load must equal the reference.
 
-    python3 tests/clients/run_clients.py [--only vllm,runai,fastsafetensors] [--keep DIR]
+    python3 tests/clients/run_clients.py [--only vllm,runai,fastsafetensors] [--cases w4a16,...] [--keep DIR]
         env: CKFS_BIN (default build/ckfs), CKFS_VENV (the main venv, default ~/.cache/ckfs/venv)
 
 Run by tests/run-tests.sh after the Python tier. Each client runs in its own venv
@@ -152,6 +152,29 @@ def make_fp8(root, amx):
                 clients={"runai", "fastsafetensors"} | ({"vllm"} if amx else set()))
 
 
+def make_w4a16(root):
+    """The W4A16 case: tests/fixtures/w4a16/qwen2_fsdp2_w2 (a verl FSDP2 Qwen2 with 128-multiple
+    dims) and, as the reference, what compressed-tensors 0.20.1 itself writes from ckfs's bf16 export
+    of it (tests/w4a16/oracle.py: its quantize, pack_to_int32 and ModelCompressor, in the venv of
+    tests/w4a16/setup-w4a16-venv.sh)."""
+    src = os.path.join(REPO, "tests", "fixtures", "w4a16", "qwen2_fsdp2_w2")
+    bf16, ref = os.path.join(root, "w4a16", "bf16"), os.path.join(root, "w4a16", "reference")
+    t0 = time.monotonic()
+    os.makedirs(os.path.join(root, "w4a16"), exist_ok=True)
+    run(["sh", os.path.join(REPO, "tests", "w4a16", "setup-w4a16-venv.sh")])
+    run([CKFS, "export", "-q", src, bf16])
+    venv = os.environ.get("CKFS_W4A16_VENV", os.path.join(CACHE, "w4a16-venv"))
+    p = subprocess.run([os.path.join(venv, "bin", "python"), os.path.join(REPO, "tests", "w4a16", "oracle.py"),
+                        bf16, ref, "--model"], capture_output=True, text=True, cwd=REPO)
+    if p.returncode != 0:
+        raise SystemExit(f"clients: compressed-tensors' W4A16 of the w4a16 case failed:\n{p.stderr[-2000:]}")
+    say(f"w4a16 case: compressed-tensors 0.20.1's folder written in {time.monotonic() - t0:.0f} s")
+    return dict(kind="verl FSDP2 Qwen2 actor, --dtype w4a16", src=src, options=["--dtype", "w4a16"],
+                compare_options=["--dtype", "w4a16"], reference=ref,
+                reference_tool="compressed-tensors 0.20.1 (quantize, pack_to_int32, ModelCompressor)",
+                clients={"vllm", "runai", "fastsafetensors"})
+
+
 def dir_size(d):
     return sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(d) for f in fs)
 
@@ -168,6 +191,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", help="comma-separated clients: vllm,runai,fastsafetensors")
     ap.add_argument("--keep", help="work folder to use and keep (default: a temporary one, removed)")
+    ap.add_argument("--cases", help="comma-separated cases to run (default: all), e.g. w4a16")
     a = ap.parse_args()
     only = set(a.only.split(",")) if a.only else {r[0] for r in RUNS}
     runs = [r for r in RUNS if r[0] in only]
@@ -190,6 +214,9 @@ def main():
             "NOT served by vLLM here: its CPU block-FP8 kernel needs AMX, and these CPUs have none "
             "(no amx_tile in /proc/cpuinfo); the streaming clients still read the FP8 view"))
 
+    if "vllm" in only:
+        say("W4A16 (--dtype w4a16): vLLM's CPU build serves compressed-tensors' pack-quantized INT4 with its "
+            "CPUWNA16 kernel (uint4b8, no AMX needed): vLLM serves the w4a16 case")
     root = a.keep or tempfile.mkdtemp(prefix="ckfs-clients-")
     if a.keep:
         shutil.rmtree(root, ignore_errors=True)
@@ -199,13 +226,21 @@ def main():
     failures = []
     try:
         todo_cases = {}
+        wanted = set(a.cases.split(",")) if a.cases else None
+        use = lambda name: wanted is None or name in wanted  # noqa: E731
         for name, c in cases.items():
-            todo_cases[name] = dict(c, src=os.path.join(FIXTURES, c["src"]), reference=reference_folder(root, name, c),
-                                    clients={"vllm", "runai", "fastsafetensors"})
-        if only & {"runai", "fastsafetensors"}:
+            if use(name):
+                todo_cases[name] = dict(c, src=os.path.join(FIXTURES, c["src"]),
+                                        reference=reference_folder(root, name, c),
+                                        clients={"vllm", "runai", "fastsafetensors"})
+        if only & {"runai", "fastsafetensors"} and use("bulk"):
             todo_cases["bulk"] = make_bulk(root)
-        if only & {"runai", "fastsafetensors"} or amx:
+        if (only & {"runai", "fastsafetensors"} or amx) and use("fp8"):
             todo_cases["fp8"] = make_fp8(root, amx)
+        if use("w4a16"):
+            todo_cases["w4a16"] = make_w4a16(root)
+        if not todo_cases:
+            raise SystemExit(f"clients: no case named in --cases {a.cases}")
         for client, venv, script, extra, title in runs:
             say(f"\n---- {title} ({client}, venv {os.path.join(CACHE, 'client-' + venv)}"
                 f"{', ' + ' '.join(f'{k}={v}' for k, v in extra.items()) if extra else ''})")

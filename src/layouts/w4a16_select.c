@@ -1,0 +1,164 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * --dtype w4a16: which weights are served as compressed-tensors'
+ * pack-quantized INT4 (the format llm-compressor writes for its W4A16
+ * scheme and vLLM loads; docs/formats.md "W4A16"). The weights are those
+ * --dtype fp8 quantizes (ckfs_quant_linear: the linear projections, not
+ * matched by the skip pattern); each `<module>.weight` [rows, cols] is
+ * replaced by
+ *
+ *   <module>.weight_packed  I32  [rows, cols / 8]
+ *   <module>.weight_scale   BF16 [rows, cols / 128]
+ *   <module>.weight_shape   I64  [2]
+ *
+ * computed on read from the weight (src/model/w4a16_quant.c). Everything
+ * else is bf16 (ckfs_model_open's dtype rule). The 2-D weights of other
+ * modules, embeddings aside, and lm_head always are listed as the config's
+ * "ignore" under their served names, as compressed-tensors maps its ignore
+ * list to checkpoint names: a loader then expects scales exactly where
+ * they are. A weight whose input dim is not a multiple of the group (128)
+ * is refused, as the library's quantize refuses it.
+ */
+#include <regex.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layouts/layouts.h"
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The module of a served tensor name, in m's arena. */
+static const char *module_of(struct ckfs_model *m, const char *name)
+{
+	const char *dot = strrchr(name, '.');
+	return ckfs_arena_printf(&m->arena, "%.*s", dot ? (int)(dot - name) : (int)strlen(name),
+				 name);
+}
+
+/* Embeddings are not Linear modules: left out of the ignore list. */
+static int is_embedding(const char *module)
+{
+	const char *last = strrchr(module, '.') ? strrchr(module, '.') + 1 : module;
+	return strstr(last, "embed") != NULL || strcmp(last, "wte") == 0 ||
+	       strcmp(last, "wpe") == 0;
+}
+
+/* lm_head and the modules of the other 2-D weights left bf16, sorted, once
+ * each. */
+static enum ckfs_code list_ignored(struct ckfs_model *m, struct ckfs_error *err)
+{
+	const char **v = ckfs_arena_calloc(&m->arena, m->n_tensors + 2, sizeof(*v));
+	size_t n = 0, k = 0;
+
+	if (!v)
+		return ckfs_nomem(err);
+	v[n++] = "lm_head";
+	for (size_t i = 0; i < m->n_tensors; i++) {
+		const struct ckfs_tensor *t = &m->tensors[i];
+		if (t->w4a16 || t->ndim != 2 || !ckfs_ends_with(t->name, ".weight"))
+			continue;
+		const char *mod = module_of(m, t->name);
+		if (!mod)
+			return ckfs_nomem(err);
+		if (!is_embedding(mod))
+			v[n++] = mod;
+	}
+	qsort(v, n, sizeof(*v), cmp_str);
+	for (size_t i = 0; i < n; i++)
+		if (!k || strcmp(v[k - 1], v[i]) != 0)
+			v[k++] = v[i];
+	m->w4a16_ignore = v;
+	m->n_w4a16_ignore = k;
+	return CKFS_OK;
+}
+
+/* A served tensor of w's triple: name <module>.<suffix>. */
+static enum ckfs_code part(struct ckfs_model *m, struct ckfs_w4a16 *w,
+			   enum ckfs_w4a16_part which, const char *suffix,
+			   struct ckfs_tensor *out, struct ckfs_error *err)
+{
+	static const enum ckfs_dtype dtypes[] = { CKFS_DTYPE_I32, CKFS_DTYPE_BF16, CKFS_DTYPE_I64 };
+	const char *mod = module_of(m, w->weight.name);
+
+	memset(out, 0, sizeof(*out));
+	if (!mod || !(out->name = ckfs_arena_printf(&m->arena, "%s.%s", mod, suffix)))
+		return ckfs_nomem(err);
+	out->stored_dtype = out->out_dtype = dtypes[which];
+	out->ndim = which == CKFS_W4A16_SHAPE ? 1 : 2;
+	out->shape[0] = which == CKFS_W4A16_SHAPE ? 2 : w->weight.shape[0];
+	if (which == CKFS_W4A16_PACKED)
+		out->shape[1] = w->weight.shape[1] / 8;
+	else if (which == CKFS_W4A16_SCALE)
+		out->shape[1] = w->weight.shape[1] / CKFS_W4A16_GROUP;
+	out->numel = (uint64_t)out->shape[0] * (uint64_t)(out->ndim == 2 ? out->shape[1] : 1);
+	out->placement = "w4a16";
+	out->w4a16 = w;
+	out->w4a16_part = which;
+	return CKFS_OK;
+}
+
+static enum ckfs_code select_weights(struct ckfs_model *m, const regex_t *skip,
+				     struct ckfs_error *err)
+{
+	size_t n_q = 0, k = 0, n = m->n_tensors;
+
+	for (size_t i = 0; i < n; i++) {
+		const struct ckfs_tensor *t = &m->tensors[i];
+		if (!ckfs_quant_linear(t, skip))
+			continue;
+		if (t->shape[1] % CKFS_W4A16_GROUP != 0)
+			return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': --dtype w4a16 quantizes "
+					 "in groups of %d along the input dim, which %lld is not "
+					 "a multiple of (serve it as --dtype bf16 or fp8, or "
+					 "leave it out with --fp8-skip)", t->name,
+					 CKFS_W4A16_GROUP, (long long)t->shape[1]);
+		n_q++;
+	}
+	if (n_q == 0)
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': --dtype w4a16 found no linear "
+				 "weight to quantize (docs/formats.md, \"W4A16\")", m->src_dir);
+	struct ckfs_tensor *ts = ckfs_arena_calloc(&m->arena, n + 2 * n_q + 1, sizeof(*ts));
+	struct ckfs_w4a16 *ws = ckfs_arena_calloc(&m->arena, n_q, sizeof(*ws));
+	struct ckfs_w4a16_kept *kept = ckfs_arena_calloc(&m->arena, 1, sizeof(*kept));
+	if (!ts || !ws || !kept)
+		return ckfs_nomem(err);
+	pthread_mutex_init(&kept->lock, NULL);
+	m->w4a16 = ws;
+	m->w4a16_kept = kept;
+	/* The triple in the weight's place, in name order (packed, scale,
+	 * shape): a reader going by name reads each weight's source once
+	 * for its values, then again for its scales. */
+	for (size_t i = 0; i < n; i++) {
+		if (!ckfs_quant_linear(&m->tensors[i], skip)) {
+			ts[k++] = m->tensors[i];
+			continue;
+		}
+		struct ckfs_w4a16 *w = &ws[m->n_w4a16++];
+		pthread_mutex_init(&w->lock, NULL);
+		w->kept = kept;
+		w->weight = m->tensors[i];
+		w->weight.out_dtype = CKFS_DTYPE_BF16;
+		CKFS_TRY(part(m, w, CKFS_W4A16_PACKED, "weight_packed", &ts[k++], err));
+		CKFS_TRY(part(m, w, CKFS_W4A16_SCALE, "weight_scale", &ts[k++], err));
+		CKFS_TRY(part(m, w, CKFS_W4A16_SHAPE, "weight_shape", &ts[k++], err));
+	}
+	m->tensors = ts;
+	m->n_tensors = k;
+	return list_ignored(m, err);
+}
+
+enum ckfs_code ckfs_w4a16_select(struct ckfs_model *m, const struct ckfs_model_options *opt,
+				 struct ckfs_error *err)
+{
+	regex_t skip;
+
+	if (opt->out_dtype != CKFS_DTYPE_W4A16)
+		return CKFS_OK;
+	CKFS_TRY(ckfs_quant_skip(opt, &skip, err));
+	enum ckfs_code rc = select_weights(m, &skip, err);
+	regfree(&skip);
+	return rc;
+}

@@ -1,0 +1,242 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * --dtype w4a16 (src/layouts/w4a16_select.c chooses, src/model/w4a16_quant.c
+ * computes; the bytes are checked against compressed-tensors itself by
+ * tests/py/test_w4a16.py and by their recorded hashes in
+ * tests/cli/test_w4a16.sh): every packed weight, scale and shape equals
+ * what one whole read of a fresh model gives,
+ *  - read in odd pieces from the end backwards, values first or scales
+ *    first, and the scales twice (the second time after the kept ones
+ *    were all served and dropped, so computed again);
+ *  - read by four threads at once, each in its own order and pieces, so
+ *    scales are kept and taken concurrently (TSan in CI);
+ * the served triple has the library's names, dtypes and shapes, and the
+ * rest is bf16.
+ */
+#include <pthread.h>
+#include <string.h>
+
+#include "ckfs/layouts.h"
+#include "ckfs/model.h"
+#include "test.h"
+
+#define FIX CKFS_FIXTURES
+
+static const char *const cases[] = { "w4a16/qwen2_fsdp2_w2", "w4a16/edge_bf16" };
+
+static struct ckfs_model *open_w4a16(const char *c)
+{
+	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_W4A16 };
+	struct ckfs_model *m = NULL;
+	struct ckfs_error err;
+	char src[512];
+
+	snprintf(src, sizeof(src), FIX "/%s", c);
+	ckfs_error_clear(&err);
+	if (ckfs_model_open(src, &opt, &m, &err) != CKFS_OK) {
+		fprintf(stderr, "%s: %s\n", c, err.msg);
+		CHECK(0);
+	}
+	return m;
+}
+
+/* Elements [0, numel) of t read in pieces from the last back to the
+ * first, into a new buffer (NULL when a read failed). */
+static unsigned char *read_backwards(const struct ckfs_model *m, const struct ckfs_tensor *t,
+				     uint64_t piece, struct ckfs_read_scratch *s)
+{
+	size_t es = ckfs_dtype_size(t->out_dtype);
+	unsigned char *got = malloc(t->numel * es + 1);
+	struct ckfs_error err;
+
+	ckfs_error_clear(&err);
+	for (uint64_t end = t->numel; end > 0 && got;) {
+		uint64_t first = end > piece ? end - piece : 0;
+		if (ckfs_tensor_read(m, t, first, end - first, got + first * es, s, &err) != CKFS_OK) {
+			fprintf(stderr, "%s: %s\n", t->name, err.msg);
+			free(got);
+			got = NULL;
+		}
+		end = first;
+	}
+	return got;
+}
+
+/* Every w4a16 tensor of a fresh model read whole, values before scales
+ * (the file's order): the reference the other orders must equal. */
+static unsigned char **reference(const char *c, size_t *n)
+{
+	struct ckfs_model *m = open_w4a16(c);
+	struct ckfs_read_scratch s = { 0 };
+	unsigned char **v;
+
+	if (!m)
+		return NULL;
+	*n = m->n_tensors;
+	v = calloc(m->n_tensors + 1, sizeof(*v));
+	for (size_t i = 0; i < m->n_tensors; i++)
+		if (m->tensors[i].w4a16)
+			v[i] = read_backwards(m, &m->tensors[i], m->tensors[i].numel, &s);
+	ckfs_read_scratch_release(&s);
+	ckfs_model_free(m);
+	return v;
+}
+
+static void free_reference(unsigned char **v, size_t n)
+{
+	for (size_t i = 0; v && i < n; i++)
+		free(v[i]);
+	free(v);
+}
+
+static int same(const struct ckfs_model *m, size_t i, const unsigned char *want, uint64_t piece,
+		struct ckfs_read_scratch *s)
+{
+	const struct ckfs_tensor *t = &m->tensors[i];
+	unsigned char *got = read_backwards(m, t, piece, s);
+	int ok = got && want && memcmp(got, want, t->numel * ckfs_dtype_size(t->out_dtype)) == 0;
+
+	if (!ok)
+		fprintf(stderr, "%s differs (piece %llu)\n", t->name, (unsigned long long)piece);
+	free(got);
+	return ok;
+}
+
+static void check_order(const char *c, unsigned char **want, int scales_first, uint64_t piece)
+{
+	struct ckfs_model *m = open_w4a16(c);
+	struct ckfs_read_scratch s = { 0 };
+
+	if (!m)
+		return;
+	for (int pass = 0; pass < 3; pass++)
+		for (size_t i = 0; i < m->n_tensors; i++) {
+			const struct ckfs_tensor *t = &m->tensors[i];
+			int scale = t->w4a16 && t->w4a16_part == CKFS_W4A16_SCALE;
+			/* pass 0 and 1: one kind each; pass 2: the scales again */
+			int wanted = pass == 2 ? scale : (scale == (pass == 0 ? scales_first : !scales_first));
+			if (t->w4a16 && wanted)
+				CHECK(same(m, i, want[i], piece ? piece : t->numel, &s));
+		}
+	ckfs_read_scratch_release(&s);
+	ckfs_model_free(m);
+}
+
+static void test_orders(void)
+{
+	for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+		size_t n = 0;
+		unsigned char **want = reference(cases[k], &n);
+		CHECK(want != NULL);
+		check_order(cases[k], want, 0, 0);
+		check_order(cases[k], want, 1, 0);
+		check_order(cases[k], want, 0, 977); /* pieces across groups and rows */
+		check_order(cases[k], want, 1, 7);
+		check_order(cases[k], want, 0, 1);
+		free_reference(want, n);
+	}
+}
+
+static void test_layout(void)
+{
+	struct ckfs_model *m = open_w4a16(cases[0]);
+	struct ckfs_read_scratch s = { 0 };
+	struct ckfs_error err;
+	int triples = 0;
+
+	if (!m)
+		return;
+	for (size_t i = 0; i < m->n_tensors; i++) {
+		const struct ckfs_tensor *t = &m->tensors[i];
+		if (!t->w4a16) {
+			CHECK_EQ_INT(t->out_dtype, CKFS_DTYPE_BF16);
+			continue;
+		}
+		const struct ckfs_tensor *w = &t->w4a16->weight;
+		switch (t->w4a16_part) {
+		case CKFS_W4A16_PACKED:
+			triples++;
+			CHECK(strstr(t->name, ".weight_packed") != NULL);
+			CHECK_EQ_INT(t->out_dtype, CKFS_DTYPE_I32);
+			CHECK(t->shape[0] == w->shape[0] && t->shape[1] == w->shape[1] / 8);
+			break;
+		case CKFS_W4A16_SCALE:
+			CHECK(strstr(t->name, ".weight_scale") != NULL);
+			CHECK_EQ_INT(t->out_dtype, CKFS_DTYPE_BF16);
+			CHECK(t->shape[0] == w->shape[0] && t->shape[1] == w->shape[1] / 128);
+			break;
+		case CKFS_W4A16_SHAPE: {
+			int64_t v[2] = { 0, 0 };
+			CHECK(strstr(t->name, ".weight_shape") != NULL);
+			CHECK_EQ_INT(t->out_dtype, CKFS_DTYPE_I64);
+			ckfs_error_clear(&err);
+			CHECK(ckfs_tensor_read(m, t, 0, 2, v, &s, &err) == CKFS_OK);
+			CHECK(v[0] == w->shape[0] && v[1] == w->shape[1]);
+			break;
+		}
+		}
+	}
+	CHECK_EQ_INT(triples, 14); /* 2 layers x 7 projections; lm_head and embeddings bf16 */
+	CHECK_EQ_INT((int)m->n_w4a16_ignore, 1);
+	CHECK(m->n_w4a16_ignore == 1 && strcmp(m->w4a16_ignore[0], "lm_head") == 0);
+	ckfs_read_scratch_release(&s);
+	ckfs_model_free(m);
+}
+
+struct reader {
+	const struct ckfs_model *m;
+	unsigned char **want;
+	int order;
+	int bad;
+};
+
+static void *read_all(void *arg)
+{
+	struct reader *r = arg;
+	struct ckfs_read_scratch s = { 0 };
+	size_t n = r->m->n_tensors;
+
+	for (int round = 0; round < 2; round++)
+		for (size_t k = 0; k < n; k++) {
+			size_t i = r->order & 1 ? n - 1 - k : k;
+			if (r->m->tensors[i].w4a16 &&
+			    !same(r->m, i, r->want[i], 301 + 100 * (uint64_t)r->order, &s))
+				r->bad++;
+		}
+	ckfs_read_scratch_release(&s);
+	return NULL;
+}
+
+static void test_threads(void)
+{
+	size_t n = 0;
+	unsigned char **want = reference(cases[0], &n);
+	struct ckfs_model *m = open_w4a16(cases[0]);
+	struct reader r[4];
+	pthread_t tid[4];
+
+	if (!m || !want) {
+		CHECK(0);
+		free_reference(want, n);
+		ckfs_model_free(m);
+		return;
+	}
+	for (int i = 0; i < 4; i++) {
+		r[i] = (struct reader){ .m = m, .want = want, .order = i };
+		CHECK(pthread_create(&tid[i], NULL, read_all, &r[i]) == 0);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(tid[i], NULL);
+		CHECK_EQ_INT(r[i].bad, 0);
+	}
+	free_reference(want, n);
+	ckfs_model_free(m);
+}
+
+int main(void)
+{
+	RUN(test_layout);
+	RUN(test_orders);
+	RUN(test_threads);
+	return test_summary();
+}
