@@ -387,10 +387,12 @@ enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
 
 /*
  * The source ranges a ckfs_tensor_read of [first, first + count) of t
- * will read, written to v[0..cap) (whole chunk rows: a few bytes more
- * than the read may need): the number written. Chunks whose bytes lie
- * too far apart for one range, and fp8 and LoRA tensors, give none; a
- * hint for fetching ahead (ckfs_file_ahead), never a promise.
+ * will read, one per chunk, written to v[0..cap) (a chunk not stored as
+ * whole rows in order gives whole rows: a little more than the read may
+ * need): the number written. Chunks whose bytes lie too far apart for
+ * one range, and fp8, w4a16 and LoRA tensors, give none. A hint for
+ * fetching ahead (ckfs_file_ahead), never a promise: the read fetches
+ * what it was not given.
  */
 size_t ckfs_tensor_ranges(const struct ckfs_model *m, const struct ckfs_tensor *t,
 			  uint64_t first, uint64_t count, struct ckfs_file_range *v,

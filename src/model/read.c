@@ -453,7 +453,8 @@ size_t ckfs_tensor_ranges(const struct ckfs_model *m, const struct ckfs_tensor *
 {
 	size_t n = 0;
 
-	if (t->fp8 || t->lora || !count || first >= t->numel || count > t->numel - first)
+	if (t->fp8 || t->w4a16 || t->lora || !count || first >= t->numel ||
+	    count > t->numel - first)
 		return 0;
 	for (uint32_t i = 0; i < t->n_chunks && n < cap; i++)
 		n += chunk_range(m, t, &t->chunks[i], first, first + count, &v[n]);
