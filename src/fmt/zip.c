@@ -916,6 +916,7 @@ static enum ckfs_code zip_set_prefix(struct ckfs_zip *z,
 	if (len)
 		memcpy(z->prefix, z->entries[0].name, len);
 	z->prefix[len] = '\0';
+	z->prefix_hash = zip_name_hash(CKFS_FNV1A_START, z->prefix);
 	return CKFS_OK;
 }
 
@@ -1009,7 +1010,7 @@ const struct ckfs_zip_entry *ckfs_zip_find(const struct ckfs_zip *z,
 	if (!z || !record || !z->sorted || !z->prefix)
 		return NULL;
 	if (z->hash) {
-		size_t j = (size_t)zip_name_hash(zip_name_hash(CKFS_FNV1A_START, z->prefix), record) &
+		size_t j = (size_t)zip_name_hash(z->prefix_hash, record) &
 			   (z->hash_cap - 1);
 		for (; z->hash[j]; j = (j + 1) & (z->hash_cap - 1)) {
 			const struct ckfs_zip_entry *e = &z->entries[z->hash[j] - 1];

@@ -698,7 +698,8 @@ static enum ckfs_code open_ranks(struct build *b, struct rank_scan *rs, struct c
 	}
 	/* Rank 0's storages are read through guards (torch_guards.c); the
 	 * other ranks' too on the fast path (fsdp_plan.c). */
-	CKFS_TRY(ckfs_torch_open_derived(&b->first, m->sources[0].f, m->sources[0].path, err));
+	CKFS_TRY(ckfs_torch_open_derived(&b->first, m->sources[0].f, m->sources[0].path,
+					 NULL, err));
 	CKFS_TRY(ckfs_torch_guards(&m->sources[0], &b->first, err));
 	char when[64];
 	if (ckfs_torch_writer(&b->first, when, sizeof(when)) &&

@@ -226,7 +226,8 @@ static enum ckfs_code plan_build(struct build *b, struct rank_plan **out, struct
 /* Rank file of position p against rank 0's plan: each entry checked as
  * the sequential path checks it; its blocks give the foreseen chunks
  * their file positions and strides. */
-static enum ckfs_code check_position(struct rank_plan *rp, size_t p, struct ckfs_error *err)
+static enum ckfs_code check_position(struct rank_plan *rp, size_t p, struct ckfs_arena *spare,
+				     struct ckfs_error *err)
 {
 	struct ckfs_model *m = rp->m;
 	int rank = (int)rp->ranks[p];
@@ -238,7 +239,7 @@ static enum ckfs_code check_position(struct rank_plan *rp, size_t p, struct ckfs
 
 	if (!seen)
 		return ckfs_nomem(err);
-	rc = ckfs_torch_open_derived(&tf, s->f, s->path, err);
+	rc = ckfs_torch_open_derived(&tf, s->f, s->path, spare, err);
 	if (rc != CKFS_OK) {
 		free(seen);
 		return rc;
@@ -306,7 +307,7 @@ static enum ckfs_code check_position(struct rank_plan *rp, size_t p, struct ckfs
 				       "state dict is missing", s->path, rp->keys[k]);
 	free(got.v);
 	free(seen);
-	ckfs_torch_close(&tf);
+	ckfs_torch_close_keep(&tf, spare);
 	return rc;
 }
 
@@ -314,6 +315,8 @@ static void *check_worker(void *arg)
 {
 	struct rank_plan *rp = arg;
 	struct ckfs_error err;
+	/* One rank's parse after another in the same memory (ckfs_arena_recycle) */
+	struct ckfs_arena spare = CKFS_ARENA_INIT;
 
 	for (;;) {
 		size_t p = atomic_fetch_add(&rp->next, 1);
@@ -325,7 +328,7 @@ static void *check_worker(void *arg)
 		if (past)
 			break;
 		ckfs_error_clear(&err);
-		if (check_position(rp, p, &err) == CKFS_OK)
+		if (check_position(rp, p, &spare, &err) == CKFS_OK)
 			continue;
 		pthread_mutex_lock(&rp->fail_lock);
 		if (p < rp->fail_p) {
@@ -334,6 +337,7 @@ static void *check_worker(void *arg)
 		}
 		pthread_mutex_unlock(&rp->fail_lock);
 	}
+	ckfs_arena_release(&spare);
 	return NULL;
 }
 
