@@ -48,7 +48,6 @@ struct ckfs_zip {
 	struct ckfs_zip_entry *entries; /* in central directory order */
 	char *prefix;             /* top folder incl. '/', "" if none */
 	uint64_t prefix_hash;     /* the name hash's state after prefix */
-	size_t *sorted;           /* entry indices sorted by name */
 	size_t *hash;             /* open addressing by name: index + 1, 0 empty */
 	size_t hash_cap;          /* a power of two, at least 2 n_entries */
 };

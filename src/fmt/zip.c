@@ -845,56 +845,55 @@ static uint64_t zip_name_hash(uint64_t h, const char *s)
 	return ckfs_fnv1a(h, s, strlen(s));
 }
 
-/* Sorted index and hash index for ckfs_zip_find; duplicate names are
- * refused because a lookup could then return either copy. */
-static enum ckfs_code zip_build_index(struct ckfs_zip *z,
-				      struct ckfs_error *err)
+/* The first duplicate name in sorted order, as the refusal names it;
+ * only run once the hash index met a duplicate. */
+static enum ckfs_code zip_refuse_duplicate(const struct ckfs_zip *z, struct ckfs_error *err)
 {
-	struct zip_key *k;
-	enum ckfs_code rc = CKFS_OK;
 	size_t n = z->n_entries;
+	struct zip_key *k = calloc(n ? n : 1, sizeof(*k));
+	enum ckfs_code rc = CKFS_OK;
 
-	z->sorted = calloc(n ? n : 1, sizeof(*z->sorted));
-	k = calloc(n ? n : 1, sizeof(*k));
-	if (!z->sorted || !k) {
-		free(k);
-		return ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory",
-				 z->label);
-	}
+	if (!k)
+		return ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory", z->label);
 	for (size_t i = 0; i < n; i++) {
 		k[i].name = z->entries[i].name;
 		k[i].idx = i;
 	}
 	qsort(k, n, sizeof(*k), zip_key_cmp);
-	for (size_t i = 0; i < n; i++) {
-		if (i > 0 && strcmp(k[i - 1].name, k[i].name) == 0) {
-			rc = ckfs_fail(err, CKFS_E_FORMAT,
-				       "'%s': duplicate zip entry '%s'",
+	for (size_t i = 1; i < n && rc == CKFS_OK; i++)
+		if (strcmp(k[i - 1].name, k[i].name) == 0)
+			rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': duplicate zip entry '%s'",
 				       z->label, k[i].name);
-			break;
-		}
-		z->sorted[i] = k[i].idx;
-	}
 	free(k);
-	if (rc != CKFS_OK)
-		return rc;
-	/* The lookups' index: a rank file of a MoE actor has tens of
-	 * thousands of records found one by one, and a binary search
-	 * compares the long shared "<archive>/data/" prefix each step. */
+	return rc;
+}
+
+/* The hash index for ckfs_zip_find; duplicate names are refused because
+ * a lookup could then return either copy. A rank file of a MoE actor has
+ * tens of thousands of records found one by one: a binary search would
+ * compare the long shared "<archive>/data/" prefix each step, and sorting
+ * the names only to find duplicates cost as much as the rest of the
+ * directory. */
+static enum ckfs_code zip_build_index(struct ckfs_zip *z,
+				      struct ckfs_error *err)
+{
+	size_t n = z->n_entries;
+	bool dup = false;
+
 	z->hash_cap = 16;
 	while (z->hash_cap < 2 * n)
 		z->hash_cap *= 2;
 	z->hash = calloc(z->hash_cap, sizeof(*z->hash));
 	if (!z->hash)
 		return ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory", z->label);
-	for (size_t i = 0; i < n; i++) {
-		size_t j = (size_t)zip_name_hash(CKFS_FNV1A_START, z->entries[i].name) &
-			   (z->hash_cap - 1);
-		while (z->hash[j])
+	for (size_t i = 0; i < n && !dup; i++) {
+		const char *name = z->entries[i].name;
+		size_t j = (size_t)zip_name_hash(CKFS_FNV1A_START, name) & (z->hash_cap - 1);
+		while (z->hash[j] && !(dup = strcmp(z->entries[z->hash[j] - 1].name, name) == 0))
 			j = (j + 1) & (z->hash_cap - 1);
 		z->hash[j] = i + 1;
 	}
-	return CKFS_OK;
+	return dup ? zip_refuse_duplicate(z, err) : CKFS_OK;
 }
 
 /* torch's rule: the top folder is entry 0's name up to its first '/'. */
@@ -984,7 +983,6 @@ void ckfs_zip_release(struct ckfs_zip *z)
 		free(z->entries[0].name);
 	free(z->entries);
 	free(z->prefix);
-	free(z->sorted);
 	free(z->hash);
 	z->hash = NULL;
 	z->hash_cap = 0;
@@ -1005,32 +1003,13 @@ static int zip_cmp_key(const char *name, const char *prefix,
 const struct ckfs_zip_entry *ckfs_zip_find(const struct ckfs_zip *z,
 					   const char *record)
 {
-	size_t lo = 0, hi;
-
-	if (!z || !record || !z->sorted || !z->prefix)
+	if (!z || !record || !z->hash || !z->prefix)
 		return NULL;
-	if (z->hash) {
-		size_t j = (size_t)zip_name_hash(z->prefix_hash, record) &
-			   (z->hash_cap - 1);
-		for (; z->hash[j]; j = (j + 1) & (z->hash_cap - 1)) {
-			const struct ckfs_zip_entry *e = &z->entries[z->hash[j] - 1];
-			if (zip_cmp_key(e->name, z->prefix, record) == 0)
-				return e;
-		}
-		return NULL;
-	}
-	hi = z->n_entries;
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		const struct ckfs_zip_entry *e = &z->entries[z->sorted[mid]];
-		int c = zip_cmp_key(e->name, z->prefix, record);
-
-		if (c == 0)
+	size_t j = (size_t)zip_name_hash(z->prefix_hash, record) & (z->hash_cap - 1);
+	for (; z->hash[j]; j = (j + 1) & (z->hash_cap - 1)) {
+		const struct ckfs_zip_entry *e = &z->entries[z->hash[j] - 1];
+		if (zip_cmp_key(e->name, z->prefix, record) == 0)
 			return e;
-		if (c < 0)
-			lo = mid + 1;
-		else
-			hi = mid;
 	}
 	return NULL;
 }

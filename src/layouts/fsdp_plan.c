@@ -248,7 +248,9 @@ static enum ckfs_code check_position(struct rank_plan *rp, size_t p, struct ckfs
 	rc = ckfs_torch_guards(&m->sources[rank], &tf, err);
 	for (size_t i = 0; rc == CKFS_OK && i < tf.n_entries; i++) {
 		const struct ckfs_sd_entry *e = &tf.entries[i];
-		size_t k = fsdp_find_key(rp->keys, rp->order, rp->n_keys, e->key);
+		/* ranks save their state dicts in the same order: try i first */
+		size_t k = i < rp->n_keys && strcmp(rp->keys[i], e->key) == 0
+				   ? i : fsdp_find_key(rp->keys, rp->order, rp->n_keys, e->key);
 		if (k == SIZE_MAX) {
 			rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': tensor '%s' is not in rank "
 				       "0's state dict", s->path, e->key);
