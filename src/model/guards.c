@@ -64,8 +64,16 @@ static int guard_cmp(const void *a, const void *b)
 
 enum ckfs_code ckfs_guards_seal(struct ckfs_guards *gs, struct ckfs_error *err)
 {
-	qsort(gs->v, gs->n, sizeof(*gs->v), guard_cmp);
-	for (size_t i = 1; i < gs->n; i++)
+	size_t i = 1;
+
+	/* tables come sorted (a zip's records in file order, the plan
+	 * cache's as stored): sorting them again would cost more than
+	 * building them */
+	while (i < gs->n && ckfs_guard_start(&gs->v[i - 1]) < ckfs_guard_start(&gs->v[i]))
+		i++;
+	if (i < gs->n)
+		qsort(gs->v, gs->n, sizeof(*gs->v), guard_cmp);
+	for (i = 1; i < gs->n; i++)
 		if (ckfs_guard_start(&gs->v[i - 1]) + ckfs_guard_len(&gs->v[i - 1]) >
 		    ckfs_guard_start(&gs->v[i]))
 			return ckfs_fail(err, CKFS_E_INVALID, "guarded ranges at %llu and %llu "
