@@ -15,12 +15,20 @@ struct ckfs_arena_block;
 struct ckfs_arena {
 	struct ckfs_arena_block *head;
 	size_t used_bytes; /* total bytes handed out, for limits and stats */
+	struct ckfs_arena_block *spare; /* kept by ckfs_arena_recycle */
 };
 
-#define CKFS_ARENA_INIT { NULL, 0 }
+#define CKFS_ARENA_INIT { NULL, 0, NULL }
 
 void ckfs_arena_init(struct ckfs_arena *a);
 void ckfs_arena_release(struct ckfs_arena *a);
+/* Everything handed out is given up at once, as by release, but the
+ * blocks are kept for the arena's next allocations: a loop that parses
+ * one file after another (the rank checks) then writes into memory it
+ * already touched instead of faulting in fresh pages each time. */
+void ckfs_arena_recycle(struct ckfs_arena *a);
+/* Move src's blocks (recycled) to dst's spares; src is left empty. */
+void ckfs_arena_donate(struct ckfs_arena *dst, struct ckfs_arena *src);
 
 /* n bytes aligned to 16, zeroed; NULL on overflow or out of memory. */
 void *ckfs_arena_alloc(struct ckfs_arena *a, size_t n);

@@ -47,7 +47,66 @@ struct ckfs_source {
 	uid_t uid;             /* part of the identity too */
 	gid_t gid;
 	bool acl;              /* it has an access ACL (ckfs_fd_has_acl) */
+	/* Ranges read only once their check passed (guards.c); NULL: none.
+	 * Owned by the source: freed with the model that holds it. */
+	struct ckfs_guards *guards;
 };
+
+/*
+ * Guards (src/model/guards.c): ranges of a source whose bytes a layout
+ * located on trust, each with a check that must pass before any byte of
+ * it is read. verl FSDP rank files are the case: a storage's data start
+ * is derived from torch.save's alignment rule instead of read from its
+ * local zip header at open (a frontier MoE rank file has 37,000 of them,
+ * include/ckfs/zip.h), and the header is read and compared before the
+ * first byte of that storage is served. The read path calls
+ * ckfs_source_guard before every pread; a range passes once (the bit is
+ * kept), and a failing one fails every read that touches it with the
+ * same message (EIO through FUSE).
+ *
+ * A guard packs into 16 bytes (millions of them): the range's start (48
+ * bits) and 16 bits of the check's own in `at`; its length (31 bits),
+ * the passed bit and 32 bits of the check's own in `word`.
+ */
+#define CKFS_GUARD_MAX_START ((1ull << 48) - 1)
+#define CKFS_GUARD_MAX_LEN ((1ull << 31) - 1)
+struct ckfs_guard {
+	uint64_t at;
+	_Atomic uint64_t word;
+};
+struct ckfs_guards;
+/* The check of the range starting at `start`, given its two values. */
+typedef enum ckfs_code (*ckfs_guard_fn)(const struct ckfs_source *s, const char *ctx,
+					 uint64_t start, uint16_t x, uint32_t y,
+					 struct ckfs_error *err);
+struct ckfs_guards {
+	ckfs_guard_fn check;
+	char *ctx;                      /* the check's text (owned) */
+	size_t n;
+	struct ckfs_guard *v;           /* sorted by start, disjoint */
+};
+/* A guard's values: start <= CKFS_GUARD_MAX_START, len <= CKFS_GUARD_MAX_LEN. */
+struct ckfs_guard ckfs_guard_make(uint64_t start, uint64_t len, uint16_t x, uint32_t y);
+/* A new, empty table for up to cap guards (NULL when out of memory). */
+struct ckfs_guards *ckfs_guards_new(ckfs_guard_fn check, const char *ctx, size_t cap);
+/* Add g; ckfs_guards_seal sorts them and refuses overlaps (CKFS_E_INVALID:
+ * a bug of the layout). */
+void ckfs_guards_add(struct ckfs_guards *gs, struct ckfs_guard g);
+enum ckfs_code ckfs_guards_seal(struct ckfs_guards *gs, struct ckfs_error *err) CKFS_WARN_UNUSED;
+void ckfs_guards_free(struct ckfs_guards *gs);
+/* Every guard of s meeting [pos, pos + len) checked, unless it passed. */
+enum ckfs_code ckfs_source_guard(const struct ckfs_source *s, uint64_t pos, uint64_t len,
+				 struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* A guard's start and length, and how many of s's passed (for tests). */
+uint64_t ckfs_guard_start(const struct ckfs_guard *g);
+uint64_t ckfs_guard_len(const struct ckfs_guard *g);
+size_t ckfs_guards_passed(const struct ckfs_guards *gs);
+/* The table as words for the plan cache (their count with v NULL), and
+ * back: a table with check from the words at v (n left), *used of them. */
+size_t ckfs_guards_words(const struct ckfs_guards *gs, uint64_t *v);
+enum ckfs_code ckfs_guards_from_words(ckfs_guard_fn check, const uint64_t *v, size_t n,
+				      size_t *used, struct ckfs_guards **out,
+				      struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 
 /* A block of a source tensor placed in the global tensor, as the readers

@@ -37,6 +37,9 @@ struct ckfs_tensor_view {
 	uint64_t storage_pos;           /* absolute file offset of the storage */
 	uint64_t storage_bytes;         /* bytes of the storage record */
 	const char *storage_key;
+	/* its zip record, while the file is open: a derived one
+	 * (ckfs_torch_open_derived) is checked before its bytes are read */
+	const struct ckfs_zip_entry *storage_entry;
 	bool neg;                       /* values must be negated (neg bit) */
 };
 
@@ -119,6 +122,21 @@ enum ckfs_code ckfs_torch_open(struct ckfs_torch_file *tf, struct ckfs_file f,
 			       const char *label,
 			       struct ckfs_error *err) CKFS_WARN_UNUSED;
 void ckfs_torch_close(struct ckfs_torch_file *tf);
+
+/*
+ * ckfs_torch_open, the zip opened with CKFS_ZIP_DERIVE_LOCALS (zip.h):
+ * storage records whose local header was not read are marked derived in
+ * tf->zip, and the caller takes on their checks (ckfs_zip_check_derived,
+ * ckfs_zip_check_local_at) before serving any of their bytes. spare
+ * (may be NULL): blocks of an arena the parse takes for its own (left
+ * empty), from ckfs_torch_close_keep of an earlier file.
+ */
+enum ckfs_code ckfs_torch_open_derived(struct ckfs_torch_file *tf, struct ckfs_file f,
+				       const char *label, struct ckfs_arena *spare,
+				       struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* ckfs_torch_close, the parse's memory kept in keep's spares (a caller
+ * parsing many files in turn; ckfs_arena_release(keep) frees it). */
+void ckfs_torch_close_keep(struct ckfs_torch_file *tf, struct ckfs_arena *keep);
 
 /*
  * The same for a file whose data.pkl is a Python LIST of state dicts (the

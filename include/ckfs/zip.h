@@ -18,6 +18,7 @@
 #ifndef CKFS_ZIP_H
 #define CKFS_ZIP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,6 +34,10 @@ struct ckfs_zip_entry {
 	uint32_t crc32;           /* 0 means none was written */
 	uint16_t method;          /* 0 stored, 8 deflate */
 	uint16_t flags;
+	/* data_offset derived from torch.save's alignment rule, the local
+	 * header not read (CKFS_ZIP_DERIVE_LOCALS): ckfs_zip_check_derived
+	 * must pass before a byte of the data is used */
+	bool derived;
 };
 
 struct ckfs_zip {
@@ -42,7 +47,7 @@ struct ckfs_zip {
 	size_t n_entries;
 	struct ckfs_zip_entry *entries; /* in central directory order */
 	char *prefix;             /* top folder incl. '/', "" if none */
-	size_t *sorted;           /* entry indices sorted by name */
+	uint64_t prefix_hash;     /* the name hash's state after prefix */
 	size_t *hash;             /* open addressing by name: index + 1, 0 empty */
 	size_t hash_cap;          /* a power of two, at least 2 n_entries */
 };
@@ -60,6 +65,41 @@ enum ckfs_code ckfs_zip_open(struct ckfs_zip *z, struct ckfs_file f, uint64_t ba
 			     uint64_t length, const char *label,
 			     struct ckfs_error *err) CKFS_WARN_UNUSED;
 void ckfs_zip_release(struct ckfs_zip *z);
+
+/*
+ * ckfs_zip_open with flags. CKFS_ZIP_DERIVE_LOCALS: a local header that
+ * would cost a read of its own (it follows a large record) is not read
+ * when the archive's other local headers show torch.save's writer (data
+ * aligned to 64 bytes of the archive after an "FB" padding block, zip64
+ * blocks where torch puts them): its data_offset is derived, every check
+ * that needs only the offsets is run on it, and the entry is marked
+ * derived; the caller must run ckfs_zip_check_derived (or
+ * ckfs_zip_check_local_at) before using a byte of its data. Headers read
+ * are checked as ckfs_zip_open checks them; an archive whose headers do
+ * not follow the rule has every header read.
+ */
+enum ckfs_zip_open_flags {
+	CKFS_ZIP_DERIVE_LOCALS = 1u << 0,
+};
+enum ckfs_code ckfs_zip_open_ex(struct ckfs_zip *z, struct ckfs_file f, uint64_t base,
+				uint64_t length, const char *label, unsigned flags,
+				struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/*
+ * The local header at header_offset (absolute) of the entry named name,
+ * checked as ckfs_zip_open checks one (signature, name, method) and
+ * required to end exactly at data_offset (absolute): one read of
+ * data_offset - header_offset bytes. CKFS_E_FORMAT naming label and the
+ * entry when it does not.
+ */
+enum ckfs_code ckfs_zip_check_local_at(struct ckfs_file f, const char *label, const char *name,
+				       uint64_t header_offset, uint64_t data_offset,
+				       uint16_t method, struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/* CKFS_OK for an entry whose header was read; for a derived one, its
+ * header checked now (ckfs_zip_check_local_at; nothing is remembered). */
+enum ckfs_code ckfs_zip_check_derived(const struct ckfs_zip *z, const struct ckfs_zip_entry *e,
+				      struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /* Entry named prefix + record ("data.pkl", "data/3"), or NULL. */
 const struct ckfs_zip_entry *ckfs_zip_find(const struct ckfs_zip *z,

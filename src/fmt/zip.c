@@ -9,7 +9,11 @@
  * reads every local header, because only the local header says where the
  * data starts: torch pads the local extra field with an "FB" block that the
  * central copy does not repeat, and it writes zero sizes in local headers
- * (bit 3), so local sizes are never used. Every offset in the archive is
+ * (bit 3), so local sizes are never used. With CKFS_ZIP_DERIVE_LOCALS a
+ * header that would cost a read of its own is derived instead from
+ * torch.save's alignment rule, once the headers read showed the archive
+ * follows it, and left for the caller to check before its data is used
+ * (include/ckfs/zip.h; docs/formats.md). Every offset in the archive is
  * relative to the window start z->base; every offset handed out is absolute.
  * All arithmetic on input values is checked, every structure must lie inside
  * the window, and entry ranges [local header, end of data) must not overlap
@@ -508,30 +512,51 @@ static enum ckfs_code zip_read_central(struct ckfs_zip *z,
  * data it may read through to reach the next header. */
 enum { ZIP_LOCAL_WINDOW = 1 << 20, ZIP_LOCAL_GAP = 16 << 10 };
 
-/* Entry e's local header, at p (ZIP_LOCAL_LEN + its name's length bytes
- * read from the file), checked against the central directory; where its
- * data starts, computed. */
-static enum ckfs_code zip_check_local(struct ckfs_zip *z, const struct zip_end *end,
-				      struct ckfs_zip_entry *e, const unsigned char *p,
-				      struct ckfs_error *err)
-{
-	uint64_t lho = e->header_offset, data, data_end;
-	size_t nlen = strlen(e->name);
+/*
+ * torch.save's writer (caffe2/serialize/inline_container.cc, getPadding)
+ * puts after a local header's name miniz's zip64 block when the record's
+ * size or the header's offset does not fit 32 bits (4 bytes, then 16 for
+ * the two sizes, 8 for the offset), then an "FB" block (4 bytes and the
+ * padding) that starts the data at a multiple of 64 bytes of the archive.
+ * Where that puts the data of e, whose local header is at lho (relative).
+ */
+#define ZIP_TORCH_ALIGN 64u
+#define ZIP_32_MAX 0xffffffffu
 
-	if (le32(p) != ZIP_LOCAL_SIG)
-		return ckfs_fail(err, CKFS_E_FORMAT,
-				 "'%s': bad local header signature for zip entry '%s'",
-				 z->label, e->name);
-	if (le16(p + 26) != nlen || memcmp(p + ZIP_LOCAL_LEN, e->name, nlen) != 0)
-		return ckfs_fail(err, CKFS_E_FORMAT,
-				 "'%s': local header name of zip entry '%s' differs from the central directory",
-				 z->label, e->name);
-	if (le16(p + 8) != e->method)
-		return ckfs_fail(err, CKFS_E_FORMAT,
-				 "'%s': local header of zip entry '%s' has method %u, central directory %u",
-				 z->label, e->name, le16(p + 8), e->method);
-	/* lho < cd_offset <= length < 2^63: no overflow here. */
-	data = lho + ZIP_LOCAL_LEN + nlen + le16(p + 28);
+static uint64_t zip_torch_data(const struct ckfs_zip_entry *e, uint64_t lho)
+{
+	uint64_t at = lho + ZIP_LOCAL_LEN + strlen(e->name) + 4;
+	bool big = e->size >= ZIP_32_MAX, far = lho >= ZIP_32_MAX;
+
+	if (big || far)
+		at += 4 + (big ? 16 : 0) + (far ? 8 : 0);
+	return (at + ZIP_TORCH_ALIGN - 1) / ZIP_TORCH_ALIGN * ZIP_TORCH_ALIGN;
+}
+
+/* Which of the rule's four cases e is in: each is trusted only once a
+ * header read in the same archive showed it. */
+static unsigned zip_torch_case(const struct ckfs_zip_entry *e, uint64_t lho)
+{
+	return (lho >= ZIP_32_MAX ? 1u : 0u) | (e->size >= ZIP_32_MAX ? 2u : 0u);
+}
+
+/* Local headers left to derive (CKFS_ZIP_DERIVE_LOCALS): the entries
+ * whose header would be a read of its own, and what the headers read
+ * showed of the rule. */
+struct zip_derive {
+	size_t *idx, n;
+	unsigned shown;      /* cases of zip_torch_case seen followed */
+	bool broken;         /* a header read did not follow the rule */
+};
+
+/* e's data where its header (at lho, relative) says; the checks that need
+ * no more than that. */
+static enum ckfs_code zip_check_data(struct ckfs_zip *z, const struct zip_end *end,
+				     struct ckfs_zip_entry *e, uint64_t lho, uint64_t data,
+				     struct ckfs_error *err)
+{
+	uint64_t data_end;
+
 	if (__builtin_add_overflow(data, e->comp_size, &data_end) || data_end > z->length)
 		return ckfs_fail(err, CKFS_E_TRUNCATED,
 				 "'%s': data of zip entry '%s' extends past end of archive",
@@ -543,6 +568,45 @@ static enum ckfs_code zip_check_local(struct ckfs_zip *z, const struct zip_end *
 	e->header_offset = z->base + lho;
 	e->data_offset = z->base + data;
 	return CKFS_OK;
+}
+
+/* The local header fields ckfs checks, at p (ZIP_LOCAL_LEN + the name),
+ * against e; the extra field's length in *xlen. */
+static enum ckfs_code zip_check_fields(const char *label, const char *name, uint16_t method,
+				       const unsigned char *p, size_t *xlen,
+				       struct ckfs_error *err)
+{
+	size_t nlen = strlen(name);
+
+	if (le32(p) != ZIP_LOCAL_SIG)
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': bad local header signature for zip entry '%s'",
+				 label, name);
+	if (le16(p + 26) != nlen || memcmp(p + ZIP_LOCAL_LEN, name, nlen) != 0)
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': local header name of zip entry '%s' differs from the central directory",
+				 label, name);
+	if (le16(p + 8) != method)
+		return ckfs_fail(err, CKFS_E_FORMAT,
+				 "'%s': local header of zip entry '%s' has method %u, central directory %u",
+				 label, name, le16(p + 8), method);
+	*xlen = le16(p + 28);
+	return CKFS_OK;
+}
+
+/* Entry e's local header, at p (ZIP_LOCAL_LEN + its name's length bytes
+ * read from the file), checked against the central directory; where its
+ * data starts, computed. */
+static enum ckfs_code zip_check_local(struct ckfs_zip *z, const struct zip_end *end,
+				      struct ckfs_zip_entry *e, const unsigned char *p,
+				      struct ckfs_error *err)
+{
+	uint64_t lho = e->header_offset;
+	size_t xlen;
+
+	CKFS_TRY(zip_check_fields(z->label, e->name, e->method, p, &xlen, err));
+	/* lho < cd_offset <= length < 2^63: no overflow here. */
+	return zip_check_data(z, end, e, lho, lho + ZIP_LOCAL_LEN + strlen(e->name) + xlen, err);
 }
 
 /* Where entry e's local header (up to the end of its name) ends, when it
@@ -566,6 +630,45 @@ static uint64_t zip_local_end(const struct ckfs_zip *z, const struct zip_end *en
 	return lho + need;
 }
 
+/* Entries [i, j) checked from buf, which holds the archive from start. */
+static enum ckfs_code zip_check_run(struct ckfs_zip *z, const struct zip_end *end, size_t i,
+				    size_t j, const unsigned char *buf, uint64_t start,
+				    struct zip_derive *d, struct ckfs_error *err)
+{
+	for (size_t k = i; k < j; k++) {
+		struct ckfs_zip_entry *e = &z->entries[k];
+		uint64_t lho = e->header_offset;
+
+		CKFS_TRY(zip_check_local(z, end, e, buf + (lho - start), err));
+		if (e->data_offset - z->base == zip_torch_data(e, lho))
+			d->shown |= 1u << zip_torch_case(e, lho);
+		else
+			d->broken = true;
+	}
+	return CKFS_OK;
+}
+
+/* The headers left to derive: derived where the headers read showed the
+ * rule for their case, else read one by one as before. */
+static enum ckfs_code zip_derive_rest(struct ckfs_zip *z, const struct zip_end *end,
+				      const struct zip_derive *d, unsigned char *buf,
+				      struct ckfs_error *err)
+{
+	for (size_t k = 0; k < d->n; k++) {
+		struct ckfs_zip_entry *e = &z->entries[d->idx[k]];
+		uint64_t lho = e->header_offset;
+
+		if (!d->broken && (d->shown >> zip_torch_case(e, lho) & 1)) {
+			CKFS_TRY(zip_check_data(z, end, e, lho, zip_torch_data(e, lho), err));
+			e->derived = true;
+			continue;
+		}
+		CKFS_TRY(zip_pread(z, buf, ZIP_LOCAL_LEN + strlen(e->name), lho, err));
+		CKFS_TRY(zip_check_local(z, end, e, buf, err));
+	}
+	return CKFS_OK;
+}
+
 /*
  * Check each local header and compute where the data starts. The headers
  * sit between the records' data, in the central directory's order as
@@ -574,16 +677,25 @@ static uint64_t zip_local_end(const struct ckfs_zip *z, const struct zip_end *en
  * them within ZIP_LOCAL_WINDOW bytes, instead of one pread each. Data of
  * more than ZIP_LOCAL_GAP bytes ends a run, so what is read beside the
  * headers is small records' data only, and an archive in another order
- * just reads more often. The checks and their order are those of one header at a time.
+ * just reads more often. The checks and their order are those of one
+ * header at a time. With CKFS_ZIP_DERIVE_LOCALS a run of one header past
+ * the first (a large record's: a frontier MoE rank file has 37,000) is
+ * not read but derived after the others (zip_derive_rest).
  */
 static enum ckfs_code zip_read_locals(struct ckfs_zip *z, const struct zip_end *end,
-				      struct ckfs_error *err)
+				      unsigned flags, struct ckfs_error *err)
 {
 	unsigned char *buf = malloc(ZIP_LOCAL_WINDOW);
+	struct zip_derive d = { 0 };
 	enum ckfs_code rc = CKFS_OK;
 
-	if (!buf)
+	if ((flags & CKFS_ZIP_DERIVE_LOCALS) && z->n_entries > 1)
+		d.idx = malloc(z->n_entries * sizeof(*d.idx));
+	if (!buf || ((flags & CKFS_ZIP_DERIVE_LOCALS) && z->n_entries > 1 && !d.idx)) {
+		free(buf);
+		free(d.idx);
 		return ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory", z->label);
+	}
 	for (size_t i = 0, j; rc == CKFS_OK && i < z->n_entries; i = j) {
 		uint64_t start = z->entries[i].header_offset, stop, next;
 		/* ZIP_LOCAL_LEN + a 16-bit name length fit in any window */
@@ -601,13 +713,62 @@ static enum ckfs_code zip_read_locals(struct ckfs_zip *z, const struct zip_end *
 				break;
 			stop = next > stop ? next : stop;
 		}
+		if (d.idx && i > 0 && j == i + 1) {
+			d.idx[d.n++] = i;
+			continue;
+		}
 		rc = zip_pread(z, buf, (size_t)(stop - start), start, err);
-		for (size_t k = i; rc == CKFS_OK && k < j; k++)
-			rc = zip_check_local(z, end, &z->entries[k],
-					     buf + (z->entries[k].header_offset - start), err);
+		if (rc == CKFS_OK)
+			rc = zip_check_run(z, end, i, j, buf, start, &d, err);
 	}
+	if (rc == CKFS_OK)
+		rc = zip_derive_rest(z, end, &d, buf, err);
+	free(d.idx);
 	free(buf);
 	return rc;
+}
+
+enum ckfs_code ckfs_zip_check_local_at(struct ckfs_file f, const char *label, const char *name,
+				       uint64_t header_offset, uint64_t data_offset,
+				       uint16_t method, struct ckfs_error *err)
+{
+	unsigned char small[512], *p = small;
+	uint64_t len = data_offset - header_offset;
+	size_t nlen = strlen(name), xlen;
+	enum ckfs_code rc = CKFS_OK;
+	ssize_t got;
+
+	if (data_offset < header_offset || len < ZIP_LOCAL_LEN + nlen || len > ZIP_LOCAL_LEN + 2 * 65535u)
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': zip entry '%s': bad local header span",
+				 label, name);
+	if (len > sizeof(small) && !(p = malloc((size_t)len)))
+		return ckfs_nomem(err);
+	got = ckfs_file_pread(f, p, (size_t)len, header_offset);
+	if (got < 0)
+		rc = ckfs_fail_errno(err, "'%s': cannot read at offset %llu", label,
+				     (ull)header_offset);
+	else if ((uint64_t)got < len)
+		rc = ckfs_fail(err, CKFS_E_TRUNCATED, "'%s': unexpected end of file at offset %llu",
+			       label, (ull)(header_offset + (uint64_t)got));
+	if (rc == CKFS_OK)
+		rc = zip_check_fields(label, name, method, p, &xlen, err);
+	if (rc == CKFS_OK && ZIP_LOCAL_LEN + nlen + xlen != len)
+		rc = ckfs_fail(err, CKFS_E_FORMAT,
+			       "'%s': local header of zip entry '%s' puts its data at %llu, not at "
+			       "%llu where torch.save's alignment would", label, name,
+			       (ull)(header_offset + ZIP_LOCAL_LEN + nlen + xlen), (ull)data_offset);
+	if (p != small)
+		free(p);
+	return rc;
+}
+
+enum ckfs_code ckfs_zip_check_derived(const struct ckfs_zip *z, const struct ckfs_zip_entry *e,
+				      struct ckfs_error *err)
+{
+	if (!e->derived)
+		return CKFS_OK;
+	return ckfs_zip_check_local_at(z->file, z->label, e->name, e->header_offset,
+				       e->data_offset, e->method, err);
 }
 
 struct zip_span {
@@ -684,56 +845,55 @@ static uint64_t zip_name_hash(uint64_t h, const char *s)
 	return ckfs_fnv1a(h, s, strlen(s));
 }
 
-/* Sorted index and hash index for ckfs_zip_find; duplicate names are
- * refused because a lookup could then return either copy. */
-static enum ckfs_code zip_build_index(struct ckfs_zip *z,
-				      struct ckfs_error *err)
+/* The first duplicate name in sorted order, as the refusal names it;
+ * only run once the hash index met a duplicate. */
+static enum ckfs_code zip_refuse_duplicate(const struct ckfs_zip *z, struct ckfs_error *err)
 {
-	struct zip_key *k;
-	enum ckfs_code rc = CKFS_OK;
 	size_t n = z->n_entries;
+	struct zip_key *k = calloc(n ? n : 1, sizeof(*k));
+	enum ckfs_code rc = CKFS_OK;
 
-	z->sorted = calloc(n ? n : 1, sizeof(*z->sorted));
-	k = calloc(n ? n : 1, sizeof(*k));
-	if (!z->sorted || !k) {
-		free(k);
-		return ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory",
-				 z->label);
-	}
+	if (!k)
+		return ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory", z->label);
 	for (size_t i = 0; i < n; i++) {
 		k[i].name = z->entries[i].name;
 		k[i].idx = i;
 	}
 	qsort(k, n, sizeof(*k), zip_key_cmp);
-	for (size_t i = 0; i < n; i++) {
-		if (i > 0 && strcmp(k[i - 1].name, k[i].name) == 0) {
-			rc = ckfs_fail(err, CKFS_E_FORMAT,
-				       "'%s': duplicate zip entry '%s'",
+	for (size_t i = 1; i < n && rc == CKFS_OK; i++)
+		if (strcmp(k[i - 1].name, k[i].name) == 0)
+			rc = ckfs_fail(err, CKFS_E_FORMAT, "'%s': duplicate zip entry '%s'",
 				       z->label, k[i].name);
-			break;
-		}
-		z->sorted[i] = k[i].idx;
-	}
 	free(k);
-	if (rc != CKFS_OK)
-		return rc;
-	/* The lookups' index: a rank file of a MoE actor has tens of
-	 * thousands of records found one by one, and a binary search
-	 * compares the long shared "<archive>/data/" prefix each step. */
+	return rc;
+}
+
+/* The hash index for ckfs_zip_find; duplicate names are refused because
+ * a lookup could then return either copy. A rank file of a MoE actor has
+ * tens of thousands of records found one by one: a binary search would
+ * compare the long shared "<archive>/data/" prefix each step, and sorting
+ * the names only to find duplicates cost as much as the rest of the
+ * directory. */
+static enum ckfs_code zip_build_index(struct ckfs_zip *z,
+				      struct ckfs_error *err)
+{
+	size_t n = z->n_entries;
+	bool dup = false;
+
 	z->hash_cap = 16;
 	while (z->hash_cap < 2 * n)
 		z->hash_cap *= 2;
 	z->hash = calloc(z->hash_cap, sizeof(*z->hash));
 	if (!z->hash)
 		return ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory", z->label);
-	for (size_t i = 0; i < n; i++) {
-		size_t j = (size_t)zip_name_hash(CKFS_FNV1A_START, z->entries[i].name) &
-			   (z->hash_cap - 1);
-		while (z->hash[j])
+	for (size_t i = 0; i < n && !dup; i++) {
+		const char *name = z->entries[i].name;
+		size_t j = (size_t)zip_name_hash(CKFS_FNV1A_START, name) & (z->hash_cap - 1);
+		while (z->hash[j] && !(dup = strcmp(z->entries[z->hash[j] - 1].name, name) == 0))
 			j = (j + 1) & (z->hash_cap - 1);
 		z->hash[j] = i + 1;
 	}
-	return CKFS_OK;
+	return dup ? zip_refuse_duplicate(z, err) : CKFS_OK;
 }
 
 /* torch's rule: the top folder is entry 0's name up to its first '/'. */
@@ -755,12 +915,20 @@ static enum ckfs_code zip_set_prefix(struct ckfs_zip *z,
 	if (len)
 		memcpy(z->prefix, z->entries[0].name, len);
 	z->prefix[len] = '\0';
+	z->prefix_hash = zip_name_hash(CKFS_FNV1A_START, z->prefix);
 	return CKFS_OK;
 }
 
 enum ckfs_code ckfs_zip_open(struct ckfs_zip *z, struct ckfs_file f, uint64_t base,
 			     uint64_t length, const char *label,
 			     struct ckfs_error *err)
+{
+	return ckfs_zip_open_ex(z, f, base, length, label, 0, err);
+}
+
+enum ckfs_code ckfs_zip_open_ex(struct ckfs_zip *z, struct ckfs_file f, uint64_t base,
+				uint64_t length, const char *label, unsigned flags,
+				struct ckfs_error *err)
 {
 	struct zip_end end = { 0 };
 	unsigned char head[4];
@@ -789,7 +957,7 @@ enum ckfs_code ckfs_zip_open(struct ckfs_zip *z, struct ckfs_file f, uint64_t ba
 	if (!rc)
 		rc = zip_read_central(z, &end, err);
 	if (!rc)
-		rc = zip_read_locals(z, &end, err);
+		rc = zip_read_locals(z, &end, flags, err);
 	if (!rc)
 		rc = zip_check_overlap(z, err);
 	if (!rc)
@@ -815,7 +983,6 @@ void ckfs_zip_release(struct ckfs_zip *z)
 		free(z->entries[0].name);
 	free(z->entries);
 	free(z->prefix);
-	free(z->sorted);
 	free(z->hash);
 	z->hash = NULL;
 	z->hash_cap = 0;
@@ -836,32 +1003,13 @@ static int zip_cmp_key(const char *name, const char *prefix,
 const struct ckfs_zip_entry *ckfs_zip_find(const struct ckfs_zip *z,
 					   const char *record)
 {
-	size_t lo = 0, hi;
-
-	if (!z || !record || !z->sorted || !z->prefix)
+	if (!z || !record || !z->hash || !z->prefix)
 		return NULL;
-	if (z->hash) {
-		size_t j = (size_t)zip_name_hash(zip_name_hash(CKFS_FNV1A_START, z->prefix), record) &
-			   (z->hash_cap - 1);
-		for (; z->hash[j]; j = (j + 1) & (z->hash_cap - 1)) {
-			const struct ckfs_zip_entry *e = &z->entries[z->hash[j] - 1];
-			if (zip_cmp_key(e->name, z->prefix, record) == 0)
-				return e;
-		}
-		return NULL;
-	}
-	hi = z->n_entries;
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		const struct ckfs_zip_entry *e = &z->entries[z->sorted[mid]];
-		int c = zip_cmp_key(e->name, z->prefix, record);
-
-		if (c == 0)
+	size_t j = (size_t)zip_name_hash(z->prefix_hash, record) & (z->hash_cap - 1);
+	for (; z->hash[j]; j = (j + 1) & (z->hash_cap - 1)) {
+		const struct ckfs_zip_entry *e = &z->entries[z->hash[j] - 1];
+		if (zip_cmp_key(e->name, z->prefix, record) == 0)
 			return e;
-		if (c < 0)
-			lo = mid + 1;
-		else
-			hi = mid;
 	}
 	return NULL;
 }
@@ -989,6 +1137,7 @@ enum ckfs_code ckfs_zip_read_record(const struct ckfs_zip *z,
 		return ckfs_fail(err, CKFS_E_LIMIT,
 				 "'%s': record '%s' is %llu bytes, more than the limit of %llu",
 				 z->label, e->name, (ull)e->size, (ull)max);
+	CKFS_TRY(ckfs_zip_check_derived(z, e, err));
 	buf = malloc((size_t)e->size + 1);
 	if (!buf)
 		return ckfs_fail(err, CKFS_E_NOMEM, "'%s': out of memory",
@@ -1036,6 +1185,8 @@ enum ckfs_code ckfs_zip_verify_crc(const struct ckfs_zip *z, size_t *checked,
 
 		if (e->crc32 == 0)
 			continue;
+		if ((rc = ckfs_zip_check_derived(z, e, err)) != CKFS_OK)
+			break;
 		if (e->method == ZIP_METHOD_STORED) {
 			uint64_t pos = e->data_offset - z->base;
 			uint64_t left = e->size;

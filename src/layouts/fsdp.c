@@ -578,6 +578,10 @@ static enum ckfs_code mesh_ranks(struct ckfs_model *m,
 	if (v->dtype != CKFS_DTYPE_I64 && v->dtype != CKFS_DTYPE_I32)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': device mesh tensor is "
 				 "not an integer tensor", label);
+	const struct ckfs_zip_entry *ze = v->storage_entry;
+	if (ze && ze->derived)
+		CKFS_TRY(ckfs_zip_check_local_at(f, label, ze->name, ze->header_offset,
+						 ze->data_offset, ze->method, err));
 	int64_t idx[CKFS_MAX_DIMS] = { 0 };
 	for (size_t i = 0; i < n; i++) {
 		uint64_t el = (uint64_t)v->storage_offset;
@@ -692,7 +696,11 @@ static enum ckfs_code open_ranks(struct build *b, struct rank_scan *rs, struct c
 		uint32_t src;
 		CKFS_TRY(open_source(m, r, &src, err));
 	}
-	CKFS_TRY(ckfs_torch_open(&b->first, m->sources[0].f, m->sources[0].path, err));
+	/* Rank 0's storages are read through guards (torch_guards.c); the
+	 * other ranks' too on the fast path (fsdp_plan.c). */
+	CKFS_TRY(ckfs_torch_open_derived(&b->first, m->sources[0].f, m->sources[0].path,
+					 NULL, err));
+	CKFS_TRY(ckfs_torch_guards(&m->sources[0], &b->first, err));
 	char when[64];
 	if (ckfs_torch_writer(&b->first, when, sizeof(when)) &&
 	    !(m->written_by = ckfs_arena_strdup(&m->arena, when)))

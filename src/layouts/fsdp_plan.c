@@ -226,7 +226,8 @@ static enum ckfs_code plan_build(struct build *b, struct rank_plan **out, struct
 /* Rank file of position p against rank 0's plan: each entry checked as
  * the sequential path checks it; its blocks give the foreseen chunks
  * their file positions and strides. */
-static enum ckfs_code check_position(struct rank_plan *rp, size_t p, struct ckfs_error *err)
+static enum ckfs_code check_position(struct rank_plan *rp, size_t p, struct ckfs_arena *spare,
+				     struct ckfs_error *err)
 {
 	struct ckfs_model *m = rp->m;
 	int rank = (int)rp->ranks[p];
@@ -238,14 +239,18 @@ static enum ckfs_code check_position(struct rank_plan *rp, size_t p, struct ckfs
 
 	if (!seen)
 		return ckfs_nomem(err);
-	rc = ckfs_torch_open(&tf, s->f, s->path, err);
+	rc = ckfs_torch_open_derived(&tf, s->f, s->path, spare, err);
 	if (rc != CKFS_OK) {
 		free(seen);
 		return rc;
 	}
+	/* this thread alone writes rank's source until the checks report */
+	rc = ckfs_torch_guards(&m->sources[rank], &tf, err);
 	for (size_t i = 0; rc == CKFS_OK && i < tf.n_entries; i++) {
 		const struct ckfs_sd_entry *e = &tf.entries[i];
-		size_t k = fsdp_find_key(rp->keys, rp->order, rp->n_keys, e->key);
+		/* ranks save their state dicts in the same order: try i first */
+		size_t k = i < rp->n_keys && strcmp(rp->keys[i], e->key) == 0
+				   ? i : fsdp_find_key(rp->keys, rp->order, rp->n_keys, e->key);
 		if (k == SIZE_MAX) {
 			rc = ckfs_fail(err, CKFS_E_INVALID, "'%s': tensor '%s' is not in rank "
 				       "0's state dict", s->path, e->key);
@@ -304,7 +309,7 @@ static enum ckfs_code check_position(struct rank_plan *rp, size_t p, struct ckfs
 				       "state dict is missing", s->path, rp->keys[k]);
 	free(got.v);
 	free(seen);
-	ckfs_torch_close(&tf);
+	ckfs_torch_close_keep(&tf, spare);
 	return rc;
 }
 
@@ -312,6 +317,8 @@ static void *check_worker(void *arg)
 {
 	struct rank_plan *rp = arg;
 	struct ckfs_error err;
+	/* One rank's parse after another in the same memory (ckfs_arena_recycle) */
+	struct ckfs_arena spare = CKFS_ARENA_INIT;
 
 	for (;;) {
 		size_t p = atomic_fetch_add(&rp->next, 1);
@@ -323,7 +330,7 @@ static void *check_worker(void *arg)
 		if (past)
 			break;
 		ckfs_error_clear(&err);
-		if (check_position(rp, p, &err) == CKFS_OK)
+		if (check_position(rp, p, &spare, &err) == CKFS_OK)
 			continue;
 		pthread_mutex_lock(&rp->fail_lock);
 		if (p < rp->fail_p) {
@@ -332,13 +339,14 @@ static void *check_worker(void *arg)
 		}
 		pthread_mutex_unlock(&rp->fail_lock);
 	}
+	ckfs_arena_release(&spare);
 	return NULL;
 }
 
 /* The plan cache's record: the file position of every block of ranks
  * 1 .. world-1, key by key in rank order (store: from the chunks into v;
  * else from v into the chunks). Its length with v NULL. */
-#define PLAN_CACHE_KIND "verl FSDP: file positions of the blocks of ranks 1 and up"
+#define PLAN_CACHE_KIND "verl FSDP: file positions of the blocks of ranks 1 and up, their storages' guards"
 static size_t plan_positions(struct rank_plan *rp, uint64_t *v, bool store)
 {
 	size_t n = 0;
@@ -358,13 +366,68 @@ static size_t plan_positions(struct rank_plan *rp, uint64_t *v, bool store)
 	return n;
 }
 
+/* After the positions, the record holds the guards of ranks 1 ..
+ * world-1 in position order (torch_guards.c: what is left to check
+ * before each storage is read; an empty table where a rank has none),
+ * so that a plan from the cache is read through the same checks. */
+static size_t plan_guard_words(struct rank_plan *rp, uint64_t *v)
+{
+	static const struct ckfs_guards none = { .ctx = "" };
+	size_t n = 0;
+
+	for (size_t p = 1; p < rp->world; p++) {
+		const struct ckfs_guards *gs = rp->m->sources[rp->ranks[p]].guards;
+		n += ckfs_guards_words(gs ? gs : &none, v ? v + n : NULL);
+	}
+	return n;
+}
+
+/* The guards of ranks 1 .. world-1 dropped. */
+static void plan_guards_drop(struct rank_plan *rp)
+{
+	for (size_t p = 1; p < rp->world; p++) {
+		struct ckfs_source *s = &rp->m->sources[rp->ranks[p]];
+		ckfs_guards_free(s->guards);
+		s->guards = NULL;
+	}
+}
+
+/* The guards of the words at v (n of them) installed, or false (none). */
+static bool plan_guards_load(struct rank_plan *rp, const uint64_t *v, size_t n)
+{
+	struct ckfs_error err;
+	size_t at = 0;
+
+	plan_guards_drop(rp);
+	for (size_t p = 1; p < rp->world; p++) {
+		struct ckfs_source *s = &rp->m->sources[rp->ranks[p]];
+		struct ckfs_guards *gs;
+		size_t used;
+		if (ckfs_guards_from_words(ckfs_torch_guard_fn(), v + at, n - at, &used, &gs,
+					   &err) != CKFS_OK)
+			break;
+		at += used;
+		if (gs->n == 0)
+			ckfs_guards_free(gs);
+		else
+			s->guards = gs;
+		if (p + 1 == rp->world && at == n)
+			return true;
+	}
+	plan_guards_drop(rp);
+	return false;
+}
+
 /* Positions from the plan cache when it holds these very files: then
- * the checks ran on them before and need not run again. */
+ * the checks ran on them before and need not run again; what they left
+ * to check before each storage is read (the guards) comes back too. */
 static bool plan_from_cache(struct rank_plan *rp)
 {
-	size_t n = plan_positions(rp, NULL, false);
-	uint64_t *v = malloc((n + 1) * sizeof(*v));
-	bool hit = v && ckfs_plan_cache_load(rp->m, PLAN_CACHE_KIND, v, n);
+	size_t n = plan_positions(rp, NULL, false), got = 0;
+	uint64_t *v = NULL;
+	bool hit = ckfs_plan_cache_load_any(rp->m, PLAN_CACHE_KIND, n + 2 * (rp->world - 1), &v,
+					    &got) &&
+		   plan_guards_load(rp, v + n, got - n);
 
 	if (hit)
 		plan_positions(rp, v, false);
@@ -374,13 +437,14 @@ static bool plan_from_cache(struct rank_plan *rp)
 
 static void plan_to_cache(struct rank_plan *rp)
 {
-	size_t n = plan_positions(rp, NULL, true);
-	uint64_t *v = malloc((n + 1) * sizeof(*v));
+	size_t n = plan_positions(rp, NULL, true), gn = plan_guard_words(rp, NULL);
+	uint64_t *v = malloc((n + gn + 1) * sizeof(*v));
 
 	if (!v || atomic_load(&rp->irregular))
 		goto out;
 	plan_positions(rp, v, true);
-	ckfs_plan_cache_store(rp->m, PLAN_CACHE_KIND, v, n);
+	plan_guard_words(rp, v + n);
+	ckfs_plan_cache_store(rp->m, PLAN_CACHE_KIND, v, n + gn);
 out:
 	free(v);
 }

@@ -90,6 +90,18 @@ enum ckfs_code ckfs_chunks_box(struct ckfs_chunk_list *out, const struct ckfs_te
 			       const struct ckfs_box *box, const int64_t *dst,
 			       struct ckfs_error *err) CKFS_WARN_UNUSED;
 
+/* ---- torch_guards.c ---- */
+
+/*
+ * The records of tf (opened with ckfs_torch_open_derived) whose local
+ * headers were derived, as guards of s (include/ckfs/model.h), replacing
+ * any it had; those a guard cannot hold are checked now. The checks'
+ * function, for tables read back from the plan cache.
+ */
+enum ckfs_code ckfs_torch_guards(struct ckfs_source *s, const struct ckfs_torch_file *tf,
+				 struct ckfs_error *err) CKFS_WARN_UNUSED;
+ckfs_guard_fn ckfs_torch_guard_fn(void);
+
 /* ---- plan_cache.c ---- */
 
 /*
@@ -100,6 +112,10 @@ enum ckfs_code ckfs_chunks_box(struct ckfs_chunk_list *out, const struct ckfs_te
  * store writes one (failures are silent: a cache, not a promise).
  */
 bool ckfs_plan_cache_load(const struct ckfs_model *m, const char *kind, uint64_t *v, size_t n);
+/* The same for a record of any length from min: *v a new array of *n
+ * values (the caller frees it) on a hit, NULL otherwise. */
+bool ckfs_plan_cache_load_any(const struct ckfs_model *m, const char *kind, size_t min,
+			      uint64_t **v, size_t *n);
 void ckfs_plan_cache_store(const struct ckfs_model *m, const char *kind, const uint64_t *v,
 			   size_t n);
 

@@ -173,39 +173,72 @@ static int write_all(int fd, const void *buf, size_t n)
 	return 1;
 }
 
-bool ckfs_plan_cache_load(const struct ckfs_model *m, const char *kind, uint64_t *v, size_t n)
+/* The record of kind for m: n values (exactly want, or any number from
+ * min when want is SIZE_MAX) into *v (v, or a new array when *v is NULL). */
+static bool load(const struct ckfs_model *m, const char *kind, size_t want, size_t min,
+		 uint64_t **v, size_t *n_out)
 {
 	struct ckfs_strbuf id = { 0 };
 	char path[4200];
-	bool hit = false;
+	bool hit = false, mine = !*v;
 	int fd = -1;
+	size_t n = want;
 
 	if (!identity(m, kind, &id) || !record_path(id.p, id.len, path, sizeof(path)))
 		goto out;
 	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
 	struct stat st;
-	size_t want = id.len + 8 + n * 8 + 8;
 	if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
-	    (st.st_mode & 022) || (uint64_t)st.st_size != want)
+	    (st.st_mode & 022) || (uint64_t)st.st_size < id.len + 16 ||
+	    (uint64_t)st.st_size > id.len + 16 + PLAN_CACHE_BUDGET)
+		goto out;
+	if (want == SIZE_MAX) {
+		uint64_t body = (uint64_t)st.st_size - id.len - 16;
+		n = (size_t)(body / 8);
+		if (body % 8 || n < min || !(*v = malloc((n + 1) * 8)))
+			goto out;
+	}
+	if ((uint64_t)st.st_size != id.len + 8 + (uint64_t)n * 8 + 8)
 		goto out;
 	char *stored = malloc(id.len + 1);
 	uint64_t count = 0, sum = 0;
 	if (!stored)
 		goto out;
 	hit = read_all(fd, stored, id.len) && memcmp(stored, id.p, id.len) == 0 &&
-	      read_all(fd, &count, 8) && count == n && read_all(fd, v, n * 8) &&
+	      read_all(fd, &count, 8) && count == n && read_all(fd, *v, n * 8) &&
 	      read_all(fd, &sum, 8) &&
-	      sum == record_sum(&id, v, n);
+	      sum == record_sum(&id, *v, n);
 	free(stored);
 	if (hit)
 		futimens(fd, NULL); /* recently used: kept by prune */
 out:
+	if (!hit && mine && want == SIZE_MAX) {
+		free(*v);
+		*v = NULL;
+	}
 	if (fd >= 0)
 		close(fd);
 	free(id.p);
-	if (hit)
+	if (hit) {
+		*n_out = n;
 		ckfs_log(CKFS_LOG_INFO, "'%s': %s from the plan cache", m->src_dir, kind);
+	}
 	return hit;
+}
+
+bool ckfs_plan_cache_load(const struct ckfs_model *m, const char *kind, uint64_t *v, size_t n)
+{
+	size_t got;
+
+	return load(m, kind, n, n, &v, &got);
+}
+
+bool ckfs_plan_cache_load_any(const struct ckfs_model *m, const char *kind, size_t min,
+			      uint64_t **v, size_t *n)
+{
+	*v = NULL;
+	*n = 0;
+	return load(m, kind, SIZE_MAX, min, v, n);
 }
 
 struct record {

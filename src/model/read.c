@@ -63,6 +63,8 @@ static enum ckfs_code read_exact(const struct ckfs_model *m, uint32_t src,
 				 struct ckfs_error *err)
 {
 	const struct ckfs_source *s = &m->sources[src];
+
+	CKFS_TRY(ckfs_source_guard(s, pos, len, err));
 	ssize_t got = ckfs_file_pread(s->f, buf, len, pos);
 
 	if (got < 0)

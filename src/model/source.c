@@ -111,8 +111,10 @@ void ckfs_model_free(struct ckfs_model *m)
 	if (!m)
 		return;
 	ckfs_checks_free(m); /* its thread reads the sources */
-	for (size_t i = 0; i < m->n_sources; i++)
+	for (size_t i = 0; i < m->n_sources; i++) {
 		ckfs_file_close(&m->sources[i].f);
+		ckfs_guards_free(m->sources[i].guards);
+	}
 	for (size_t i = 0; m->lora && i < m->lora->n_pairs; i++) {
 		free(atomic_load(&m->lora->pairs[i].ab));
 		pthread_mutex_destroy(&m->lora->pairs[i].lock);

@@ -22,19 +22,58 @@ void ckfs_arena_init(struct ckfs_arena *a)
 {
 	a->head = NULL;
 	a->used_bytes = 0;
+	a->spare = NULL;
 }
 
-void ckfs_arena_release(struct ckfs_arena *a)
+static void free_blocks(struct ckfs_arena_block *b)
 {
-	struct ckfs_arena_block *b = a->head;
-
 	while (b) {
 		struct ckfs_arena_block *next = b->next;
 		free(b);
 		b = next;
 	}
-	a->head = NULL;
+}
+
+void ckfs_arena_release(struct ckfs_arena *a)
+{
+	free_blocks(a->head);
+	free_blocks(a->spare);
+	ckfs_arena_init(a);
+}
+
+void ckfs_arena_recycle(struct ckfs_arena *a)
+{
+	while (a->head) {
+		struct ckfs_arena_block *b = a->head;
+		a->head = b->next;
+		b->next = a->spare;
+		a->spare = b;
+	}
 	a->used_bytes = 0;
+}
+
+void ckfs_arena_donate(struct ckfs_arena *dst, struct ckfs_arena *src)
+{
+	ckfs_arena_recycle(src);
+	while (src->spare) {
+		struct ckfs_arena_block *b = src->spare;
+		src->spare = b->next;
+		b->next = dst->spare;
+		dst->spare = b;
+	}
+}
+
+/* A kept block of at least size bytes, taken off the spares; or NULL. */
+static struct ckfs_arena_block *take_spare(struct ckfs_arena *a, size_t size)
+{
+	for (struct ckfs_arena_block **p = &a->spare; *p; p = &(*p)->next) {
+		struct ckfs_arena_block *b = *p;
+		if (b->size >= size) {
+			*p = b->next;
+			return b;
+		}
+	}
+	return NULL;
 }
 
 void *ckfs_arena_alloc(struct ckfs_arena *a, size_t n)
@@ -53,8 +92,10 @@ void *ckfs_arena_alloc(struct ckfs_arena *a, size_t n)
 			size = need;
 		if (size > SIZE_MAX - sizeof(*b))
 			return NULL;
-		struct ckfs_arena_block *nb = malloc(sizeof(*nb) + size);
-		if (!nb)
+		struct ckfs_arena_block *nb = take_spare(a, size);
+		if (nb)
+			size = nb->size;
+		else if ((nb = malloc(sizeof(*nb) + size)) == NULL)
 			return NULL;
 		nb->size = size;
 		nb->used = 0;

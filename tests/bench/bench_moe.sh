@@ -116,6 +116,7 @@ for run in $(seq "$RUNS"); do
 		export CKFS_PLAN_CACHE=$PLANS
 		mount_ready "$who" "$bin" cold
 		if [ "$who" = base ]; then
+			rm -rf "$PLANS" # the mount above wrote a record
 			inspect "$who" "$bin" cold
 			continue # the figures below need the new code
 		fi
