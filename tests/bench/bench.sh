@@ -32,7 +32,11 @@
 #                (bench_run.sh: 10- and 100-step hole-backed runs) and moe
 #                (bench_moe.sh: a 235B-shaped MoE actor at world size 64,
 #                hole-backed, 10 GB on disk, 9 minutes to generate once),
-#                s3 (bench_s3.sh: the 0.5b actor in a SeaweedFS on loopback)
+#                s3 (bench_s3.sh: the 0.5b actor in a SeaweedFS on loopback),
+#                gguf (bench_gguf.sh: --format gguf against merge +
+#                convert_hf_to_gguf.py (+ llama.cpp's quantizer), and first
+#                reads per --dtype; needs tests/gguf/setup-gguf-venv.sh
+#                --runtime; 1.5b: about 7 minutes a run)
 #                (default: all)
 #   BENCH_VERL   0 skips verl's merger (it needs about 1.5x the fp32
 #                checkpoint in RAM: over 9 GB for 1.5b)
@@ -50,7 +54,7 @@ RUNS=${RUNS:-3}
 BENCH_SIZES=${BENCH_SIZES:-0.5b 1.5b 7b 70b}
 CKFS_CACHE=${CKFS_CACHE:-1GiB}
 BENCH_VERL=${BENCH_VERL:-1}
-BENCH_ONLY=${BENCH_ONLY:-export ready read safe_open from_pretrained serving cold headline preload lora fp8 w4a16 clients run moe s3}
+BENCH_ONLY=${BENCH_ONLY:-export ready read safe_open from_pretrained serving cold headline preload lora fp8 w4a16 clients run moe s3 gguf}
 BENCH_ONLY=${BENCH_ONLY//,/ }
 BUILD_DIR=${BUILD_DIR:-$ROOT/build}
 case $BUILD_DIR in /*) ;; *) BUILD_DIR=$ROOT/$BUILD_DIR ;; esac
@@ -358,6 +362,7 @@ if [ -n "$REAL_SIZES" ]; then
 	only fp8 && { echo; "$ROOT/tests/bench/bench_fp8.sh" "$CKFS"; }
 	only w4a16 && { echo; "$ROOT/tests/bench/bench_w4a16.sh" "$CKFS"; }
 	only clients && { echo; "$ROOT/tests/bench/bench_clients.sh" "$CKFS"; }
+	only gguf && { echo; "$ROOT/tests/bench/bench_gguf.sh" "$CKFS"; }
 fi
 # Hole-backed checkpoints of their own, any size: a training run as one
 # mount, and the 235B MoE metadata figures.
