@@ -224,10 +224,17 @@ static enum ckfs_code map_tensors(struct build *b, uint64_t *params)
 	struct ckfs_gguf_file *g = b->g;
 	const struct ckfs_tensor **ts = calloc(m->n_tensors + 1, sizeof(*ts));
 
+	/* The output matrix: llama-quantize gives it a wider type than q4_0,
+	 * and a tied model's is token_embd (docs/gguf.md "q4_0"). */
+	const char *output = "token_embd.weight";
+
 	if (!ts)
 		return ckfs_nomem(b->err);
-	for (size_t i = 0; i < m->n_tensors; i++)
+	for (size_t i = 0; i < m->n_tensors; i++) {
 		ts[i] = &m->tensors[i];
+		if (strcmp(ts[i]->name, "lm_head.weight") == 0)
+			output = "output.weight";
+	}
 	/* the converter writes them in the exported folder's (name) order */
 	qsort(ts, m->n_tensors, sizeof(*ts), cmp_tensor_name);
 	g->tensors = ckfs_arena_calloc(&g->arena, m->n_tensors + 1, sizeof(*g->tensors));
@@ -254,8 +261,8 @@ static enum ckfs_code map_tensors(struct build *b, uint64_t *params)
 		bool norm = nl >= 12 && strcmp(o->name + nl - 12, "_norm.weight") == 0;
 		if (t->ndim == 1 || norm)
 			o->type = CKFS_GGUF_F32;
-		else if (b->opt->type == CKFS_GGUF_Q4_0 && strcmp(o->name, "output.weight") == 0)
-			o->type = CKFS_GGUF_Q8_0; /* see docs/gguf.md "q4_0" */
+		else if (b->opt->type == CKFS_GGUF_Q4_0 && strcmp(o->name, output) == 0)
+			o->type = CKFS_GGUF_Q8_0;
 		else
 			o->type = b->opt->type;
 		if ((o->type == CKFS_GGUF_Q8_0 || o->type == CKFS_GGUF_Q4_0) && o->ne0 % 32)

@@ -5,9 +5,9 @@
 
 BF16.gguf is the converter's bf16 file of the same checkpoint (the values the weights have in the
 exported folder). For every tensor of Q4_0.gguf: its type is the one docs/gguf.md gives (Q4_0 for
-2-D weights whose rows are whole blocks, Q8_0 for output.weight, F32 for norms and 1-D tensors, F16
-for rows that are not whole blocks), and its bytes are gguf.quants.quantize(values, type), bit for
-bit. Key-values must be the bf16 file's but for general.file_type (2). Prints one line per tensor;
+2-D weights whose rows are whole blocks, Q8_0 for the output matrix: output.weight, or
+token_embd.weight when tied; F32 for norms and 1-D tensors, F16 for rows that are not whole
+blocks), and its bytes are gguf.quants.quantize(values, type), bit for bit. Key-values must be the bf16 file's but for general.file_type (2). Prints one line per tensor;
 exit status 1 on any difference.
 """
 
@@ -43,12 +43,15 @@ def main():
     if [t.name for t in ref.tensors] != [t.name for t in got.tensors]:
         print("tensor names or order differ")
         return 1
+    # The output matrix stays Q8_0; a tied model's is token_embd.
+    names = [t.name for t in ref.tensors]
+    output = "output.weight" if "output.weight" in names else "token_embd.weight"
     for a, b in zip(ref.tensors, got.tensors):
         values = gguf.quants.dequantize(a.data, a.tensor_type).reshape(
             [int(n) for n in reversed(a.shape)])
         if a.tensor_type == T.F32:
             want_type = T.F32
-        elif a.name == "output.weight":
+        elif a.name == output:
             want_type = T.Q8_0
         else:
             want_type = T.Q4_0
