@@ -37,6 +37,10 @@ enum ckfs_code ckfs_json_parse_object(const char *what, const char *text, size_t
 				      struct cJSON **out,
 				      struct ckfs_error *err) CKFS_WARN_UNUSED;
 
+/* cJSON_AddItemToArray, and item deleted when it could not be added (arr
+ * NULL after a failed allocation): what cJSON does not take is ours. */
+void ckfs_json_push(struct cJSON *arr, struct cJSON *item);
+
 /* A JSON number that is a whole number from 0 to max: true with *out set
  * (64.5, -1, "8" and true are not). */
 bool ckfs_json_whole(const struct cJSON *x, int64_t max, int64_t *out);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "ckfs/folder.h"
+#include "ckfs/json.h"
 #include "ckfs/layouts.h"
 #include "ckfs/model.h"
 #include "ckfs/units.h"
@@ -38,10 +39,10 @@ static void add_lora_json(cJSON *root, const struct ckfs_lora *l)
 	cJSON_AddBoolToObject(o, "adapter_only", l->only);
 	arr = cJSON_AddArrayToObject(o, "target_modules");
 	for (size_t i = 0; i < l->n_target_modules; i++)
-		cJSON_AddItemToArray(arr, cJSON_CreateString(l->target_modules[i]));
+		ckfs_json_push(arr, cJSON_CreateString(l->target_modules[i]));
 	arr = cJSON_AddArrayToObject(o, "adapter_tensors");
 	for (size_t i = 0; i < l->n_tensors; i++)
-		cJSON_AddItemToArray(arr, cJSON_CreateString(l->tensors[i].name));
+		ckfs_json_push(arr, cJSON_CreateString(l->tensors[i].name));
 }
 
 static int print_json(const struct ckfs_model *m, struct ckfs_facts *facts,
@@ -66,7 +67,7 @@ static int print_json(const struct ckfs_model *m, struct ckfs_facts *facts,
 	}
 	arr = cJSON_AddArrayToObject(root, "ranks_read");
 	for (size_t i = 0; i < m->n_ranks_read; i++)
-		cJSON_AddItemToArray(arr, cJSON_CreateNumber(m->ranks_read[i]));
+		ckfs_json_push(arr, cJSON_CreateNumber(m->ranks_read[i]));
 	cJSON_AddStringToObject(root, "config", m->config_path);
 	cJSON_AddBoolToObject(root, "tie_word_embeddings", m->tie_word_embeddings);
 	if (m->lora)
@@ -78,12 +79,12 @@ static int print_json(const struct ckfs_model *m, struct ckfs_facts *facts,
 		cJSON_AddStringToObject(o, "name", t->name);
 		arr = cJSON_AddArrayToObject(o, "shape");
 		for (int k = 0; k < t->ndim; k++)
-			cJSON_AddItemToArray(arr, cJSON_CreateNumber((double)t->shape[k]));
+			ckfs_json_push(arr, cJSON_CreateNumber((double)t->shape[k]));
 		cJSON_AddStringToObject(o, "stored_dtype", ckfs_dtype_st_name(t->stored_dtype));
 		cJSON_AddStringToObject(o, "dtype", ckfs_dtype_st_name(t->out_dtype));
 		cJSON_AddStringToObject(o, "placement", t->placement);
 		cJSON_AddNumberToObject(o, "pieces", t->n_chunks);
-		cJSON_AddItemToArray(tensors, o);
+		ckfs_json_push(tensors, o);
 		params += t->numel;
 		in_bytes += stored_bytes(t);
 		out_bytes += ckfs_tensor_out_bytes(t);
@@ -93,7 +94,7 @@ static int print_json(const struct ckfs_model *m, struct ckfs_facts *facts,
 		cJSON *o = cJSON_CreateObject();
 		cJSON_AddStringToObject(o, "name", f->nodes[i].name);
 		cJSON_AddNumberToObject(o, "size", (double)f->nodes[i].size);
-		cJSON_AddItemToArray(files, o);
+		ckfs_json_push(files, o);
 	}
 	cJSON *tot = cJSON_AddObjectToObject(root, "totals");
 	cJSON_AddNumberToObject(tot, "tensors", (double)m->n_tensors);
@@ -102,7 +103,7 @@ static int print_json(const struct ckfs_model *m, struct ckfs_facts *facts,
 	cJSON_AddNumberToObject(tot, "output_bytes", (double)out_bytes);
 	arr = cJSON_AddArrayToObject(root, "warnings");
 	for (size_t i = 0; i < m->n_warnings; i++)
-		cJSON_AddItemToArray(arr, cJSON_CreateString(m->warnings[i]));
+		ckfs_json_push(arr, cJSON_CreateString(m->warnings[i]));
 	char *text = cJSON_Print(root);
 	cJSON_Delete(root);
 	if (!text)

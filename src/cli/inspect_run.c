@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "ckfs/folder.h"
+#include "ckfs/json.h"
 #include "ckfs/layouts.h"
 #include "ckfs/run.h"
 #include "ckfs/units.h"
@@ -187,7 +188,7 @@ static void report_ignored(struct report *r, const struct ckfs_run_scan *scan)
 		cJSON *o = cJSON_CreateObject();
 		cJSON_AddStringToObject(o, "name", scan->ignored[i].name);
 		cJSON_AddStringToObject(o, "reason", scan->ignored[i].why);
-		cJSON_AddItemToArray(arr, o);
+		ckfs_json_push(arr, o);
 	}
 }
 

@@ -1328,13 +1328,16 @@ static enum ckfs_code megatron_describe(const struct ckfs_model *m, struct ckfs_
 	for (int i = 0; i < n; i++)
 		ckfs_strbuf_fmt(&line, "%s%d", i ? ", " : "", info->stage_layers[i]);
 	ckfs_strbuf_str(&line, ")");
+	/* An item cJSON could not add (its key's copy failed) is still ours. */
+	cJSON *stages = cJSON_CreateIntArray(info->stage_layers, n);
 	bool ok = cJSON_AddNumberToObject(o, "tp", info->tp) &&
 		  cJSON_AddNumberToObject(o, "pp", info->pp) &&
 		  cJSON_AddNumberToObject(o, "vpp", info->vpp) &&
 		  cJSON_AddNumberToObject(o, "ep", info->ep) &&
 		  (!info->etp || cJSON_AddNumberToObject(o, "etp", info->etp)) &&
-		  cJSON_AddItemToObject(o, "stage_layers",
-					cJSON_CreateIntArray(info->stage_layers, n));
+		  cJSON_AddItemToObject(o, "stage_layers", stages);
+	if (!ok)
+		cJSON_Delete(stages);
 	return ckfs_facts_add(f, "parallelism", &line, "megatron", ckfs_facts_json(o, ok), err);
 }
 

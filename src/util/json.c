@@ -181,3 +181,9 @@ bool ckfs_json_whole(const cJSON *x, int64_t max, int64_t *out)
 	*out = (int64_t)x->valuedouble;
 	return true;
 }
+
+void ckfs_json_push(cJSON *arr, cJSON *item)
+{
+	if (!cJSON_AddItemToArray(arr, item))
+		cJSON_Delete(item);
+}
