@@ -61,8 +61,9 @@ static int print_json(const struct ckfs_model *m, struct ckfs_facts *facts,
 	for (size_t i = 0; i < facts->n; i++) {
 		struct ckfs_fact *x = &facts->v[i];
 		if (x->key) {
-			cJSON_AddItemToObject(root, x->key, x->value);
-			x->value = NULL; /* root's now */
+			if (!cJSON_AddItemToObject(root, x->key, x->value))
+				cJSON_Delete(x->value);
+			x->value = NULL; /* root's now, or freed */
 		}
 	}
 	arr = cJSON_AddArrayToObject(root, "ranks_read");
