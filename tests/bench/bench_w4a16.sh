@@ -33,28 +33,6 @@ cat "$SRC"/model_world_size_8_rank_*.pt >/dev/null # sources in the page cache
 
 . "$ROOT/tests/bench/first_read.sh"
 
-# loader_read DTYPE: "wall_s daemon_cpu_s source_bytes" of safe_open over
-# every key in sorted order, through a fresh mount
-loader_read() {
-	local pid out
-	"$CKFS" mount "$SRC" "$MNT" --dtype "$1" 2>/dev/null
-	pid=$("$CKFS" stats --json "$MNT" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
-	out=$("$PY" - "$MNT/model.safetensors" <<'PYEOF'
-import sys, time
-from safetensors import safe_open
-t0 = time.monotonic()
-with safe_open(sys.argv[1], framework="pt") as f:
-    for k in sorted(f.keys()):
-        f.get_tensor(k)
-print(time.monotonic() - t0)
-PYEOF
-)
-	ticks=$(awk '{print $14 + $15}' "/proc/$pid/stat")
-	stats=$("$CKFS" stats --json "$MNT" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["source_bytes_read"])')
-	"$CKFS" umount "$MNT"
-	echo "$out $(echo "scale=3; $ticks / $(getconf CLK_TCK)" | bc) $stats"
-}
-
 for f in cat-bf16 cat-w4a16 load-bf16 load-w4a16; do : >"$DIR/w4a16-$f.txt"; done
 for i in $(seq "$RUNS"); do
 	first_read model.safetensors --dtype bf16 >>"$DIR/w4a16-cat-bf16.txt"
