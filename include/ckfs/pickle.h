@@ -60,6 +60,7 @@ enum ckfs_pv_kind {
 
 struct ckfs_pv {
 	enum ckfs_pv_kind kind;
+	uint32_t at; /* offset of the opcode that made it (see ckfs_pv_made_once) */
 	union {
 		int64_t i;
 		double f;
@@ -99,6 +100,23 @@ enum ckfs_code ckfs_pickle_load(const void *bytes, size_t len,
 				const char *label, struct ckfs_arena *arena,
 				struct ckfs_pv **out,
 				struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/*
+ * ckfs_pickle_load, with flags: CKFS_PICKLE_ORIGINS gives every int its own
+ * node (no sharing of 0..255), so that ckfs_pv_made_once can tell where
+ * each value of the tree came from.
+ */
+#define CKFS_PICKLE_ORIGINS 1u
+enum ckfs_code ckfs_pickle_load_ex(const void *bytes, size_t len, const char *label,
+				   struct ckfs_arena *arena, unsigned flags, struct ckfs_pv **out,
+				   struct ckfs_error *err) CKFS_WARN_UNUSED;
+/*
+ * Whether v was pushed once only (never fetched from the memo, never
+ * duplicated), so that the tree reaches it from one parent at most; then
+ * *at is the offset of the opcode that made it. For an int, only from a
+ * load with CKFS_PICKLE_ORIGINS (else small ints are shared).
+ */
+int ckfs_pv_made_once(const struct ckfs_pv *v, uint32_t *at);
 
 /* Helpers for the interpreters of the tree. All tolerate NULL. */
 int ckfs_pv_is_global(const struct ckfs_pv *v, const char *module,

@@ -93,6 +93,15 @@ struct ckfs_sd_entry {
 	struct ckfs_sharded_info *sharded;
 };
 
+/* An int of a template's data.pkl that may differ from rank to rank: a
+ * mesh coordinate's (dim >= 0), or one the decode never reads (dim -1:
+ * the mesh's _hash, _thread_id, _rank, each DTensorSpec's _hash); at is
+ * its opcode's offset. */
+struct ckfs_torch_span {
+	uint32_t at;
+	int dim;
+};
+
 struct ckfs_torch_file {
 	const char *label;         /* borrowed, for messages */
 	struct ckfs_zip zip;
@@ -111,6 +120,24 @@ struct ckfs_torch_file {
 	 * file shares one mesh object, decoded once. */
 	const struct ckfs_pv *mesh_pv;
 	const struct ckfs_dtensor_info *mesh_di;
+	/* CKFS_TORCH_* of the open; for a template (ckfs_torch_like_new):
+	 * data.pkl's bytes, the meshes decoded and the ints that may differ
+	 * (only those the tree reaches by one path). */
+	unsigned flags;
+	unsigned char *pkl;
+	size_t pkl_len;
+	int n_meshes;
+	bool spans_lost; /* out of memory while recording them */
+	struct ckfs_torch_span *spans;
+	size_t n_spans, spans_cap;
+	bool has_format_version;
+	/* Read by its template (ckfs_torch_open_like): no entries array;
+	 * each entry is the template's with the record recs[i] and the
+	 * DTensor info like_dis[...] (see ckfs_torch_entry). */
+	bool from_like;
+	const struct ckfs_torch_like *like;
+	const struct ckfs_zip_entry **recs;
+	struct ckfs_dtensor_info *like_dis;
 };
 
 /*
@@ -134,6 +161,46 @@ void ckfs_torch_close(struct ckfs_torch_file *tf);
 enum ckfs_code ckfs_torch_open_derived(struct ckfs_torch_file *tf, struct ckfs_file f,
 				       const char *label, struct ckfs_arena *spare,
 				       struct ckfs_error *err) CKFS_WARN_UNUSED;
+/*
+ * A rank file read without running its pickle. The ranks of one FSDP2
+ * save write the same data.pkl but for a few ints: the mesh coordinate
+ * (_coordinate_on_dim), and hashes and ids the decode does not read
+ * (struct ckfs_torch_span). Once rank 0's was parsed, another
+ * rank's entries are rank 0's with its coordinate and its own storage
+ * records, provided its bytes equal rank 0's everywhere else.
+ *
+ * ckfs_torch_open_ex with CKFS_TORCH_TEMPLATE records what that needs
+ * (ints get their own pickle nodes, the bytes are kept);
+ * ckfs_torch_like_new then keeps it, with a copy of the entries, and
+ * takes tf's bytes; *out is NULL (and the call succeeds) where tf cannot
+ * serve as a template (a ShardedTensor; not opened as a template).
+ * ckfs_torch_open_like opens f as ckfs_torch_open_derived does, and
+ * takes the entries from like when f's data.pkl is like's but for the
+ * coordinate ints, which must hold coord (may be NULL when the template
+ * found none): same checks of the zip, same binding of every storage to
+ * its record, same messages. Anything else runs the pickle.
+ * tf->from_like says which; like must outlive tf. Its entries are read
+ * with ckfs_torch_entry (there is no tf->entries array then).
+ */
+#define CKFS_TORCH_DERIVE_LOCALS 1u /* the zip with CKFS_ZIP_DERIVE_LOCALS */
+#define CKFS_TORCH_TEMPLATE 2u
+enum ckfs_code ckfs_torch_open_ex(struct ckfs_torch_file *tf, struct ckfs_file f,
+				  const char *label, unsigned flags, struct ckfs_arena *spare,
+				  struct ckfs_error *err) CKFS_WARN_UNUSED;
+struct ckfs_torch_like;
+enum ckfs_code ckfs_torch_like_new(struct ckfs_torch_file *tf, struct ckfs_torch_like **out,
+				   struct ckfs_error *err) CKFS_WARN_UNUSED;
+void ckfs_torch_like_free(struct ckfs_torch_like *like);
+enum ckfs_code ckfs_torch_open_like(struct ckfs_torch_file *tf, struct ckfs_file f,
+				    const char *label, const struct ckfs_torch_like *like,
+				    const int64_t *coord, struct ckfs_arena *spare,
+				    struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/* Entry i of tf: &tf->entries[i], or for a file read by its template the
+ * template's entry bound to tf's records, made in *scratch. */
+const struct ckfs_sd_entry *ckfs_torch_entry(const struct ckfs_torch_file *tf, size_t i,
+					     struct ckfs_sd_entry *scratch);
+
 /* ckfs_torch_close, the parse's memory kept in keep's spares (a caller
  * parsing many files in turn; ckfs_arena_release(keep) frees it). */
 void ckfs_torch_close_keep(struct ckfs_torch_file *tf, struct ckfs_arena *keep);

@@ -165,6 +165,7 @@ struct node {
 	uint32_t size;      /* see the top of the file */
 	uint16_t height;    /* likewise */
 	uint8_t referenced; /* some node has (had) this one as a child */
+	uint8_t again;      /* pushed a second time: a memo fetch or DUP */
 };
 
 _Static_assert(CKFS_MAX_PICKLE_NESTING < UINT16_MAX, "height is 16 bits");
@@ -238,6 +239,7 @@ struct vm {
 	/* Shared immutable leaves: None, True, False, (), BININT1 values. */
 	struct ckfs_pv *none, *yes, *no, *empty_tuple;
 	struct ckfs_pv *small_int[256];
+	unsigned flags; /* CKFS_PICKLE_ORIGINS */
 };
 
 static void vm_fail(struct vm *vm, enum ckfs_code code, const char *fmt, ...)
@@ -338,6 +340,7 @@ static enum ckfs_code node_alloc(struct vm *vm, enum ckfs_pv_kind kind,
 		return nomem(vm);
 	vm->nodes++;
 	n->pv.kind = kind;
+	n->pv.at = (uint32_t)vm->at; /* < CKFS_MAX_METADATA_BYTES */
 	n->size = 1;
 	*out = &n->pv;
 	return CKFS_OK;
@@ -821,6 +824,7 @@ static enum ckfs_code memo_get(struct vm *vm, uint64_t idx)
 	if (!v)
 		return FAIL(vm, CKFS_E_FORMAT,
 			    "memo index %" PRIu64 " out of range", idx);
+	node_of(v)->again = 1;
 	return push(vm, v);
 }
 
@@ -1242,12 +1246,16 @@ static enum ckfs_code op_int(struct vm *vm, int width)
 	int64_t i;
 
 	CKFS_TRY(take(vm, (uint64_t)width, &p));
-	if (width == 1) {
-		if (!vm->small_int[p[0]])
+	if (width == 1 && !(vm->flags & CKFS_PICKLE_ORIGINS)) {
+		if (!vm->small_int[p[0]]) {
 			CKFS_TRY(int_new(vm, p[0], &vm->small_int[p[0]]));
+			node_of(vm->small_int[p[0]])->again = 1; /* shared */
+		}
 		return push(vm, vm->small_int[p[0]]);
 	}
-	if (width == 2)
+	if (width == 1)
+		i = p[0];
+	else if (width == 2)
 		i = rd_u16(p);
 	else
 		i = (int32_t)rd_u32(p);
@@ -1308,6 +1316,7 @@ static enum ckfs_code step(struct vm *vm, struct ckfs_pv **out)
 	case OP_DUP: {
 		struct ckfs_pv *v;
 		CKFS_TRY(peek(vm, &v));
+		node_of(v)->again = 1;
 		return push(vm, v);
 	}
 	case OP_GLOBAL:
@@ -1441,6 +1450,8 @@ static enum ckfs_code run(struct vm *vm, struct ckfs_pv **out)
 	vm->yes->u.i = 1;
 	CKFS_TRY(node_new(vm, CKFS_PV_BOOL, &vm->no));
 	CKFS_TRY(seq_new(vm, CKFS_PV_TUPLE, NULL, 0, &vm->empty_tuple));
+	node_of(vm->none)->again = node_of(vm->yes)->again = 1; /* shared leaves */
+	node_of(vm->no)->again = node_of(vm->empty_tuple)->again = 1;
 	while (!v) {
 		vm->at = vm->pos;
 		if (vm->pos >= vm->len)
@@ -1456,6 +1467,13 @@ enum ckfs_code ckfs_pickle_load(const void *bytes, size_t len,
 				const char *label, struct ckfs_arena *arena,
 				struct ckfs_pv **out, struct ckfs_error *err)
 {
+	return ckfs_pickle_load_ex(bytes, len, label, arena, 0, out, err);
+}
+
+enum ckfs_code ckfs_pickle_load_ex(const void *bytes, size_t len, const char *label,
+				   struct ckfs_arena *arena, unsigned flags, struct ckfs_pv **out,
+				   struct ckfs_error *err)
+{
 	struct vm vm;
 	enum ckfs_code rc;
 
@@ -1468,9 +1486,13 @@ enum ckfs_code ckfs_pickle_load(const void *bytes, size_t len,
 		return ckfs_fail(err, CKFS_E_INVALID,
 				 "'%s': pickle load without %s", vm.label,
 				 !arena ? "an arena" : !out ? "an output" : "bytes");
+	if ((flags & CKFS_PICKLE_ORIGINS) && len > UINT32_MAX)
+		return ckfs_fail(err, CKFS_E_LIMIT, "'%s': a pickle of more than 4 GiB",
+				 vm.label);
 	vm.buf = bytes;
 	vm.len = len;
 	vm.arena = arena;
+	vm.flags = flags;
 	/* Addresses vary with ASLR: enough to spoil precomputed collisions. */
 	vm.seed = mix64((uint64_t)(uintptr_t)&vm ^
 			(uint64_t)(uintptr_t)bytes << 17 ^
@@ -1488,6 +1510,14 @@ enum ckfs_code ckfs_pickle_load(const void *bytes, size_t len,
 }
 
 /* ---- helpers --------------------------------------------------------- */
+
+int ckfs_pv_made_once(const struct ckfs_pv *v, uint32_t *at)
+{
+	if (!v || node_of((struct ckfs_pv *)v)->again)
+		return 0;
+	*at = v->at;
+	return 1;
+}
 
 /* A NULL module or name matches any. */
 int ckfs_pv_is_global(const struct ckfs_pv *v, const char *module,

@@ -17,6 +17,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "ckfs/hash.h"
+
 #define TORCH_MAX_DEPTH 32 /* rebuild calls nest 3-4 deep in practice */
 
 static const char *vlabel(const struct ckfs_torch_file *tf)
@@ -24,20 +26,24 @@ static const char *vlabel(const struct ckfs_torch_file *tf)
 	return tf->label ? tf->label : "?";
 }
 
+/* The BUILD state of an OBJECT or CALL node, or NULL. */
+static const struct ckfs_pv *obj_state(const struct ckfs_pv *obj)
+{
+	return obj && obj->kind == CKFS_PV_OBJECT ? obj->u.obj.state
+	       : obj && obj->kind == CKFS_PV_CALL ? obj->u.call.state : NULL;
+}
+
 /* Attribute of a pickled object: BUILD state as a dict, or the
  * (dict_or_None, slots_dict) pair Python >= 3.11 writes for slotted classes. */
 static struct ckfs_pv *attr(const struct ckfs_pv *obj, const char *name)
 {
-	const struct ckfs_pv *st = NULL;
+	const struct ckfs_pv *st;
 
 	if (!obj)
 		return NULL;
 	if (obj->kind == CKFS_PV_DICT)
 		return ckfs_pv_dict_get(obj, name);
-	if (obj->kind == CKFS_PV_OBJECT)
-		st = obj->u.obj.state;
-	else if (obj->kind == CKFS_PV_CALL)
-		st = obj->u.call.state;
+	st = obj_state(obj);
 	if (!st)
 		return NULL;
 	if (st->kind == CKFS_PV_DICT)
@@ -135,6 +141,10 @@ out_of_range:
 			 (unsigned long long)v->storage_bytes);
 }
 
+static enum ckfs_code storage_record(const struct ckfs_torch_file *tf, const char *skey,
+				     size_t skey_len, uint64_t nbytes, const char *key,
+				     const struct ckfs_zip_entry **out, struct ckfs_error *err);
+
 /* Resolve a storage persistent id ('storage', cls, key, location, numel). */
 static enum ckfs_code decode_storage(struct ckfs_torch_file *tf,
 				     const struct ckfs_pv *p, enum ckfs_dtype v3_dtype,
@@ -184,13 +194,28 @@ static enum ckfs_code decode_storage(struct ckfs_torch_file *tf,
 				 "'%s': '%s' has an unsupported dtype",
 				 vlabel(tf), key);
 
+	const struct ckfs_zip_entry *e;
+	CKFS_TRY(storage_record(tf, skey->u.str.s, skey->u.str.len, nbytes, key, &e, err));
+	view->dtype = dt;
+	view->storage_pos = e->data_offset;
+	view->storage_bytes = nbytes;
+	view->storage_key = skey->u.str.s;
+	view->storage_entry = e;
+	return CKFS_OK;
+}
+
+/* tf's record data/<skey> in *out, checked to hold nbytes for key. */
+static enum ckfs_code storage_record(const struct ckfs_torch_file *tf, const char *skey,
+				     size_t skey_len, uint64_t nbytes, const char *key,
+				     const struct ckfs_zip_entry **out, struct ckfs_error *err)
+{
 	char record[300];
-	if (skey->u.str.len > 256)
+	if (skey_len > 256)
 		return ckfs_fail(err, CKFS_E_LIMIT, "'%s': storage key too long",
 				 vlabel(tf));
 	memcpy(record, "data/", 5); /* no snprintf: once per storage, 37,000 a rank file */
-	memcpy(record + 5, skey->u.str.s, skey->u.str.len);
-	record[5 + skey->u.str.len] = '\0';
+	memcpy(record + 5, skey, skey_len);
+	record[5 + skey_len] = '\0';
 	const struct ckfs_zip_entry *e = ckfs_zip_find(&tf->zip, record);
 	if (!e)
 		return ckfs_fail(err, CKFS_E_FORMAT,
@@ -206,11 +231,7 @@ static enum ckfs_code decode_storage(struct ckfs_torch_file *tf,
 				 "its id declares %llu",
 				 vlabel(tf), record, (unsigned long long)e->size,
 				 (unsigned long long)nbytes);
-	view->dtype = dt;
-	view->storage_pos = e->data_offset;
-	view->storage_bytes = nbytes;
-	view->storage_key = skey->u.str.s;
-	view->storage_entry = e;
+	*out = e;
 	return CKFS_OK;
 }
 
@@ -418,8 +439,7 @@ static enum ckfs_code check_keys(struct ckfs_torch_file *tf, const struct ckfs_p
 				 const char *cls, const char *const *keys, const char *key,
 				 struct ckfs_error *err)
 {
-	const struct ckfs_pv *st = obj && obj->kind == CKFS_PV_OBJECT ? obj->u.obj.state
-				   : obj && obj->kind == CKFS_PV_CALL ? obj->u.call.state : NULL;
+	const struct ckfs_pv *st = obj_state(obj);
 
 	if (st && st->kind == CKFS_PV_TUPLE && st->u.seq.n == 2) {
 		/* (dict, slots): check both */
@@ -611,6 +631,80 @@ static enum ckfs_code decode_mesh_layout(struct ckfs_torch_file *tf, const struc
 	return ckfs_view_check_bounds(&di->mesh_tensor, what, err);
 }
 
+/* The opcode offset of v, an int the tree reaches by one path only (the
+ * mesh's state, itself reached once, holds it), or false. */
+static bool int_once(const struct ckfs_pv *v, uint32_t *at)
+{
+	return v && (v->kind == CKFS_PV_INT || v->kind == CKFS_PV_BIGINT) &&
+	       ckfs_pv_made_once(v, at);
+}
+
+static void add_span(struct ckfs_torch_file *tf, uint32_t at, int dim)
+{
+	if (tf->n_spans == tf->spans_cap) {
+		size_t cap = tf->spans_cap ? 2 * tf->spans_cap : 64;
+		struct ckfs_torch_span *v = realloc(tf->spans, cap * sizeof(*v));
+		if (!v) {
+			tf->spans_lost = true;
+			return;
+		}
+		tf->spans = v;
+		tf->spans_cap = cap;
+	}
+	tf->spans[tf->n_spans++] = (struct ckfs_torch_span){ .at = at, .dim = dim };
+}
+
+/* The state of obj, and the dicts in a (dict, slots) state, reached by
+ * one path only. */
+static bool state_once(const struct ckfs_pv *obj)
+{
+	const struct ckfs_pv *st = obj_state(obj);
+	uint32_t at;
+	bool once = ckfs_pv_made_once(st, &at);
+
+	for (size_t i = 0; once && st->kind == CKFS_PV_TUPLE && i < st->u.seq.n; i++)
+		once = st->u.seq.items[i]->kind != CKFS_PV_DICT ||
+		       ckfs_pv_made_once(st->u.seq.items[i], &at);
+	return once;
+}
+
+/* For a template: obj's state ints named in unread, which the decode
+ * never reads, as spans (dim -1). */
+static void note_unread(struct ckfs_torch_file *tf, const struct ckfs_pv *obj,
+			const char *const *unread)
+{
+	uint32_t at;
+
+	if (!(tf->flags & CKFS_TORCH_TEMPLATE) || !state_once(obj))
+		return;
+	for (; *unread; unread++)
+		if (int_once(attr(obj, *unread), &at))
+			add_span(tf, at, -1);
+}
+
+/* A template's record of the ints of its mesh that may differ from rank
+ * to rank (struct ckfs_torch_span), kept only where the tree reaches each
+ * by one path, the mesh's state (the mesh itself may be shared: it is
+ * decoded once, and every DTensor copies its coordinate), so that
+ * changing them changes nothing else in what the file decodes to. */
+static void note_mesh_ints(struct ckfs_torch_file *tf, const struct ckfs_pv *mesh,
+			   const struct ckfs_pv *coord, const struct ckfs_dtensor_info *di)
+{
+	static const char *const unread[] = { "_hash", "_thread_id", "_rank", NULL };
+	uint32_t at[CKFS_MAX_DIMS];
+	int d = 0;
+
+	tf->n_meshes++;
+	if (!state_once(mesh))
+		return;
+	if (di->have_coord && ckfs_pv_made_once(coord, &at[0]))
+		while (d < di->mesh_ndim && int_once(coord->u.seq.items[d], &at[d]))
+			d++;
+	for (int i = 0; d == di->mesh_ndim && i < d; i++)
+		add_span(tf, at[i], i);
+	note_unread(tf, mesh, unread);
+}
+
 static enum ckfs_code decode_mesh(struct ckfs_torch_file *tf,
 				  const struct ckfs_pv *mesh, const char *key,
 				  struct ckfs_dtensor_info *di,
@@ -648,6 +742,8 @@ static enum ckfs_code decode_mesh(struct ckfs_torch_file *tf,
 			    di->coord[i] < 0 || di->coord[i] >= di->mesh_shape[i])
 				di->have_coord = false;
 	}
+	if (tf->flags & CKFS_TORCH_TEMPLATE)
+		note_mesh_ints(tf, mesh, coord, di);
 	return CKFS_OK;
 }
 
@@ -766,6 +862,8 @@ static enum ckfs_code decode_dtensor(struct ckfs_torch_file *tf,
 				 "'%s': the _spec of DTensor '%s' is not a DTensorSpec",
 				 vlabel(tf), key);
 	CKFS_TRY(check_keys(tf, spec, "DTensorSpec", spec_keys, key, err));
+	static const char *const spec_unread[] = { "_hash", NULL };
+	note_unread(tf, spec, spec_unread);
 	const struct ckfs_pv *mesh = attr(spec, "mesh");
 	if (mesh && mesh == tf->mesh_pv) {
 		*di = *tf->mesh_di; /* the mesh fields; the rest is set below */
@@ -909,28 +1007,28 @@ static enum ckfs_code check_byteorder(struct ckfs_torch_file *tf,
 	return CKFS_OK;
 }
 
-/* The zip at [base, base + length) of f and its data.pkl as a value tree
- * in tf->root. On failure tf is released. */
-static enum ckfs_code open_pickle(struct ckfs_torch_file *tf, struct ckfs_file f,
-				  uint64_t base, uint64_t length, const char *label,
-				  unsigned zip_flags, struct ckfs_arena *spare,
-				  struct ckfs_error *err)
+/* The zip at [base, base + length) of f checked, and its data.pkl: the
+ * record in *pkl, its bytes in *bytes (the caller frees them; bytes NULL:
+ * not read). On failure tf is released. */
+static enum ckfs_code open_zip(struct ckfs_torch_file *tf, struct ckfs_file f, uint64_t base,
+			       uint64_t length, const char *label, unsigned flags,
+			       struct ckfs_arena *spare, const struct ckfs_zip_entry **pkl,
+			       void **bytes, size_t *len, struct ckfs_error *err)
 {
-	const struct ckfs_zip_entry *pkl;
-	void *bytes = NULL;
-	size_t len = 0;
 	enum ckfs_code rc;
 
 	memset(tf, 0, sizeof(*tf));
 	tf->label = label;
+	tf->flags = flags;
 	ckfs_arena_init(&tf->arena);
 	if (spare)
 		ckfs_arena_donate(&tf->arena, spare);
-	rc = ckfs_zip_open_ex(&tf->zip, f, base, length, label, zip_flags, err);
+	rc = ckfs_zip_open_ex(&tf->zip, f, base, length, label,
+			      flags & CKFS_TORCH_DERIVE_LOCALS ? CKFS_ZIP_DERIVE_LOCALS : 0, err);
 	if (rc != CKFS_OK)
 		return rc;
-	pkl = ckfs_zip_find(&tf->zip, "data.pkl");
-	if (!pkl) {
+	*pkl = ckfs_zip_find(&tf->zip, "data.pkl");
+	if (!*pkl) {
 		rc = ckfs_fail(err, CKFS_E_FORMAT,
 			       "'%s': no data.pkl record (not a torch.save file)",
 			       label);
@@ -939,24 +1037,57 @@ static enum ckfs_code open_pickle(struct ckfs_torch_file *tf, struct ckfs_file f
 	if ((rc = check_byteorder(tf, err)) != CKFS_OK)
 		goto fail;
 	tf->writer_hi = 99;
-	if (ckfs_zip_find(&tf->zip, ".format_version")) /* written from torch 2.7 on */
+	/* .format_version: written from torch 2.7 on */
+	tf->has_format_version = ckfs_zip_find(&tf->zip, ".format_version") != NULL;
+	if (tf->has_format_version)
 		bound_writer(tf, 7, 99);
 	else
 		bound_writer(tf, 0, 6);
-	rc = ckfs_zip_read_record(&tf->zip, pkl, CKFS_MAX_METADATA_BYTES, &bytes,
-				  &len, err);
-	if (rc != CKFS_OK)
-		goto fail;
-	char pkl_label[CKFS_MAX_NAME + 32];
-	snprintf(pkl_label, sizeof(pkl_label), "%s: %s", label, pkl->name);
-	rc = ckfs_pickle_load(bytes, len, pkl_label, &tf->arena, &tf->root, err);
-	free(bytes);
-	if (rc != CKFS_OK)
-		goto fail;
-	return CKFS_OK;
+	if (!bytes) /* the caller reads it */
+		return CKFS_OK;
+	rc = ckfs_zip_read_record(&tf->zip, *pkl, CKFS_MAX_METADATA_BYTES, bytes, len, err);
+	if (rc == CKFS_OK)
+		return CKFS_OK;
 fail:
 	ckfs_torch_close(tf);
 	return rc;
+}
+
+/* data.pkl's bytes run into tf->root; a template keeps them, else they
+ * are freed. On failure tf is released. */
+static enum ckfs_code load_pickle(struct ckfs_torch_file *tf, const struct ckfs_zip_entry *pkl,
+				  void *bytes, size_t len, struct ckfs_error *err)
+{
+	bool keep = tf->flags & CKFS_TORCH_TEMPLATE;
+	char pkl_label[CKFS_MAX_NAME + 32];
+
+	snprintf(pkl_label, sizeof(pkl_label), "%s: %s", tf->label, pkl->name);
+	enum ckfs_code rc = ckfs_pickle_load_ex(bytes, len, pkl_label, &tf->arena,
+						keep ? CKFS_PICKLE_ORIGINS : 0, &tf->root, err);
+	if (keep) {
+		tf->pkl = bytes;
+		tf->pkl_len = len;
+	} else {
+		free(bytes);
+	}
+	if (rc != CKFS_OK)
+		ckfs_torch_close(tf);
+	return rc;
+}
+
+/* The zip at [base, base + length) of f and its data.pkl as a value tree
+ * in tf->root. On failure tf is released. */
+static enum ckfs_code open_pickle(struct ckfs_torch_file *tf, struct ckfs_file f,
+				  uint64_t base, uint64_t length, const char *label,
+				  unsigned flags, struct ckfs_arena *spare,
+				  struct ckfs_error *err)
+{
+	const struct ckfs_zip_entry *pkl;
+	void *bytes = NULL;
+	size_t len = 0;
+
+	CKFS_TRY(open_zip(tf, f, base, length, label, flags, spare, &pkl, &bytes, &len, err));
+	return load_pickle(tf, pkl, bytes, len, err);
 }
 
 enum ckfs_code ckfs_torch_open_item(struct ckfs_torch_file *tf,
@@ -979,12 +1110,23 @@ enum ckfs_code ckfs_torch_open_item(struct ckfs_torch_file *tf,
 	return rc;
 }
 
-/* The zip directory and data.pkl of a whole torch.save file. */
+static bool like_matches(const struct ckfs_torch_like *like, const struct ckfs_torch_file *tf,
+			 const struct ckfs_zip_entry *pkl, const int64_t *coord);
+static enum ckfs_code entries_from_like(struct ckfs_torch_file *tf,
+					const struct ckfs_torch_like *like, const int64_t *coord,
+					struct ckfs_error *err);
+
+/* The zip directory and data.pkl of a whole torch.save file; with a
+ * template (like), the entries from it when the bytes allow. */
 static enum ckfs_code open_file_pickle(struct ckfs_torch_file *tf, struct ckfs_file f,
-				       const char *label, unsigned zip_flags,
-				       struct ckfs_arena *spare, struct ckfs_error *err)
+				       const char *label, unsigned flags, struct ckfs_arena *spare,
+				       const struct ckfs_torch_like *like, const int64_t *coord,
+				       struct ckfs_error *err)
 {
 	int64_t size = ckfs_file_size(f);
+	const struct ckfs_zip_entry *pkl;
+	void *bytes = NULL;
+	size_t len = 0;
 
 	if (size < 0) {
 		memset(tf, 0, sizeof(*tf));
@@ -997,10 +1139,26 @@ static enum ckfs_code open_file_pickle(struct ckfs_torch_file *tf, struct ckfs_f
 	 * it is off while they are read, and back for the data reads. */
 	if (f.fd >= 0)
 		(void)posix_fadvise(f.fd, 0, 0, POSIX_FADV_RANDOM);
-	enum ckfs_code rc = open_pickle(tf, f, 0, (uint64_t)size, label, zip_flags, spare, err);
+	enum ckfs_code rc = open_zip(tf, f, 0, (uint64_t)size, label, flags, spare, &pkl,
+				     like ? NULL : &bytes, &len, err);
 	if (f.fd >= 0)
 		(void)posix_fadvise(f.fd, 0, 0, POSIX_FADV_NORMAL);
-	return rc;
+	if (rc != CKFS_OK)
+		return rc;
+	if (like && like_matches(like, tf, pkl, coord)) {
+		rc = entries_from_like(tf, like, coord, err);
+		if (rc != CKFS_OK)
+			ckfs_torch_close(tf);
+		return rc;
+	}
+	if (like) {
+		rc = ckfs_zip_read_record(&tf->zip, pkl, CKFS_MAX_METADATA_BYTES, &bytes, &len, err);
+		if (rc != CKFS_OK) {
+			ckfs_torch_close(tf);
+			return rc;
+		}
+	}
+	return load_pickle(tf, pkl, bytes, len, err);
 }
 
 /*
@@ -1051,17 +1209,18 @@ static enum ckfs_code decode_dicts(struct ckfs_torch_file *tf,
 enum ckfs_code ckfs_torch_open_tree(struct ckfs_torch_file *tf, struct ckfs_file f,
 				    const char *label, struct ckfs_error *err)
 {
-	return open_file_pickle(tf, f, label, 0, NULL, err);
+	return open_file_pickle(tf, f, label, 0, NULL, NULL, NULL, err);
 }
 
-/* ckfs_torch_open, with the zip's flags. */
+/* ckfs_torch_open, with flags and a template. */
 static enum ckfs_code open_state_dict(struct ckfs_torch_file *tf, struct ckfs_file f,
-				      const char *label, unsigned zip_flags,
-				      struct ckfs_arena *spare, struct ckfs_error *err)
+				      const char *label, unsigned flags, struct ckfs_arena *spare,
+				      const struct ckfs_torch_like *like, const int64_t *coord,
+				      struct ckfs_error *err)
 {
-	enum ckfs_code rc = open_file_pickle(tf, f, label, zip_flags, spare, err);
+	enum ckfs_code rc = open_file_pickle(tf, f, label, flags, spare, like, coord, err);
 
-	if (rc != CKFS_OK)
+	if (rc != CKFS_OK || tf->from_like)
 		return rc;
 	const struct ckfs_pv *root = tf->root;
 	if (root->kind != CKFS_PV_DICT)
@@ -1078,21 +1237,36 @@ static enum ckfs_code open_state_dict(struct ckfs_torch_file *tf, struct ckfs_fi
 enum ckfs_code ckfs_torch_open(struct ckfs_torch_file *tf, struct ckfs_file f,
 			       const char *label, struct ckfs_error *err)
 {
-	return open_state_dict(tf, f, label, 0, NULL, err);
+	return open_state_dict(tf, f, label, 0, NULL, NULL, NULL, err);
 }
 
 enum ckfs_code ckfs_torch_open_derived(struct ckfs_torch_file *tf, struct ckfs_file f,
 				       const char *label, struct ckfs_arena *spare,
 				       struct ckfs_error *err)
 {
-	return open_state_dict(tf, f, label, CKFS_ZIP_DERIVE_LOCALS, spare, err);
+	return open_state_dict(tf, f, label, CKFS_TORCH_DERIVE_LOCALS, spare, NULL, NULL, err);
+}
+
+enum ckfs_code ckfs_torch_open_ex(struct ckfs_torch_file *tf, struct ckfs_file f,
+				  const char *label, unsigned flags, struct ckfs_arena *spare,
+				  struct ckfs_error *err)
+{
+	return open_state_dict(tf, f, label, flags, spare, NULL, NULL, err);
+}
+
+enum ckfs_code ckfs_torch_open_like(struct ckfs_torch_file *tf, struct ckfs_file f,
+				    const char *label, const struct ckfs_torch_like *like,
+				    const int64_t *coord, struct ckfs_arena *spare,
+				    struct ckfs_error *err)
+{
+	return open_state_dict(tf, f, label, CKFS_TORCH_DERIVE_LOCALS, spare, like, coord, err);
 }
 
 enum ckfs_code ckfs_torch_open_list(struct ckfs_torch_file *tf, struct ckfs_file f,
 				    const char *label, const char *skip_suffix,
 				    struct ckfs_error *err)
 {
-	enum ckfs_code rc = open_file_pickle(tf, f, label, 0, NULL, err);
+	enum ckfs_code rc = open_file_pickle(tf, f, label, 0, NULL, NULL, NULL, err);
 
 	if (rc != CKFS_OK)
 		return rc;
@@ -1126,6 +1300,363 @@ fail:
 	return rc;
 }
 
+/* ---- a rank file like rank 0's (ckfs_torch_open_like) ---- */
+
+struct ckfs_torch_like {
+	unsigned char *pkl; /* the template's data.pkl */
+	size_t len;
+	size_t n_spans;      /* the ints that may differ, by offset */
+	int n_coord;         /* of them the coordinate's */
+	struct ckfs_torch_span *spans;
+	int64_t mesh_shape[CKFS_MAX_DIMS];
+	bool has_format_version;
+	int writer_lo, writer_hi;
+	/* The template's entries, storages unbound; each DTensor's info is
+	 * dis[di_of[i]] (equal ones share it). */
+	struct ckfs_sd_entry *entries;
+	uint32_t *di_of;
+	struct ckfs_dtensor_info *dis;
+	size_t n_entries, n_dis;
+	struct ckfs_arena arena;
+};
+
+#define OP_LONG1 0x8a
+
+/* The bytes after an int opcode at p (BININT1, BININT2, BININT, LONG1 of
+ * at most 8 bytes), or 0; p[0..avail) may be read. */
+static size_t int_width(const unsigned char *p, size_t avail)
+{
+	if (avail < 1)
+		return 0;
+	if (p[0] == OP_LONG1)
+		return avail >= 2 && p[1] <= 8 ? 1u + p[1] : 0;
+	return p[0] == 'K' ? 1 : p[0] == 'M' ? 2 : p[0] == 'J' ? 4 : 0;
+}
+
+/* The value of a BININT1, BININT2 or BININT at p. */
+static int64_t int_arg(const unsigned char *p)
+{
+	if (p[0] == 'K')
+		return p[1];
+	if (p[0] == 'M')
+		return p[1] | (int64_t)p[2] << 8;
+	return (int32_t)((uint32_t)p[1] | (uint32_t)p[2] << 8 | (uint32_t)p[3] << 16 |
+			 (uint32_t)p[4] << 24);
+}
+
+/* A view's copy in the template's arena, its storage unbound. */
+static bool unbind_view(struct ckfs_arena *a, struct ckfs_tensor_view *v)
+{
+	v->storage_pos = 0;
+	v->storage_entry = NULL;
+	return !v->storage_key || (v->storage_key = ckfs_arena_strdup(a, v->storage_key));
+}
+
+static bool like_copy_di(struct ckfs_torch_like *like, const struct ckfs_dtensor_info *di)
+{
+	struct ckfs_dtensor_info *d = &like->dis[like->n_dis++];
+
+	*d = *di;
+	for (int i = 0; i < CKFS_MAX_DIMS; i++)
+		if (d->mesh_dim_names[i] &&
+		    !(d->mesh_dim_names[i] = ckfs_arena_strdup(&like->arena, d->mesh_dim_names[i])))
+			return false;
+	return !d->have_mesh_tensor || unbind_view(&like->arena, &d->mesh_tensor);
+}
+
+static int cmp_span(const void *a, const void *b)
+{
+	uint32_t x = ((const struct ckfs_torch_span *)a)->at, y = ((const struct ckfs_torch_span *)b)->at;
+	return x < y ? -1 : x > y;
+}
+
+/* The distinct DTensor infos of tf's entries (equal bytes, equal info;
+ * a frontier MoE rank file has 37,000 DTensors and a handful of distinct
+ * shapes): like->di_of set, like->dis filled. */
+static bool like_dedup_dis(struct ckfs_torch_like *like, const struct ckfs_torch_file *tf)
+{
+	size_t n = tf->n_entries, cap = 64, n_dis = 0;
+	const struct ckfs_dtensor_info **uniq = NULL;
+	uint32_t *slot = NULL; /* open addressing: index into uniq + 1 */
+	bool ok = false;
+
+	for (;;) {
+		free(uniq);
+		free(slot);
+		uniq = malloc(cap / 2 * sizeof(*uniq));
+		slot = calloc(cap, sizeof(*slot));
+		if (!uniq || !slot)
+			goto out;
+		n_dis = 0;
+		size_t i = 0;
+		for (; i < n; i++) {
+			const struct ckfs_dtensor_info *di = tf->entries[i].dtensor;
+			if (tf->entries[i].kind != CKFS_ENTRY_DTENSOR)
+				continue;
+			size_t h = (size_t)ckfs_fnv1a(CKFS_FNV1A_START, di, sizeof(*di)) & (cap - 1);
+			while (slot[h] && memcmp(uniq[slot[h] - 1], di, sizeof(*di)) != 0)
+				h = (h + 1) & (cap - 1);
+			if (!slot[h]) {
+				if (n_dis == cap / 2)
+					break; /* half full: again, twice the size */
+				uniq[n_dis++] = di;
+				slot[h] = (uint32_t)n_dis;
+			}
+			like->di_of[i] = slot[h] - 1;
+		}
+		if (i == n)
+			break;
+		cap *= 2;
+	}
+	like->dis = ckfs_arena_calloc(&like->arena, n_dis + 1, sizeof(*like->dis));
+	if (!like->dis)
+		goto out;
+	for (size_t j = 0; j < n_dis; j++)
+		if (!like_copy_di(like, uniq[j]))
+			goto out;
+	ok = true;
+out:
+	free(uniq);
+	free(slot);
+	return ok;
+}
+
+enum ckfs_code ckfs_torch_like_new(struct ckfs_torch_file *tf, struct ckfs_torch_like **out,
+				   struct ckfs_error *err)
+{
+	struct ckfs_torch_like *like;
+	size_t n = tf->n_entries;
+
+	*out = NULL;
+	if (!(tf->flags & CKFS_TORCH_TEMPLATE) || !tf->pkl || tf->n_parts != 1)
+		return CKFS_OK;
+	for (size_t i = 0; i < n; i++)
+		if (tf->entries[i].kind == CKFS_ENTRY_SHARDED)
+			return CKFS_OK;
+	if (!(like = calloc(1, sizeof(*like))))
+		return ckfs_nomem(err);
+	ckfs_arena_init(&like->arena);
+	like->entries = ckfs_arena_calloc(&like->arena, n + 1, sizeof(*like->entries));
+	like->di_of = ckfs_arena_calloc(&like->arena, n + 1, sizeof(*like->di_of));
+	if (!like->entries || !like->di_of || !like_dedup_dis(like, tf))
+		goto nomem;
+	for (size_t i = 0; i < n; i++) {
+		const struct ckfs_sd_entry *e = &tf->entries[i];
+		struct ckfs_sd_entry *c = &like->entries[i];
+		*c = *e;
+		c->dtensor = NULL;
+		if (!(c->key = ckfs_arena_strdup(&like->arena, e->key)) ||
+		    !unbind_view(&like->arena, &c->local))
+			goto nomem;
+	}
+	like->n_entries = n;
+	/* The ints that may differ, where the one mesh's were each made by
+	 * an int opcode (a coordinate by BININT*): else a rank file must equal
+	 * the template byte for byte there. */
+	like->n_spans = tf->n_meshes == 1 && !tf->spans_lost ? tf->n_spans : 0;
+	like->spans = tf->spans;
+	tf->spans = NULL;
+	tf->n_spans = tf->spans_cap = 0;
+	for (size_t k = 0; k < like->n_spans; k++) {
+		const struct ckfs_torch_span *sp = &like->spans[k];
+		const unsigned char *p = tf->pkl + sp->at;
+		size_t w = sp->at < tf->pkl_len ? int_width(p, tf->pkl_len - sp->at) : 0;
+		if (w == 0 || w > tf->pkl_len - sp->at - 1 || (sp->dim >= 0 && p[0] == OP_LONG1))
+			like->n_spans = 0;
+		else if (sp->dim >= 0)
+			like->mesh_shape[sp->dim] = tf->mesh_di->mesh_shape[sp->dim];
+		like->n_coord += sp->dim >= 0;
+	}
+	if (like->n_spans == 0)
+		like->n_coord = 0;
+	qsort(like->spans, like->n_spans, sizeof(like->spans[0]), cmp_span);
+	/* an object decoded twice (a shared spec) noted its ints twice */
+	size_t kept = 0;
+	for (size_t k = 0; k < like->n_spans; k++)
+		if (kept == 0 || like->spans[k].at != like->spans[kept - 1].at)
+			like->spans[kept++] = like->spans[k];
+	like->n_spans = kept;
+	like->has_format_version = tf->has_format_version;
+	like->writer_lo = tf->writer_lo;
+	like->writer_hi = tf->writer_hi;
+	like->pkl = tf->pkl;
+	like->len = tf->pkl_len;
+	tf->pkl = NULL;
+	*out = like;
+	return CKFS_OK;
+nomem:
+	ckfs_torch_like_free(like);
+	return ckfs_nomem(err);
+}
+
+void ckfs_torch_like_free(struct ckfs_torch_like *like)
+{
+	if (!like)
+		return;
+	free(like->pkl);
+	free(like->spans);
+	ckfs_arena_release(&like->arena);
+	free(like);
+}
+
+/* A stored record read in blocks, to be compared without holding it. */
+#define LIKE_BLOCK (4u << 20)
+struct record_reader {
+	struct ckfs_file f;
+	uint64_t pos, end;  /* the part not yet in buf, absolute */
+	unsigned char *buf;
+	size_t at, have;    /* buf[at..have) not yet taken */
+};
+
+static bool reader_fill(struct record_reader *r)
+{
+	if (r->at < r->have)
+		return true;
+	size_t n = r->end - r->pos < LIKE_BLOCK ? (size_t)(r->end - r->pos) : LIKE_BLOCK;
+	if (n == 0 || ckfs_file_pread(r->f, r->buf, n, r->pos) != (ssize_t)n)
+		return false;
+	r->pos += n;
+	r->at = 0;
+	r->have = n;
+	return true;
+}
+
+/* The next n bytes: equal to t (out NULL), or copied to out. */
+static bool reader_take(struct record_reader *r, const unsigned char *t, unsigned char *out,
+			size_t n)
+{
+	while (n > 0) {
+		if (!reader_fill(r))
+			return false;
+		size_t k = r->have - r->at < n ? r->have - r->at : n;
+		if (out)
+			memcpy(out, r->buf + r->at, k), out += k;
+		else if (memcmp(r->buf + r->at, t, k) != 0)
+			return false;
+		else
+			t += k;
+		r->at += k;
+		n -= k;
+	}
+	return true;
+}
+
+/*
+ * Whether data.pkl (the record pkl of tf) is the template's but for its
+ * spans, the coordinate's holding coord. Each may be written with an int
+ * opcode as wide as the template's or wider (rank 256 on needs BININT2;
+ * a hash may take fewer bytes): the pickle only grows at each of them,
+ * which no check of the pickle machine can turn into a failure. Compared
+ * a block at a time; a read that fails says no (the pickle's read
+ * reports it).
+ */
+static bool like_matches(const struct ckfs_torch_like *like, const struct ckfs_torch_file *tf,
+			 const struct ckfs_zip_entry *pkl, const int64_t *coord)
+{
+	struct record_reader r = { .f = tf->zip.file, .pos = pkl->data_offset };
+	struct ckfs_error err;
+	size_t t = 0; /* where the template is compared */
+	bool same = false;
+
+	if (tf->has_format_version != like->has_format_version || (like->n_coord && !coord) ||
+	    pkl->method != 0 || pkl->size < like->len ||
+	    pkl->size > like->len + 10 * (uint64_t)like->n_spans ||
+	    ckfs_zip_check_derived(&tf->zip, pkl, &err) != CKFS_OK ||
+	    !(r.buf = malloc(LIKE_BLOCK)))
+		return false;
+	r.end = pkl->data_offset + pkl->size;
+	for (size_t k = 0; k < like->n_spans; k++) {
+		const struct ckfs_torch_span *sp = &like->spans[k];
+		unsigned char op[10];
+		if (!reader_take(&r, like->pkl + t, NULL, sp->at - t) || !reader_take(&r, NULL, op, 2))
+			goto out;
+		size_t wt = int_width(like->pkl + sp->at, like->len - sp->at);
+		size_t wr = int_width(op, 2);
+		if (wr < wt || (sp->dim >= 0 && op[0] == OP_LONG1) ||
+		    !reader_take(&r, NULL, op + 2, wr - 1))
+			goto out;
+		if (sp->dim >= 0) {
+			int64_t v = int_arg(op);
+			if (v != coord[sp->dim] || v < 0 || v >= like->mesh_shape[sp->dim])
+				goto out;
+		}
+		t = sp->at + 1 + wt;
+	}
+	same = reader_take(&r, like->pkl + t, NULL, like->len - t) && r.at == r.have &&
+	       r.pos == r.end;
+out:
+	free(r.buf);
+	return same;
+}
+
+/* A view of the template bound to the record e of tf. */
+static void bind_view(struct ckfs_tensor_view *v, const struct ckfs_zip_entry *e)
+{
+	v->storage_pos = e->data_offset;
+	v->storage_entry = e;
+}
+
+/* The template's storages found in tf's records, in the order and with
+ * the messages of the pickle's decode (each entry's own storage, then, at
+ * the first DTensor of a mesh, the mesh's rank tensor); the DTensor infos
+ * copied with coord. ckfs_torch_entry makes the entries from them. */
+static enum ckfs_code entries_from_like(struct ckfs_torch_file *tf,
+					const struct ckfs_torch_like *like, const int64_t *coord,
+					struct ckfs_error *err)
+{
+	size_t n = like->n_entries;
+	struct ckfs_dtensor_info *dis;
+	bool *bound;
+
+	tf->recs = ckfs_arena_alloc(&tf->arena, (n + 1) * sizeof(*tf->recs));
+	tf->part_end = ckfs_arena_calloc(&tf->arena, 1, sizeof(size_t));
+	dis = ckfs_arena_alloc(&tf->arena, (like->n_dis + 1) * sizeof(*dis));
+	bound = ckfs_arena_calloc(&tf->arena, like->n_dis + 1, sizeof(*bound));
+	if (!tf->recs || !tf->part_end || !dis || !bound)
+		return ckfs_nomem(err);
+	memcpy(dis, like->dis, like->n_dis * sizeof(*dis));
+	for (size_t j = 0; like->n_coord && j < like->n_dis; j++)
+		memcpy(dis[j].coord, coord, (size_t)like->n_coord * sizeof(*coord));
+	for (size_t i = 0; i < n; i++) {
+		const struct ckfs_sd_entry *e = &like->entries[i];
+		const struct ckfs_tensor_view *v = &e->local;
+		CKFS_TRY(storage_record(tf, v->storage_key, strlen(v->storage_key),
+					v->storage_bytes, e->key, &tf->recs[i], err));
+		uint32_t j = like->di_of[i];
+		struct ckfs_tensor_view *mt = &dis[j].mesh_tensor;
+		if (e->kind != CKFS_ENTRY_DTENSOR || !dis[j].have_mesh_tensor || bound[j])
+			continue;
+		const struct ckfs_zip_entry *r;
+		CKFS_TRY(storage_record(tf, mt->storage_key, strlen(mt->storage_key),
+					mt->storage_bytes, e->key, &r, err));
+		bind_view(mt, r);
+		bound[j] = true;
+	}
+	tf->like = like;
+	tf->like_dis = dis;
+	tf->writer_lo = like->writer_lo;
+	tf->writer_hi = like->writer_hi;
+	tf->n_entries = n;
+	tf->part_end[0] = n;
+	tf->n_parts = 1;
+	tf->from_like = true;
+	return CKFS_OK;
+}
+
+const struct ckfs_sd_entry *ckfs_torch_entry(const struct ckfs_torch_file *tf, size_t i,
+					     struct ckfs_sd_entry *scratch)
+{
+	const struct ckfs_torch_like *like = tf->like;
+
+	if (!tf->from_like)
+		return &tf->entries[i];
+	*scratch = like->entries[i];
+	bind_view(&scratch->local, tf->recs[i]);
+	if (scratch->kind == CKFS_ENTRY_DTENSOR)
+		scratch->dtensor = &tf->like_dis[like->di_of[i]];
+	return scratch;
+}
+
 void ckfs_torch_close_keep(struct ckfs_torch_file *tf, struct ckfs_arena *keep)
 {
 	if (keep)
@@ -1135,6 +1666,11 @@ void ckfs_torch_close_keep(struct ckfs_torch_file *tf, struct ckfs_arena *keep)
 
 void ckfs_torch_close(struct ckfs_torch_file *tf)
 {
+	free(tf->pkl);
+	tf->pkl = NULL;
+	free(tf->spans);
+	tf->spans = NULL;
+	tf->n_spans = tf->spans_cap = 0;
 	ckfs_zip_release(&tf->zip);
 	ckfs_arena_release(&tf->arena);
 	tf->root = NULL;
@@ -1145,6 +1681,9 @@ void ckfs_torch_close(struct ckfs_torch_file *tf)
 	tf->n_skipped = 0;
 	tf->mesh_pv = NULL;
 	tf->mesh_di = NULL;
+	tf->from_like = false;
+	tf->like = NULL;
+	tf->recs = NULL;
 }
 
 void ckfs_placement_format(const struct ckfs_placement *p, char *buf, size_t size)

@@ -698,8 +698,9 @@ static enum ckfs_code open_ranks(struct build *b, struct rank_scan *rs, struct c
 	}
 	/* Rank 0's storages are read through guards (torch_guards.c); the
 	 * other ranks' too on the fast path (fsdp_plan.c). */
-	CKFS_TRY(ckfs_torch_open_derived(&b->first, m->sources[0].f, m->sources[0].path,
-					 NULL, err));
+	/* a template for the other ranks' files (fsdp_plan.c) */
+	CKFS_TRY(ckfs_torch_open_ex(&b->first, m->sources[0].f, m->sources[0].path,
+				    CKFS_TORCH_DERIVE_LOCALS | CKFS_TORCH_TEMPLATE, NULL, err));
 	CKFS_TRY(ckfs_torch_guards(&m->sources[0], &b->first, err));
 	char when[64];
 	if (ckfs_torch_writer(&b->first, when, sizeof(when)) &&

@@ -28,6 +28,7 @@
 #include <malloc.h>
 #endif
 
+#include "ckfs/log.h"
 #include "layouts/fsdp_int.h"
 
 /* ---- the fast path: a plan from rank 0, the other ranks checked after ---- */
@@ -55,6 +56,8 @@ struct rank_plan {
 	size_t fail_p;            /* the first failing position, or world */
 	struct ckfs_error fail_err;
 	_Atomic bool *stop;
+	struct ckfs_torch_like *like; /* rank 0's file, to read the others by */
+	_Atomic size_t n_like;        /* rank files read by it */
 };
 
 void fsdp_rank_plan_free(void *p)
@@ -71,6 +74,7 @@ void fsdp_rank_plan_free(void *p)
 	free(rp->hi);
 	free(rp->ranks);
 	free(rp->coords);
+	ckfs_torch_like_free(rp->like);
 	pthread_mutex_destroy(&rp->lock);
 	pthread_mutex_destroy(&rp->fail_lock);
 	free(rp);
@@ -204,6 +208,7 @@ static enum ckfs_code plan_build(struct build *b, struct rank_plan **out, struct
 	memcpy(rp->order, b->order, n * sizeof(*rp->order));
 	memcpy(rp->ranks, b->ranks, w * sizeof(*rp->ranks));
 	memcpy(rp->coords, b->coords, w * sizeof(*rp->coords));
+	rc = ckfs_torch_like_new(&b->first, &rp->like, err);
 	m->ranks_read[0] = 0;
 	for (size_t k = 0; rc == CKFS_OK && k < n; k++) {
 		const struct ckfs_sd_entry *e = &b->first.entries[k];
@@ -239,15 +244,18 @@ static enum ckfs_code check_position(struct rank_plan *rp, size_t p, struct ckfs
 
 	if (!seen)
 		return ckfs_nomem(err);
-	rc = ckfs_torch_open_derived(&tf, s->f, s->path, spare, err);
+	rc = ckfs_torch_open_like(&tf, s->f, s->path, rp->like, rp->coords[p], spare, err);
 	if (rc != CKFS_OK) {
 		free(seen);
 		return rc;
 	}
+	if (tf.from_like)
+		atomic_fetch_add(&rp->n_like, 1);
 	/* this thread alone writes rank's source until the checks report */
 	rc = ckfs_torch_guards(&m->sources[rank], &tf, err);
 	for (size_t i = 0; rc == CKFS_OK && i < tf.n_entries; i++) {
-		const struct ckfs_sd_entry *e = &tf.entries[i];
+		struct ckfs_sd_entry scratch;
+		const struct ckfs_sd_entry *e = ckfs_torch_entry(&tf, i, &scratch);
 		/* ranks save their state dicts in the same order: try i first */
 		size_t k = i < rp->n_keys && strcmp(rp->keys[i], e->key) == 0
 				   ? i : fsdp_find_key(rp->keys, rp->order, rp->n_keys, e->key);
@@ -475,10 +483,15 @@ static enum ckfs_code check_positions(void *ctx, _Atomic bool *stop, struct ckfs
 		return err->code;
 	}
 	plan_to_cache(rp);
+	ckfs_log(CKFS_LOG_DEBUG, "'%s': %zu of %zu rank files read as rank 0's but for the "
+		 "mesh coordinate, without running their pickles", rp->m->src_dir,
+		 atomic_load(&rp->n_like), rp->world - 1);
 	/* Done: what only the checks needed goes now, and the memory the
 	 * parsed rank files used goes back to the system. */
 	free(rp->start);
 	rp->start = NULL;
+	ckfs_torch_like_free(rp->like);
+	rp->like = NULL;
 #ifdef __GLIBC__
 	malloc_trim(0);
 #endif
