@@ -1370,6 +1370,17 @@ static int cmp_span(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+/* What tells DTensor infos of one file apart (their meshes are one),
+ * hashed; equal infos are then found by comparing all their bytes. */
+static uint64_t di_hash(const struct ckfs_dtensor_info *di)
+{
+	int nd = di->ndim >= 0 && di->ndim <= CKFS_MAX_DIMS ? di->ndim : 0;
+	int md = di->mesh_ndim >= 0 && di->mesh_ndim <= CKFS_MAX_DIMS ? di->mesh_ndim : 0;
+	uint64_t h = ckfs_fnv1a(CKFS_FNV1A_START, di->global_shape, sizeof(int64_t) * (size_t)nd);
+
+	return ckfs_fnv1a(h, di->placements, sizeof(di->placements[0]) * (size_t)md);
+}
+
 /* The distinct DTensor infos of tf's entries (equal bytes, equal info;
  * a frontier MoE rank file has 37,000 DTensors and a handful of distinct
  * shapes): like->di_of set, like->dis filled. */
@@ -1393,7 +1404,7 @@ static bool like_dedup_dis(struct ckfs_torch_like *like, const struct ckfs_torch
 			const struct ckfs_dtensor_info *di = tf->entries[i].dtensor;
 			if (tf->entries[i].kind != CKFS_ENTRY_DTENSOR)
 				continue;
-			size_t h = (size_t)ckfs_fnv1a(CKFS_FNV1A_START, di, sizeof(*di)) & (cap - 1);
+			size_t h = (size_t)di_hash(di) & (cap - 1);
 			while (slot[h] && memcmp(uniq[slot[h] - 1], di, sizeof(*di)) != 0)
 				h = (h + 1) & (cap - 1);
 			if (!slot[h]) {
