@@ -125,8 +125,10 @@ static enum ckfs_code plan_key(struct rank_plan *rp, const struct ckfs_sd_entry 
 	rp->hi[k] = start[rp->world];
 	if (cl->n > UINT32_MAX || pl->n > UINT32_MAX)
 		return ckfs_fail(err, CKFS_E_LIMIT, "tensor '%s': too many pieces", e->key);
+	pthread_mutex_lock(&rp->lock); /* keys are planned on several threads */
 	a->packed = ckfs_model_chunks(m, cl->v, cl->n, ndim);
 	a->packed_copies = ckfs_model_chunks(m, pl->v, pl->n, ndim);
+	pthread_mutex_unlock(&rp->lock);
 	if (!a->packed || !a->packed_copies)
 		return ckfs_nomem(err);
 	a->n_packed = (uint32_t)cl->n;
@@ -171,12 +173,81 @@ static enum ckfs_code plan_expect(struct rank_plan *rp, const struct ckfs_sd_ent
 	return CKFS_OK;
 }
 
+/* Keys planned on several threads (plan_key), a batch at a time; the
+ * error is that of the first failing key, as one thread would report. */
+struct plan_job {
+	struct rank_plan *rp;
+	const struct ckfs_sd_entry *entries;
+	size_t batch;
+	_Atomic size_t next;
+	pthread_mutex_t lock;
+	size_t fail_k; /* the first failing key, or n_keys */
+	struct ckfs_error fail_err;
+};
+
+static void *plan_worker(void *arg)
+{
+	struct plan_job *j = arg;
+	struct rank_plan *rp = j->rp;
+	struct ckfs_chunk_list cl = { 0 }, pl = { 0 };
+	struct ckfs_error err;
+
+	for (;;) {
+		size_t k = atomic_fetch_add(&j->next, j->batch), end = k + j->batch;
+		pthread_mutex_lock(&j->lock);
+		bool past = k >= rp->n_keys || k > j->fail_k;
+		pthread_mutex_unlock(&j->lock);
+		if (past)
+			break;
+		for (; k < end && k < rp->n_keys; k++) {
+			ckfs_error_clear(&err);
+			if (plan_key(rp, &j->entries[k], k, &cl, &pl, &err) == CKFS_OK)
+				continue;
+			pthread_mutex_lock(&j->lock);
+			if (k < j->fail_k) {
+				j->fail_k = k;
+				j->fail_err = err;
+			}
+			pthread_mutex_unlock(&j->lock);
+			break;
+		}
+	}
+	free(cl.v);
+	free(pl.v);
+	return NULL;
+}
+
+static enum ckfs_code plan_keys(struct rank_plan *rp, const struct ckfs_sd_entry *entries,
+				struct ckfs_error *err)
+{
+	struct plan_job j = { .rp = rp, .entries = entries, .fail_k = rp->n_keys };
+	pthread_t th[RANK_CHECK_THREADS];
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	size_t n = cpus > 1 ? (size_t)cpus : 1, started = 0;
+
+	n = n < RANK_CHECK_THREADS ? n : RANK_CHECK_THREADS;
+	/* about 16 batches a thread, of at most 64 keys */
+	j.batch = rp->n_keys / (16 * n);
+	j.batch = j.batch < 1 ? 1 : j.batch > 64 ? 64 : j.batch;
+	pthread_mutex_init(&j.lock, NULL);
+	for (; started + 1 < n; started++)
+		if (pthread_create(&th[started], NULL, plan_worker, &j) != 0)
+			break;
+	plan_worker(&j);
+	for (size_t i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	pthread_mutex_destroy(&j.lock);
+	if (j.fail_k == rp->n_keys)
+		return CKFS_OK;
+	*err = j.fail_err;
+	return err->code;
+}
+
 static enum ckfs_code plan_build(struct build *b, struct rank_plan **out, struct ckfs_error *err)
 {
 	struct ckfs_model *m = b->m;
 	size_t n = b->n_keys, w = (size_t)m->world_size;
 	struct rank_plan *rp = calloc(1, sizeof(*rp));
-	struct ckfs_chunk_list cl = { 0 }, pl = { 0 };
 	const struct ckfs_dtensor_info *last = NULL;
 	enum ckfs_code rc = CKFS_OK;
 
@@ -210,14 +281,10 @@ static enum ckfs_code plan_build(struct build *b, struct rank_plan **out, struct
 	memcpy(rp->coords, b->coords, w * sizeof(*rp->coords));
 	rc = ckfs_torch_like_new(&b->first, &rp->like, err);
 	m->ranks_read[0] = 0;
-	for (size_t k = 0; rc == CKFS_OK && k < n; k++) {
-		const struct ckfs_sd_entry *e = &b->first.entries[k];
-		rc = plan_expect(rp, e, k, &last, err);
-		if (rc == CKFS_OK && (rc = plan_key(rp, e, k, &cl, &pl, err)) != CKFS_OK)
-			ckfs_error_prefix(err, "'%s'", m->sources[0].path);
-	}
-	free(cl.v);
-	free(pl.v);
+	for (size_t k = 0; rc == CKFS_OK && k < n; k++)
+		rc = plan_expect(rp, &b->first.entries[k], k, &last, err);
+	if (rc == CKFS_OK && (rc = plan_keys(rp, b->first.entries, err)) != CKFS_OK)
+		ckfs_error_prefix(err, "'%s'", m->sources[0].path);
 	for (size_t p = 0; p < w; p++)
 		m->ranks_read[p] = (int)b->ranks[p];
 	if (rc != CKFS_OK) {

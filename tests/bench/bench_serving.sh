@@ -9,8 +9,11 @@
 # Prints medians of wall time, their ratio, the checkpoint bytes the daemon
 # read (ckfs stats source_bytes_read, against the rank files' size: each
 # source byte once?) and the daemon's peak RSS. Figures only, no assertions.
+# With PRELOAD=1 each run also serves from a mount with -o preload whose
+# preload has finished (the loader started after `preload_done`: what a
+# server that starts after the mount gets), in the same interleaving.
 #
-#   tests/bench/bench_serving.sh [CKFS]   (env: RUNS=3, BENCH_DIR, BENCH_SIZES=0.5b, TP=8)
+#   tests/bench/bench_serving.sh [CKFS]   (env: RUNS=3, BENCH_DIR, BENCH_SIZES=0.5b, TP=8, PRELOAD=0)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 [ $# -gt 0 ] && CKFS=$1
@@ -29,6 +32,7 @@ for size in $SIZES; do
 	out=$D/serving.txt
 	: >"$out.mount"
 	: >"$out.copy"
+	: >"$out.preload"
 	src_bytes=$(cat "$D"/ckpt/model_world_size_*_rank_*.pt | wc -c)
 	load0=$(load_now)
 	for _ in $(seq "$RUNS"); do
@@ -43,6 +47,17 @@ for size in $SIZES; do
 		read -r s n2 b2 <<<"$(serve "$D/export.ckfs")"
 		[ "$n $b" = "$n2 $b2" ] || die "mount gave $n tensors/$b bytes, the copy $n2/$b2"
 		echo "$s" >>"$out.copy"
+		[ "${PRELOAD:-0}" = 1 ] || continue
+		"$CKFS" mount --log-level err --cache-size "$CKFS_CACHE" -o preload "$D/ckpt" "$MNT"
+		pid=$(stats_field "$MNT" pid)
+		t=$(t_now)
+		until [ "$(stats_field "$MNT" preload_done)" = 1 ]; do sleep 0.05; done
+		pre=$(t_since "$t")
+		read -r s n3 b3 <<<"$(serve "$MNT")"
+		[ "$n $b" = "$n3 $b3" ] || die "the preloaded mount gave $n3 tensors/$b3 bytes"
+		echo "$s $pre $(stats_field "$MNT" preload_stored)" >>"$out.preload"
+		"$CKFS" umount "$MNT"
+		wait_gone "$pid"
 	done
 	m=$(col_median 1 "$out.mount")
 	c=$(col_median 1 "$out.copy")
@@ -56,4 +71,10 @@ for size in $SIZES; do
 		"$(awk -v v="$src_bytes" 'BEGIN { print v / 1e9 }')" "$(ratio "$(col_median 2 "$out.mount")" "$src_bytes")"
 	printf '  %-34s %8s MiB (max %s; cache %s)\n' "daemon peak RSS (median)" "$(col_median 3 "$out.mount")" \
 		"$(cut -d' ' -f3 "$out.mount" | sort -n | tail -1)" "$CKFS_CACHE"
+	[ -s "$out.preload" ] || continue
+	p=$(col_median 1 "$out.preload")
+	printf '  %-34s %8s s  (runs: %s)  %sx the copy; the preload took %s s before, storing %.2f GB\n' \
+		"mount -o preload, once it is done" "$p" "$(cut -d' ' -f1 "$out.preload" | paste -sd' ')" \
+		"$(ratio "$p" "$c")" "$(col_median 2 "$out.preload")" \
+		"$(awk -v v="$(col_median 3 "$out.preload")" 'BEGIN { print v / 1e9 }')"
 done
