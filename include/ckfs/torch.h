@@ -93,10 +93,13 @@ struct ckfs_sd_entry {
 	struct ckfs_sharded_info *sharded;
 };
 
-/* An int of a template's data.pkl that may differ from rank to rank: a
- * mesh coordinate's (dim >= 0), or one the decode never reads (dim -1:
- * the mesh's _hash, _thread_id, _rank, each DTensorSpec's _hash); at is
- * its opcode's offset. */
+/* A value of a template's data.pkl that may differ from rank to rank: a
+ * mesh coordinate's int (dim >= 0), or one the decode never reads: an int
+ * (SPAN_UNREAD_INT: the mesh's _hash, _thread_id, _rank, each
+ * DTensorSpec's _hash) or a string (SPAN_UNREAD_STR: the mesh's
+ * _dim_group_names); at is its opcode's offset. */
+#define SPAN_UNREAD_INT (-1)
+#define SPAN_UNREAD_STR (-2)
 struct ckfs_torch_span {
 	uint32_t at;
 	int dim;

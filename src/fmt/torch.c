@@ -679,7 +679,7 @@ static void note_unread(struct ckfs_torch_file *tf, const struct ckfs_pv *obj,
 		return;
 	for (; *unread; unread++)
 		if (int_once(attr(obj, *unread), &at))
-			add_span(tf, at, -1);
+			add_span(tf, at, SPAN_UNREAD_INT);
 }
 
 /* A template's record of the ints of its mesh that may differ from rank
@@ -703,6 +703,15 @@ static void note_mesh_ints(struct ckfs_torch_file *tf, const struct ckfs_pv *mes
 	for (int i = 0; d == di->mesh_ndim && i < d; i++)
 		add_span(tf, at[i], i);
 	note_unread(tf, mesh, unread);
+	/* process group names (torch 2.8 on), one per mesh dim */
+	const struct ckfs_pv *names = attr(mesh, "_dim_group_names");
+	uint32_t nat;
+	if (!ckfs_pv_made_once(names, &nat))
+		return;
+	for (size_t i = 0; i < ckfs_pv_seq_len(names); i++)
+		if (names->u.seq.items[i]->kind == CKFS_PV_STR &&
+		    ckfs_pv_made_once(names->u.seq.items[i], &nat))
+			add_span(tf, nat, SPAN_UNREAD_STR);
 }
 
 static enum ckfs_code decode_mesh(struct ckfs_torch_file *tf,
@@ -1321,16 +1330,40 @@ struct ckfs_torch_like {
 };
 
 #define OP_LONG1 0x8a
+#define OP_SHORT_BINUNICODE 0x8c
+#define SPAN_MAX_STR 256
 
-/* The bytes after an int opcode at p (BININT1, BININT2, BININT, LONG1 of
- * at most 8 bytes), or 0; p[0..avail) may be read. */
-static size_t int_width(const unsigned char *p, size_t avail)
+/* The bytes of a span's value written at p, after its opcode: an int
+ * (BININT1, BININT2, BININT; LONG1 of at most 8 bytes, not for a
+ * coordinate) or a string (BINUNICODE, SHORT_BINUNICODE; at most
+ * SPAN_MAX_STR bytes) as the span's kind wants; 0 for anything else or
+ * when p[0..avail) does not hold it all. */
+static size_t span_width(const unsigned char *p, size_t avail, int dim)
 {
-	if (avail < 1)
+	size_t w = 0;
+
+	if (avail < 2)
 		return 0;
-	if (p[0] == OP_LONG1)
-		return avail >= 2 && p[1] <= 8 ? 1u + p[1] : 0;
-	return p[0] == 'K' ? 1 : p[0] == 'M' ? 2 : p[0] == 'J' ? 4 : 0;
+	if (dim == SPAN_UNREAD_STR) {
+		if (p[0] == 'X' && avail >= 5)
+			w = 4 + ((size_t)p[1] | (size_t)p[2] << 8 | (size_t)p[3] << 16 |
+				 (size_t)p[4] << 24);
+		else if (p[0] == OP_SHORT_BINUNICODE)
+			w = 1 + (size_t)p[1];
+		if (w > 4 + SPAN_MAX_STR)
+			return 0;
+	} else if (p[0] == OP_LONG1 && dim == SPAN_UNREAD_INT) {
+		w = p[1] <= 8 ? 1u + p[1] : 0;
+	} else {
+		w = p[0] == 'K' ? 1 : p[0] == 'M' ? 2 : p[0] == 'J' ? 4 : 0;
+	}
+	return w < avail ? w : 0;
+}
+
+/* How many bytes after a span's opcode must be read to know its width. */
+static size_t span_head(unsigned char op)
+{
+	return op == 'J' || op == 'X' ? 4 : op == 'M' ? 2 : 1;
 }
 
 /* The value of a BININT1, BININT2 or BININT at p. */
@@ -1471,8 +1504,7 @@ enum ckfs_code ckfs_torch_like_new(struct ckfs_torch_file *tf, struct ckfs_torch
 	for (size_t k = 0; k < like->n_spans; k++) {
 		const struct ckfs_torch_span *sp = &like->spans[k];
 		const unsigned char *p = tf->pkl + sp->at;
-		size_t w = sp->at < tf->pkl_len ? int_width(p, tf->pkl_len - sp->at) : 0;
-		if (w == 0 || w > tf->pkl_len - sp->at - 1 || (sp->dim >= 0 && p[0] == OP_LONG1))
+		if (sp->at >= tf->pkl_len || span_width(p, tf->pkl_len - sp->at, sp->dim) == 0)
 			like->n_spans = 0;
 		else if (sp->dim >= 0)
 			like->mesh_shape[sp->dim] = tf->mesh_di->mesh_shape[sp->dim];
@@ -1554,9 +1586,10 @@ static bool reader_take(struct record_reader *r, const unsigned char *t, unsigne
 
 /*
  * Whether data.pkl (the record pkl of tf) is the template's but for its
- * spans, the coordinate's holding coord. Each may be written with an int
- * opcode as wide as the template's or wider (rank 256 on needs BININT2;
- * a hash may take fewer bytes): the pickle only grows at each of them,
+ * spans, the coordinate's holding coord. Each may be written as wide as
+ * the template's or wider (rank 256 on needs BININT2, process group "10"
+ * is longer than "9"; a narrower one, a hash of fewer bytes, runs the
+ * pickle): the pickle only grows at each of them,
  * which no check of the pickle machine can turn into a failure. Compared
  * a block at a time; a read that fails says no (the pickle's read
  * reports it).
@@ -1571,24 +1604,25 @@ static bool like_matches(const struct ckfs_torch_like *like, const struct ckfs_t
 
 	if (tf->has_format_version != like->has_format_version || (like->n_coord && !coord) ||
 	    pkl->method != 0 || pkl->size < like->len ||
-	    pkl->size > like->len + 10 * (uint64_t)like->n_spans ||
+	    pkl->size > like->len + (5 + SPAN_MAX_STR) * (uint64_t)like->n_spans ||
 	    ckfs_zip_check_derived(&tf->zip, pkl, &err) != CKFS_OK ||
 	    !(r.buf = malloc(LIKE_BLOCK)))
 		return false;
 	r.end = pkl->data_offset + pkl->size;
 	for (size_t k = 0; k < like->n_spans; k++) {
 		const struct ckfs_torch_span *sp = &like->spans[k];
-		unsigned char op[10];
-		if (!reader_take(&r, like->pkl + t, NULL, sp->at - t) || !reader_take(&r, NULL, op, 2))
+		unsigned char v[1 + 4 + SPAN_MAX_STR + 1];
+		if (!reader_take(&r, like->pkl + t, NULL, sp->at - t) || !reader_take(&r, NULL, v, 1) ||
+		    !reader_take(&r, NULL, v + 1, span_head(v[0])))
 			goto out;
-		size_t wt = int_width(like->pkl + sp->at, like->len - sp->at);
-		size_t wr = int_width(op, 2);
-		if (wr < wt || (sp->dim >= 0 && op[0] == OP_LONG1) ||
-		    !reader_take(&r, NULL, op + 2, wr - 1))
+		size_t head = span_head(v[0]);
+		size_t wt = span_width(like->pkl + sp->at, like->len - sp->at, sp->dim);
+		size_t wr = span_width(v, sizeof(v), sp->dim);
+		if (wr < wt || wr < head || !reader_take(&r, NULL, v + 1 + head, wr - head))
 			goto out;
 		if (sp->dim >= 0) {
-			int64_t v = int_arg(op);
-			if (v != coord[sp->dim] || v < 0 || v >= like->mesh_shape[sp->dim])
+			int64_t c = int_arg(v);
+			if (c != coord[sp->dim] || c < 0 || c >= like->mesh_shape[sp->dim])
 				goto out;
 		}
 		t = sp->at + 1 + wt;
