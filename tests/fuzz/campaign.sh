@@ -11,15 +11,16 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$1 secs=$2 work=$3
 shift 3
-targets=${*:-dcp plan zip pickle torch config}
+targets=${*:-dcp plan zip pickle torch config like}
 declare -A seeds=(
 	[zip]="corpus/fuzz/zip corpus/zip fixtures/zip"
 	[pickle]="corpus/fuzz/pickle corpus/pickle fixtures/pickle"
 	[torch]="corpus/fuzz/torch fixtures/zip"
 	[config]="corpus/fuzz/config"
 	[dcp]="corpus/fuzz/dcp fixtures/dcp/broken"
-	[plan]="corpus/fuzz/plan")
-declare -A dicts=([zip]=zip.dict [torch]=zip.dict [pickle]=dcp.dict [dcp]=dcp.dict)
+	[plan]="corpus/fuzz/plan"
+	[like]="corpus/fuzz/like fixtures/matrix/torch-2.13.0/fsdp2 fixtures/matrix/torch-2.8.0/fsdp2")
+declare -A dicts=([zip]=zip.dict [torch]=zip.dict [like]=zip.dict [pickle]=dcp.dict [dcp]=dcp.dict)
 mkdir -p "$work"
 for t in $targets; do
 	mkdir -p "$work/$t" "$work/$t.crashes"
