@@ -331,17 +331,30 @@ void ckfs_st_layout_release(struct ckfs_st_layout *l)
 
 /* Bytes [off, end) of f's tensor data into buf, from tensor i on (the first
  * whose data ends after off). */
+/* The bytes [*rel, *stop) of tensor i of f that the window [off, end) of
+ * the file takes, counted from the tensor's start; false for an empty
+ * tensor. off is at or after the tensor's start. */
+static bool tensor_part(const struct ckfs_st_file *f, size_t i, uint64_t off, uint64_t end,
+			uint64_t *rel, uint64_t *stop)
+{
+	uint64_t t_end = f->offsets[i + 1];
+
+	if (t_end == f->offsets[i])
+		return false;
+	*rel = off - f->offsets[i];
+	*stop = (end < t_end ? end : t_end) - f->offsets[i];
+	return true;
+}
+
 static enum ckfs_code read_tensors(const struct ckfs_model *m, const struct ckfs_st_file *f,
 				   size_t i, uint64_t off, uint64_t end, unsigned char *buf,
 				   struct ckfs_read_scratch *scratch, struct ckfs_error *err)
 {
 	for (; i < f->n_tensors && off < end; i++) {
 		const struct ckfs_tensor *t = f->tensors[i];
-		uint64_t t_end = f->offsets[i + 1];
-		if (t_end == f->offsets[i])
-			continue; /* empty tensor */
-		uint64_t rel = off - f->offsets[i];
-		uint64_t stop = (end < t_end ? end : t_end) - f->offsets[i];
+		uint64_t rel, stop;
+		if (!tensor_part(f, i, off, end, &rel, &stop))
+			continue;
 		size_t es = ckfs_dtype_size(t->out_dtype);
 		uint64_t first = rel / es, last = (stop + es - 1) / es;
 		/* A partial element at the start. */
@@ -389,15 +402,13 @@ static void fetch_ahead(const struct ckfs_model *m, const struct ckfs_st_file *f
 
 	for (; i < f->n_tensors && off < end && n < RANGES; i++) {
 		const struct ckfs_tensor *t = f->tensors[i];
-		uint64_t t_end = f->offsets[i + 1];
 		size_t es = ckfs_dtype_size(t->out_dtype);
-		if (t_end == f->offsets[i])
+		uint64_t rel, stop;
+		if (!tensor_part(f, i, off, end, &rel, &stop))
 			continue;
-		uint64_t rel = off - f->offsets[i];
-		uint64_t stop = (end < t_end ? end : t_end) - f->offsets[i];
 		uint64_t first = rel / es, last = (stop + es - 1) / es;
 		n += ckfs_tensor_ranges(m, t, first, last - first, v + n, RANGES - n);
-		off = t_end;
+		off = f->offsets[i + 1];
 	}
 	ckfs_file_ahead(v, n);
 }
