@@ -1512,7 +1512,8 @@ enum ckfs_code ckfs_torch_like_new(struct ckfs_torch_file *tf, struct ckfs_torch
 	}
 	if (like->n_spans == 0)
 		like->n_coord = 0;
-	qsort(like->spans, like->n_spans, sizeof(like->spans[0]), cmp_span);
+	if (like->n_spans > 1)
+		qsort(like->spans, like->n_spans, sizeof(like->spans[0]), cmp_span);
 	/* an object decoded twice (a shared spec) noted its ints twice */
 	size_t kept = 0;
 	for (size_t k = 0; k < like->n_spans; k++)
