@@ -54,6 +54,7 @@ struct job {
 	const struct ckfs_folder *folder;
 	const struct ckfs_node *node;
 	int fd;
+	int dfd; /* the same file opened O_DIRECT, or -1 */
 	uint64_t n_blocks;
 	atomic_uint_fast64_t next_block;
 	atomic_uint_fast64_t bytes_done;
@@ -83,9 +84,12 @@ static void *worker(void *arg)
 	struct job *j = arg;
 	struct ckfs_read_scratch scratch = { 0 };
 	struct ckfs_error err;
-	void *buf = malloc(EXPORT_BLOCK);
+	void *buf = NULL;
 
 	ckfs_error_clear(&err);
+	/* Page-aligned, for O_DIRECT. */
+	if (posix_memalign(&buf, 4096, EXPORT_BLOCK) != 0)
+		buf = NULL;
 	if (!buf) {
 		ckfs_nomem(&err);
 		ckfs_first_error_set(&j->fail, &err);
@@ -97,15 +101,30 @@ static void *worker(void *arg)
 		uint64_t off = b * EXPORT_BLOCK;
 		size_t got;
 		if (ckfs_folder_read(j->folder, j->node, off, EXPORT_BLOCK, buf, &got,
-				     &scratch, &err) != CKFS_OK ||
-		    write_all(j->fd, buf, got, off, j->node->name, &err) != CKFS_OK) {
+				     &scratch, &err) != CKFS_OK) {
 			ckfs_first_error_set(&j->fail, &err);
 			break;
 		}
-		/* Start writing the block back now, so the disk works while the
-		 * next blocks are assembled and the final fsync has little left
-		 * (a hint: fsync reports any error). */
-		sync_file_range(j->fd, (off_t)off, (off_t)got, SYNC_FILE_RANGE_WRITE);
+		/* Whole blocks go straight to the disk (no copy into the page
+		 * cache, no dirty pages to write back); the short last one, or
+		 * all of them where the file system refuses O_DIRECT, through
+		 * the page cache, started back at once so the final fsync has
+		 * little left (a hint: fsync reports any error). */
+		ssize_t w = -1;
+		if (j->dfd >= 0 && got == EXPORT_BLOCK) {
+			do
+				w = pwrite(j->dfd, buf, got, (off_t)off);
+			while (w < 0 && errno == EINTR);
+		}
+		if (w != (ssize_t)got) {
+			size_t done = w > 0 ? (size_t)w : 0;
+			if (write_all(j->fd, (const char *)buf + done, got - done, off + done,
+				      j->node->name, &err) != CKFS_OK) {
+				ckfs_first_error_set(&j->fail, &err);
+				break;
+			}
+			sync_file_range(j->fd, (off_t)off, (off_t)got, SYNC_FILE_RANGE_WRITE);
+		}
 		atomic_fetch_add(&j->bytes_done, got);
 	}
 	free(buf);
@@ -218,7 +237,9 @@ static enum ckfs_code write_node(const struct ckfs_folder *f, const struct ckfs_
 					       path, (unsigned long long)n->size);
 		}
 	}
-	struct job j = { .folder = f, .node = n, .fd = fd };
+	struct job j = { .folder = f, .node = n, .fd = fd, .dfd = -1 };
+	if (n->kind == CKFS_NODE_WEIGHTS && n->size >= EXPORT_BLOCK)
+		j.dfd = open(path, O_WRONLY | O_DIRECT | O_CLOEXEC); /* -1: buffered */
 	j.n_blocks = (n->size + EXPORT_BLOCK - 1) / EXPORT_BLOCK;
 	ckfs_first_error_init(&j.fail);
 	int nt = n->kind == CKFS_NODE_WEIGHTS ? threads : 1;
@@ -252,6 +273,8 @@ static enum ckfs_code write_node(const struct ckfs_folder *f, const struct ckfs_
 		rc = ckfs_fail_errno(err, "'%s': fsync failed", path);
 	}
 	ckfs_first_error_destroy(&j.fail);
+	if (j.dfd >= 0 && close(j.dfd) != 0 && rc == CKFS_OK)
+		rc = ckfs_fail_errno(err, "'%s': close failed", path);
 	if (close(fd) != 0 && rc == CKFS_OK)
 		rc = ckfs_fail_errno(err, "'%s': close failed", path);
 	return rc;

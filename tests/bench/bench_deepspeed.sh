@@ -5,7 +5,11 @@
 # safetensors, on a Qwen2.5-0.5B-shaped ZeRO-3 checkpoint of world size 8
 # (bf16 training: fp32 masters and Adam moments in the optimizer files,
 # 5.9 GB), side by side in the same run; prints medians (docs/benchmarks.md,
-# "DeepSpeed ZeRO-3").
+# "DeepSpeed ZeRO-3"). Beside each export, the same run measures its write
+# bound: `dd conv=fsync` of the same size into the same folder (from
+# /dev/zero, and a copy of the same bytes from /dev/shm), and the export
+# with its output on /dev/shm (no disk); /proc/diskstats deltas (sectors
+# written, time writing, time busy) of the folder's disk for each.
 #
 #   tests/bench/bench_deepspeed.sh
 #
@@ -21,6 +25,10 @@
 #                BENCH_BUILD=0
 #   TORCH_PYTHON a python with torch, safetensors and deepspeed (default:
 #                the pinned venv of tests/setup-venv.sh)
+#   CKFS_OTHER   another ckfs binary whose export is timed beside (an A/B of
+#                a change to the export writer), optional
+#   SHM_DIR      a folder on tmpfs for the exports without disk (default
+#                /dev/shm/ckfs-bench-deepspeed; removed at the end)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -55,9 +63,14 @@ MNT=$D/mnt
 mkdir -p "$D" "$MNT"
 RESULTS=$D/results.txt
 : >"$RESULTS"
-cleanup() { if mountpoint -q "$MNT"; then "$CKFS" umount -z "$MNT" || true; fi; }
+SHM=${SHM_DIR:-/dev/shm/ckfs-bench-deepspeed}
+cleanup() {
+	if mountpoint -q "$MNT"; then "$CKFS" umount -z "$MNT" || true; fi
+	rm -rf "$SHM" "$D/dd.out"
+}
 trap cleanup EXIT
 cleanup
+mkdir -p "$SHM"
 
 if [ ! -e "$CK/.bench-complete" ]; then
 	say "generating $DS_SHAPE at world size $DS_WORLD in $CK (once; reused by later runs)"
@@ -73,7 +86,24 @@ fi
 rec() { echo "$1 $2" >>"$RESULTS"; }
 t_now() { echo "$EPOCHREALTIME"; }
 t_since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.3f", b - a }'; }
-warm() { cat "$CK"/*/*.pt >/dev/null; } # every file into the page cache, for both tools
+# every file into the page cache, for both tools; others' dirty pages written first
+warm() { cat "$CK"/*/*.pt >/dev/null; sync; }
+
+# The disk under $D in /proc/diskstats (none on tmpfs or a device it lacks):
+# sectors written, milliseconds writing, milliseconds busy.
+DEV=$(basename "$(df --output=source "$D" | tail -1)")
+grep -q " $DEV " /proc/diskstats || DEV=
+diskstats() { awk -v d="$DEV" '$3 == d { print $10, $11, $13; f = 1 } END { if (!f) print 0, 0, 0 }' /proc/diskstats; }
+DS0=
+disk_start() { DS0=$(diskstats); }
+disk_end() { # KEY: MiB written, write ms and busy ms since disk_start (the whole disk's)
+	local a
+	a=$(diskstats)
+	set -- "$1" $DS0 $a
+	rec "${1}_wmib" "$(awk -v a="$2" -v b="$5" 'BEGIN { printf "%.0f", (b - a) * 512 / 2^20 }')"
+	rec "${1}_wms" "$(($6 - $3))"
+	rec "${1}_busyms" "$(($7 - $4))"
+}
 
 timed() { # KEY CMD...: wall seconds, CPU seconds (user + system) and peak RSS (bytes) of CMD
 	local key=$1
@@ -98,10 +128,49 @@ rm -rf "$D/z2f.unchanged"
 for run in $(seq "$RUNS"); do
 	say "run $run/$RUNS"
 	for dt in fp32 bf16; do
-		rm -rf "$D/ckfs.$dt" "$D/z2f.$dt"
+		rm -rf "$D/ckfs.$dt" "$D/z2f.$dt" "$SHM/ckfs.$dt"
 		warm
+		disk_start
 		timed "ckfs_$dt" "$CKFS" export -q --dtype "$dt" "$CK" "$D/ckfs.$dt"
+		disk_end "ckfs_$dt"
+		if [ -n "${CKFS_OTHER:-}" ]; then
+			rm -rf "$D/other.$dt"
+			warm
+			disk_start
+			timed "other_$dt" "$CKFS_OTHER" export -q --dtype "$dt" "$CK" "$D/other.$dt"
+			disk_end "other_$dt"
+			same_file "$D/ckfs.$dt/model.safetensors" "$D/other.$dt/model.safetensors"
+			rm -rf "$D/other.$dt"
+		fi
+		# The same export without a disk: its output on tmpfs.
 		warm
+		timed "ckfs_${dt}_shm" "$CKFS" export -q --dtype "$dt" "$CK" "$SHM/ckfs.$dt"
+		same_file "$D/ckfs.$dt/model.safetensors" "$SHM/ckfs.$dt/model.safetensors"
+		# The write bound: dd of the output's size into the same folder,
+		# 8 MiB blocks, synced before it exits, as the export syncs.
+		size=$(du -sb "$D/ckfs.$dt" | cut -f1)
+		rec "out_${dt}_bytes" "$size"
+		warm
+		disk_start
+		timed "dd_$dt" dd if=/dev/zero of="$D/dd.out" bs=8M count=$(((size + (8 << 20) - 1) >> 23)) conv=fsync
+		disk_end "dd_$dt"
+		rm -f "$D/dd.out"
+		# The disk without the page cache: the same, O_DIRECT.
+		warm
+		disk_start
+		timed "dddir_$dt" dd if=/dev/zero of="$D/dd.out" bs=8M count=$(((size + (8 << 20) - 1) >> 23)) oflag=direct conv=fsync
+		disk_end "dddir_$dt"
+		rm -f "$D/dd.out"
+		# The same bytes (the export's output, in memory), in case the
+		# disk under the VM makes zeroes cheap.
+		warm
+		disk_start
+		timed "ddcp_$dt" dd if="$SHM/ckfs.$dt/model.safetensors" of="$D/dd.out" bs=8M conv=fsync
+		disk_end "ddcp_$dt"
+		rm -f "$D/dd.out"
+		rm -rf "$SHM/ckfs.$dt"
+		warm
+		disk_start
 		timed "z2f_$dt" $Z2F "$CK" "$D/z2f.$dt" --dtype "$dt"
 		# ckfs export syncs its output before renaming it into place;
 		# zero_to_fp32 leaves it in the page cache. Its time until durable:
@@ -109,6 +178,7 @@ for run in $(seq "$RUNS"); do
 		sync
 		rec "z2f_${dt}_sync_s" "$(awk -v a="$(cut -d' ' -f1 "$D/time")" -v b="$(t_since "$t")" \
 			'BEGIN { printf "%.2f", a + b }')"
+		disk_end "z2f_$dt"
 		same_file "$D/ckfs.$dt/model.safetensors" "$D/z2f.$dt/model.safetensors"
 		rm -rf "$D/z2f.$dt"
 	done
@@ -143,8 +213,8 @@ for line in open(res):
 m = {k: statistics.median(x) for k, x in v.items()}
 size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(ck) for f in fs)
 gib = lambda b: "%.2f GiB" % (b / 2**30) if b >= 2**30 else "%.0f MiB" % (b / 2**20)
-print("checkpoint: %s, %s in all; medians of %s runs, files in the page cache; load average %s"
-      % (ck, gib(size), runs, open("/proc/loadavg").read().split()[0]))
+print("checkpoint: %s, %s in all; medians of %s runs, files in the page cache; load average at the end %s"
+      % (ck, gib(size), runs, " ".join(open("/proc/loadavg").read().split()[:3])))
 print("zero_to_fp32 unchanged (--safe_serialization): %s" % unchanged)
 print("bytes the mount's first read took from the checkpoint: %s (%.1f%% of it; the fp32 masters)"
       % (gib(m["mount_source_bytes"]), 100 * m["mount_source_bytes"] / size))
@@ -166,6 +236,36 @@ print("| mount + first read (bf16) vs export bf16, wall | %.2f s (ready %.2f s) 
 a, b = m["mount_rss"], m["z2f_bf16_rss"]
 print("| mount daemon peak RSS (cache %s) | %s | %s | 1/%.0f | 1/10: %s |"
       % (os.environ.get("CKFS_CACHE", "1GiB"), gib(a), gib(b), b / a, "met" if b / a >= 10 else "NOT met"))
+print()
+print("Write bound: the same output size written to the same disk (dd bs=8M conv=fsync) and the")
+print("export with its output on /dev/shm; disk columns are /proc/diskstats deltas of the whole disk")
+print("during the command (z2f: until its sync returns), medians.")
+print()
+print("| %s | wall | CPU | written | disk writing | disk busy | ckfs export / this |" % "")
+print("|---|---:|---:|---:|---:|---:|---:|")
+for dt in ("fp32", "bf16"):
+    c = m["ckfs_%s_s" % dt]
+    def row(name, key, wall=None, disk=True):
+        w = m[key + "_s"] if wall is None else wall
+        d = ("| %.0f MiB | %.2f s | %.0f%% " % (m[key + "_wmib"], m[key + "_wms"] / 1e3,
+                                               100 * m[key + "_busyms"] / 1e3 / w)) if disk else "| | | "
+        print("| %s | %.2f s | %.2f s %s| %s |" % (name, w, m[key + "_cpu"], d,
+              "" if key == "ckfs_" + dt else "%.2fx" % (c / w)))
+    print("| **%s** (output %s) | | | | | | |" % (dt, gib(m["out_%s_bytes" % dt])))
+    row("ckfs export", "ckfs_" + dt)
+    if "other_%s_s" % dt in m:
+        row("ckfs export, CKFS_OTHER", "other_" + dt)
+    row("ckfs export to /dev/shm", "ckfs_%s_shm" % dt, disk=False)
+    row("dd from /dev/zero", "dd_" + dt)
+    row("dd from /dev/zero, oflag=direct", "dddir_" + dt)
+    row("dd of the same bytes from /dev/shm", "ddcp_" + dt)
+    row("zero_to_fp32 + sync", "z2f_" + dt, wall=m["z2f_%s_sync_s" % dt])
+print()
+for dt in ("fp32", "bf16"):
+    c = m["ckfs_%s_s" % dt]
+    print("%s: zero_to_fp32 / ckfs %.1fx (+ sync %.1fx); ckfs / dd %.2fx (/ dd direct %.2fx, / dd copy %.2fx); ckfs / ckfs to /dev/shm %.2fx"
+          % (dt, m["z2f_%s_s" % dt] / c, m["z2f_%s_sync_s" % dt] / c, c / m["dd_%s_s" % dt],
+             c / m["dddir_%s_s" % dt], c / m["ddcp_%s_s" % dt], c / m["ckfs_%s_shm_s" % dt]))
 print()
 print("every run: " + "; ".join("%s %s" % (k, " ".join("%g" % x for x in v[k])) for k in sorted(v)))
 EOF
