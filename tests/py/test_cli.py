@@ -4,7 +4,10 @@ import json
 import shutil
 import struct
 
-from conftest import ckpt_dir, expected_dir, load_file, original_path, run_ckfs, weight_files
+from pathlib import Path
+
+from conftest import (FIXTURES, ckpt_dir, expected_dir, load_file, original_path, run_ckfs,
+                      weight_files)
 
 
 def _strings(obj):
@@ -90,3 +93,41 @@ def test_export_of_missing_dir_fails_cleanly(tmp_path):
     assert p.returncode != 0
     assert len([ln for ln in p.stderr.splitlines() if ln.strip()]) == 1, p.stderr
     assert not out.exists()
+
+
+def test_export_large_weights_direct_and_buffered(tmp_path):
+    """A weights file of several 8 MiB blocks and a short last one: export writes the whole blocks
+    with O_DIRECT where the file system takes it (ext4 under the test's tmp_path) and everything
+    through the page cache where it does not (tmpfs, /dev/shm); both outputs are the same bytes
+    and hold the input's tensors (safetensors' own writer made the input)."""
+    import os
+    import tempfile
+
+    import torch
+    from safetensors.torch import load_file as st_load, save_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(FIXTURES / "fsdp" / "qwen2_fsdp2_w2" / "huggingface" / "config.json",
+                src / "config.json")
+    g = torch.Generator().manual_seed(28)
+    weights = {"model.embed_tokens.weight": torch.randn(9000, 1024, generator=g).to(torch.bfloat16),
+               "model.norm.weight": torch.randn(1024, generator=g).to(torch.bfloat16)}
+    save_file(weights, str(src / "model.safetensors"), metadata={"format": "pt"})
+    outs = [tmp_path / "disk"]
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        outs.append(Path(tempfile.mkdtemp(dir=shm)) / "out")
+    try:
+        for out in outs:
+            run_ckfs("export", "-q", src, out)
+        blobs = [(out / "model.safetensors").read_bytes() for out in outs]
+        assert len(blobs[0]) > 2 * 8 * 1024 * 1024 and len(blobs[0]) % (8 * 1024 * 1024) != 0
+        assert all(b == blobs[0] for b in blobs), "the disk and tmpfs exports differ"
+        got = st_load(str(outs[0] / "model.safetensors"))
+        assert got.keys() == weights.keys()
+        for k, v in weights.items():
+            assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+    finally:
+        for out in outs[1:]:
+            shutil.rmtree(out.parent, ignore_errors=True)
