@@ -173,6 +173,30 @@ static enum ckfs_code plan_expect(struct rank_plan *rp, const struct ckfs_sd_ent
 	return CKFS_OK;
 }
 
+/* The CPUs, at most RANK_CHECK_THREADS and at most most (>= 1). */
+static size_t worker_count(size_t most)
+{
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	size_t n = cpus > 1 ? (size_t)cpus : 1;
+
+	n = n < RANK_CHECK_THREADS ? n : RANK_CHECK_THREADS;
+	return n < most ? n : most > 0 ? most : 1;
+}
+
+/* fn(arg) on n threads, this one among them, until all return. */
+static void run_workers(void *(*fn)(void *), void *arg, size_t n)
+{
+	pthread_t th[RANK_CHECK_THREADS];
+	size_t started = 0;
+
+	for (; started + 1 < n && started + 1 < RANK_CHECK_THREADS; started++)
+		if (pthread_create(&th[started], NULL, fn, arg) != 0)
+			break;
+	fn(arg);
+	for (size_t i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+}
+
 /* Keys planned on several threads (plan_key), a batch at a time; the
  * error is that of the first failing key, as one thread would report. */
 struct plan_job {
@@ -221,21 +245,13 @@ static enum ckfs_code plan_keys(struct rank_plan *rp, const struct ckfs_sd_entry
 				struct ckfs_error *err)
 {
 	struct plan_job j = { .rp = rp, .entries = entries, .fail_k = rp->n_keys };
-	pthread_t th[RANK_CHECK_THREADS];
-	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-	size_t n = cpus > 1 ? (size_t)cpus : 1, started = 0;
+	size_t n = worker_count(RANK_CHECK_THREADS);
 
-	n = n < RANK_CHECK_THREADS ? n : RANK_CHECK_THREADS;
 	/* about 16 batches a thread, of at most 64 keys */
 	j.batch = rp->n_keys / (16 * n);
 	j.batch = j.batch < 1 ? 1 : j.batch > 64 ? 64 : j.batch;
 	pthread_mutex_init(&j.lock, NULL);
-	for (; started + 1 < n; started++)
-		if (pthread_create(&th[started], NULL, plan_worker, &j) != 0)
-			break;
-	plan_worker(&j);
-	for (size_t i = 0; i < started; i++)
-		pthread_join(th[i], NULL);
+	run_workers(plan_worker, &j, n);
 	pthread_mutex_destroy(&j.lock);
 	if (j.fail_k == rp->n_keys)
 		return CKFS_OK;
@@ -528,20 +544,10 @@ out:
 static enum ckfs_code check_positions(void *ctx, _Atomic bool *stop, struct ckfs_error *err)
 {
 	struct rank_plan *rp = ctx;
-	pthread_t th[RANK_CHECK_THREADS];
-	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-	size_t n = cpus > 0 ? (size_t)cpus : 1, started = 0;
 
-	n = n < RANK_CHECK_THREADS ? n : RANK_CHECK_THREADS;
-	n = n < rp->world - 1 ? n : rp->world - 1;
 	rp->stop = stop;
 	atomic_store(&rp->next, 1);
-	for (; started + 1 < n; started++)
-		if (pthread_create(&th[started], NULL, check_worker, rp) != 0)
-			break;
-	check_worker(rp);
-	for (size_t i = 0; i < started; i++)
-		pthread_join(th[i], NULL);
+	run_workers(check_worker, rp, worker_count(rp->world - 1));
 	if (stop && atomic_load(stop))
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': the rank checks were stopped",
 				 rp->m->src_dir);
