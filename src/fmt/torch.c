@@ -1121,7 +1121,7 @@ enum ckfs_code ckfs_torch_open_item(struct ckfs_torch_file *tf,
 
 static bool like_matches(const struct ckfs_torch_like *like, const struct ckfs_torch_file *tf,
 			 const struct ckfs_zip_entry *pkl, const int64_t *coord);
-static enum ckfs_code entries_from_like(struct ckfs_torch_file *tf,
+static enum ckfs_code bind_like(struct ckfs_torch_file *tf,
 					const struct ckfs_torch_like *like, const int64_t *coord,
 					struct ckfs_error *err);
 
@@ -1155,7 +1155,7 @@ static enum ckfs_code open_file_pickle(struct ckfs_torch_file *tf, struct ckfs_f
 	if (rc != CKFS_OK)
 		return rc;
 	if (like && like_matches(like, tf, pkl, coord)) {
-		rc = entries_from_like(tf, like, coord, err);
+		rc = bind_like(tf, like, coord, err);
 		if (rc != CKFS_OK)
 			ckfs_torch_close(tf);
 		return rc;
@@ -1646,7 +1646,7 @@ static void bind_view(struct ckfs_tensor_view *v, const struct ckfs_zip_entry *e
  * the messages of the pickle's decode (each entry's own storage, then, at
  * the first DTensor of a mesh, the mesh's rank tensor); the DTensor infos
  * copied with coord. ckfs_torch_entry makes the entries from them. */
-static enum ckfs_code entries_from_like(struct ckfs_torch_file *tf,
+static enum ckfs_code bind_like(struct ckfs_torch_file *tf,
 					const struct ckfs_torch_like *like, const int64_t *coord,
 					struct ckfs_error *err)
 {
