@@ -36,6 +36,49 @@
 #define RANK_CHECK_THREADS 8
 #define AUTO_DEFER_ENTRIES 100000 /* (ranks - 1) x keys: about 0.1 s of checks */
 
+/* The failure with the lowest index among workers that take indices in
+ * increasing order (keys, mesh positions): what one thread would report. */
+struct lowest_fail {
+	pthread_mutex_t lock;
+	size_t at;               /* the lowest failing index, or SIZE_MAX */
+	struct ckfs_error err;
+};
+
+static void lowest_fail_init(struct lowest_fail *f)
+{
+	pthread_mutex_init(&f->lock, NULL);
+	f->at = SIZE_MAX;
+}
+
+/* Whether an index below i failed already (work on i would be wasted). */
+static bool lowest_fail_below(struct lowest_fail *f, size_t i)
+{
+	pthread_mutex_lock(&f->lock);
+	bool below = f->at < i;
+	pthread_mutex_unlock(&f->lock);
+	return below;
+}
+
+static void lowest_fail_note(struct lowest_fail *f, size_t i, const struct ckfs_error *e)
+{
+	pthread_mutex_lock(&f->lock);
+	if (i < f->at) {
+		f->at = i;
+		f->err = *e;
+	}
+	pthread_mutex_unlock(&f->lock);
+}
+
+/* CKFS_OK, or the lowest failure in *err; f destroyed. */
+static enum ckfs_code lowest_fail_end(struct lowest_fail *f, struct ckfs_error *err)
+{
+	pthread_mutex_destroy(&f->lock);
+	if (f->at == SIZE_MAX)
+		return CKFS_OK;
+	*err = f->err;
+	return err->code;
+}
+
 struct rank_plan {
 	struct ckfs_model *m;
 	size_t n_keys, world;
@@ -52,9 +95,7 @@ struct rank_plan {
 	int64_t (*coords)[CKFS_MAX_DIMS];
 	pthread_mutex_t lock;     /* interning into m (ckfs_model_dims) */
 	_Atomic size_t next;      /* the next position to check */
-	pthread_mutex_t fail_lock;
-	size_t fail_p;            /* the first failing position, or world */
-	struct ckfs_error fail_err;
+	struct lowest_fail fail;  /* of the positions checked */
 	_Atomic bool *stop;
 	struct ckfs_torch_like *like; /* rank 0's file, to read the others by */
 	_Atomic size_t n_like;        /* rank files read by it */
@@ -76,7 +117,7 @@ void fsdp_rank_plan_free(void *p)
 	free(rp->coords);
 	ckfs_torch_like_free(rp->like);
 	pthread_mutex_destroy(&rp->lock);
-	pthread_mutex_destroy(&rp->fail_lock);
+	pthread_mutex_destroy(&rp->fail.lock);
 	free(rp);
 }
 
@@ -204,9 +245,7 @@ struct plan_job {
 	const struct ckfs_sd_entry *entries;
 	size_t batch;
 	_Atomic size_t next;
-	pthread_mutex_t lock;
-	size_t fail_k; /* the first failing key, or n_keys */
-	struct ckfs_error fail_err;
+	struct lowest_fail fail;
 };
 
 static void *plan_worker(void *arg)
@@ -218,22 +257,14 @@ static void *plan_worker(void *arg)
 
 	for (;;) {
 		size_t k = atomic_fetch_add(&j->next, j->batch), end = k + j->batch;
-		pthread_mutex_lock(&j->lock);
-		bool past = k >= rp->n_keys || k > j->fail_k;
-		pthread_mutex_unlock(&j->lock);
-		if (past)
+		if (k >= rp->n_keys || lowest_fail_below(&j->fail, k))
 			break;
 		for (; k < end && k < rp->n_keys; k++) {
 			ckfs_error_clear(&err);
-			if (plan_key(rp, &j->entries[k], k, &cl, &pl, &err) == CKFS_OK)
-				continue;
-			pthread_mutex_lock(&j->lock);
-			if (k < j->fail_k) {
-				j->fail_k = k;
-				j->fail_err = err;
+			if (plan_key(rp, &j->entries[k], k, &cl, &pl, &err) != CKFS_OK) {
+				lowest_fail_note(&j->fail, k, &err);
+				break;
 			}
-			pthread_mutex_unlock(&j->lock);
-			break;
 		}
 	}
 	free(cl.v);
@@ -244,19 +275,15 @@ static void *plan_worker(void *arg)
 static enum ckfs_code plan_keys(struct rank_plan *rp, const struct ckfs_sd_entry *entries,
 				struct ckfs_error *err)
 {
-	struct plan_job j = { .rp = rp, .entries = entries, .fail_k = rp->n_keys };
+	struct plan_job j = { .rp = rp, .entries = entries };
 	size_t n = worker_count(RANK_CHECK_THREADS);
 
 	/* about 16 batches a thread, of at most 64 keys */
 	j.batch = rp->n_keys / (16 * n);
 	j.batch = j.batch < 1 ? 1 : j.batch > 64 ? 64 : j.batch;
-	pthread_mutex_init(&j.lock, NULL);
+	lowest_fail_init(&j.fail);
 	run_workers(plan_worker, &j, n);
-	pthread_mutex_destroy(&j.lock);
-	if (j.fail_k == rp->n_keys)
-		return CKFS_OK;
-	*err = j.fail_err;
-	return err->code;
+	return lowest_fail_end(&j.fail, err);
 }
 
 static enum ckfs_code plan_build(struct build *b, struct rank_plan **out, struct ckfs_error *err)
@@ -271,11 +298,10 @@ static enum ckfs_code plan_build(struct build *b, struct rank_plan **out, struct
 	if (!rp)
 		return ckfs_nomem(err);
 	pthread_mutex_init(&rp->lock, NULL);
-	pthread_mutex_init(&rp->fail_lock, NULL);
+	lowest_fail_init(&rp->fail);
 	rp->m = m;
 	rp->n_keys = n;
 	rp->world = w;
-	rp->fail_p = w;
 	rp->accs = b->accs;
 	rp->keys = ckfs_arena_calloc(&m->arena, n, sizeof(*rp->keys));
 	rp->x = ckfs_arena_calloc(&m->arena, n, sizeof(*rp->x));
@@ -415,20 +441,11 @@ static void *check_worker(void *arg)
 		size_t p = atomic_fetch_add(&rp->next, 1);
 		if (p >= rp->world || (rp->stop && atomic_load(rp->stop)))
 			break;
-		pthread_mutex_lock(&rp->fail_lock);
-		bool past = p > rp->fail_p; /* a lower position failed already */
-		pthread_mutex_unlock(&rp->fail_lock);
-		if (past)
+		if (lowest_fail_below(&rp->fail, p))
 			break;
 		ckfs_error_clear(&err);
-		if (check_position(rp, p, &spare, &err) == CKFS_OK)
-			continue;
-		pthread_mutex_lock(&rp->fail_lock);
-		if (p < rp->fail_p) {
-			rp->fail_p = p;
-			rp->fail_err = err;
-		}
-		pthread_mutex_unlock(&rp->fail_lock);
+		if (check_position(rp, p, &spare, &err) != CKFS_OK)
+			lowest_fail_note(&rp->fail, p, &err);
 	}
 	ckfs_arena_release(&spare);
 	return NULL;
@@ -551,8 +568,8 @@ static enum ckfs_code check_positions(void *ctx, _Atomic bool *stop, struct ckfs
 	if (stop && atomic_load(stop))
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': the rank checks were stopped",
 				 rp->m->src_dir);
-	if (rp->fail_p < rp->world) {
-		*err = rp->fail_err;
+	if (rp->fail.at != SIZE_MAX) { /* the workers have returned */
+		*err = rp->fail.err;
 		return err->code;
 	}
 	plan_to_cache(rp);
