@@ -1034,8 +1034,8 @@ static enum ckfs_code open_zip(struct ckfs_torch_file *tf, struct ckfs_file f, u
 		ckfs_arena_donate(&tf->arena, spare);
 	rc = ckfs_zip_open_ex(&tf->zip, f, base, length, label,
 			      flags & CKFS_TORCH_DERIVE_LOCALS ? CKFS_ZIP_DERIVE_LOCALS : 0, err);
-	if (rc != CKFS_OK)
-		return rc;
+	if (rc != CKFS_OK) /* the arena holds the spare's blocks now */
+		goto fail;
 	*pkl = ckfs_zip_find(&tf->zip, "data.pkl");
 	if (!*pkl) {
 		rc = ckfs_fail(err, CKFS_E_FORMAT,
