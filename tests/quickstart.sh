@@ -34,15 +34,17 @@ step "ckfs verify against verl's merger output"
 cmp "$OUT/merged/model.safetensors" "$CKFS_ROOT/tests/fixtures/expected/$NAME/model.safetensors" &&
 	echo "model.safetensors is byte-identical to verl's"
 
-# A real reader: the safetensors package (and numpy) in a small venv.
-READER=${XDG_CACHE_HOME:-$HOME/.cache}/ckfs/reader-venv
-if ! "$READER/bin/python" -c 'import safetensors, numpy' 2>/dev/null; then
-	step "installing the safetensors reader into $READER"
-	python3 -m venv "$READER"
-	"$READER/bin/pip" install -q --disable-pip-version-check \
-		"$(grep '^safetensors==' "$CKFS_ROOT/tests/python-requirements.txt")" \
-		"$(grep '^numpy==' "$CKFS_ROOT/tests/python-requirements.txt")"
-fi
+# A real reader: the safetensors package (and numpy) in a small venv,
+# built once under a lock (tests/lib/cache.sh).
+source "$CKFS_ROOT/tests/lib/cache.sh"
+READER=$CKFS_CACHE/reader-venv
+READER_PINS="$(grep '^safetensors==' "$CKFS_ROOT/tests/python-requirements.txt") $(grep '^numpy==' "$CKFS_ROOT/tests/python-requirements.txt")"
+build_reader() { # TMP
+	step "installing the safetensors reader ($READER_PINS) into $READER"
+	python3 -m venv "$1" &&
+		"$1/bin/python" -m pip install -q --disable-pip-version-check $READER_PINS
+}
+ckfs_cached "$READER" "$READER_PINS" build_reader
 
 MNT=$OUT/mnt MNT32=$OUT/mnt-fp32
 mkdir -p "$MNT" "$MNT32"

@@ -17,7 +17,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BENCH_SIZES=${BENCH_SIZES:-0.5b 1.5b}
 . "$ROOT/tests/bench/bench_common.sh"
 CLIENTS=${CLIENTS:-vllm runai fastsafetensors}
-CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/ckfs
+CACHE=${CKFS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ckfs}
 MNT=$BENCH_DIR/mnt-clients
 mkdir -p "$MNT"
 trap 'mountpoint -q "$MNT" && "$CKFS" umount -z "$MNT"' EXIT

@@ -6,7 +6,7 @@
 # and small helpers. Needs ROOT; sets CKFS, PY, BENCH_DIR, RUNS, SIZES,
 # CKFS_CACHE.
 CKFS=${CKFS:-$ROOT/build/ckfs}
-PY=${TORCH_PYTHON:-/root/.cache/ckfs/venv/bin/python}
+PY=${TORCH_PYTHON:-${CKFS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ckfs}/venv/bin/python}
 BENCH_DIR=${BENCH_DIR:-/tmp/ckfs-bench}
 RUNS=${RUNS:-3}
 SIZES=${BENCH_SIZES:-0.5b}

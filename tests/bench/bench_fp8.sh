@@ -16,7 +16,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 CKFS=${1:-$ROOT/build/ckfs}
-PY=${PY:-/root/.cache/ckfs/venv/bin/python}
+PY=${PY:-${CKFS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ckfs}/venv/bin/python}
 RUNS=${RUNS:-5}
 DIR=${BENCH_DIR:-/tmp/ckfs-bench}
 SRC=$DIR/qwen2.5-0.5b/ckpt # bench.sh's 0.5b checkpoint

@@ -13,7 +13,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 CKFS=${1:-$ROOT/build/ckfs}
-PY=${PY:-/root/.cache/ckfs/venv/bin/python}
+PY=${PY:-${CKFS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ckfs}/venv/bin/python}
 RUNS=${RUNS:-5}
 R=${R:-16}
 DIR=${BENCH_DIR:-/tmp/ckfs-bench}

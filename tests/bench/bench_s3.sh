@@ -24,7 +24,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 . "$ROOT/tests/bench/bench_common.sh"
 . "$ROOT/tests/s3/seaweedfs.sh"
 AWSCLI_VERSION=1.46.3
-AWSCLI=${XDG_CACHE_HOME:-$HOME/.cache}/ckfs/awscli-$AWSCLI_VERSION
+AWSCLI=$CKFS_CACHE/awscli-$AWSCLI_VERSION
 TP=8
 # Mount options for a node that reads its shard alone: small slices, no
 # read-ahead by the daemon or (beyond a page) the kernel.
@@ -40,8 +40,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-[ -x "$AWSCLI/bin/aws" ] || { python3 -m venv "$AWSCLI" &&
-	"$AWSCLI/bin/pip" install -q "awscli==$AWSCLI_VERSION"; } || die "cannot install awscli"
+awscli_build() { # TMP
+	python3 -m venv "$1" && "$1/bin/python" -m pip install -q "awscli==$AWSCLI_VERSION"
+}
+ckfs_cached "$AWSCLI" "awscli==$AWSCLI_VERSION" awscli_build || die "cannot install awscli"
 seaweedfs_install || die "cannot install SeaweedFS"
 seaweedfs_start "$W/weed" || die "SeaweedFS did not start"
 s3curl -f -X PUT "$AWS_ENDPOINT_URL/bench" >/dev/null || die "no bucket"
@@ -71,7 +73,7 @@ for size in $SIZES; do
 		# (a) download then export, against export from the store
 		rm -rf "$W/dl" "$W/out1" "$W/out2"
 		t=$(t_now)
-		"$AWSCLI/bin/aws" s3 cp --quiet --recursive --endpoint-url "$AWS_ENDPOINT_URL" \
+		"$AWSCLI/bin/python" -m awscli s3 cp --quiet --recursive --endpoint-url "$AWS_ENDPOINT_URL" \
 			"$URL" "$W/dl" || die "aws s3 cp failed"
 		t_dl=$(t_since "$t")
 		"$CKFS" export -q "$W/dl" "$W/out1"

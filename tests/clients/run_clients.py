@@ -41,8 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "clients")
 CKFS = os.environ.get("CKFS_BIN", os.path.join(REPO, "build", "ckfs"))
-CACHE = os.environ.get("CKFS_CACHE_DIR", os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
-                                                      "ckfs"))
+CACHE = os.environ.get("CKFS_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ckfs")
 MAIN_VENV = os.environ.get("CKFS_VENV", os.path.join(CACHE, "venv"))
 CLIENT_TIMEOUT = 1800  # catches hangs only: the vLLM run takes 2-4 minutes here
 

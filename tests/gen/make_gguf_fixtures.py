@@ -33,7 +33,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 OUT = os.path.join(REPO, "tests", "fixtures", "gguf")
 sys.path.insert(0, HERE)
-GGUF_PYTHON = os.environ.get("CKFS_GGUF_PYTHON", os.path.expanduser("~/.cache/ckfs/gguf-venv/bin/python"))
+CACHE = os.environ.get("CKFS_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ckfs")
+GGUF_PYTHON = os.environ.get("CKFS_GGUF_PYTHON", os.path.join(CACHE, "gguf-venv", "bin", "python"))
 
 SP_VOCAB = 320
 # Rows of 64 and 128 values: multiples of the 32-value blocks of Q8_0 and Q4_0. Head dim 16 with

@@ -5,7 +5,7 @@
     python3 tests/gen/torch_matrix.py update           # write the cells of those releases
     python3 tests/gen/torch_matrix.py generate 2.13.0  # (re)write one release's cells
 
-For each release: a venv (~/.cache/ckfs/matrix-venv) with that torch and safetensors only,
+For each release: a venv of its own (~/.cache/ckfs/matrix-venv.*) with that torch and safetensors only,
 its wheels kept in ~/.cache/ckfs/wheels so a second run downloads nothing, then
 tests/gen/make_torch_matrix.py writes tests/fixtures/matrix/torch-<version>/; the venv is
 removed after each release, so the disk holds one at a time (~4-5 GB with torch's CUDA
@@ -24,9 +24,10 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MATRIX = os.path.join(REPO, "tests", "fixtures", "matrix")
-CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ckfs")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gen_cache import CACHE, locked, scratch_venv  # noqa: E402
+
 WHEELS = os.path.join(CACHE, "wheels")
-VENV = os.path.join(CACHE, "matrix-venv")
 MIN_RELEASE = (2, 4)  # the oldest torch verl and plain FSDP2 users still run
 HELPERS = ["safetensors==0.7.0", "packaging==25.0", "numpy==2.2.6"]  # the truth file's writer
 
@@ -73,23 +74,24 @@ def run(cmd, **kw):
 
 def generate(version):
     t0 = time.time()
-    shutil.rmtree(VENV, ignore_errors=True)
     os.makedirs(WHEELS, exist_ok=True)
+    venv = scratch_venv("matrix-venv")
     pkgs = [f"torch=={version}"] + HELPERS
-    pip = [os.path.join(VENV, "bin", "python"), "-m", "pip", "-q", "--disable-pip-version-check"]
+    pip = [os.path.join(venv, "bin", "python"), "-m", "pip", "-q", "--disable-pip-version-check"]
     try:
-        run([sys.executable, "-m", "venv", VENV])
-        run(pip + ["download", "-d", WHEELS, "--find-links", WHEELS] + pkgs)
+        run([sys.executable, "-m", "venv", venv])
+        with locked(WHEELS):  # one download into the shared wheels at a time
+            run(pip + ["download", "-d", WHEELS, "--find-links", WHEELS] + pkgs)
         t1 = time.time()
         run(pip + ["install", "--no-index", "--find-links", WHEELS] + pkgs)
         t2 = time.time()
         out = os.path.join(MATRIX, f"torch-{version}")
-        run([os.path.join(VENV, "bin", "python"), os.path.join(REPO, "tests", "gen", "make_torch_matrix.py"),
+        run([os.path.join(venv, "bin", "python"), os.path.join(REPO, "tests", "gen", "make_torch_matrix.py"),
              out], env=dict(os.environ, PYTHONHASHSEED="0"))
         t3 = time.time()
     finally:
         if os.environ.get("CKFS_MATRIX_KEEP_VENV") != "1":  # kept only to debug a release
-            shutil.rmtree(VENV, ignore_errors=True)
+            shutil.rmtree(venv, ignore_errors=True)
     print(f"torch {version}: download {t1 - t0:.0f} s, install {t2 - t1:.0f} s, "
           f"cells {t3 - t2:.0f} s, total {time.time() - t0:.0f} s", flush=True)
 

@@ -25,9 +25,10 @@ trap 'printf "test_deb: FAIL: line %s: %s\n" "$LINENO" "$BASH_COMMAND" >&2' ERR
 
 BUILD=$(cd "${1:?usage: test_deb.sh BUILD_DIR}" && pwd)
 CKFS_ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/ckfs
-ROOT_TARBALL=$CACHE/debian12-minbase.tar.gz
-APT_ARCHIVES=$CACHE/debian12-apt-archives
+source "$CKFS_ROOT/tests/lib/cache.sh"
+ROOT_CACHE=$CKFS_CACHE/debian12-minbase
+ROOT_TARBALL=$ROOT_CACHE/root.tar.gz
+APT_ARCHIVES=$CKFS_CACHE/debian12-apt-archives
 FIXTURE=llama_tied_fsdp2_w4
 
 say() { printf 'test_deb: %s\n' "$*"; }
@@ -113,25 +114,26 @@ debian_mirror() {
 		/etc/apt/sources.list 2>/dev/null || true)
 	echo "${m:-http://deb.debian.org/debian}"
 }
-mkdir -p "$CACHE" "$APT_ARCHIVES/partial" "$ROOT"
-if [ ! -s "$ROOT_TARBALL" ]; then
+# The root, made once (tests/lib/cache.sh: aside, under a lock).
+make_root() { # TMP
+	local mirror tmp=$1 root=$1/root
 	mirror=$(debian_mirror)
-	start=$SECONDS
+	mkdir -p "$root"
 	say "no cached root: debootstrap --variant=minbase bookworm from $mirror"
-	debootstrap --variant=minbase bookworm "$ROOT" "$mirror" >"$WORK/debootstrap.log" 2>&1 ||
-		{ tail -30 "$WORK/debootstrap.log" >&2; fail "debootstrap failed (log above)"; }
-	cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
-	chroot "$ROOT" apt-get update -qq >"$WORK/update.log" 2>&1 ||
-		{ cat "$WORK/update.log" >&2; fail "apt-get update in the new root failed"; }
-	rm -f "$ROOT"/var/cache/apt/archives/*.deb
-	tar -C "$ROOT" -czf "$ROOT_TARBALL.tmp" . && mv "$ROOT_TARBALL.tmp" "$ROOT_TARBALL"
-	say "made the root in $((SECONDS - start)) s, cached as $ROOT_TARBALL"
-else
-	start=$SECONDS
-	tar -C "$ROOT" -xzf "$ROOT_TARBALL" || fail "cannot unpack $ROOT_TARBALL (remove it to remake it)"
-	cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
-	say "unpacked the cached root $ROOT_TARBALL in $((SECONDS - start)) s"
-fi
+	debootstrap --variant=minbase bookworm "$root" "$mirror" >"$WORK/debootstrap.log" 2>&1 ||
+		{ tail -30 "$WORK/debootstrap.log" >&2; say "debootstrap failed (log above)"; return 1; }
+	cp /etc/resolv.conf "$root/etc/resolv.conf"
+	chroot "$root" apt-get update -qq >"$WORK/update.log" 2>&1 ||
+		{ cat "$WORK/update.log" >&2; say "apt-get update in the new root failed"; return 1; }
+	rm -f "$root"/var/cache/apt/archives/*.deb
+	tar -C "$root" -czf "$tmp/root.tar.gz" . && rm -rf "$root"
+}
+mkdir -p "$APT_ARCHIVES/partial" "$ROOT"
+start=$SECONDS
+ckfs_cached "$ROOT_CACHE" "debootstrap minbase bookworm" make_root || fail "cannot make the Debian 12 root"
+tar -C "$ROOT" -xzf "$ROOT_TARBALL" || fail "cannot unpack $ROOT_TARBALL (remove $ROOT_CACHE to remake it)"
+cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+say "the cached root $ROOT_TARBALL unpacked in $((SECONDS - start)) s"
 [ -x "$ROOT/usr/bin/apt-get" ] || fail "the root has no apt-get"
 
 # What is on the root before the package, for the check after its removal
@@ -203,7 +205,8 @@ INSIDE
 start=$SECONDS
 rm -f "$ROOT/dev/fuse"
 touch "$ROOT/dev/fuse"
-unshare --mount --propagation private bash -euc '
+# apt's downloaded packages are shared between runs: one install at a time.
+flock -w 3600 "$APT_ARCHIVES.lock" unshare --mount --propagation private bash -euc '
 	ROOT=$1 ARCHIVES=$2
 	mount --bind /dev/fuse "$ROOT/dev/fuse"
 	mount -t proc proc "$ROOT/proc"

@@ -23,7 +23,8 @@ from conftest import FIXTURES, REPO, ckfs_bin, run_ckfs
 
 CASES = ["llama_fsdp2_w2", "qwen2_fsdp2_w2", "llama_tied_fsdp2_w2", "mistral_fsdp2_w2", "qwen3_fsdp2_w2"]
 OUTTYPES = {"bf16": "bf16", "f16": "fp16", "q8_0": "q8_0"}  # converter's --outtype: ckfs's --dtype
-VENV = Path(os.environ.get("CKFS_GGUF_VENV", Path.home() / ".cache" / "ckfs" / "gguf-venv"))
+CACHE = Path(os.environ.get("CKFS_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ckfs"))
+VENV = Path(os.environ.get("CKFS_GGUF_VENV", CACHE / "gguf-venv"))
 EXPECTED = FIXTURES / "gguf" / "expected.json"
 
 
@@ -172,7 +173,7 @@ def test_refusals(tmp_path):
     assert r.returncode == 2 and "GGUF" in r.stderr
 
 
-RUNTIME = Path(os.environ.get("CKFS_GGUF_RUNTIME_VENV", Path.home() / ".cache" / "ckfs" / "gguf-runtime-venv"))
+RUNTIME = Path(os.environ.get("CKFS_GGUF_RUNTIME_VENV", CACHE / "gguf-runtime-venv"))
 
 
 @pytest.mark.parametrize("case,outtype", [("llama_fsdp2_w2", "q8_0"), ("qwen2_fsdp2_w2", "bf16"),

@@ -16,6 +16,7 @@ here runs the installed binary.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -34,7 +35,7 @@ from conftest import FIXTURES, REPO
 VERSION = re.search(r"project\(ckfs VERSION ([0-9.]+)", (REPO / "CMakeLists.txt").read_text())[1]
 FIXTURE = FIXTURES / "fsdp" / "llama_tied_fsdp2_w4"
 EXPECTED = FIXTURES / "expected" / "llama_tied_fsdp2_w4" / "model.safetensors"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ckfs"
+CACHE = Path(os.environ.get("CKFS_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ckfs"))
 WHEELHOUSE = CACHE / "build-wheels"  # scikit-build-core and its dependencies
 TIMEOUT = 900  # the build; a hang, not a measure
 
@@ -81,21 +82,28 @@ def venv(tmp_path_factory, request) -> Venv:
     # The build requirements come from the package registry once, into a
     # wheelhouse kept under ~/.cache/ckfs (the registry's answers are not
     # cacheable by pip's own cache); the build itself then needs no network.
+    # Filled under a lock, its stamp written last: a run beside this one
+    # waits, and an interrupted fill is fetched again.
     requires = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
     stamp = WHEELHOUSE / ".requires"
-    fetch = stamp.read_text() != "\n".join(requires) if stamp.exists() else True
     t0 = time.monotonic()
-    steps = [[base, "-m", "venv", str(root)]]
-    if fetch:
-        steps.append([python, "-m", "pip", "download", "-q", "-d", str(WHEELHOUSE), *requires])
-    steps.append([python, "-m", "pip", "wheel", "--no-deps", "--no-index", "--find-links",
-                  str(WHEELHOUSE), "-w", str(dist), str(REPO)])
-    for cmd in steps:
+
+    def run(cmd):
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
         if p.returncode != 0:
             pytest.fail(f"{' '.join(cmd)} exited {p.returncode}\n{p.stdout[-4000:]}\n"
                         f"{p.stderr[-4000:]}", pytrace=False)
-    stamp.write_text("\n".join(requires))
+
+    run([base, "-m", "venv", str(root)])
+    WHEELHOUSE.mkdir(parents=True, exist_ok=True)
+    with open(f"{WHEELHOUSE}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        fetch = stamp.read_text() != "\n".join(requires) if stamp.exists() else True
+        if fetch:
+            run([python, "-m", "pip", "download", "-q", "-d", str(WHEELHOUSE), *requires])
+            stamp.write_text("\n".join(requires))
+        run([python, "-m", "pip", "wheel", "--no-deps", "--no-index", "--find-links",
+             str(WHEELHOUSE), "-w", str(dist), str(REPO)])
     built = time.monotonic() - t0
     wheels = sorted(dist.glob("ckfs-*.whl"))
     assert len(wheels) == 1, f"pip wheel made {wheels}"

@@ -25,7 +25,8 @@ import torch
 
 from conftest import FIXTURES, REPO, ckfs_bin, load_folder, run_ckfs
 
-VENV = Path(os.environ.get("CKFS_W4A16_VENV", Path.home() / ".cache" / "ckfs" / "w4a16-venv"))
+CACHE = Path(os.environ.get("CKFS_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ckfs"))
+VENV = Path(os.environ.get("CKFS_W4A16_VENV", CACHE / "w4a16-venv"))
 TOOLS = REPO / "tests" / "w4a16"
 CASES = {"qwen2_fsdp2_w2": "--model", "edge_bf16": "--tensors"}
 EXPECTED = FIXTURES / "w4a16" / "expected.json"

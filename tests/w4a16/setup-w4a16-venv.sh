@@ -10,38 +10,33 @@
 #
 # Nothing is compiled: a minute or two the first time, most of it torch
 # (hardlinked from uv's cache when the GGUF or client venvs exist).
-# Idempotent: a venv whose stamp holds the lock's sha256 is left alone.
+# Idempotent: a venv whose stamp holds the lock's sha256 is left alone;
+# a new one is built aside and renamed into place under a lock
+# (tests/lib/cache.sh), so two runs at once build it once.
 set -eu
 print_path=0
 [ "${1:-}" = "--print-path" ] && print_path=1
 exec 3>&1 1>&2 # progress on stderr; stdout (fd 3) carries only the path
 
 here=$(cd "$(dirname "$0")" && pwd)
-cache=${CKFS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ckfs}
-UV_VERSION=0.13.8
-uvenv=$cache/uv-$UV_VERSION
-venv=${CKFS_W4A16_VENV:-$cache/w4a16-venv}
+. "$here/../lib/cache.sh"
+venv=${CKFS_W4A16_VENV:-$CKFS_CACHE/w4a16-venv}
 lock=$here/requirements.txt
-export UV_CACHE_DIR=$cache/uv-cache UV_LINK_MODE=hardlink UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never
-
-if [ ! -x "$uvenv/bin/uv" ]; then
-	echo "setup-w4a16-venv: installing uv $UV_VERSION into $uvenv"
-	rm -rf "$uvenv"
-	python3 -m venv "$uvenv"
-	"$uvenv/bin/python" -m pip install -q --disable-pip-version-check "uv==$UV_VERSION"
-fi
-
-stamp=$venv/.ckfs-stamp
 want=$(sha256sum "$lock" | cut -d' ' -f1)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+
+build_venv() { # TMP
+	echo "setup-w4a16-venv: installing $lock into $1"
+	python3 -m venv --without-pip "$1" &&
+		"$CKFS_UV" pip sync -q --python "$1/bin/python" "$lock"
+}
+
+if ckfs_cache_fresh "$venv" "$want"; then
 	echo "setup-w4a16-venv: $venv up to date"
 else
 	start=$(date +%s)
-	[ -x "$venv/bin/python" ] || { echo "setup-w4a16-venv: creating $venv"; python3 -m venv --without-pip "$venv"; }
-	echo "setup-w4a16-venv: installing $lock into $venv"
-	"$uvenv/bin/uv" pip sync -q --python "$venv/bin/python" "$lock"
-	echo "$want" >"$stamp"
-	echo "setup-w4a16-venv: installed in $(($(date +%s) - start)) s"
+	ckfs_uv
+	ckfs_cached "$venv" "$want" build_venv
+	echo "setup-w4a16-venv: ready in $(($(date +%s) - start)) s"
 fi
 [ "$print_path" = 1 ] && echo "$venv" >&3
 exit 0
