@@ -5,12 +5,16 @@
  * naming the file and the cause), 2 usage error.
  *
  * mount.fuse3 runs "ckfs SRC MNT -o OPTS": a first argument that is not a
- * sub-command is taken as a mount.
+ * sub-command but names a path is taken as a mount; any other word is a
+ * mistyped command, answered with the closest ones as git does.
  */
 #include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
@@ -96,6 +100,76 @@ static void usage(FILE *to)
 	      "version; the manual page is ckfs(1).\n", to);
 }
 
+/* The optimal string alignment distance (Damerau-Levenshtein where no
+ * substring is edited twice): 'inpsect' is one swap from 'inspect'. */
+static size_t edit_distance(const char *a, const char *b)
+{
+	enum { MAX = 32 };
+	size_t la = strlen(a), lb = strlen(b), d[MAX + 1][MAX + 1];
+
+	if (la > MAX || lb > MAX)
+		return SIZE_MAX;
+	for (size_t i = 0; i <= la; i++)
+		d[i][0] = i;
+	for (size_t j = 0; j <= lb; j++)
+		d[0][j] = j;
+	for (size_t i = 1; i <= la; i++) {
+		for (size_t j = 1; j <= lb; j++) {
+			size_t cost = a[i - 1] != b[j - 1], best = d[i - 1][j - 1] + cost;
+			if (d[i - 1][j] + 1 < best)
+				best = d[i - 1][j] + 1;
+			if (d[i][j - 1] + 1 < best)
+				best = d[i][j - 1] + 1;
+			if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+			    d[i - 2][j - 2] + 1 < best)
+				best = d[i - 2][j - 2] + 1;
+			d[i][j] = best;
+		}
+	}
+	return d[la][lb];
+}
+
+/* A mount.fuse3 source: a path (a '/', a leading '.' or '~', an s3:// URL)
+ * or a name that exists here; a bare word that names nothing is a command. */
+static bool path_like(const char *arg)
+{
+	return strchr(arg, '/') || arg[0] == '.' || arg[0] == '~' || access(arg, F_OK) == 0;
+}
+
+/* "ckfs: 'inpsect' is not a ckfs command. Did you mean 'inspect'?", naming
+ * every command at the smallest distance when that is at most 2 edits (1
+ * for a word shorter than 3 letters, which 2 edits turn into anything). */
+static int not_a_command(const char *word)
+{
+	static const char *const aliases[] = { "unmount", "help", "version", NULL };
+	const char *names[16];
+	size_t n = 0, best = SIZE_MAX, limit = strlen(word) < 3 ? 1 : 2;
+	char line[512];
+	int len;
+
+	for (const struct cli_command *const *c = ckfs_commands; *c; c++)
+		names[n++] = (*c)->name;
+	for (const char *const *a = aliases; *a; a++)
+		names[n++] = *a;
+	for (size_t i = 0; i < n; i++) {
+		size_t d = edit_distance(word, names[i]);
+		best = d < best ? d : best;
+	}
+	len = snprintf(line, sizeof(line), "'%s' is not a ckfs command.", word);
+	if (best > limit) {
+		ckfs_cli_say("%s See 'ckfs --help'.", line);
+		return 2;
+	}
+	for (size_t i = 0, said = 0; i < n && len < (int)sizeof(line); i++) {
+		if (edit_distance(word, names[i]) != best)
+			continue;
+		len += snprintf(line + len, sizeof(line) - len, "%s'%s'",
+				said++ == 0 ? " Did you mean " : " or ", names[i]);
+	}
+	ckfs_cli_say("%s?", line);
+	return 2;
+}
+
 int main(int argc, char **argv)
 {
 	const char *cmd = argc > 1 ? argv[1] : NULL;
@@ -129,9 +203,11 @@ int main(int argc, char **argv)
 			return (*c)->run(argc - 1, argv + 1);
 	if (strcmp(cmd, "unmount") == 0)
 		return ckfs_cmd_umount(argc - 1, argv + 1);
-	if (cmd[0] != '-' && argc >= 3)
+	if (cmd[0] != '-' && argc >= 3 && path_like(cmd))
 		return ckfs_cmd_mount(argc, argv); /* mount.fuse3: ckfs SRC MNT -o ... */
-	ckfs_cli_say("unknown command '%s'", cmd);
+	if (cmd[0] != '-')
+		return not_a_command(cmd);
+	ckfs_cli_say("unknown option '%s'", cmd);
 	fputc('\n', stderr);
 	usage(stderr);
 	return 2;

@@ -41,7 +41,7 @@ static const struct cli_opt opt_debug = {
 static const struct cli_opt opt_options = {
 	.id = OPT_MOUNT_OPTIONS, .name = "options", .letter = 'o', .arg = "OPT[,OPT...]",
 	.kind = CLI_TEXT,
-	.help = "mount options: every key shown as (-o ...) here, and libfuse's "
+	.help = "mount options: every key shown with -o here, and libfuse's "
 		"(allow_other, allow_root, default_permissions, fsname=, subtype=, "
 		"auto_unmount, noatime, ...)"
 };

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "ckfs/log.h"
 #include "ckfs/remote.h"
@@ -15,11 +16,13 @@
 
 /* ---- the words options take ---- */
 
+/* Each also in llama.cpp's spelling (convert_hf_to_gguf.py --outtype f16;
+ * GGML's type names are q8_0's pattern: a letter, the bits) and torch's. */
 static const struct cli_choice dtype_words[] = {
 	{ "bf16", CKFS_DTYPE_BF16 },  { "bfloat16", CKFS_DTYPE_BF16 },
-	{ "fp16", CKFS_DTYPE_F16 },   { "float16", CKFS_DTYPE_F16 },
-	{ "half", CKFS_DTYPE_F16 },
-	{ "fp32", CKFS_DTYPE_F32 },
+	{ "fp16", CKFS_DTYPE_F16 },   { "f16", CKFS_DTYPE_F16 },
+	{ "float16", CKFS_DTYPE_F16 }, { "half", CKFS_DTYPE_F16 },
+	{ "fp32", CKFS_DTYPE_F32 },   { "f32", CKFS_DTYPE_F32 },
 	{ "float32", CKFS_DTYPE_F32 }, { "float", CKFS_DTYPE_F32 },
 	{ "auto", CKFS_DTYPE_AUTO }, { "fp8", CKFS_DTYPE_F8_E4M3 },
 	{ "w4a16", CKFS_DTYPE_W4A16 },
@@ -198,9 +201,9 @@ static int cli_value_parse(const struct cli_command *cmd, const struct cli_opt *
 	case CLI_FLAG:
 	case CLI_TEXT:
 		return 0;
-	case CLI_CHOICE:
+	case CLI_CHOICE: /* any case: Q8_0 and F16 as llama-quantize prints them */
 		for (const struct cli_choice *c = o->choices; c->word; c++)
-			if (strcmp(c->word, text) == 0) {
+			if (strcasecmp(c->word, text) == 0) {
 				v->n = c->value;
 				return 0;
 			}
@@ -381,49 +384,91 @@ void cli_opt_help_text(const struct cli_opt *o, char *buf, size_t size)
 		 o->def ? o->def : "", o->def ? ")" : "");
 }
 
+/* --help's groups, as git's OPT_GROUP: each option's by what it is about,
+ * in one place so every command sorts a shared option alike. */
+enum cli_group { GROUP_SOURCE, GROUP_OUTPUT, GROUP_COMPARE, GROUP_CACHE, GROUP_S3, GROUP_MOUNT,
+		 GROUP_OTHER, GROUP_END };
+
+static const char *const group_title[GROUP_END] = {
+	[GROUP_SOURCE] = "Reading the checkpoint",
+	[GROUP_OUTPUT] = "What is written or served",
+	[GROUP_COMPARE] = "Comparing",
+	[GROUP_CACHE] = "Cache and read-ahead",
+	[GROUP_S3] = "s3:// sources",
+	[GROUP_MOUNT] = "The mount",
+	[GROUP_OTHER] = "Other",
+};
+
+static enum cli_group opt_group(const struct cli_opt *o)
+{
+	switch (o->id) {
+	case OPT_CONFIG: case OPT_FOLLOW_SYMLINKS: case OPT_RAW_NAMES: case OPT_LORA:
+	case OPT_BASE: case OPT_LORA_ALPHA: case OPT_RSLORA: case OPT_RANK_CHECKS:
+		return GROUP_SOURCE;
+	case OPT_DTYPE: case OPT_FP8_SKIP: case OPT_MAX_SHARD_SIZE: case OPT_TRANSFORMERS_VERSION:
+	case OPT_FORMAT: case OPT_MODEL_NAME: case OPT_FORCE: case OPT_EXPORT_THREADS:
+	case OPT_SINCE: case OPT_QUIET: case OPT_JSON: case OPT_SVG: case OPT_PROMETHEUS:
+		return GROUP_OUTPUT;
+	case OPT_AGAINST: case OPT_ATOL: case OPT_RTOL:
+		return GROUP_COMPARE;
+	case OPT_CACHE_SIZE: case OPT_READAHEAD: case OPT_PREFETCH_THREADS: case OPT_SLICE_SIZE:
+	case OPT_KERNEL_READAHEAD: case OPT_SHARE_SLICES: case OPT_PRELOAD: case OPT_PRELOAD_MAX:
+	case OPT_MAX_PLANS:
+		return GROUP_CACHE;
+	case OPT_S3_ENDPOINT: case OPT_S3_CACHE: case OPT_S3_POLL:
+		return GROUP_S3;
+	case OPT_FOREGROUND: case OPT_DEBUG: case OPT_MOUNT_OPTIONS: case OPT_THREADS:
+	case OPT_UID: case OPT_GID: case OPT_UMASK: case OPT_LAZY:
+		return GROUP_MOUNT;
+	default: /* --log-level, --help */
+		return GROUP_OTHER;
+	}
+}
+
+/* One option's line: "-f, --force", or "-o key=V" for a mount option only
+ * given with -o; where the command takes -o, each option's key follows
+ * its text. */
+static void help_opt(FILE *to, const struct cli_opt *o, bool takes_o)
+{
+	char left[96], help[512];
+	size_t len;
+
+	if (o->name)
+		snprintf(left, sizeof(left), "%c%c%s--%s%s%s", o->letter ? '-' : ' ',
+			 o->letter ? o->letter : ' ', o->letter ? ", " : "  ", o->name,
+			 o->arg ? " " : "", o->arg ? o->arg : "");
+	else
+		snprintf(left, sizeof(left), "-o %s%s%s", o->key, o->arg ? "=" : "",
+			 o->arg ? o->arg : "");
+	cli_opt_help_text(o, help, sizeof(help));
+	len = strlen(help);
+	if (takes_o && o->name && o->key)
+		snprintf(help + len, sizeof(help) - len, "\n(-o %s%s%s)", o->key,
+			 o->arg ? "=" : "", o->arg ? o->arg : "");
+	help_line(to, left, help);
+}
+
 void cli_help(const struct cli_command *cmd, FILE *to)
 {
-	char left[96];
-	int keys_only = 0;
-	bool takes_o = false; /* the mount's -o: say each option's key */
+	bool takes_o = false;
+	size_t n = 0;
 
-	for (const struct cli_opt *const *p = cmd->opts; *p; p++)
-		takes_o |= (*p)->id == OPT_MOUNT_OPTIONS;
-
-	fprintf(to, "usage: ckfs %s [options] %s\n%s\n\nOptions:\n", cmd->name, cmd->args,
-		cmd->about);
-	for (const struct cli_opt *const *p = cmd->opts;; p++) {
-		const struct cli_opt *o = *p ? *p : &cli_opt_help;
-		if (!o->name) {
-			keys_only = 1;
-		} else {
-			char help[512];
-			snprintf(left, sizeof(left), "%c%c%s--%s%s%s", o->letter ? '-' : ' ',
-				 o->letter ? o->letter : ' ', o->letter ? ", " : "  ", o->name,
-				 o->arg ? " " : "", o->arg ? o->arg : "");
-			bool key = takes_o && o->key;
-			size_t len;
-			cli_opt_help_text(o, help, sizeof(help));
-			len = strlen(help);
-			snprintf(help + len, sizeof(help) - len, "%s%s%s%s%s", key ? "\n(-o " : "",
-				 key ? o->key : "", key && o->arg ? "=" : "",
-				 key && o->arg ? o->arg : "", key ? ")" : "");
-			help_line(to, left, help);
-		}
-		if (!*p)
-			break;
+	while (cmd->opts[n]) {
+		takes_o |= cmd->opts[n]->id == OPT_MOUNT_OPTIONS;
+		n++;
 	}
-	if (!keys_only)
-		return;
-	fprintf(to, "\nMount options only given with -o:\n");
-	for (const struct cli_opt *const *p = cmd->opts; *p; p++) {
-		if ((*p)->name)
-			continue;
-		char help[512];
-		snprintf(left, sizeof(left), "-o %s%s%s", (*p)->key, (*p)->arg ? "=" : "",
-			 (*p)->arg ? (*p)->arg : "");
-		cli_opt_help_text(*p, help, sizeof(help));
-		help_line(to, left, help);
+	fprintf(to, "usage: ckfs %s [options] %s\n%s\n", cmd->name, cmd->args, cmd->about);
+	for (enum cli_group g = 0; g < GROUP_END; g++) {
+		bool titled = false;
+		for (size_t i = 0; i <= n; i++) { /* the table, then the implied --help */
+			const struct cli_opt *o = i < n ? cmd->opts[i] : &cli_opt_help;
+			if (opt_group(o) != g)
+				continue;
+			if (!titled)
+				fprintf(to, "\n%s:\n", group_title[g]);
+			titled = true;
+			help_opt(to, o, takes_o);
+		}
 	}
 }
 

@@ -34,7 +34,17 @@ SAMPLE=$FIX/fsdp/qwen2_fsdp2_w3
 EXPECTED=$FIX/expected/qwen2_fsdp2_w3
 
 "$CKFS" --version | grep -q '^ckfs ' && ok version || bad version
-expect "unknown command" 2 "unknown command" -- "$CKFS" frobnicate
+expect "unknown command" 2 "^ckfs: 'frobnicate' is not a ckfs command. See 'ckfs --help'.$" -- "$CKFS" frobnicate
+# A mistyped command is never taken as the short mount form (ckfs SRC MNT,
+# what mount.fuse3 runs), even with two arguments: git's suggestion instead.
+expect "typo: a suggestion" 2 "^ckfs: 'inpsect' is not a ckfs command. Did you mean 'inspect'\?$" -- "$CKFS" inpsect "$SAMPLE"
+expect "typo: never a mount" 2 "Did you mean 'mount'\?$" -- "$CKFS" mnt "$SAMPLE" "$WORK"
+expect "typo: swapped letters" 2 "Did you mean 'export'\?$" -- "$CKFS" exprot "$SAMPLE" "$WORK/x"
+expect "unknown option" 2 "^ckfs: unknown option '--frob'" -- "$CKFS" --frob
+[ ! -e "$WORK/x" ] && ok "typo: nothing written" || bad "typo: nothing written"
+# llama.cpp's and llama-quantize's spellings of the dtypes
+"$CKFS" inspect --dtype f16 "$SAMPLE" | grep -q 'F32>F16' && ok "--dtype f16 is fp16" || bad "--dtype f16 is fp16"
+"$CKFS" inspect --dtype BF16 "$SAMPLE" | grep -q 'F32>BF16' && ok "--dtype BF16 is bf16" || bad "--dtype BF16 is bf16"
 expect "export without DIR" 2 "expected SRC and DIR" -- "$CKFS" export "$SAMPLE"
 expect "bad dtype" 2 "unknown --dtype 'int7' \\(bf16, fp16, fp32, auto, fp8, w4a16, q8_0 or q4_0\\)" -- "$CKFS" export --dtype int7 "$SAMPLE" "$WORK/x"
 expect "bad size" 2 "bad --max-shard-size '12XB' \\(a size such as" -- "$CKFS" export --max-shard-size 12XB "$SAMPLE" "$WORK/x"
