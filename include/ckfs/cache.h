@@ -87,6 +87,8 @@ struct ckfs_cache_stats {
 	uint64_t bytes_cached;      /* now */
 	uint64_t slices_cached;     /* now */
 	uint64_t budget_bytes;
+	uint64_t bytes_mapped;      /* now: slice buffers mapped (cached, being
+				     * filled, kept for the next fills) */
 };
 
 enum ckfs_code ckfs_cache_new(const struct ckfs_cache_options *opt,

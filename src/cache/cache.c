@@ -66,7 +66,7 @@
  * (share_lock); a buffer of the same fingerprint and length is pinned,
  * compared byte for byte without the lock, and, when equal and still in
  * the table, taken: the new slice points at it (refs + 1) and its own
- * buffer goes to the spares. Otherwise the new buffer joins the table.
+ * buffer goes back (kept for the next fill). Otherwise the new buffer joins the table.
  * The fingerprint only finds candidates; the comparison decides. So it
  * need not read every byte: a slice that equals nothing held costs 16
  * pages of hashing (0.4 % of a 4 MiB slice) instead of all of it, and one
@@ -77,14 +77,13 @@
  * its last slice goes (and no fill is comparing with it). A fill does not
  * know, before it has run, which held slice it will equal, so nothing is
  * evicted or recycled before it (that could be exactly the one): it fills
- * a spare buffer (or a fresh one), publishes, and only then makes room:
+ * a kept buffer (or a fresh one), publishes, and only then makes room:
  * a done slice at the LRU tail whose buffer nobody else holds gives its
- * buffer to the spares (a done slice held with others stays: it costs no
+ * buffer back (a done slice held with others stays: it costs no
  * memory of its own), then eviction restores the budget. A fill that
- * found its bytes held gives its own buffer to the spares. So a stream of
+ * found its bytes held gives its own buffer back. So a stream of
  * unequal slices cycles through warm buffers as without sharing, and
- * equal ones are still there to be found. The spares (CACHE_SPARES slices
- * at most) are outside the budget. share_lock is a leaf, held only for
+ * equal ones are still there to be found. share_lock is a leaf, held only for
  * pointer and counter updates.
  *
  * Accounting. bytes counts VALID and FILLING slices (charged when the
@@ -94,11 +93,14 @@
  * unpinned slices exist; otherwise the next unpin does. With sharing,
  * bytes counts buffers: a slice that takes a held buffer gives its own
  * charge back at once, and a shared buffer's charge goes when the buffer
- * does (not when one of its slices leaves the table). Buffers come from
- * posix_memalign (4 KiB alignment from 4 KiB up), or are recycled from a
- * done slice at the LRU tail (same length), which spares the page faults
- * and zeroing of fresh memory; the budget counts slice bytes, not
- * allocator or header overhead.
+ * does (not when one of its slices leaves the table). Buffers are
+ * recycled from a done slice at the LRU tail (same length), which spares
+ * the page faults and zeroing of fresh memory, or come from slice_mem.h:
+ * mapped from the kernel, kept after use while the buffers mapped stay
+ * within the budget plus CACHE_SPARES slices (the room fills before
+ * eviction need with sharing), unmapped otherwise. So the memory the
+ * slices take is bounded by the cache alone, not by what an allocator
+ * keeps (issue 41); the budget counts slice bytes, not header overhead.
  */
 #include "ckfs/cache.h"
 
@@ -117,6 +119,7 @@
 #include <xxh_x86dispatch.h>
 #endif
 
+#include "cache/slice_mem.h"
 #include "ckfs/log.h"
 
 #define CACHE_SHARDS 32           /* a power of two */
@@ -124,7 +127,8 @@
 #define CACHE_MIN_BUCKETS 8       /* per shard, a power of two */
 #define CACHE_MAX_BUCKETS (1u << 16)
 #define CACHE_MAX_THREADS 256
-#define CACHE_SPARES 4            /* share: buffers kept for the next fills */
+#define CACHE_SPARES 4            /* buffers kept beyond the budget for the
+				   * next fills (share fills before it evicts) */
 #define SHARE_PAGE 4096           /* share: a fingerprint hashes this much */
 #define SHARE_PAGES 16            /* at this many places of a slice */
 #define SHARE_CANDIDATES 4        /* buffers of one fingerprint compared */
@@ -226,9 +230,9 @@ struct ckfs_cache {
 	size_t share_nbuckets;
 	/* Protected by share_lock. */
 	uint64_t shared_fills, shared_bytes, bytes_saved;
-	unsigned char *spare[CACHE_SPARES]; /* slice_size buffers for fills */
-	int n_spare;
 	_Atomic uint64_t bytes_hashed;
+
+	struct slice_mem mem;           /* every slice buffer comes from here */
 
 	/* The LRU list of unpinned VALID slices; head is most recent. */
 	pthread_mutex_t lru_lock;       /* after any shard lock */
@@ -371,7 +375,7 @@ static bool share_unused(struct ckfs_cache *c, struct shared_buf *b)
 static void share_free(struct ckfs_cache *c, struct shared_buf *b)
 {
 	atomic_fetch_sub(&c->bytes, (uint64_t)b->len);
-	free(b->data);
+	slice_mem_put(&c->mem, b->data, b->len);
 	free(b);
 }
 
@@ -387,30 +391,6 @@ static void share_drop(struct ckfs_cache *c, struct shared_buf *b)
 	pthread_mutex_unlock(&c->share_lock);
 	if (unused)
 		share_free(c, b);
-}
-
-/* Keep buf (len bytes) for a later fill, or free it. */
-static void spare_put(struct ckfs_cache *c, unsigned char *buf, size_t len)
-{
-	pthread_mutex_lock(&c->share_lock);
-	if (len == c->slice_size && c->n_spare < CACHE_SPARES) {
-		c->spare[c->n_spare++] = buf;
-		buf = NULL;
-	}
-	pthread_mutex_unlock(&c->share_lock);
-	free(buf);
-}
-
-/* A buffer of len bytes for a fill: a spare, or a fresh one. */
-static unsigned char *spare_get(struct ckfs_cache *c, size_t len)
-{
-	unsigned char *buf = NULL;
-
-	pthread_mutex_lock(&c->share_lock);
-	if (len == c->slice_size && c->n_spare > 0)
-		buf = c->spare[--c->n_spare];
-	pthread_mutex_unlock(&c->share_lock);
-	return buf;
 }
 
 /* The fingerprint a slice's bytes are found by (see the top). */
@@ -494,7 +474,7 @@ static unsigned char *share_publish(struct ckfs_cache *c, struct ckfs_slice *s,
 	if (last)
 		share_free(c, last);
 	if (s->buf && s->buf->data != data) {
-		spare_put(c, data, s->len);
+		slice_mem_put(&c->mem, data, s->len);
 		atomic_fetch_sub(&c->bytes, (uint64_t)s->len); /* held once, by the buffer */
 	}
 	return s->buf ? s->buf->data : data;
@@ -521,7 +501,7 @@ static void slice_free(struct ckfs_cache *c, struct ckfs_slice *s)
 	if (s->buf)
 		share_drop(c, s->buf);
 	else
-		free(s->data);
+		slice_mem_put(&c->mem, s->data, s->len);
 	free(s->fail);
 	free(s);
 }
@@ -678,16 +658,6 @@ static unsigned char *recycle_buffer(struct ckfs_cache *c, size_t len)
 	return data;
 }
 
-static void *slice_alloc(size_t len)
-{
-	void *p = NULL;
-	size_t align = len >= 4096 ? 4096 : sizeof(void *);
-
-	if (posix_memalign(&p, align, len) != 0)
-		return NULL;
-	return p;
-}
-
 /*
  * Fill s, a FILLING slice pinned once by this thread, and publish the
  * result. On success s is VALID and still pinned. On failure s has left
@@ -701,6 +671,7 @@ static enum ckfs_code fill_slice(struct ckfs_cache *c, struct ckfs_slice *s,
 	struct ckfs_error local;
 	enum ckfs_code rc;
 	unsigned char *data;
+	size_t len;
 	bool last;
 
 	ckfs_error_clear(&local);
@@ -710,16 +681,14 @@ static enum ckfs_code fill_slice(struct ckfs_cache *c, struct ckfs_slice *s,
 		 * this fill equals: nothing goes before it, room is made after
 		 * the publish (so fills in flight may hold a slice each over
 		 * the budget meanwhile). */
-		data = spare_get(c, s->len);
-		if (!data)
-			data = slice_alloc(s->len);
+		data = slice_mem_get(&c->mem, s->len);
 	} else {
 		/* A done slice's buffer first (taking it also makes room),
 		 * then make room before allocating. */
 		data = recycle_buffer(c, s->len);
 		evict_to_budget(c);
 		if (!data)
-			data = slice_alloc(s->len);
+			data = slice_mem_get(&c->mem, s->len);
 	}
 	if (!data) {
 		rc = ckfs_fail(&local, CKFS_E_NOMEM,
@@ -748,9 +717,8 @@ static enum ckfs_code fill_slice(struct ckfs_cache *c, struct ckfs_slice *s,
 			pthread_cond_broadcast(&sh->filled);
 		pthread_mutex_unlock(&sh->lock);
 		if (c->share) {
-			unsigned char *old = recycle_buffer(c, c->slice_size);
-			if (old)
-				spare_put(c, old, c->slice_size);
+			slice_mem_put(&c->mem, recycle_buffer(c, c->slice_size),
+				      c->slice_size);
 			evict_to_budget(c);
 		}
 		return CKFS_OK;
@@ -766,9 +734,10 @@ static enum ckfs_code fill_slice(struct ckfs_cache *c, struct ckfs_slice *s,
 			*s->fail = local;
 		pthread_cond_broadcast(&sh->filled);
 	}
+	len = s->len; /* once unlocked, s may go with its waiters' last pin */
 	last = --s->refs == 0;
 	pthread_mutex_unlock(&sh->lock);
-	free(data);
+	slice_mem_put(&c->mem, data, len);
 	if (last)
 		slice_free(c, s);
 	if (err && err->code == CKFS_OK)
@@ -1097,6 +1066,7 @@ void ckfs_cache_get_stats(struct ckfs_cache *c, struct ckfs_cache_stats *out)
 	pthread_mutex_unlock(&c->share_lock);
 	out->bytes_hashed = atomic_load(&c->bytes_hashed);
 	out->bytes_cached = atomic_load(&c->bytes);
+	out->bytes_mapped = slice_mem_mapped(&c->mem);
 	out->budget_bytes = c->budget;
 }
 
@@ -1198,6 +1168,8 @@ enum ckfs_code ckfs_cache_new(const struct ckfs_cache_options *opt,
 	while (((size_t)1 << c->slice_shift) < c->slice_size)
 		c->slice_shift++;
 	c->budget = opt->budget_bytes;
+	slice_mem_init(&c->mem, c->slice_size,
+		       opt->budget_bytes + (uint64_t)CACHE_SPARES * c->slice_size);
 	c->fill = fill;
 	c->ctx = ctx;
 	/* Twice the slices the budget holds, spread over the shards. */
@@ -1274,8 +1246,8 @@ void ckfs_cache_free(struct ckfs_cache *c)
 	for (size_t b = 0; c->share_buckets && b < c->share_nbuckets; b++)
 		CACHE_BUG_ON(c->share_buckets[b] != NULL, "a shared buffer outlived its slices");
 	free(c->share_buckets);
-	for (int i = 0; i < c->n_spare; i++)
-		free(c->spare[i]);
+	slice_mem_destroy(&c->mem);
+	CACHE_BUG_ON(slice_mem_mapped(&c->mem) != 0, "a slice buffer outlived the cache");
 	pthread_mutex_destroy(&c->share_lock);
 	free(c->q);
 	free(c->workers);

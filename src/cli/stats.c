@@ -80,6 +80,10 @@ static void print_stats(const cJSON *o)
 	printf("cache           %s of %s in %.0f slices of %s\n",
 	       size_at(o, CKFS_STAT_BYTES_CACHED, a), size_at(o, CKFS_STAT_BUDGET, b),
 	       at(o, CKFS_STAT_SLICES_CACHED), size_at(o, CKFS_STAT_SLICE_SIZE, s));
+	if (at(o, CKFS_STAT_RSS) > 0) /* an older daemon does not say */
+		printf("memory          %s resident (%s anonymous), slice buffers %s\n",
+		       size_at(o, CKFS_STAT_RSS, a), size_at(o, CKFS_STAT_RSS_ANON, b),
+		       size_at(o, CKFS_STAT_SLICE_MEMORY, s));
 	printf("hits/misses     %.0f / %.0f (%.1f%% hits), %.0f waits, %.0f evictions\n",
 	       hits, misses, hits + misses > 0 ? 100.0 * hits / (hits + misses) : 0.0,
 	       at(o, CKFS_STAT_WAITS), at(o, CKFS_STAT_EVICTIONS));

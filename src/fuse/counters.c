@@ -4,6 +4,7 @@
  * their names, and the JSON the daemon writes from it.
  */
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdatomic.h>
 #include <time.h>
 #include <unistd.h>
@@ -94,6 +95,14 @@ const struct ckfs_stat_row ckfs_stat_rows[CKFS_STAT_ROWS] = {
 	[CKFS_STAT_PRELOAD_DONE] = { "preload_done", "ckfs_preload_done", "gauge",
 				     "1 once the preload has stopped: all stored, or an "
 				     "error." },
+	[CKFS_STAT_SLICE_MEMORY] = { "slice_memory", "ckfs_cache_memory_bytes", "gauge",
+				     "Bytes of slice buffers mapped: the slices cached, "
+				     "being filled and kept for the next fills." },
+	[CKFS_STAT_RSS] = { "rss", "ckfs_resident_bytes", "gauge",
+			    "The daemon's resident memory (VmRSS)." },
+	[CKFS_STAT_RSS_ANON] = { "rss_anon", "ckfs_resident_anon_bytes", "gauge",
+				 "The daemon's resident anonymous memory (RssAnon): its "
+				 "heap and slice buffers, not mapped files." },
 	[CKFS_STAT_FILES] = { "files", "ckfs_files", "gauge", "Files in the served folder." },
 	[CKFS_STAT_UPTIME] = { "uptime_s", "ckfs_uptime_seconds", "gauge",
 			       "Seconds since the mount became ready." },
@@ -128,6 +137,26 @@ void ckfs_stats_put(struct ckfs_strbuf *b, const struct ckfs_stat_row *rows, siz
 static uint64_t ld(atomic_uint_fast64_t *a)
 {
 	return (uint64_t)atomic_load(a);
+}
+
+/* The daemon's VmRSS and RssAnon in bytes, from /proc/self/status (0 when
+ * it cannot be read). */
+static void resident(uint64_t *rss, uint64_t *anon)
+{
+	char line[128];
+	unsigned long long kb;
+	FILE *f = fopen("/proc/self/status", "re");
+
+	*rss = *anon = 0;
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		if (sscanf(line, "VmRSS: %llu kB", &kb) == 1)
+			*rss = (uint64_t)kb << 10;
+		else if (sscanf(line, "RssAnon: %llu kB", &kb) == 1)
+			*anon = (uint64_t)kb << 10;
+	}
+	fclose(f);
 }
 
 static void counters_now(struct ckfs_fs *fs, uint64_t v[CKFS_STAT_COUNTERS])
@@ -174,6 +203,8 @@ static void counters_now(struct ckfs_fs *fs, uint64_t v[CKFS_STAT_COUNTERS])
 	v[CKFS_STAT_PRELOAD_SKIPPED] = ps.skipped;
 	v[CKFS_STAT_PRELOAD_ERRORS] = ps.errors;
 	v[CKFS_STAT_PRELOAD_DONE] = ps.done;
+	v[CKFS_STAT_SLICE_MEMORY] = cs.bytes_mapped;
+	resident(&v[CKFS_STAT_RSS], &v[CKFS_STAT_RSS_ANON]);
 }
 
 void ckfs_stats_put_uptime(struct ckfs_fs *fs, struct ckfs_strbuf *b)

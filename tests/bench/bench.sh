@@ -36,7 +36,9 @@
 #                gguf (bench_gguf.sh: --format gguf against merge +
 #                convert_hf_to_gguf.py (+ llama.cpp's quantizer), and first
 #                reads per --dtype; needs tests/gguf/setup-gguf-venv.sh
-#                --runtime; 1.5b: about 7 minutes a run)
+#                --runtime; 1.5b: about 7 minutes a run), memory
+#                (bench_memory.sh: RssAnon and throughput under random,
+#                strided and sequential readers at 64 MiB to 1 GiB caches)
 #                (default: all)
 #   BENCH_VERL   0 skips verl's merger (it needs about 1.5x the fp32
 #                checkpoint in RAM: over 9 GB for 1.5b)
@@ -54,7 +56,7 @@ RUNS=${RUNS:-3}
 BENCH_SIZES=${BENCH_SIZES:-0.5b 1.5b 7b 70b}
 CKFS_CACHE=${CKFS_CACHE:-1GiB}
 BENCH_VERL=${BENCH_VERL:-1}
-BENCH_ONLY=${BENCH_ONLY:-export ready read safe_open from_pretrained serving cold headline preload lora fp8 w4a16 clients run moe s3 gguf}
+BENCH_ONLY=${BENCH_ONLY:-export ready read safe_open from_pretrained serving cold headline preload lora fp8 w4a16 clients run moe s3 gguf memory}
 BENCH_ONLY=${BENCH_ONLY//,/ }
 BUILD_DIR=${BUILD_DIR:-$ROOT/build}
 case $BUILD_DIR in /*) ;; *) BUILD_DIR=$ROOT/$BUILD_DIR ;; esac
@@ -363,6 +365,7 @@ if [ -n "$REAL_SIZES" ]; then
 	only w4a16 && { echo; "$ROOT/tests/bench/bench_w4a16.sh" "$CKFS"; }
 	only clients && { echo; "$ROOT/tests/bench/bench_clients.sh" "$CKFS"; }
 	only gguf && { echo; "$ROOT/tests/bench/bench_gguf.sh" "$CKFS"; }
+	only memory && { echo; "$ROOT/tests/bench/bench_memory.sh" "$CKFS"; }
 fi
 # Hole-backed checkpoints of their own, any size: a training run as one
 # mount, and the 235B MoE metadata figures.

@@ -5,8 +5,9 @@
  * set it only passes calls through.
  *
  *   CKFS_FAIL_ALLOC=N      the Nth allocation (malloc, calloc, realloc,
- *                          posix_memalign, aligned_alloc; counted from
- *                          process start) returns NULL with ENOMEM
+ *                          posix_memalign, aligned_alloc, anonymous mmap:
+ *                          the slice cache's buffers; counted from process
+ *                          start) returns NULL (MAP_FAILED) with ENOMEM
  *   CKFS_FAIL_ALLOC_MODE   "once" (default): only that one; "after": every
  *                          allocation from the Nth on
  *   CKFS_FAIL_IO=PATTERN   reads (read, pread, pread64, preadv) of a file
@@ -346,12 +347,17 @@ ssize_t preadv(int fd, const struct iovec *iov, int cnt, off_t off)
 /* ---- mappings ---- */
 
 /* Mappings of a CKFS_FAIL_IO file are refused (ENODEV), so a reader
- * that maps falls back to pread, where read errors are injected. */
+ * that maps falls back to pread, where read errors are injected; an
+ * anonymous mapping is an allocation (src/cache/slice_mem.c). */
 static void *map_or_fail(void *(*real)(void *, size_t, int, int, int, off_t),
 			 void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	char path[4096];
 
+	if (fd == -1 && (flags & MAP_ANONYMOUS) && fail_now()) {
+		errno = ENOMEM;
+		return MAP_FAILED;
+	}
 	if (fd_matches(fd, path, sizeof(path))) {
 		errno = ENODEV;
 		return MAP_FAILED;

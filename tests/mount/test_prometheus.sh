@@ -41,8 +41,11 @@ FIELDS = {  # metric -> stats field (--json)
     "ckfs_preload_target_bytes": "preload_bytes", "ckfs_preload_stored_bytes_total": "preload_stored",
     "ckfs_preload_skipped_bytes_total": "preload_skipped",
     "ckfs_preload_errors_total": "preload_errors", "ckfs_preload_done": "preload_done",
+    "ckfs_cache_memory_bytes": "slice_memory", "ckfs_resident_bytes": "rss",
+    "ckfs_resident_anon_bytes": "rss_anon",
     "ckfs_files": "files", "ckfs_uptime_seconds": "uptime_s",
 }
+MOVING = {"ckfs_uptime_seconds", "ckfs_resident_bytes", "ckfs_resident_anon_bytes"}  # between the two calls
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\\\|\\"|\\n)*"'
 SAMPLE = re.compile(rf"^({NAME})\{{({LABEL}(?:,{LABEL})*)\}} (-?[0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)$")
@@ -69,8 +72,10 @@ if not info or info[1] != 1 or info[0].get("source") != stats["source"] or info[
     errors.append(f"ckfs_mount_info wrong: {info}")
 if set(values) != set(FIELDS): errors.append(f"metrics {sorted(set(values) ^ set(FIELDS))} missing or unknown")
 for name, field in FIELDS.items():
-    if name in values and name != "ckfs_uptime_seconds" and values[name][1] != stats[field]:
+    if name in values and name not in MOVING and values[name][1] != stats[field]:
         errors.append(f"{name} is {values[name][1]}, --json says {field} {stats[field]}")
+if not 0 < stats["rss_anon"] <= stats["rss"]:
+    errors.append(f"resident memory {stats['rss']}, anonymous {stats['rss_anon']}: not read")
 for e in errors: print("ERROR", e)
 for name, (_, v) in values.items(): print(name, int(v) if v == int(v) else v)
 sys.exit(1 if errors else 0)

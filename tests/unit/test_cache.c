@@ -1018,6 +1018,36 @@ static void test_recycle(void)
 	done(c, &f);
 }
 
+/* The slice buffers mapped never pass the budget plus the 4 kept for the
+ * next fills, whatever the access order, with or without sharing, and
+ * tail slices (unmapped at once) included; every buffer goes with the
+ * cache (ckfs_cache_free aborts otherwise). Before slice_mem.h the
+ * buffers were glibc's, and the heap, not the cache, decided. */
+static void test_memory_bound(void)
+{
+	for (int share = 0; share <= 1; share++) {
+		struct fill_ctx f;
+		struct ckfs_cache *c = make_cache_opt(&f, SS, 8 * SS, 0, 0, share);
+		uint64_t peak = 0, x = 12345;
+
+		for (int i = 0; i < 2000; i++) {
+			x = x * 6364136223846793005ull + 1442695040888963407ull;
+			uint64_t file = 1 + (x >> 60) % 3, idx = (x >> 33) % 40;
+			size_t len = idx == 39 ? SS / 3 : SS; /* each file's tail */
+			if (i % 2)
+				serve(c, idx, len, len); /* file 1, done: recycled first */
+			else
+				CHECK_EQ_INT(touch(c, file, idx, len), CKFS_OK);
+			uint64_t mapped = stats_of(c).bytes_mapped;
+			peak = mapped > peak ? mapped : peak;
+		}
+		CHECK(peak <= 8 * SS + 4 * SS);
+		CHECK(peak >= 8 * SS);
+		CHECK(stats_of(c).evictions + stats_of(c).recycled > 1000);
+		done(c, &f);
+	}
+}
+
 /* get file_id's slice, check it holds content's bytes, and put it back
  * having served `served` bytes. Returns its data pointer. */
 static const void *serve_as(struct ckfs_cache *c, uint64_t file_id, uint64_t content,
@@ -1243,6 +1273,7 @@ int main(void)
 	RUN(test_free_drops_queue);
 	RUN(test_read);
 	RUN(test_recycle);
+	RUN(test_memory_bound);
 	RUN(test_share_twins);
 	RUN(test_share_eviction);
 	RUN(test_share_recycle);

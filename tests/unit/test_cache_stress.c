@@ -362,6 +362,10 @@ static void stress(bool share)
 	CHECK_EQ_INT(st.fills, st.evictions + st.recycled + st.slices_cached);
 	CHECK(st.bytes_cached <= st.budget_bytes);
 	CHECK(st.bytes_cached <= st.slices_cached * SS);
+	/* slice memory: the budget and the 4 buffers kept beyond it, or the
+	 * slices held when tails (a page each) outnumber the budget's */
+	CHECK(st.bytes_mapped <= st.budget_bytes + 4 * SS ||
+	      st.bytes_mapped <= (st.slices_cached + 4) * SS);
 	CHECK_EQ_INT(st.fill_errors, atomic_load(&fills_failed));
 	CHECK_EQ_INT(st.fills + st.fill_errors, atomic_load(&fill_calls));
 	CHECK_EQ_INT(st.bytes_filled, atomic_load(&bytes_ok));
