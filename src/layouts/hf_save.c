@@ -11,13 +11,18 @@
  *    model.vision_tower. (Gemma 3). Qwen2-VL and Qwen2.5-VL are written
  *    back as model. and visual., Gemma 3 as language_model.model.,
  *    vision_tower. and multi_modal_projector.; Qwen3-VL keeps them.
- *  - fused expert stacks, experts.gate_up_proj [E, 2F, H] and
- *    experts.down_proj [E, H, F]: Qwen3-MoE is written per expert
- *    (experts.<e>.gate_proj, up_proj, down_proj), Mixtral the same as w1,
- *    w3, w2 under block_sparse_moe, its router too; Qwen3-VL-MoE keeps them.
+ *  - fused expert stacks, <block>.experts.gate_up_proj [E, 2F, H] and
+ *    <block>.experts.down_proj [E, H, F]: per model_type, as transformers'
+ *    own conversion mapping declares, read from each release by
+ *    tests/gen/make_experts_table.py into experts_table.h: written per
+ *    expert (experts.<e>.gate_proj, up_proj, down_proj for Qwen3-MoE,
+ *    DeepSeek-V3, GLM-4.5, Qwen3-Next; w1, w3, w2 under block_sparse_moe for
+ *    Mixtral, its router too), or as held (gpt-oss with its biases, Llama 4,
+ *    Qwen3-VL-MoE).
  *
- * These forms under any other model_type are refused: what save_pretrained
- * writes for them has not been checked.
+ * Vision-language forms under any other model_type, and fused stacks of a
+ * model_type the table lacks, are refused: what save_pretrained writes for
+ * them has not been checked.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,18 +65,14 @@ static const char *const vlm_prefixes[] = {
 /* Fused expert stacks, and what save_pretrained writes them as. */
 struct experts {
 	const char *model_type;
-	const char *module;             /* the MoE block's name on disk */
-	const char *parts[3];           /* gate, up, down; NULL: kept fused */
+	const char *block;              /* the MoE block held; NULL: stacks written as held */
+	const char *disk_block;         /* its name on disk (every name under it) */
+	const char *parts[3];           /* gate, up, down, per expert */
 };
 
 static const struct experts experts[] = {
-	{ "qwen3_moe", "mlp", { "gate_proj", "up_proj", "down_proj" } },
-	{ "mixtral", "block_sparse_moe", { "w1", "w3", "w2" } },
-	{ "qwen3_vl_moe", "mlp", { NULL, NULL, NULL } },
+#include "layouts/experts_table.h"
 };
-
-static const char gate_up_suffix[] = ".mlp.experts.gate_up_proj";
-static const char down_suffix[] = ".mlp.experts.down_proj";
 
 static const struct vlm *vlm_of(const struct ckfs_model *m)
 {
@@ -104,15 +105,26 @@ static int is_fused_stack(const char *name)
 		ckfs_ends_with(name, ".gate_up_proj_bias") || ckfs_ends_with(name, ".down_proj_bias"));
 }
 
+/* ".<block>." and ".<disk_block>." of a block written under another name
+ * (Mixtral's block_sparse_moe), or 0 when it keeps its name. */
+static int block_rename(const struct experts *e, char held[64], char disk[64])
+{
+	if (!e || !e->block || strcmp(e->block, e->disk_block) == 0)
+		return 0;
+	snprintf(held, 64, ".%s.", e->block);
+	snprintf(disk, 64, ".%s.", e->disk_block);
+	return 1;
+}
+
 /* name on disk, into out (cap bytes): the vision-language prefix rule,
- * then Mixtral's block rename. 1 when it fits, 0 when name is not one the
+ * then the block rename. 1 when it fits, 0 when name is not one the
  * model_type's rule knows, -1 when out is too small. */
 static int disk_name(const struct ckfs_model *m, const struct vlm *v, const char *name,
 		     char *out, size_t cap)
 {
 	const char *rest = name, *to = "";
 	const struct experts *e = experts_of(m);
-	char tmp[1024];
+	char tmp[1024], held[64], disk[64];
 
 	if (v) {
 		size_t k = 0;
@@ -126,8 +138,8 @@ static int disk_name(const struct ckfs_model *m, const struct vlm *v, const char
 	if ((size_t)snprintf(tmp, sizeof(tmp), "%s%s", to, rest) >= sizeof(tmp))
 		return -1;
 	/* Mixtral: model.layers.<N>.mlp.* is written model.layers.<N>.block_sparse_moe.* */
-	const char *mlp = e && strcmp(e->module, "mlp") != 0 ? strstr(tmp, ".mlp.") : NULL;
-	int n = mlp ? snprintf(out, cap, "%.*s.%s.%s", (int)(mlp - tmp), tmp, e->module, mlp + 5)
+	const char *blk = block_rename(e, held, disk) ? strstr(tmp, held) : NULL;
+	int n = blk ? snprintf(out, cap, "%.*s%s%s", (int)(blk - tmp), tmp, disk, blk + strlen(held))
 		    : snprintf(out, cap, "%s", tmp);
 	return n >= 0 && (size_t)n < cap ? 1 : -1;
 }
@@ -157,7 +169,7 @@ enum ckfs_code ckfs_hf_memory_name(const struct ckfs_model *m, const char *disk,
 	const struct vlm *v = vlm_of(m);
 	const struct experts *e = experts_of(m);
 	const char *from = "", *rest = disk;
-	char tmp[1024];
+	char tmp[1024], held[64], on_disk[64];
 
 	/* the longest prefix of the model_type's written forms */
 	for (size_t k = 0; v && k < 4 && v->rules[k].from; k++)
@@ -167,14 +179,10 @@ enum ckfs_code ckfs_hf_memory_name(const struct ckfs_model *m, const char *disk,
 			rest = disk + strlen(v->rules[k].to);
 		}
 	int n = snprintf(tmp, sizeof(tmp), "%s%s", from, rest);
-	const char *blk = NULL;
-	char mod[64];
-	if (e && strcmp(e->module, "mlp") != 0) {
-		snprintf(mod, sizeof(mod), ".%s.", e->module);
-		blk = strstr(tmp, mod);
-	}
+	const char *blk = block_rename(e, held, on_disk) ? strstr(tmp, on_disk) : NULL;
 	if (n >= 0 && (size_t)n < sizeof(tmp))
-		n = blk ? snprintf(out, cap, "%.*s.mlp.%s", (int)(blk - tmp), tmp, blk + strlen(mod))
+		n = blk ? snprintf(out, cap, "%.*s%s%s", (int)(blk - tmp), tmp, held,
+				   blk + strlen(on_disk))
 			: snprintf(out, cap, "%s", tmp);
 	if (n < 0 || (size_t)n >= cap)
 		return ckfs_fail(err, CKFS_E_LIMIT, "'%s': name '%s' is too long", m->src_dir, disk);
@@ -235,15 +243,26 @@ static enum ckfs_code check_stacks(const struct ckfs_model *m, const struct ckfs
 	return CKFS_OK;
 }
 
+/* ".<block>.experts.gate_up_proj" and ".<block>.experts.down_proj" of x. */
+struct stack_suffixes {
+	char gate_up[96], down[96];
+};
+
+static void stack_suffixes(const struct experts *x, struct stack_suffixes *sfx)
+{
+	snprintf(sfx->gate_up, sizeof(sfx->gate_up), ".%s.experts.gate_up_proj", x->block);
+	snprintf(sfx->down, sizeof(sfx->down), ".%s.experts.down_proj", x->block);
+}
+
 /* The tensors of one stack, per expert, appended to out at *n. */
 static enum ckfs_code split_stack(struct ckfs_model *m, const struct experts *x,
-				  const struct ckfs_tensor *t, struct ckfs_tensor *out, size_t *n,
-				  struct ckfs_error *err)
+				  const struct stack_suffixes *sfx, const struct ckfs_tensor *t,
+				  struct ckfs_tensor *out, size_t *n, struct ckfs_error *err)
 {
-	int down = ckfs_ends_with(t->name, down_suffix);
-	size_t plen = strlen(t->name) - strlen(down ? down_suffix : gate_up_suffix);
-	const struct ckfs_tensor *gu = down ? find_stack(m, t->name, plen, gate_up_suffix) : t;
-	const struct ckfs_tensor *dn = down ? t : find_stack(m, t->name, plen, down_suffix);
+	int down = ckfs_ends_with(t->name, sfx->down);
+	size_t plen = strlen(t->name) - strlen(down ? sfx->down : sfx->gate_up);
+	const struct ckfs_tensor *gu = down ? find_stack(m, t->name, plen, sfx->gate_up) : t;
+	const struct ckfs_tensor *dn = down ? t : find_stack(m, t->name, plen, sfx->down);
 	char name[1024];
 
 	if (!gu || !dn)
@@ -258,7 +277,7 @@ static enum ckfs_code split_stack(struct ckfs_model *m, const struct experts *x,
 						.n = { 1, down ? t->shape[1] : f, t->shape[2] },
 						.ndrop = 1 };
 			snprintf(name, sizeof(name), "%.*s.%s.experts.%lld.%s.weight", (int)plen,
-				 t->name, x->module, (long long)e, x->parts[part]);
+				 t->name, x->block, (long long)e, x->parts[part]);
 			CKFS_TRY(ckfs_tensor_cut(m, t, &box, name, &out[(*n)++], err));
 		}
 	return CKFS_OK;
@@ -269,27 +288,40 @@ static enum ckfs_code split_stack(struct ckfs_model *m, const struct experts *x,
 static enum ckfs_code split_experts(struct ckfs_model *m, struct ckfs_error *err)
 {
 	const struct experts *x = experts_of(m);
+	struct stack_suffixes sfx;
 	size_t n_out = 0, n_new = 0;
 
+	if (x && x->block)
+		stack_suffixes(x, &sfx);
 	for (size_t i = 0; i < m->n_tensors; i++) {
 		const struct ckfs_tensor *t = &m->tensors[i];
 		if (!is_fused_stack(t->name))
 			continue;
+		if (!x)
+			return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s' is a fused expert "
+					 "stack of model_type %s, which ckfs's table from "
+					 "transformers %s does not cover "
+					 "(tests/gen/make_experts_table.py table --why)",
+					 m->src_dir, t->name,
+					 m->model_type ? m->model_type : "(none)",
+					 CKFS_EXPERTS_RELEASES);
+		if (!x->block)
+			continue; /* written as held, biases too */
 		if (ckfs_ends_with(t->name, "_bias"))
 			return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s' is a fused expert "
-					 "bias, and ckfs does not know how transformers saves "
-					 "those", m->src_dir, t->name);
-		if (!x || (!ckfs_ends_with(t->name, gate_up_suffix) && !ckfs_ends_with(t->name, down_suffix)))
+					 "bias, and transformers writes model_type %s's experts "
+					 "one by one, with no bias", m->src_dir, t->name,
+					 m->model_type);
+		if (!ckfs_ends_with(t->name, sfx.gate_up) && !ckfs_ends_with(t->name, sfx.down))
 			return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s' is a fused expert "
-					 "stack, and ckfs does not know how transformers saves "
-					 "those of model_type %s", m->src_dir, t->name,
-					 m->model_type ? m->model_type : "(none)");
+					 "stack outside %s's block '%s'", m->src_dir, t->name,
+					 m->model_type, x->block);
 		if (t->ndim != 3)
 			return ckfs_fail(err, CKFS_E_INVALID, "'%s': expert stack '%s' has %d "
 					 "dims, not 3", m->src_dir, t->name, t->ndim);
 		n_new += (size_t)t->shape[0] * 2;
 	}
-	if (!x || !x->parts[0] || n_new == 0)
+	if (!x || !x->block || n_new == 0)
 		return CKFS_OK;
 	struct ckfs_tensor *out = ckfs_arena_calloc(&m->arena, m->n_tensors + n_new + 1,
 						    sizeof(*out));
@@ -298,7 +330,7 @@ static enum ckfs_code split_experts(struct ckfs_model *m, struct ckfs_error *err
 	for (size_t i = 0; i < m->n_tensors; i++) {
 		const struct ckfs_tensor *t = &m->tensors[i];
 		if (is_fused_stack(t->name))
-			CKFS_TRY(split_stack(m, x, t, out, &n_out, err));
+			CKFS_TRY(split_stack(m, x, &sfx, t, out, &n_out, err));
 		else
 			out[n_out++] = *t;
 	}

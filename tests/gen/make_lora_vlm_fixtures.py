@@ -13,6 +13,11 @@ without dependencies:
     /root/.cache/ckfs/venv/bin/python tests/gen/make_lora_vlm_fixtures.py --list
 
 Each case is regenerated alone with --only NAME (repeatable); the manifest keeps the other records.
+The fused-MoE cases are also written with transformers 5.23.0 (verl 0.9.1 unchanged; the release put
+ahead of the venv's, from the cache) into their own root:
+
+    .../python tests/gen/make_lora_vlm_fixtures.py --transformers 5.23.0 \
+        --out tests/fixtures/transformers-5.23.0 --only deepseek_v3_fsdp2_w2 ...
 
 Outputs (relative to tests/fixtures/):
     lora/<case>/, vlm/<case>/, moe_fsdp/<case>/   the actor checkpoint folder exactly as verl wrote it:
@@ -87,10 +92,30 @@ import tempfile
 import time
 import zlib
 
+
+def transformers_overlay(version):
+    """A folder holding transformers VERSION and the packages it requires newer than the venv's
+    (pip --target, in the cache), put ahead of the venv on PYTHONPATH: verl 0.9.1 pins
+    transformers < 5.11, so a later release can only be run beside it this way."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from gen_cache import CACHE, cached
+
+    def build(tmp):
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                        "--target", tmp, f"transformers=={version}"], check=True)
+        for d in os.listdir(tmp):  # the venv's own torch, verl and numpy stay in charge
+            if re.match(r"(torch|numpy|verl)[-_.]", d) or d in ("torch", "numpy", "verl"):
+                shutil.rmtree(os.path.join(tmp, d))
+    return cached(os.path.join(CACHE, f"transformers-{version}-overlay"), f"transformers=={version}", build)
+
+
 # Byte-reproducible rank files need a fixed hash seed (DeviceMesh/DTensorSpec pickle a cached hash)
 # and no address randomisation; re-exec once like make_fixtures.py does.
 if os.environ.get("CKFS_GEN_REEXEC") != "1":
     env = dict(os.environ, PYTHONHASHSEED="0", CKFS_GEN_REEXEC="1")
+    if "--transformers" in sys.argv[:-1]:
+        overlay = transformers_overlay(sys.argv[sys.argv.index("--transformers") + 1])
+        env["PYTHONPATH"] = overlay + os.pathsep + env.get("PYTHONPATH", "")
     argv = [sys.executable] + sys.argv
     setarch = shutil.which("setarch")
     if setarch and subprocess.run([setarch, os.uname().machine, "-R", "true"],
@@ -139,9 +164,9 @@ def vlm_case(name, arch, tied, desc=""):
                 lora=None, keep_meta=True, save_lora_only=False, train_steps=0, description=desc)
 
 
-def moe_case(name, arch, desc=""):
+def moe_case(name, arch, desc="", attn="sdpa"):
     return dict(name=name, kind="moe", model=dict(arch=arch), strategy="fsdp2", world_size=2, tied=False,
-                lora=None, keep_meta=True, save_lora_only=False, train_steps=0, description=desc)
+                lora=None, keep_meta=True, save_lora_only=False, train_steps=0, description=desc, attn=attn)
 
 
 CASES = [
@@ -168,6 +193,28 @@ CASES = [
     moe_case("qwen3_moe_fsdp2_w2", "qwen3_moe",
              desc="Qwen3-MoE tiny, 3 experts (uneven Shard(0) of the fused stacks), FSDP2 W=2"),
     moe_case("mixtral_fsdp2_w2", "mixtral", desc="Mixtral tiny, 4 experts, FSDP2 W=2"),
+    # The fused-expert architectures of issue 36: how each is saved comes from transformers'
+    # conversion mapping (tests/gen/make_experts_table.py), checked here against verl's merger.
+    moe_case("deepseek_v3_fsdp2_w2", "deepseek_v3",
+             desc="DeepSeek-V3 tiny: MLA (q and kv LoRA ranks), layer 0 dense (first_k_dense_replace=1), "
+                  "layer 1 with 4 routed experts, a shared expert and e_score_correction_bias, FSDP2 W=2"),
+    moe_case("glm4_moe_fsdp2_w2", "glm4_moe",
+             desc="GLM-4.5 tiny: layer 0 dense, layer 1 with 4 routed experts and a shared expert, q/k norm, "
+                  "FSDP2 W=2"),
+    moe_case("gpt_oss_fsdp2_w2", "gpt_oss", attn="eager",
+             desc="gpt-oss tiny: 4 experts with interleaved gate_up_proj [E, H, 2I] and expert biases, "
+                  "attention sinks, sliding and full layers, FSDP2 W=2 (eager attention on the CPU)"),
+    moe_case("qwen3_next_fsdp2_w2", "qwen3_next",
+             desc="Qwen3-Next tiny: a gated DeltaNet layer and a full-attention layer, 4 experts and a "
+                  "gated shared expert each, FSDP2 W=2"),
+    moe_case("llama4_text_fsdp2_w2", "llama4_text",
+             desc="Llama 4 text tiny: fused experts under feed_forward with a shared expert, FSDP2 W=2"),
+    moe_case("qwen2_moe_fsdp2_w2", "qwen2_moe",
+             desc="Qwen2-MoE tiny: 4 experts and a gated shared expert, FSDP2 W=2"),
+    moe_case("olmoe_fsdp2_w2", "olmoe", desc="OLMoE tiny: 4 experts, FSDP2 W=2"),
+    moe_case("minimax_fsdp2_w2", "minimax",
+             desc="MiniMax-Text tiny: a lightning (linear) attention layer and a full one, 4 experts "
+                  "under block_sparse_moe on disk, FSDP2 W=2"),
 ]
 KIND_DIRS = {"lora": ("lora", "expected_lora"), "vlm": ("vlm", "expected_vlm"), "moe": ("moe_fsdp", "expected_moe")}
 
@@ -306,9 +353,45 @@ def hf_config(spec):
                                                    tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
                                                    pad_token_id=0))
         c.architectures = ["MixtralForCausalLM"]
+    elif arch in MOE_CONFIGS:
+        cls_name, arch_name, extra = MOE_CONFIGS[arch]
+        c = getattr(transformers, cls_name)(**text_dims(**extra, tie_word_embeddings=False, bos_token_id=1,
+                                                        eos_token_id=2, pad_token_id=0))
+        c.architectures = [arch_name]
     else:
         raise ValueError(arch)
     return c
+
+
+# config class, architecture, the arguments beyond text_dims(): 4 experts of width 8, 2 layers.
+MOE_CONFIGS = {
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    dict(moe_intermediate_size=8, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                         n_group=1, topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=16,
+                         qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, num_key_value_heads=4)),
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
+                 dict(moe_intermediate_size=8, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                      n_group=1, topk_group=1, first_k_dense_replace=1, use_qk_norm=True)),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                dict(intermediate_size=8, num_local_experts=4, num_experts_per_tok=2, head_dim=8,
+                     sliding_window=8, layer_types=["sliding_attention", "full_attention"])),
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM",
+                   dict(head_dim=8, moe_intermediate_size=8, shared_expert_intermediate_size=8, num_experts=4,
+                        num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[],
+                        linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8,
+                        linear_num_key_heads=2, linear_num_value_heads=4,
+                        layer_types=["linear_attention", "full_attention"])),
+    "llama4_text": ("Llama4TextConfig", "Llama4ForCausalLM",
+                    dict(head_dim=8, intermediate_size=8, intermediate_size_mlp=64, num_local_experts=4,
+                         num_experts_per_tok=1, interleave_moe_layer_step=1, attention_chunk_size=16)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(moe_intermediate_size=8, shared_expert_intermediate_size=16, num_experts=4,
+                       num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[])),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(intermediate_size=8, num_experts=4, num_experts_per_tok=2)),
+    "minimax": ("MiniMaxConfig", "MiniMaxForCausalLM",
+                dict(head_dim=8, intermediate_size=8, num_local_experts=4, num_experts_per_tok=2, block_size=16,
+                     layer_types=["linear_attention", "full_attention"])),
+}
 
 
 def model_class(spec):
@@ -414,7 +497,7 @@ def engine_configs(spec, srcdir):
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
 
     lora = spec["lora"] or {}
-    model_config = HFModelConfig(path=srcdir, override_config={"attn_implementation": "sdpa"},
+    model_config = HFModelConfig(path=srcdir, override_config={"attn_implementation": spec.get("attn", "sdpa")},
                                  use_remove_padding=False, lora_rank=lora.get("r", 0),
                                  lora_alpha=lora.get("lora_alpha", 16),
                                  target_modules=lora.get("target_modules", "all-linear"))
@@ -689,6 +772,9 @@ def main():
     ap.add_argument("--only", action="append", help="generate only this case (repeatable)")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("--out", default=FIXTURES, help="fixtures root (default tests/fixtures)")
+    ap.add_argument("--transformers", metavar="VERSION",
+                    help="run verl and its merger with this transformers release instead of the venv's "
+                         "(e.g. 5.23.0, into --out tests/fixtures/transformers-5.23.0)")
     args = ap.parse_args()
     if args.list:
         for c in CASES:

@@ -31,7 +31,8 @@ LORA = ["lora_qwen2_fsdp2_w2", "lora_llama_fsdp1_w3", "lora_qwen2_fsdp2_w2_nomet
         "lora_qwen2_fsdp2_w2_rslora"]
 VLM = ["qwen2_vl_fsdp2_w2", "qwen2_5_vl_fsdp2_w2", "qwen3_vl_fsdp2_w2", "qwen3_vl_moe_fsdp2_w2",
        "gemma3_fsdp2_w2"]
-MOE = ["qwen3_moe_fsdp2_w2", "mixtral_fsdp2_w2"]
+MOE = ["qwen3_moe_fsdp2_w2", "mixtral_fsdp2_w2"] + [f"{a}_fsdp2_w2" for a in (
+    "deepseek_v3", "glm4_moe", "gpt_oss", "qwen3_next", "llama4_text", "qwen2_moe", "olmoe", "minimax")]
 ONLY = "lora_qwen2_fsdp2_w2_loraonly"
 KIND = {**{c: "lora" for c in LORA + [ONLY]}, **{c: "vlm" for c in VLM},
         **{c: "moe" for c in MOE}}
@@ -236,3 +237,20 @@ def test_adapter_alone_with_base(mounted, base_dir):
         for k, w in base.items():
             assert same_bits(got[k], w.to(torch.bfloat16)), k
         assert (mnt / "lora_adapter").exists() == (mode == "adapter")
+
+
+# ------------------------------------------------------------------------------------------
+# The fused-MoE cases written and merged again with transformers 5.23.0
+# (make_lora_vlm_fixtures.py --transformers 5.23.0): every file verl's merger wrote, config.json
+# included, byte for byte from `ckfs export --transformers-version 5.23`.
+# ------------------------------------------------------------------------------------------
+TF523 = FIXTURES / "transformers-5.23.0"
+
+
+@pytest.mark.parametrize("case", sorted(p.name for p in (TF523 / "moe_fsdp").iterdir()))
+def test_moe_as_verl_merges_with_transformers_5_23(case, tmp_path):
+    want = TF523 / "expected_moe" / case
+    run_ckfs("export", "-q", "--transformers-version", "5.23", TF523 / "moe_fsdp" / case, tmp_path / "out")
+    assert files_under(tmp_path / "out") == files_under(want) - NOT_SERVED
+    for name in sorted(files_under(want) - NOT_SERVED):
+        assert (tmp_path / "out" / name).read_bytes() == (want / name).read_bytes(), name

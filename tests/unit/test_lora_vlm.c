@@ -43,6 +43,26 @@ static const struct fixture cases[] = {
 	{ "vlm/gemma3_fsdp2_w2", "expected_vlm/gemma3_fsdp2_w2" },
 	{ "moe_fsdp/qwen3_moe_fsdp2_w2", "expected_moe/qwen3_moe_fsdp2_w2" },
 	{ "moe_fsdp/mixtral_fsdp2_w2", "expected_moe/mixtral_fsdp2_w2" },
+	/* issue 36: each saved as transformers' conversion mapping declares */
+	{ "moe_fsdp/deepseek_v3_fsdp2_w2", "expected_moe/deepseek_v3_fsdp2_w2" },
+	{ "moe_fsdp/glm4_moe_fsdp2_w2", "expected_moe/glm4_moe_fsdp2_w2" },
+	{ "moe_fsdp/gpt_oss_fsdp2_w2", "expected_moe/gpt_oss_fsdp2_w2" },
+	{ "moe_fsdp/qwen3_next_fsdp2_w2", "expected_moe/qwen3_next_fsdp2_w2" },
+	{ "moe_fsdp/llama4_text_fsdp2_w2", "expected_moe/llama4_text_fsdp2_w2" },
+	{ "moe_fsdp/qwen2_moe_fsdp2_w2", "expected_moe/qwen2_moe_fsdp2_w2" },
+	{ "moe_fsdp/olmoe_fsdp2_w2", "expected_moe/olmoe_fsdp2_w2" },
+	{ "moe_fsdp/minimax_fsdp2_w2", "expected_moe/minimax_fsdp2_w2" },
+	/* the same written and merged with transformers 5.23.0 */
+	{ "transformers-5.23.0/moe_fsdp/deepseek_v3_fsdp2_w2", "transformers-5.23.0/expected_moe/deepseek_v3_fsdp2_w2" },
+	{ "transformers-5.23.0/moe_fsdp/glm4_moe_fsdp2_w2", "transformers-5.23.0/expected_moe/glm4_moe_fsdp2_w2" },
+	{ "transformers-5.23.0/moe_fsdp/gpt_oss_fsdp2_w2", "transformers-5.23.0/expected_moe/gpt_oss_fsdp2_w2" },
+	{ "transformers-5.23.0/moe_fsdp/qwen3_next_fsdp2_w2", "transformers-5.23.0/expected_moe/qwen3_next_fsdp2_w2" },
+	{ "transformers-5.23.0/moe_fsdp/llama4_text_fsdp2_w2", "transformers-5.23.0/expected_moe/llama4_text_fsdp2_w2" },
+	{ "transformers-5.23.0/moe_fsdp/qwen2_moe_fsdp2_w2", "transformers-5.23.0/expected_moe/qwen2_moe_fsdp2_w2" },
+	{ "transformers-5.23.0/moe_fsdp/olmoe_fsdp2_w2", "transformers-5.23.0/expected_moe/olmoe_fsdp2_w2" },
+	{ "transformers-5.23.0/moe_fsdp/minimax_fsdp2_w2", "transformers-5.23.0/expected_moe/minimax_fsdp2_w2" },
+	{ "transformers-5.23.0/moe_fsdp/qwen3_moe_fsdp2_w2", "transformers-5.23.0/expected_moe/qwen3_moe_fsdp2_w2" },
+	{ "transformers-5.23.0/moe_fsdp/mixtral_fsdp2_w2", "transformers-5.23.0/expected_moe/mixtral_fsdp2_w2" },
 };
 
 /* The files of verl's output ckfs serves as they are (the others are
