@@ -112,6 +112,8 @@ struct ckfs_config_edits {
 	bool vl_drops_token_ids;    /* see struct ckfs_transformers_release */
 	const char *quantization;   /* a JSON object for "quantization_config";
 				     * NULL: none added */
+	bool drop_quantization;     /* a quantized release served dequantized:
+				     * "quantization_config" dropped */
 };
 
 /*

@@ -31,6 +31,10 @@ struct ckfs_model_options {
 	 * bf16 for the rest: src/layouts/fp8_select.c). CKFS_DTYPE_INVALID (options
 	 * left zero) is refused. */
 	enum ckfs_dtype out_dtype;
+	/* out_dtype is the command's default, not asked for: a block-FP8
+	 * release (DeepSeek-V3's) is then served as stored, scales and all;
+	 * asked, it is dequantized to out_dtype (src/layouts/fp8_release.c). */
+	bool dtype_is_default;
 	/* --config: a config.json, or a folder holding one; NULL for the
 	 * checkpoint's huggingface/config.json. */
 	const char *config_path;

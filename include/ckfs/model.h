@@ -163,6 +163,13 @@ struct ckfs_tensor {
 	/* --dtype w4a16: the weight this tensor is the packed values, scales
 	 * or shape of (no chunks; which one: w4a16_part); NULL for others. */
 	struct ckfs_w4a16 *w4a16;
+	/* A block-FP8 release's weight (DeepSeek-V3's: F8_E4M3 values, one F32
+	 * scale per CKFS_FP8_BLOCK x CKFS_FP8_BLOCK block, partial blocks at
+	 * the edges) served in a float dtype: out = out_dtype(f32(v) * scale),
+	 * as DeepSeek's fp8_cast_bf16.py and transformers' dequantize compute
+	 * it (src/model/fp8_dequant.c); its scale tensor is not served. NULL
+	 * for other tensors. */
+	const struct ckfs_tensor *dequant_scale;
 	enum ckfs_w4a16_part {
 		CKFS_W4A16_PACKED,      /* I32 [rows, cols / 8]: 8 nibbles q + 8 */
 		CKFS_W4A16_SCALE,       /* BF16 [rows, cols / 128] */
@@ -313,6 +320,9 @@ struct ckfs_model {
 	const char **fp8_unconverted;
 	size_t n_fp8_unconverted;
 	struct ckfs_fp8_kept *fp8_kept;
+	/* A block-FP8 release served in a float dtype (dequant_scale above):
+	 * how many weights, for config.json (quantization_config dropped). */
+	size_t n_fp8_dequantized;
 	/* --dtype w4a16 (src/layouts/w4a16_select.c): how many weights are
 	 * quantized, and the Linear modules left bf16 (its "ignore" list). */
 	size_t n_w4a16;
@@ -430,6 +440,8 @@ struct ckfs_read_scratch {
 	size_t fp8_cap;                 /* in elements */
 	uint16_t *w4a16;                /* bf16 groups (w4a16_quant.c) */
 	size_t w4a16_cap;               /* in elements */
+	float *dequant;                 /* values and scales (fp8_dequant.c) */
+	size_t dequant_cap;             /* in elements */
 };
 void ckfs_read_scratch_release(struct ckfs_read_scratch *s);
 
@@ -469,6 +481,12 @@ enum ckfs_code ckfs_w4a16_read(const struct ckfs_model *m, const struct ckfs_ten
 			       uint64_t first, uint64_t count, void *dst,
 			       struct ckfs_read_scratch *scratch,
 			       struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* Internal to src/model: the read of a block-FP8 release's weight served in
+ * a float dtype (fp8_dequant.c), called by ckfs_tensor_read. */
+enum ckfs_code ckfs_fp8_dequant_read(const struct ckfs_model *m, const struct ckfs_tensor *t,
+				     uint64_t first, uint64_t count, void *dst,
+				     struct ckfs_read_scratch *scratch,
+				     struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Internal to src/model: the read of a tensor with a LoRA pair (lora_fuse.c),
  * called by ckfs_tensor_read. */
 enum ckfs_code ckfs_lora_read(const struct ckfs_model *m, const struct ckfs_tensor *t,

@@ -59,7 +59,9 @@ const struct cli_opt cli_opt_dtype = {
 		"tensor as stored), fp8 (linear weights block-quantized to "
 		"float8_e4m3fn with their scales, the rest bf16) or w4a16 (linear weights as "
 		"compressed-tensors' pack-quantized INT4 in groups of 128, the rest bf16); "
-		"with --format gguf: bf16, fp16, q8_0 or q4_0"
+		"with --format gguf: bf16, fp16, q8_0 or q4_0. A block-FP8 release "
+		"(DeepSeek-V3's) is served as stored unless T is given: bf16, fp16 or "
+		"fp32 dequantize it"
 };
 const struct cli_opt cli_opt_format = {
 	.id = OPT_FORMAT, .name = "format", .key = "format", .arg = "F", .kind = CLI_CHOICE,
@@ -523,6 +525,8 @@ int cli_apply_common(const struct cli_command *cmd, struct cli_common *c,
 		c->dtype = (int)v->n;
 		c->model.out_dtype = v->n < CLI_DTYPE_Q8_0 ? (enum ckfs_dtype)v->n
 							 : CKFS_DTYPE_BF16;
+		/* the parser applies each default with the table's own text */
+		c->model.dtype_is_default = v->text == o->def;
 		return 0;
 	case OPT_FORMAT:
 		c->folder.gguf = v->n == 1;

@@ -14,6 +14,7 @@
  *    eos_token_id and pad_token_id when the merger's transformers does
  *    (5.10: its config class keeps those in text_config only; 5.23 keeps
  *    them at the top level too);
+ *  - a block-FP8 release served dequantized loses "quantization_config";
  *  - with --dtype fp8, "quantization_config" says so (its value replaced
  *    in place, or the key added first), as transformers'
  *    FineGrainedFP8Config and vLLM read it; with --dtype w4a16 the same
@@ -244,7 +245,8 @@ static int dropped(const char *s, const struct member *mb, const struct ckfs_con
 	int qwen2_vl = model_type && (strcmp(model_type, "qwen2_vl") == 0 ||
 				      strcmp(model_type, "qwen2_5_vl") == 0);
 
-	if (key_is(s, mb, "attn_implementation"))
+	if (key_is(s, mb, "attn_implementation") ||
+	    (e->drop_quantization && key_is(s, mb, "quantization_config")))
 		return 1;
 	for (size_t i = 0; qwen2_vl && e->vl_drops_token_ids && i < 3; i++)
 		if (key_is(s, mb, token_ids[i]))

@@ -198,8 +198,8 @@ static enum ckfs_code add_model(struct ckfs_folder *f, const struct ckfs_folder_
 	}
 	const struct ckfs_transformers_release *tr =
 		opt->transformers ? opt->transformers : ckfs_transformers_release(NULL);
-	struct ckfs_config_edits e = { config_dtype(m), m->model_type, tr->vl_drops_token_ids,
-				       NULL };
+	struct ckfs_config_edits e = { .dtype = config_dtype(m), .model_type = m->model_type,
+				       .vl_drops_token_ids = tr->vl_drops_token_ids };
 	char *quant = NULL;
 	if (m->n_fp8)
 		CKFS_TRY(ckfs_fp8_quantization_json(m->fp8_unconverted, m->n_fp8_unconverted,
@@ -208,6 +208,7 @@ static enum ckfs_code add_model(struct ckfs_folder *f, const struct ckfs_folder_
 		CKFS_TRY(ckfs_w4a16_quantization_json(m->w4a16_ignore, m->n_w4a16_ignore, &quant,
 						      err));
 	e.quantization = quant;
+	e.drop_quantization = m->n_fp8_dequantized > 0;
 	enum ckfs_code rc = ckfs_render_config(m->config_json, m->config_len, &e, &text, &len,
 					       err);
 	free(quant);

@@ -19,8 +19,9 @@
  * layers that have scales.
  *
  * A checkpoint that is already block-quantized (F8 tensors with
- * `*_scale_inv` or `*weight_scale` companions) is refused with any dtype
- * but auto: casting its values without their scales serves wrong numbers.
+ * `*_scale_inv` or `*weight_scale` companions) is fp8_release.c's: served
+ * as stored, or DeepSeek's block FP8 dequantized to a float dtype; never
+ * its values cast without their scales.
  */
 #include <regex.h>
 #include <stdio.h>
@@ -202,10 +203,8 @@ enum ckfs_code ckfs_fp8_select(struct ckfs_model *m, const struct ckfs_model_opt
 	const char *scale = quantized_scale(m);
 	regex_t skip;
 
-	if (scale && opt->out_dtype != CKFS_DTYPE_AUTO)
-		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': already quantized ('%s' holds "
-				 "block scales): serve it as stored with --dtype auto",
-				 m->src_dir, scale);
+	if (scale)
+		return ckfs_fp8_release_select(m, opt, scale, err);
 	if (opt->out_dtype != CKFS_DTYPE_F8_E4M3)
 		return CKFS_OK;
 	CKFS_TRY(ckfs_quant_skip(opt, &skip, err));

@@ -235,6 +235,14 @@ enum ckfs_code ckfs_peft_finish(struct ckfs_model *m, const struct ckfs_model_op
  * but auto, a checkpoint already block-quantized refused. */
 enum ckfs_code ckfs_fp8_select(struct ckfs_model *m, const struct ckfs_model_options *opt,
 			       struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* ---- fp8_release.c ---- */
+
+/* A checkpoint already block-quantized (scale names one of its scale
+ * tensors): as stored without an asked --dtype (or auto), DeepSeek's block
+ * FP8 dequantized to bf16, fp16 or fp32, anything else refused. */
+enum ckfs_code ckfs_fp8_release_select(struct ckfs_model *m,
+				       const struct ckfs_model_options *opt,
+				       const char *scale, struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* The default of --fp8-skip. */
 extern const char ckfs_fp8_default_skip[];
 /* Whether t is a weight the quantized views quantize: a 2-D float

@@ -32,6 +32,9 @@ void ckfs_read_scratch_release(struct ckfs_read_scratch *s)
 	free(s->fused);
 	free(s->fp8);
 	free(s->w4a16);
+	free(s->dequant);
+	s->dequant = NULL;
+	s->dequant_cap = 0;
 	s->w4a16 = NULL;
 	s->w4a16_cap = 0;
 	s->buf = NULL;
@@ -455,7 +458,7 @@ size_t ckfs_tensor_ranges(const struct ckfs_model *m, const struct ckfs_tensor *
 {
 	size_t n = 0;
 
-	if (t->fp8 || t->w4a16 || t->lora || !count || first >= t->numel ||
+	if (t->fp8 || t->w4a16 || t->lora || t->dequant_scale || !count || first >= t->numel ||
 	    count > t->numel - first)
 		return 0;
 	for (uint32_t i = 0; i < t->n_chunks && n < cap; i++)
@@ -480,6 +483,8 @@ enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
 				 "read past the end of tensor '%s'", t->name);
 	if (t->fp8)
 		return ckfs_fp8_read(m, t, first, count, dst, scratch, err);
+	if (t->dequant_scale)
+		return ckfs_fp8_dequant_read(m, t, first, count, dst, scratch, err);
 	if (t->w4a16)
 		return ckfs_w4a16_read(m, t, first, count, dst, scratch, err);
 	if (t->lora)

@@ -15,7 +15,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	size_t n, m;
 
 	ckfs_error_clear(&err);
-	struct ckfs_config_edits e = { "bfloat16", "qwen2_vl", true, "{\"quant_method\": \"fp8\"}" };
+	struct ckfs_config_edits e = { "bfloat16", "qwen2_vl", true, "{\"quant_method\": \"fp8\"}",
+					false };
 
 	if (ckfs_render_config((const char *)data, size, &e, &out, &n, &err) != CKFS_OK)
 		return 0;

@@ -24,7 +24,7 @@ static void expect_render_with(const char *model_type, const char *quant, const 
 	size_t n = 0;
 
 	ckfs_error_clear(&err);
-	struct ckfs_config_edits e = { "bfloat16", model_type, drops_vl_ids, quant };
+	struct ckfs_config_edits e = { "bfloat16", model_type, drops_vl_ids, quant, false };
 	CHECK_EQ_INT(ckfs_render_config(in, strlen(in), &e, &out, &n, &err), CKFS_OK);
 	CHECK_EQ_STR(out, want);
 	CHECK_EQ_INT(n, strlen(want));

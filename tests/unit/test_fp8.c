@@ -11,6 +11,12 @@
  *  - read by four threads at once, each in its own order (TSan in CI);
  * and every other tensor served as bf16; every block of finite values
  * (a subnormal among zeros, all zeros) dequantizes to finite values.
+ *
+ * A block-FP8 release (tests/gen/make_fp8_release_fixtures.py: DeepSeek-V3
+ * shaped, quantized by transformers' own FP8 op, two shards) with --dtype
+ * bf16: every tensor bit for bit what transformers' Fp8Dequantize makes of
+ * it, read whole and in pieces, the scales not served; without an asked
+ * dtype served as stored; --dtype fp8 refused.
  */
 #include <math.h>
 #include <pthread.h>
@@ -267,9 +273,69 @@ static void test_blocks_finite(void)
 	}
 }
 
+#define RELEASE FIX "/fp8_release/deepseek_v3_tiny"
+
+static void test_release(void)
+{
+	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_BF16 };
+	struct ckfs_model *m = NULL;
+	struct ckfs_st_set ref;
+	struct ckfs_error err;
+	size_t scales = 0, dequantized = 0;
+
+	ckfs_error_clear(&err);
+	CHECK(ckfs_st_set_open(RELEASE "/expected", NULL, &ref, &err) == CKFS_OK);
+	if (ckfs_model_open(RELEASE "/release", &opt, &m, &err) != CKFS_OK) {
+		fprintf(stderr, "release: %s\n", err.msg);
+		CHECK(0);
+		ckfs_st_set_release(&ref);
+		return;
+	}
+	CHECK_EQ_INT(m->n_tensors, ref.n_entries);
+	struct ckfs_read_scratch s = { 0 };
+	for (size_t i = 0; i < m->n_tensors; i++) {
+		const struct ckfs_tensor *t = &m->tensors[i];
+		const struct ckfs_st_entry *e = ckfs_st_set_find(&ref, t->name);
+		size_t bytes = (size_t)ckfs_tensor_out_bytes(t);
+		CHECK(e && e->dtype == t->out_dtype && bytes == e->end - e->begin);
+		if (!e || bytes != e->end - e->begin)
+			continue;
+		unsigned char *want = malloc(bytes);
+		CHECK(ckfs_file_pread(e->f, want, bytes, e->begin) == (ssize_t)bytes);
+		/* whole, and backwards in odd pieces across blocks and rows */
+		CHECK(same_backwards(m, t, want, t->numel, &s));
+		CHECK(same_backwards(m, t, want, 301, &s));
+		dequantized += t->dequant_scale != NULL;
+		free(want);
+	}
+	ckfs_read_scratch_release(&s);
+	CHECK_EQ_INT(dequantized, 26);
+	CHECK_EQ_INT(m->n_fp8_dequantized, 26);
+	ckfs_model_free(m);
+	ckfs_st_set_release(&ref);
+
+	/* not asked for a dtype: as stored, scales served */
+	opt.dtype_is_default = true;
+	CHECK(ckfs_model_open(RELEASE "/release", &opt, &m, &err) == CKFS_OK);
+	for (size_t i = 0; m && i < m->n_tensors; i++) {
+		scales += strstr(m->tensors[i].name, ".weight_scale_inv") != NULL;
+		CHECK_EQ_INT(m->tensors[i].out_dtype, m->tensors[i].stored_dtype);
+		CHECK(m->tensors[i].dequant_scale == NULL);
+	}
+	CHECK_EQ_INT(scales, 26);
+	ckfs_model_free(m);
+
+	opt = (struct ckfs_model_options){ .out_dtype = CKFS_DTYPE_F8_E4M3 };
+	m = NULL;
+	CHECK_EQ_INT(ckfs_model_open(RELEASE "/release", &opt, &m, &err), CKFS_E_UNSUPPORTED);
+	CHECK(strstr(err.msg, "already quantized") != NULL);
+	CHECK(m == NULL);
+}
+
 int main(void)
 {
 	RUN(test_bit_identical);
+	RUN(test_release);
 	RUN(test_blocks_finite);
 	RUN(test_threads);
 	test_tmp_cleanup();

@@ -1,0 +1,96 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A block-FP8 release (DeepSeek-V3/R1's, Kimi-K2's: each linear weight
+ * F8_E4M3 with weight_scale_inv F32 [ceil(rows/128), ceil(cols/128)])
+ * served in a float dtype: element (r, c) is
+ *
+ *     out_dtype(f32(v[r][c]) * scale[r / 128][c / 128])
+ *
+ * the product in float32, then rounded to nearest even, as DeepSeek's
+ * fp8_cast_bf16.py (its weight_dequant kernel) and transformers'
+ * Fp8Dequantize compute it; blocks at the right and bottom edges are
+ * partial. A read takes the values it needs as stored (the tensor's own
+ * chunks, read as F8_E4M3) and the scale rows they fall in, a window of
+ * at most DEQUANT_WINDOW elements at a time into the thread's scratch.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckfs/model.h"
+
+static float e4m3[256]; /* every F8_E4M3 byte's value */
+static pthread_once_t e4m3_once = PTHREAD_ONCE_INIT;
+
+static void e4m3_fill(void)
+{
+	for (int b = 0; b < 256; b++) {
+		unsigned char v = (unsigned char)b;
+		e4m3[b] = (float)ckfs_dtype_load_double(CKFS_DTYPE_F8_E4M3, &v);
+	}
+}
+
+#define DEQUANT_WINDOW (256u << 10) /* elements: 1 MiB of floats */
+
+static float *dequant_scratch(struct ckfs_read_scratch *s, size_t n)
+{
+	if (s->dequant_cap < n) {
+		float *p = realloc(s->dequant, n * sizeof(float));
+		if (!p)
+			return NULL;
+		s->dequant = p;
+		s->dequant_cap = n;
+	}
+	return s->dequant;
+}
+
+/* Elements [first, first + n) of t as stored (F8_E4M3 bytes) into raw. */
+static enum ckfs_code read_stored(const struct ckfs_model *m, const struct ckfs_tensor *t,
+				  uint64_t first, uint64_t n, void *raw,
+				  struct ckfs_read_scratch *scratch, struct ckfs_error *err)
+{
+	struct ckfs_tensor as_stored = *t;
+
+	as_stored.out_dtype = t->stored_dtype;
+	as_stored.dequant_scale = NULL;
+	return ckfs_tensor_read(m, &as_stored, first, n, raw, scratch, err);
+}
+
+enum ckfs_code ckfs_fp8_dequant_read(const struct ckfs_model *m, const struct ckfs_tensor *t,
+				     uint64_t first, uint64_t count, void *dst_v,
+				     struct ckfs_read_scratch *scratch, struct ckfs_error *err)
+{
+	const struct ckfs_tensor *s = t->dequant_scale;
+	const uint64_t cols = (uint64_t)t->shape[1], scols = (uint64_t)s->shape[1];
+	const size_t out = ckfs_dtype_size(t->out_dtype);
+	unsigned char *dst = dst_v;
+
+	pthread_once(&e4m3_once, e4m3_fill);
+	while (count > 0) {
+		uint64_t n = count < DEQUANT_WINDOW ? count : DEQUANT_WINDOW;
+		uint64_t r0 = first / cols, r1 = (first + n - 1) / cols;
+		uint64_t b0 = r0 / CKFS_FP8_BLOCK, b1 = r1 / CKFS_FP8_BLOCK;
+		uint64_t nscales = (b1 - b0 + 1) * scols;
+		/* the window's values (as floats, after their bytes) and its
+		 * blocks' scales, one scratch allocation */
+		float *vals = dequant_scratch(scratch, (size_t)(n + nscales + n / 4 + 1));
+		if (!vals)
+			return ckfs_nomem(err);
+		float *scales = vals + n;
+		unsigned char *raw = (unsigned char *)(scales + nscales);
+		CKFS_TRY(read_stored(m, t, first, n, raw, scratch, err));
+		struct ckfs_tensor sc = *s;
+		sc.out_dtype = CKFS_DTYPE_F32;
+		CKFS_TRY(ckfs_tensor_read(m, &sc, b0 * scols, nscales, scales, scratch, err));
+		for (uint64_t k = 0; k < n; k++) {
+			uint64_t e = first + k, r = e / cols, c = e % cols;
+			float scale = scales[(r / CKFS_FP8_BLOCK - b0) * scols + c / CKFS_FP8_BLOCK];
+			vals[k] = e4m3[raw[k]] * scale;
+		}
+		ckfs_convert(t->out_dtype, dst, CKFS_DTYPE_F32, vals, (size_t)n, 0);
+		dst += n * out;
+		first += n;
+		count -= n;
+	}
+	return CKFS_OK;
+}
