@@ -370,6 +370,7 @@ fi
 # Hole-backed checkpoints of their own, any size: a training run as one
 # mount, and the 235B MoE metadata figures.
 only run && { echo; CKFS_CACHE=256MiB "$ROOT/tests/bench/bench_run.sh" "$CKFS"; }
-only moe && { echo; "$ROOT/tests/bench/bench_moe.sh" "$CKFS"; }
+only moe && { echo; "$ROOT/tests/bench/bench_moe.sh" "$CKFS"; echo;
+	MOE_SHAPE=deepseek-v3-671b "$ROOT/tests/bench/bench_moe.sh" "$CKFS"; }
 only s3 && { echo; "$ROOT/tests/bench/bench_s3.sh" "$CKFS"; }
 true
