@@ -134,10 +134,18 @@ def test_transformers_loads_the_mount(tmp_path):
 def test_refusals(tmp_path):
     src = hf_folder(tmp_path / "src", edge_weights(torch.float32))
     run_ckfs("export", "--dtype", "fp8", src, tmp_path / "fp8")
-    # an already block-quantized folder: only as stored
-    p = run_ckfs("export", tmp_path / "fp8", tmp_path / "x", check=False)
+    # an already block-quantized folder: as stored when no dtype is asked (or auto), never
+    # quantized again (tests/py/test_fp8_release.py: dequantized to a float dtype)
+    run_ckfs("export", tmp_path / "fp8", tmp_path / "x")
+    run_ckfs("export", "--dtype", "auto", tmp_path / "fp8", tmp_path / "asis")
+    stored = load_folder(tmp_path / "fp8")
+    for d in ("x", "asis"):
+        got = load_folder(tmp_path / d)
+        assert set(got) == set(stored)
+        for k, v in stored.items():
+            assert got[k].dtype == v.dtype and torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
+    p = run_ckfs("export", "--dtype", "fp8", tmp_path / "fp8", tmp_path / "again", check=False)
     assert p.returncode == 1 and "already quantized" in p.stderr and "--dtype auto" in p.stderr
-    p = run_ckfs("export", "--dtype", "auto", tmp_path / "fp8", tmp_path / "asis")
     # a model with no linear weight to quantize, and a bad pattern
     only_norm = hf_folder(tmp_path / "norm", {"model.norm.weight": torch.ones(8)})
     p = run_ckfs("export", "--dtype", "fp8", only_norm, tmp_path / "y", check=False)
