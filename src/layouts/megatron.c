@@ -504,8 +504,8 @@ static enum ckfs_code map_expert(struct ctx *c, long gl, int fc, long i, int p, 
 
 	if (c->a.n_experts <= 0)
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' is an expert weight but "
-				 "config.json names no experts (num_experts / "
-				 "num_local_experts)", path, key);
+				 "config.json names no experts (num_experts, "
+				 "num_local_experts or n_routed_experts)", path, key);
 	int64_t local = c->a.n_experts / c->ep;
 	if (i >= local)
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' is local expert %ld, but "

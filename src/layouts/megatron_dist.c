@@ -495,8 +495,8 @@ static enum ckfs_code map_router(struct ctx *c, const struct ckfs_tensor *r, int
 		char hidden[48] = "";
 		if (weight)
 			snprintf(hidden, sizeof(hidden), ", hidden_size %lld", (long long)c->a.hidden);
-		snprintf(name, sizeof(name), "%s[num_experts %lld%s] (num_experts or "
-			 "num_local_experts)", s ? "[layers, ...] with " : "",
+		snprintf(name, sizeof(name), "%s[num_experts %lld%s] (num_experts, "
+			 "num_local_experts or n_routed_experts)", s ? "[layers, ...] with " : "",
 			 (long long)c->a.n_experts, hidden);
 		return bad_shape(c, r, name, err);
 	}

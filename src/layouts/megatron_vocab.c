@@ -49,7 +49,7 @@ enum ckfs_code ckfs_megatron_arch(const struct ckfs_model *m, struct ckfs_megatr
 	const char *arch = cJSON_IsString(arch0) ? arch0->valuestring : "";
 	a->mixtral = strncmp(arch, "Mixtral", 7) == 0;
 	a->qwen2_moe = strncmp(arch, "Qwen2Moe", 8) == 0;
-	int64_t local_experts = 0;
+	int64_t local_experts = 0, routed_experts = 0, kv_lora_rank = 0;
 	if ((rc = config_int(m, j, "hidden_size", 0, &a->hidden, err)) == CKFS_OK &&
 	    (rc = config_int(m, j, "num_attention_heads", 0, &a->nh, err)) == CKFS_OK &&
 	    (rc = config_int(m, j, "num_key_value_heads", a->nh, &a->nkv, err)) == CKFS_OK &&
@@ -58,8 +58,13 @@ enum ckfs_code ckfs_megatron_arch(const struct ckfs_model *m, struct ckfs_megatr
 	    (rc = config_int(m, j, "intermediate_size", 0, &a->ffn, err)) == CKFS_OK &&
 	    (rc = config_int(m, j, "vocab_size", 0, &a->vocab, err)) == CKFS_OK &&
 	    (rc = config_int(m, j, "num_hidden_layers", 0, &a->n_layers, err)) == CKFS_OK &&
-	    (rc = config_int(m, j, "num_local_experts", 0, &local_experts, err)) == CKFS_OK &&
+	    /* the expert count as each family names it: Qwen, Mixtral, and
+	     * DeepSeek and GLM (n_routed_experts) */
+	    (rc = config_int(m, j, "n_routed_experts", 0, &routed_experts, err)) == CKFS_OK &&
+	    (rc = config_int(m, j, "num_local_experts", routed_experts, &local_experts, err)) ==
+		    CKFS_OK &&
 	    (rc = config_int(m, j, "num_experts", local_experts, &a->n_experts, err)) == CKFS_OK &&
+	    (rc = config_int(m, j, "kv_lora_rank", 0, &kv_lora_rank, err)) == CKFS_OK &&
 	    (rc = config_int(m, j, "shared_expert_intermediate_size", 0, &a->shared_ffn,
 			     err)) == CKFS_OK)
 		/* Mixtral's experts are intermediate_size wide, the others'
@@ -68,6 +73,14 @@ enum ckfs_code ckfs_megatron_arch(const struct ckfs_model *m, struct ckfs_megatr
 				err);
 	cJSON_Delete(j);
 	CKFS_TRY(rc);
+	/* Megatron's MLA keys (linear_q_down_proj, ..., q_layernorm after the
+	 * q down projection: DeepSeek's q_a_layernorm) are not mapped yet;
+	 * refused here, so no MLA key is served under a dense model's name. */
+	if (kv_lora_rank > 0)
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': multi-head latent attention "
+				 "(kv_lora_rank %lld: DeepSeek-V2/V3, Kimi-K2) is not read from "
+				 "Megatron checkpoints yet", m->config_path,
+				 (long long)kv_lora_rank);
 	if (a->hidden <= 0 || a->nh <= 0 || a->nkv <= 0 || a->head_dim <= 0 || a->n_layers <= 0)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': needs hidden_size, "
 				 "num_attention_heads, num_key_value_heads and "
