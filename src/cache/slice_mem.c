@@ -34,7 +34,6 @@ void slice_mem_init(struct slice_mem *m, size_t slice_size, uint64_t bound)
 	atomic_init(&m->mapped, 0);
 	pthread_mutex_init(&m->lock, NULL);
 	m->kept = NULL;
-	m->n_kept = 0;
 }
 
 void slice_mem_destroy(struct slice_mem *m)
@@ -47,7 +46,6 @@ void slice_mem_destroy(struct slice_mem *m)
 		munmap(p, page_round(m->slice_size));
 		atomic_fetch_sub(&m->mapped, page_round(m->slice_size));
 	}
-	m->n_kept = 0;
 	pthread_mutex_destroy(&m->lock);
 }
 
@@ -60,7 +58,6 @@ void *slice_mem_get(struct slice_mem *m, size_t len)
 		if ((p = m->kept)) {
 			UNPOISON(p, sizeof(void *));
 			m->kept = *(void **)p;
-			m->n_kept--;
 		}
 		pthread_mutex_unlock(&m->lock);
 		if (p) {
@@ -88,7 +85,6 @@ void slice_mem_put(struct slice_mem *m, void *p, size_t len)
 			*(void **)p = m->kept;
 			POISON((char *)p + sizeof(void *), len - sizeof(void *));
 			m->kept = p;
-			m->n_kept++;
 		}
 		pthread_mutex_unlock(&m->lock);
 		if (keep)

@@ -37,7 +37,6 @@ struct slice_mem {
 	_Atomic uint64_t mapped;
 	pthread_mutex_t lock;           /* a leaf: guards the kept list */
 	void *kept;                     /* a list through each buffer's first word */
-	size_t n_kept;
 };
 
 void slice_mem_init(struct slice_mem *m, size_t slice_size, uint64_t bound);

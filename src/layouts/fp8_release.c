@@ -117,7 +117,7 @@ enum ckfs_code ckfs_fp8_release_select(struct ckfs_model *m,
 				       const struct ckfs_model_options *opt,
 				       const char *scale, struct ckfs_error *err)
 {
-	const char *other = other_form(m);
+	const char *other;
 
 	if (opt->out_dtype == CKFS_DTYPE_AUTO)
 		return CKFS_OK;
@@ -127,7 +127,7 @@ enum ckfs_code ckfs_fp8_release_select(struct ckfs_model *m,
 			m->tensors[i].out_dtype = m->tensors[i].stored_dtype;
 		return CKFS_OK;
 	}
-	if (other)
+	if ((other = other_form(m)))
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': already quantized, and '%s' is "
 				 "not of DeepSeek's block FP8 (F8_E4M3 with weight_scale_inv): "
 				 "serve it as stored (--dtype auto)", m->src_dir, other);

@@ -71,8 +71,8 @@ enum ckfs_code ckfs_fp8_dequant_read(const struct ckfs_model *m, const struct ck
 		uint64_t r0 = first / cols, r1 = (first + n - 1) / cols;
 		uint64_t b0 = r0 / CKFS_FP8_BLOCK, b1 = r1 / CKFS_FP8_BLOCK;
 		uint64_t nscales = (b1 - b0 + 1) * scols;
-		/* the window's values (as floats, after their bytes) and its
-		 * blocks' scales, one scratch allocation */
+		/* one scratch allocation: the window's values as floats, the
+		 * scale rows of its blocks, then its bytes as stored */
 		float *vals = dequant_scratch(scratch, (size_t)(n + nscales + n / 4 + 1));
 		if (!vals)
 			return ckfs_nomem(err);
@@ -82,10 +82,13 @@ enum ckfs_code ckfs_fp8_dequant_read(const struct ckfs_model *m, const struct ck
 		struct ckfs_tensor sc = *s;
 		sc.out_dtype = CKFS_DTYPE_F32;
 		CKFS_TRY(ckfs_tensor_read(m, &sc, b0 * scols, nscales, scales, scratch, err));
-		for (uint64_t k = 0; k < n; k++) {
-			uint64_t e = first + k, r = e / cols, c = e % cols;
-			float scale = scales[(r / CKFS_FP8_BLOCK - b0) * scols + c / CKFS_FP8_BLOCK];
-			vals[k] = e4m3[raw[k]] * scale;
+		for (uint64_t k = 0, r = r0, c = first % cols; k < n; k++) {
+			const float *row = scales + (r / CKFS_FP8_BLOCK - b0) * scols;
+			vals[k] = e4m3[raw[k]] * row[c / CKFS_FP8_BLOCK];
+			if (++c == cols) {
+				c = 0;
+				r++;
+			}
 		}
 		ckfs_convert(t->out_dtype, dst, CKFS_DTYPE_F32, vals, (size_t)n, 0);
 		dst += n * out;
