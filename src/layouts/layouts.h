@@ -319,12 +319,19 @@ enum ckfs_code ckfs_tensor_cut(struct ckfs_model *m, const struct ckfs_tensor *r
 /* The model config.json describes, as the Megatron readers need it. */
 struct ckfs_megatron_arch {
 	int64_t hidden, nh, nkv, head_dim, ffn, vocab, n_layers;
-	int64_t n_experts;   /* num_experts or num_local_experts; 0: dense */
+	int64_t n_experts;   /* num_experts, num_local_experts or n_routed_experts;
+			      * 0: dense */
 	int64_t expert_ffn;  /* an expert's width (moe_intermediate_size;
 			      * Mixtral: intermediate_size) */
-	int64_t shared_ffn;  /* shared_expert_intermediate_size (Qwen2-MoE) */
+	int64_t shared_ffn;  /* shared_expert_intermediate_size (Qwen2-MoE), or
+			      * n_shared_experts x moe_intermediate_size */
 	bool mixtral;        /* block_sparse_moe.gate, experts.{e}.w1 w3 w2 */
 	bool qwen2_moe;      /* mlp.shared_expert.*, mlp.shared_expert_gate */
+	bool deepseek_moe;   /* DeepSeek-V2/V3, Kimi-K2, GLM-4.5: mlp.shared_experts.*
+			      * (no gate), MTP layers as model.layers.{L + i} */
+	bool mla;            /* multi-head latent attention (kv_lora_rank > 0) */
+	int64_t q_lora, kv_lora, qk_nope, qk_rope, v_dim; /* MLA's widths */
+	int64_t mtp_layers;  /* num_nextn_predict_layers; -1 when absent */
 };
 /* Read from m's config.json; integer values must be whole numbers from 0
  * to 2^31, and the attention shape complete and consistent. */
@@ -343,17 +350,26 @@ enum ckfs_megatron_part {
 	MG_SHARED_FC1,       /* the shared expert's (Qwen2-MoE) [gate; up], */
 	MG_SHARED_ROW,       /* its fc2 */
 	MG_SHARED_REPLICATED,/* and its gate */
+	MG_COL,              /* column-parallel: split on dim 0 over TP */
+	MG_COL_OR_DUP,       /* MLA's down projections: split on dim 0
+			      * (ColumnParallelLinear) or whole on every TP
+			      * rank (Transformer Engine's duplicated TELinear) */
 };
 /* Output order slots inside a layer past those of the dense keys: the
- * router, the shared expert, then three per expert. */
-enum { MG_ORDER_ROUTER = 18, MG_ORDER_SHARED = 20, MG_ORDER_EXPERTS = 32 };
+ * router, the shared expert, an MTP layer's own tensors, then three per
+ * expert. MLA's attention takes slots 0 to 5 (no linear_qkv there). */
+enum { MG_ORDER_ROUTER = 18, MG_ORDER_SHARED = 20, MG_ORDER_MTP = 24, MG_ORDER_EXPERTS = 32 };
 struct ckfs_megatron_key {
-	const char *mg;      /* after "decoder.layers.<N>." */
+	const char *mg;      /* after "decoder.layers.<N>." (MTP: "mtp.layers.<i>.") */
 	const char *hf;      /* the Hugging Face name after "model.layers.<N>." (MG_QKV:
 			      * "weight"/"bias"; MG_FC1 and MG_SHARED_FC1: the module) */
 	enum ckfs_megatron_part part;
 	int order;           /* slot inside the layer (a QKV takes 3, fc1 2) */
+	int family;          /* MGF_*: the models the key belongs to */
 };
+enum { MGF_ANY, MGF_GQA, MGF_MLA, MGF_QWEN2_SHARED, MGF_DEEPSEEK_SHARED };
+/* MTP layers past this many are refused (DeepSeek-V3 and GLM-4.5 have 1). */
+#define CKFS_MEGATRON_MAX_MTP 16
 /* The entry for a layer-local suffix, or NULL when it is not one ckfs maps
  * for this model. */
 const struct ckfs_megatron_key *ckfs_megatron_layer_entry(const struct ckfs_megatron_arch *a,
@@ -361,6 +377,27 @@ const struct ckfs_megatron_key *ckfs_megatron_layer_entry(const struct ckfs_mega
 /* "decoder.layers.<N>.<rest>" (*layer = N) or, stacked, "decoder.layers.
  * <rest>" (*layer = -1): 1; 0 for other keys. */
 int ckfs_megatron_layer_key(const char *key, long *layer, const char **rest);
+/* The global [rows, cols] k's tensor must have (MLA's projections, MTP's
+ * eh_proj): 1; 0 when the key has no such check. */
+int ckfs_megatron_global_shape(const struct ckfs_megatron_arch *a,
+			       const struct ckfs_megatron_key *k, int64_t shape[2]);
+/* "mtp.layers.<i>.<rest>": 1 with *i; *rest is the key inside the MTP
+ * layer's transformer layer ("mtp_model_layer." or, in sharded keys and
+ * older releases, "transformer_layer." taken off; *inner = 1) or an MTP
+ * layer's own key (*inner = 0). 0 for other keys. */
+int ckfs_megatron_mtp_key(const char *key, long *i, const char **rest, int *inner);
+/* An MTP layer's own key (enorm, hnorm, eh_proj, final_layernorm), or NULL. */
+const struct ckfs_megatron_key *ckfs_megatron_mtp_entry(const struct ckfs_megatron_arch *a,
+							const char *rest);
+/* What an MTP layer serves of the model's own tensors, under DeepSeek-V3's
+ * names: its embedding and output layer (Megatron's MTP shares both). */
+extern const struct ckfs_megatron_key ckfs_megatron_mtp_embed, ckfs_megatron_mtp_head;
+/* The MTP layers found (n, numbered 0 .. n - 1) against config.json's
+ * num_nextn_predict_layers: a different count is refused, an absent one
+ * or MTP-less checkpoint of an MTP config said in a warning. */
+enum ckfs_code ckfs_megatron_check_mtp(struct ckfs_model *m, const struct ckfs_megatron_arch *a,
+				       long n, const char *where,
+				       struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* The Hugging Face name of a key outside the layers (embedding, final
  * norm, output layer), or NULL. */
 const char *ckfs_megatron_top_name(const char *key);

@@ -18,7 +18,8 @@
  * Each model.pt is a torch.save of a Python LIST with one GPTModel state
  * dict per virtual-pipeline chunk, TP-local shards, local layer numbers.
  * Dense GPT models (Llama, Qwen2 with qkv bias, Qwen3 with q/k norm), MoE
- * (Qwen2-MoE with shared expert, Qwen3-MoE, Mixtral), value heads.
+ * (Qwen2-MoE with shared expert, Qwen3-MoE, Mixtral, DeepSeek-V3 and
+ * GLM-4.5 with shared experts and MTP layers), MLA, value heads.
  *
  * Layer numbering: chunks are visited (vpp outer, pp inner); each chunk's
  * layers get the next global indices, counted from the layers it actually
@@ -30,6 +31,8 @@
  *   linear_fc1.weight          per rank [gate; up] -> gate_proj / up_proj
  *                              (dense, shared expert and every expert)
  *   linear_proj, linear_fc2    row-parallel: column chunks (dim 1)
+ *   MLA up projections,        column-parallel: row chunks (dim 0); MLA's
+ *   eh_proj, MLA down proj.    down projections whole when TE duplicated them
  *   embedding, output_layer    vocab-parallel: row chunks (dim 0)
  *   norms, router, biases,     replicated: TP rank 0's copy
  *   shared-expert gate
@@ -66,7 +69,7 @@
  * local experts of a rank file give EP (E / local), so EP ranks whose
  * folders are all missing are named.
  * Refused: fewer KV heads than TP ranks (Megatron-Core itself requires
- * num_query_groups % TP == 0), MLA keys (listed as unknown), vocab-parallel
+ * num_query_groups % TP == 0), MLA without q_lora_rank, vocab-parallel
  * rows that do not add up to config.json's vocab_size (padded vocabularies).
  */
 #include <cjson/cJSON.h>
@@ -165,6 +168,11 @@ struct ctx {
 	struct ckfs_megatron_arch a;   /* config.json */
 	int value_head;                /* output_layer is [1, H] */
 	int *experts_seen;             /* per global layer: expert fc1 served */
+	long n_mtp;                    /* MTP layers seen: 1 + the highest index */
+	struct key_at { int p; size_t i; int set; }
+		embed, mtp_embed, head;    /* the embedding (first stage), the last
+					* stage's copy of it MTP keeps, the
+					* output layer: for the MTP layers' own */
 	size_t n_raw;
 	struct ckfs_outs outs;
 	struct ckfs_megatron_unknown unknown;
@@ -526,7 +534,7 @@ static enum ckfs_code map_expert(struct ctx *c, long gl, int fc, long i, int p, 
 		ckfs_megatron_expert_name(&c->a, gl, g, 1, up, sizeof(up));
 		CKFS_TRY(split_fc1(c, gate, up, s, p, idx, err));
 	}
-	if (fc == 1 && gl < c->a.n_layers)
+	if (fc == 1 && gl < c->a.n_layers + CKFS_MEGATRON_MAX_MTP) /* past it: refused later */
 		c->experts_seen[gl] += c->ep;
 	return CKFS_OK;
 }
@@ -571,6 +579,31 @@ static enum ckfs_code unknown_key(struct ctx *c, const char *key, long gl, int p
 	return CKFS_OK;
 }
 
+/* A column-parallel key (split on dim 0 over TP), or, for MLA's down
+ * projections, one TE keeps whole on every rank: whole when a rank's rows
+ * are the global ones. The result must have the shape config.json gives. */
+static enum ckfs_code columns(struct ctx *c, const struct ckfs_megatron_key *k, const char *name,
+			      int p, size_t i, struct ckfs_error *err)
+{
+	const struct ckfs_sd_entry *e0 = entry_at(c, 0, p, i);
+	int64_t want[2];
+	int known = ckfs_megatron_global_shape(&c->a, k, want);
+
+	if (k->part == MG_COL_OR_DUP && known && e0->local.ndim == 2 &&
+	    e0->local.shape[0] == want[0] && c->tp > 1)
+		CKFS_TRY(replicated(c, name, p, i, err));
+	else
+		CKFS_TRY(concat(c, name, p, i, 0, err));
+	const struct ckfs_out *o = &c->outs.v[c->outs.n - 1];
+	if (known && (o->ndim != 2 || o->shape[0] != want[0] || o->shape[1] != want[1]))
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': '%s' makes %s [%lld, %lld] over "
+				 "TP=%d, config.json '%s' gives [%lld, %lld]",
+				 c->m->sources[src_of(c, 0, p)].path, e0->key, name,
+				 (long long)o->shape[0], o->ndim > 1 ? (long long)o->shape[1] : 0LL,
+				 c->tp, c->m->config_path, (long long)want[0], (long long)want[1]);
+	return CKFS_OK;
+}
+
 /* One key of a layer: TP-merged by what the shared vocabulary says it is. */
 static enum ckfs_code map_layer_key(struct ctx *c, const struct ckfs_megatron_key *k, long gl,
 				    int p, size_t i, struct ckfs_error *err)
@@ -589,10 +622,58 @@ static enum ckfs_code map_layer_key(struct ctx *c, const struct ckfs_megatron_ke
 	case MG_SHARED_ROW: /* row-parallel: TP ranks hold column blocks */
 		ckfs_megatron_name(&c->a, gl, k, 0, name, sizeof(name));
 		return concat(c, name, p, i, 1, err);
+	case MG_COL:
+	case MG_COL_OR_DUP:
+		ckfs_megatron_name(&c->a, gl, k, 0, name, sizeof(name));
+		return columns(c, k, name, p, i, err);
 	default:
 		ckfs_megatron_name(&c->a, gl, k, 0, name, sizeof(name));
 		return replicated(c, name, p, i, err);
 	}
+}
+
+/* "mtp.layers.<i>.*" (DeepSeek and GLM only: their Hugging Face names):
+ * served as layer num_hidden_layers + i. */
+static enum ckfs_code map_mtp(struct ctx *c, const char *key, long j, const char *rest,
+			      int inner, int p, size_t i, struct ckfs_error *err)
+{
+	const struct ckfs_megatron_key *k;
+	long gl = c->a.n_layers + j, ei;
+	int fc;
+
+	if (j >= CKFS_MEGATRON_MAX_MTP)
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s': more than %d MTP layers",
+				 c->m->sources[src_of(c, 0, p)].path, key, CKFS_MEGATRON_MAX_MTP);
+	if (j + 1 > c->n_mtp)
+		c->n_mtp = j + 1;
+	if (inner && expert_key(rest, &fc, &ei))
+		return map_expert(c, gl, fc, ei, p, i, err);
+	k = inner ? ckfs_megatron_layer_entry(&c->a, rest) : ckfs_megatron_mtp_entry(&c->a, rest);
+	if (!k)
+		return unknown_key(c, key, -1, p, i, err);
+	return map_layer_key(c, k, gl, p, i, err);
+}
+
+/* Each MTP layer's embed_tokens and shared_head.head: the model's own
+ * embedding (the last stage's copy when it holds one, as MTP reads it) and
+ * output layer, the bytes served twice. */
+static enum ckfs_code map_mtp_shared(struct ctx *c, struct ckfs_error *err)
+{
+	const struct key_at *emb = c->mtp_embed.set ? &c->mtp_embed : &c->embed;
+	const struct key_at *head = c->head.set ? &c->head : emb; /* tied */
+	char name[CKFS_MAX_NAME];
+
+	if (c->mtp_embed.set && !c->n_mtp)
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': embedding.word_embeddings.weight on "
+				 "two pipeline stages but no MTP layers", c->m->src_dir);
+	for (long j = 0; j < c->n_mtp && emb->set; j++) {
+		long gl = c->a.n_layers + j;
+		ckfs_megatron_name(&c->a, gl, &ckfs_megatron_mtp_embed, 0, name, sizeof(name));
+		CKFS_TRY(vocab_rows(c, name, emb->p, emb->i, err));
+		ckfs_megatron_name(&c->a, gl, &ckfs_megatron_mtp_head, 0, name, sizeof(name));
+		CKFS_TRY(vocab_rows(c, name, head->p, head->i, err));
+	}
+	return CKFS_OK;
 }
 
 static enum ckfs_code map_key(struct ctx *c, int p, size_t i, long layer0,
@@ -605,8 +686,14 @@ static enum ckfs_code map_key(struct ctx *c, int p, size_t i, long layer0,
 	long j, ei;
 	int fc;
 
-	if (top && strcmp(top, "model.embed_tokens.weight") == 0)
+	if (top && strcmp(top, "model.embed_tokens.weight") == 0) {
+		if (c->embed.set) { /* the MTP stage's copy */
+			c->mtp_embed = (struct key_at){ p, i, 1 };
+			return CKFS_OK;
+		}
+		c->embed = (struct key_at){ p, i, 1 };
 		return vocab_rows(c, top, p, i, err);
+	}
 	if (top && strcmp(top, "lm_head.weight") == 0) {
 		const struct ckfs_sd_entry *e0 = entry_at(c, 0, p, i);
 		if (e0->local.ndim == 2 && e0->local.shape[0] == 1 && c->a.vocab > 1) {
@@ -619,10 +706,13 @@ static enum ckfs_code map_key(struct ctx *c, int p, size_t i, long layer0,
 			*dropped_head = 1;
 			return CKFS_OK;
 		}
+		c->head = (struct key_at){ p, i, 1 };
 		return vocab_rows(c, top, p, i, err);
 	}
 	if (top) /* the final norm */
 		return replicated(c, top, p, i, err);
+	if (c->a.deepseek_moe && ckfs_megatron_mtp_key(key, &j, &rest, &fc))
+		return map_mtp(c, key, j, rest, fc, p, i, err);
 	if (!numbered_layer(key, &j, &rest))
 		return unknown_key(c, key, -1, p, i, err);
 	if (expert_key(rest, &fc, &ei))
@@ -1173,7 +1263,7 @@ static enum ckfs_code open_ranks(struct ctx *c, struct ckfs_error *err)
 	c->state = ckfs_arena_calloc(&m->arena, (size_t)c->n, 1);
 	c->src = ckfs_arena_calloc(&m->arena, (size_t)c->n, sizeof(int));
 	c->files = calloc((size_t)c->n, sizeof(*c->files));
-	c->experts_seen = calloc((size_t)c->a.n_layers + 1, sizeof(int));
+	c->experts_seen = calloc((size_t)c->a.n_layers + CKFS_MEGATRON_MAX_MTP, sizeof(int));
 	if (!m->sources || !m->ranks_read || !c->state || !c->src || !c->files ||
 	    !c->experts_seen)
 		return ckfs_nomem(err);
@@ -1259,7 +1349,9 @@ static enum ckfs_code map_chunks(struct ctx *c, int *dropped_head, struct ckfs_e
 				 "missing pipeline stage?)", c->m->src_dir, layer0, c->tp, c->pp,
 				 c->vpp, (long long)c->a.n_layers);
 	CKFS_TRY(ckfs_megatron_unknown_fail(&c->unknown, c->m->src_dir, err));
-	for (long l = 0; l < c->a.n_layers; l++)
+	CKFS_TRY(map_mtp_shared(c, err));
+	CKFS_TRY(ckfs_megatron_check_mtp(c->m, &c->a, c->n_mtp, c->m->src_dir, err));
+	for (long l = 0; l < c->a.n_layers + c->n_mtp; l++)
 		if (c->experts_seen[l] && c->experts_seen[l] != c->a.n_experts)
 			return ckfs_fail(err, CKFS_E_INVALID, "'%s': layer %ld has %d experts "
 					 "over EP=%d, config.json says %lld (a missing EP "

@@ -30,7 +30,7 @@
  * Entries under "optimizer." are not read (verl's v1 dist_ckpt holds the
  * optimizer too); bytes entries (ShardedObjects: _extra_state, rng_state)
  * are skipped with a warning; any other key this table does not know is an
- * error listing them (MLA, MTP and value heads are not supported), or, with
+ * error listing them (value heads are not supported), or, with
  * --raw-names, served as stored under its sharded key (unknown_key).
  *
  * MoE (Qwen2-MoE, Qwen3-MoE, Mixtral): the router becomes mlp.gate (Mixtral:
@@ -38,7 +38,9 @@
  * layer axis ("mlp.experts.experts.linear_fc1.weight" [L, E, 2F, H]), split
  * per expert into gate/up/down (Mixtral: experts.{e}.w1/w3/w2); Qwen2-MoE's
  * shared expert and its gate map to mlp.shared_expert.* and
- * mlp.shared_expert_gate.weight. Expert parallelism leaves no trace in the
+ * mlp.shared_expert_gate.weight, DeepSeek's and GLM's (no gate) to
+ * mlp.shared_experts.*. MLA and MTP layers as megatron_vocab.c names them
+ * (docs/formats.md); per-layer keys when layers differ (dense first ones). Expert parallelism leaves no trace in the
  * sharded keys: it only moves chunk offsets on the expert axis.
  * output_layer is dropped (with a warning) when config.json ties the
  * embeddings; untied configs need it. Checked against config.json: layer
@@ -228,6 +230,8 @@ struct ctx {
 	bool raw_names;              /* --raw-names: serve unknown keys as stored */
 	const struct ckfs_tensor *last_raw; /* served raw already */
 	size_t n_raw;
+	const struct ckfs_tensor *embed, *head; /* for the MTP layers' own copies */
+	long n_mtp;                  /* MTP layers: 1 + the highest index seen */
 };
 
 static struct ckfs_out *new_out(struct ctx *c, const struct ckfs_out_spec *s,
@@ -303,19 +307,40 @@ static enum ckfs_code unknown_key(struct ctx *c, const struct ckfs_tensor *r,
 static const char expert_fc1_key[] = "mlp.experts.experts.linear_fc1.weight";
 static const char expert_fc2_key[] = "mlp.experts.experts.linear_fc2.weight";
 
-/* Slots every layer must fill: q k v (weights), o, the two norms, and
- * either the dense MLP (gate, up, down) or a router (and every expert). */
-static const struct {
+/* Slots every layer must fill: its attention (q k v weights and o, or
+ * MLA's), the two norms, either the dense MLP (gate, up, down) or a router
+ * (and every expert), and an MTP layer its own tensors. */
+struct slot {
 	int order;
 	const char *what;
-} required[] = {
+};
+static const struct slot gqa_required[] = {
 	{ 0, "self_attn.q_proj.weight" }, { 2, "self_attn.k_proj.weight" },
 	{ 4, "self_attn.v_proj.weight" }, { 6, "self_attn.o_proj.weight" },
+}, mla_required[] = {
+	{ 0, "self_attn.q_a_proj.weight" }, { 1, "self_attn.q_a_layernorm.weight" },
+	{ 2, "self_attn.q_b_proj.weight" }, { 3, "self_attn.kv_a_proj_with_mqa.weight" },
+	{ 4, "self_attn.kv_a_layernorm.weight" }, { 5, "self_attn.kv_b_proj.weight" },
+	{ 6, "self_attn.o_proj.weight" },
+}, norm_required[] = {
 	{ 14, "input_layernorm.weight" }, { 16, "post_attention_layernorm.weight" },
-	{ 10, "mlp.gate_proj.weight" },   { 11, "mlp.up_proj.weight" },
+}, dense_required[] = {
+	{ 10, "mlp.gate_proj.weight" }, { 11, "mlp.up_proj.weight" },
 	{ 12, "mlp.down_proj.weight" },
+}, mtp_required[] = {
+	{ MG_ORDER_MTP + 1, "enorm.weight" }, { MG_ORDER_MTP + 2, "hnorm.weight" },
+	{ MG_ORDER_MTP + 3, "eh_proj.weight" }, { MG_ORDER_MTP + 4, "shared_head.norm.weight" },
 };
-#define N_REQUIRED_ALWAYS 6
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+/* The first slot of list[0..n) not in seen, or NULL. */
+static const struct slot *missing(unsigned seen, const struct slot *list, size_t n)
+{
+	for (size_t k = 0; k < n; k++)
+		if (!(seen & (1u << list[k].order)))
+			return &list[k];
+	return NULL;
+}
 
 static enum ckfs_code bad_shape(struct ctx *c, const struct ckfs_tensor *r,
 				const char *want, struct ckfs_error *err)
@@ -461,9 +486,10 @@ static enum ckfs_code map_experts(struct ctx *c, const struct ckfs_tensor *r, in
 	return CKFS_OK;
 }
 
-/* Embedding / output layer: [vocab_size, hidden_size]. */
+/* Embedding / output layer: [vocab_size, hidden_size] (an MTP layer's
+ * copy: in its layer's group at its order). */
 static enum ckfs_code map_vocab(struct ctx *c, const struct ckfs_tensor *r, const char *name,
-				int group, struct ckfs_error *err)
+				int group, long layer, int order, struct ckfs_error *err)
 {
 	char want[128];
 
@@ -476,8 +502,8 @@ static enum ckfs_code map_vocab(struct ctx *c, const struct ckfs_tensor *r, cons
 	}
 	struct ckfs_out_spec spec = { .name = name,
 				      .placement = r->n_chunks > 1 ? "chunks(dim 0)" : "whole",
-				      .group = group, .dtype = r->stored_dtype, .ndim = 2,
-				      .shape = r->shape };
+				      .group = group, .layer = layer, .order = order,
+				      .dtype = r->stored_dtype, .ndim = 2, .shape = r->shape };
 	struct ckfs_out *o = new_out(c, &spec, err);
 	return o ? add_rows(o, r, 0, NULL, (struct row_run){ .n = r->shape[0] }, err) : err->code;
 }
@@ -504,17 +530,30 @@ static enum ckfs_code map_router(struct ctx *c, const struct ckfs_tensor *r, int
 	return map_whole(c, r, s, layer, name, k->order, err);
 }
 
-static enum ckfs_code map_layer(struct ctx *c, const struct ckfs_tensor *r, long layer,
-				int stacked, const char *rest, struct ckfs_error *err)
+/* A column-parallel key, whole in the global tensor: its shape checked
+ * against config.json (MLA's projections, MTP's eh_proj). */
+static enum ckfs_code map_columns(struct ctx *c, const struct ckfs_tensor *r, int s, long layer,
+				  const struct ckfs_megatron_key *k, const char *name,
+				  struct ckfs_error *err)
+{
+	int64_t want[2];
+	char buf[96];
+
+	if (ckfs_megatron_global_shape(&c->a, k, want) &&
+	    (r->ndim != s + 2 || r->shape[s] != want[0] || r->shape[s + 1] != want[1])) {
+		snprintf(buf, sizeof(buf), "%s[%lld, %lld]", s ? "[layers, ...] with " : "",
+			 (long long)want[0], (long long)want[1]);
+		return bad_shape(c, r, buf, err);
+	}
+	return map_whole(c, r, s, layer, name, k->order, err);
+}
+
+/* Key k (the table's entry for r) of one layer. */
+static enum ckfs_code map_entry(struct ctx *c, const struct ckfs_tensor *r, int s, long layer,
+				const struct ckfs_megatron_key *k, struct ckfs_error *err)
 {
 	char name[CKFS_MAX_NAME];
-	int s = stacked ? 1 : 0;
 
-	if (strcmp(rest, expert_fc1_key) == 0 || strcmp(rest, expert_fc2_key) == 0)
-		return map_experts(c, r, s, layer, strcmp(rest, expert_fc1_key) == 0, err);
-	const struct ckfs_megatron_key *k = ckfs_megatron_layer_entry(&c->a, rest);
-	if (!k)
-		return unknown_key(c, r, err);
 	switch (k->part) {
 	case MG_QKV:
 		return map_qkv(c, r, s, layer, k, err);
@@ -525,8 +564,56 @@ static enum ckfs_code map_layer(struct ctx *c, const struct ckfs_tensor *r, long
 		return map_router(c, r, s, layer, k, err);
 	default: /* whole: the TP merge is already in the global tensor */
 		ckfs_megatron_name(&c->a, layer, k, 0, name, sizeof(name));
+		if (k->part == MG_COL || k->part == MG_COL_OR_DUP)
+			return map_columns(c, r, s, layer, k, name, err);
 		return map_whole(c, r, s, layer, name, k->order, err);
 	}
+}
+
+static enum ckfs_code map_layer(struct ctx *c, const struct ckfs_tensor *r, long layer,
+				int stacked, const char *rest, struct ckfs_error *err)
+{
+	int s = stacked ? 1 : 0;
+
+	if (strcmp(rest, expert_fc1_key) == 0 || strcmp(rest, expert_fc2_key) == 0)
+		return map_experts(c, r, s, layer, strcmp(rest, expert_fc1_key) == 0, err);
+	const struct ckfs_megatron_key *k = ckfs_megatron_layer_entry(&c->a, rest);
+	return k ? map_entry(c, r, s, layer, k, err) : unknown_key(c, r, err);
+}
+
+/* "mtp.layers.<i>.*" (DeepSeek and GLM: their Hugging Face names): layer
+ * num_hidden_layers + i. */
+static enum ckfs_code map_mtp(struct ctx *c, const struct ckfs_tensor *r, long i,
+			      const char *rest, int inner, struct ckfs_error *err)
+{
+	if (i >= CKFS_MEGATRON_MAX_MTP)
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': '%s': more than %d MTP layers",
+				 c->md, r->name, CKFS_MEGATRON_MAX_MTP);
+	if (i + 1 > c->n_mtp)
+		c->n_mtp = i + 1;
+	if (inner)
+		return map_layer(c, r, c->a.n_layers + i, 0, rest, err);
+	const struct ckfs_megatron_key *k = ckfs_megatron_mtp_entry(&c->a, rest);
+	return k ? map_entry(c, r, 0, c->a.n_layers + i, k, err) : unknown_key(c, r, err);
+}
+
+/* Each MTP layer's embed_tokens and shared_head.head: the model's own
+ * embedding and output layer (the embedding when tied), served twice. */
+static enum ckfs_code map_mtp_shared(struct ctx *c, struct ckfs_error *err)
+{
+	const struct ckfs_tensor *head = c->head ? c->head : c->embed;
+	char name[CKFS_MAX_NAME];
+
+	for (long i = 0; i < c->n_mtp && c->embed && head; i++) {
+		long l = c->a.n_layers + i;
+		const struct ckfs_megatron_key *k = &ckfs_megatron_mtp_embed;
+		ckfs_megatron_name(&c->a, l, k, 0, name, sizeof(name));
+		CKFS_TRY(map_vocab(c, c->embed, name, G_LAYER, l, k->order, err));
+		k = &ckfs_megatron_mtp_head;
+		ckfs_megatron_name(&c->a, l, k, 0, name, sizeof(name));
+		CKFS_TRY(map_vocab(c, head, name, G_LAYER, l, k->order, err));
+	}
+	return CKFS_OK;
 }
 
 static enum ckfs_code map_raw(struct ctx *c, const struct ckfs_tensor *r,
@@ -536,14 +623,18 @@ static enum ckfs_code map_raw(struct ctx *c, const struct ckfs_tensor *r,
 	long n;
 
 	const char *top = ckfs_megatron_top_name(r->name);
-	if (top && strcmp(top, "model.embed_tokens.weight") == 0)
-		return map_vocab(c, r, top, G_EMBED, err);
+	int inner;
+	if (top && strcmp(top, "model.embed_tokens.weight") == 0) {
+		c->embed = r;
+		return map_vocab(c, r, top, G_EMBED, 0, 0, err);
+	}
 	if (top && strcmp(top, "lm_head.weight") == 0) {
 		if (c->m->tie_word_embeddings) {
 			c->dropped_head = 1;
 			return CKFS_OK;
 		}
-		return map_vocab(c, r, top, G_HEAD, err);
+		c->head = r;
+		return map_vocab(c, r, top, G_HEAD, 0, 0, err);
 	}
 	if (top) { /* the final norm's weight or bias */
 		struct ckfs_out_spec spec = { .name = top, .placement = "whole", .group = G_NORM,
@@ -557,6 +648,8 @@ static enum ckfs_code map_raw(struct ctx *c, const struct ckfs_tensor *r,
 			return bad_shape(c, r, "[hidden_size]", err);
 		return add_rows(o, r, 0, NULL, (struct row_run){ .n = r->shape[0] }, err);
 	}
+	if (c->a.deepseek_moe && ckfs_megatron_mtp_key(r->name, &n, &rest, &inner))
+		return map_mtp(c, r, n, rest, inner, err);
 	if (!ckfs_megatron_layer_key(r->name, &n, &rest))
 		return unknown_key(c, r, err);
 	if (n >= 0) {
@@ -617,7 +710,7 @@ static enum ckfs_code finish(struct ctx *c, struct ckfs_error *err)
 	int have[3] = { 0 };
 	while (i < c->outs.n && c->outs.v[i].group < G_LAYER)
 		i++;
-	for (long l = 0; l < c->a.n_layers; l++) {
+	for (long l = 0; l < c->a.n_layers + c->n_mtp; l++) {
 		unsigned seen = 0;
 		int64_t n_expert_outs = 0;
 		for (; i < c->outs.n && c->outs.v[i].group == G_LAYER && c->outs.v[i].layer == l; i++) {
@@ -627,12 +720,18 @@ static enum ckfs_code finish(struct ctx *c, struct ckfs_error *err)
 				n_expert_outs++;
 		}
 		int moe = (seen >> MG_ORDER_ROUTER) & 1;
-		size_t n_req = moe ? N_REQUIRED_ALWAYS : sizeof(required) / sizeof(required[0]);
-		for (size_t k = 0; k < n_req; k++)
-			if (!(seen & (1u << required[k].order)))
-				return ckfs_fail(err, CKFS_E_INVALID, "'%s': no %s for layer %ld "
-						 "(an incomplete or non-GPT checkpoint?)",
-						 c->md, required[k].what, l);
+		const struct slot *no =
+			c->a.mla ? missing(seen, mla_required, N_OF(mla_required))
+				 : missing(seen, gqa_required, N_OF(gqa_required));
+		if (!no)
+			no = missing(seen, norm_required, N_OF(norm_required));
+		if (!no && !moe)
+			no = missing(seen, dense_required, N_OF(dense_required));
+		if (!no && l >= c->a.n_layers)
+			no = missing(seen, mtp_required, N_OF(mtp_required));
+		if (no)
+			return ckfs_fail(err, CKFS_E_INVALID, "'%s': no %s for layer %ld "
+					 "(an incomplete or non-GPT checkpoint?)", c->md, no->what, l);
 		if (moe && n_expert_outs != 3 * c->a.n_experts)
 			return ckfs_fail(err, CKFS_E_INVALID, "'%s': layer %ld has a router but "
 					 "%lld of the %lld expert tensors (experts linear_fc1 and "
@@ -704,6 +803,10 @@ static enum ckfs_code megatron_dist_build(struct ckfs_model *m,
 		goto out;
 	for (size_t i = 0; i < m->n_tensors && rc == CKFS_OK; i++)
 		rc = map_raw(&c, &m->tensors[i], err);
+	if (rc == CKFS_OK)
+		rc = map_mtp_shared(&c, err);
+	if (rc == CKFS_OK)
+		rc = ckfs_megatron_check_mtp(m, &c.a, c.n_mtp, c.md, err);
 	if (rc != CKFS_OK)
 		goto out;
 	if ((rc = ckfs_megatron_unknown_fail(&c.unknown, c.md, err)) != CKFS_OK)

@@ -36,6 +36,44 @@ static enum ckfs_code config_int(const struct ckfs_model *m, cJSON *j, const cha
 	return CKFS_OK;
 }
 
+/* Architectures whose MoE layers Hugging Face names as DeepSeek does:
+ * mlp.shared_experts.* (no gate), mlp.gate.e_score_correction_bias, and
+ * MTP layers after the decoder's (Kimi-K2 and Moonlight name
+ * DeepseekV3ForCausalLM). */
+static bool deepseek_family(const char *arch)
+{
+	return strncmp(arch, "DeepseekV2", 10) == 0 || strncmp(arch, "DeepseekV3", 10) == 0 ||
+	       strncmp(arch, "Glm4Moe", 7) == 0;
+}
+
+/* MLA's widths; q_lora_rank null (DeepSeek-V2-Lite, Moonlight) is
+ * refused: megatron-core builds its linear_q_proj only as Transformer
+ * Engine's fused norm + linear, whose norm Hugging Face's model lacks. */
+static enum ckfs_code mla_arch(const struct ckfs_model *m, cJSON *j, const char *arch,
+			       struct ckfs_megatron_arch *a, struct ckfs_error *err)
+{
+	enum ckfs_code rc;
+
+	if (strncmp(arch, "Deepseek", 8) != 0)
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': multi-head latent attention "
+				 "(kv_lora_rank) of architecture '%s': ckfs knows DeepSeek's "
+				 "Hugging Face names for it only", m->config_path, arch);
+	if ((rc = config_int(m, j, "q_lora_rank", 0, &a->q_lora, err)) != CKFS_OK ||
+	    (rc = config_int(m, j, "qk_nope_head_dim", 0, &a->qk_nope, err)) != CKFS_OK ||
+	    (rc = config_int(m, j, "qk_rope_head_dim", 0, &a->qk_rope, err)) != CKFS_OK ||
+	    (rc = config_int(m, j, "v_head_dim", 0, &a->v_dim, err)) != CKFS_OK)
+		return rc;
+	if (a->q_lora <= 0)
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': multi-head latent attention "
+				 "without q_lora_rank (a linear_q_proj) is not read from "
+				 "Megatron checkpoints", m->config_path);
+	if (a->qk_nope <= 0 || a->qk_rope <= 0 || a->v_dim <= 0)
+		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': multi-head latent attention needs "
+				 "qk_nope_head_dim, qk_rope_head_dim and v_head_dim",
+				 m->config_path);
+	return CKFS_OK;
+}
+
 enum ckfs_code ckfs_megatron_arch(const struct ckfs_model *m, struct ckfs_megatron_arch *a,
 				  struct ckfs_error *err)
 {
@@ -49,7 +87,8 @@ enum ckfs_code ckfs_megatron_arch(const struct ckfs_model *m, struct ckfs_megatr
 	const char *arch = cJSON_IsString(arch0) ? arch0->valuestring : "";
 	a->mixtral = strncmp(arch, "Mixtral", 7) == 0;
 	a->qwen2_moe = strncmp(arch, "Qwen2Moe", 8) == 0;
-	int64_t local_experts = 0, routed_experts = 0, kv_lora_rank = 0;
+	a->deepseek_moe = deepseek_family(arch);
+	int64_t local_experts = 0, routed_experts = 0, n_shared = 0;
 	if ((rc = config_int(m, j, "hidden_size", 0, &a->hidden, err)) == CKFS_OK &&
 	    (rc = config_int(m, j, "num_attention_heads", 0, &a->nh, err)) == CKFS_OK &&
 	    (rc = config_int(m, j, "num_key_value_heads", a->nh, &a->nkv, err)) == CKFS_OK &&
@@ -64,23 +103,21 @@ enum ckfs_code ckfs_megatron_arch(const struct ckfs_model *m, struct ckfs_megatr
 	    (rc = config_int(m, j, "num_local_experts", routed_experts, &local_experts, err)) ==
 		    CKFS_OK &&
 	    (rc = config_int(m, j, "num_experts", local_experts, &a->n_experts, err)) == CKFS_OK &&
-	    (rc = config_int(m, j, "kv_lora_rank", 0, &kv_lora_rank, err)) == CKFS_OK &&
-	    (rc = config_int(m, j, "shared_expert_intermediate_size", 0, &a->shared_ffn,
-			     err)) == CKFS_OK)
-		/* Mixtral's experts are intermediate_size wide, the others'
-		 * moe_intermediate_size (0 when absent: no width is guessed). */
-		rc = config_int(m, j, ckfs_megatron_expert_width_key(a), 0, &a->expert_ffn,
-				err);
+	    (rc = config_int(m, j, "kv_lora_rank", 0, &a->kv_lora, err)) == CKFS_OK &&
+	    (rc = config_int(m, j, "n_shared_experts", 0, &n_shared, err)) == CKFS_OK &&
+	    (rc = config_int(m, j, "num_nextn_predict_layers", -1, &a->mtp_layers, err)) ==
+		    CKFS_OK &&
+	    /* Mixtral's experts are intermediate_size wide, the others'
+	     * moe_intermediate_size (0 when absent: no width is guessed). */
+	    (rc = config_int(m, j, ckfs_megatron_expert_width_key(a), 0, &a->expert_ffn, err)) ==
+		    CKFS_OK &&
+	    (rc = config_int(m, j, "shared_expert_intermediate_size", n_shared * a->expert_ffn,
+			     &a->shared_ffn, err)) == CKFS_OK && a->kv_lora > 0) {
+		a->mla = true;
+		rc = mla_arch(m, j, arch, a, err);
+	}
 	cJSON_Delete(j);
 	CKFS_TRY(rc);
-	/* Megatron's MLA keys (linear_q_down_proj, ..., q_layernorm after the
-	 * q down projection: DeepSeek's q_a_layernorm) are not mapped yet;
-	 * refused here, so no MLA key is served under a dense model's name. */
-	if (kv_lora_rank > 0)
-		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': multi-head latent attention "
-				 "(kv_lora_rank %lld: DeepSeek-V2/V3, Kimi-K2) is not read from "
-				 "Megatron checkpoints yet", m->config_path,
-				 (long long)kv_lora_rank);
 	if (a->hidden <= 0 || a->nh <= 0 || a->nkv <= 0 || a->head_dim <= 0 || a->n_layers <= 0)
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': needs hidden_size, "
 				 "num_attention_heads, num_key_value_heads and "
@@ -100,55 +137,193 @@ const char *ckfs_megatron_expert_width_key(const struct ckfs_megatron_arch *a)
 /* ---- names ---- */
 
 /* Layer-local suffixes, in Hugging Face's module order (the output order
- * inside a layer: qkv and the fc1 halves take consecutive slots). */
+ * inside a layer: qkv and the fc1 halves take consecutive slots). MLA
+ * (DeepSeek's names): q_layernorm follows the q down projection, so it is
+ * q_a_layernorm; Transformer Engine fuses it into the up projection. */
 static const struct ckfs_megatron_key layer_keys[] = {
-	{ "self_attention.linear_qkv.weight", "weight", MG_QKV, 0 },
-	{ "self_attention.linear_qkv.bias", "bias", MG_QKV, 1 },
-	{ "self_attention.linear_proj.weight", "self_attn.o_proj.weight", MG_ROW, 6 },
-	{ "self_attention.linear_proj.bias", "self_attn.o_proj.bias", MG_REPLICATED, 7 },
-	{ "self_attention.q_layernorm.weight", "self_attn.q_norm.weight", MG_REPLICATED, 8 },
-	{ "self_attention.k_layernorm.weight", "self_attn.k_norm.weight", MG_REPLICATED, 9 },
-	{ "mlp.linear_fc1.weight", "mlp", MG_FC1, 10 },
-	{ "mlp.linear_fc2.weight", "mlp.down_proj.weight", MG_ROW, 12 },
-	{ "mlp.linear_fc2.bias", "mlp.down_proj.bias", MG_REPLICATED, 13 },
-	{ "input_layernorm.weight", "input_layernorm.weight", MG_REPLICATED, 14 },
+	{ "self_attention.linear_qkv.weight", "weight", MG_QKV, 0, MGF_GQA },
+	{ "self_attention.linear_qkv.bias", "bias", MG_QKV, 1, MGF_GQA },
+	{ "self_attention.linear_q_down_proj.weight", "self_attn.q_a_proj.weight", MG_COL_OR_DUP,
+	  0, MGF_MLA },
+	{ "self_attention.q_layernorm.weight", "self_attn.q_a_layernorm.weight", MG_REPLICATED,
+	  1, MGF_MLA },
+	{ "self_attention.linear_q_up_proj.layer_norm_weight", "self_attn.q_a_layernorm.weight",
+	  MG_REPLICATED, 1, MGF_MLA },
+	{ "self_attention.linear_q_up_proj.weight", "self_attn.q_b_proj.weight", MG_COL, 2,
+	  MGF_MLA },
+	{ "self_attention.linear_kv_down_proj.weight", "self_attn.kv_a_proj_with_mqa.weight",
+	  MG_COL_OR_DUP, 3, MGF_MLA },
+	{ "self_attention.kv_layernorm.weight", "self_attn.kv_a_layernorm.weight", MG_REPLICATED,
+	  4, MGF_MLA },
+	{ "self_attention.linear_kv_up_proj.layer_norm_weight", "self_attn.kv_a_layernorm.weight",
+	  MG_REPLICATED, 4, MGF_MLA },
+	{ "self_attention.linear_kv_up_proj.weight", "self_attn.kv_b_proj.weight", MG_COL, 5,
+	  MGF_MLA },
+	{ "self_attention.linear_proj.weight", "self_attn.o_proj.weight", MG_ROW, 6, MGF_ANY },
+	{ "self_attention.linear_proj.bias", "self_attn.o_proj.bias", MG_REPLICATED, 7, MGF_ANY },
+	{ "self_attention.q_layernorm.weight", "self_attn.q_norm.weight", MG_REPLICATED, 8,
+	  MGF_GQA },
+	{ "self_attention.k_layernorm.weight", "self_attn.k_norm.weight", MG_REPLICATED, 9,
+	  MGF_GQA },
+	{ "mlp.linear_fc1.weight", "mlp", MG_FC1, 10, MGF_ANY },
+	{ "mlp.linear_fc2.weight", "mlp.down_proj.weight", MG_ROW, 12, MGF_ANY },
+	{ "mlp.linear_fc2.bias", "mlp.down_proj.bias", MG_REPLICATED, 13, MGF_ANY },
+	{ "input_layernorm.weight", "input_layernorm.weight", MG_REPLICATED, 14, MGF_ANY },
 	{ "self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight",
-	  MG_REPLICATED, 14 },
-	{ "input_layernorm.bias", "input_layernorm.bias", MG_REPLICATED, 15 },
+	  MG_REPLICATED, 14, MGF_GQA },
+	{ "input_layernorm.bias", "input_layernorm.bias", MG_REPLICATED, 15, MGF_ANY },
 	{ "self_attention.linear_qkv.layer_norm_bias", "input_layernorm.bias", MG_REPLICATED,
-	  15 },
-	{ "pre_mlp_layernorm.weight", "post_attention_layernorm.weight", MG_REPLICATED, 16 },
+	  15, MGF_GQA },
+	{ "pre_mlp_layernorm.weight", "post_attention_layernorm.weight", MG_REPLICATED, 16,
+	  MGF_ANY },
 	{ "mlp.linear_fc1.layer_norm_weight", "post_attention_layernorm.weight", MG_REPLICATED,
-	  16 },
-	{ "pre_mlp_layernorm.bias", "post_attention_layernorm.bias", MG_REPLICATED, 17 },
+	  16, MGF_ANY },
+	{ "pre_mlp_layernorm.bias", "post_attention_layernorm.bias", MG_REPLICATED, 17,
+	  MGF_ANY },
 	{ "mlp.linear_fc1.layer_norm_bias", "post_attention_layernorm.bias", MG_REPLICATED,
-	  17 },
-	{ "mlp.router.weight", "gate.weight", MG_ROUTER, MG_ORDER_ROUTER },
+	  17, MGF_ANY },
+	{ "mlp.router.weight", "gate.weight", MG_ROUTER, MG_ORDER_ROUTER, MGF_ANY },
 	{ "mlp.router.expert_bias", "gate.e_score_correction_bias", MG_ROUTER,
-	  MG_ORDER_ROUTER + 1 },
+	  MG_ORDER_ROUTER + 1, MGF_ANY },
 	{ "mlp.shared_experts.linear_fc1.weight", "mlp.shared_expert", MG_SHARED_FC1,
-	  MG_ORDER_SHARED },
+	  MG_ORDER_SHARED, MGF_QWEN2_SHARED },
 	{ "mlp.shared_experts.linear_fc2.weight", "mlp.shared_expert.down_proj.weight",
-	  MG_SHARED_ROW, MG_ORDER_SHARED + 2 },
+	  MG_SHARED_ROW, MG_ORDER_SHARED + 2, MGF_QWEN2_SHARED },
 	{ "mlp.shared_experts.gate_weight", "mlp.shared_expert_gate.weight",
-	  MG_SHARED_REPLICATED, MG_ORDER_SHARED + 3 },
+	  MG_SHARED_REPLICATED, MG_ORDER_SHARED + 3, MGF_QWEN2_SHARED },
+	{ "mlp.shared_experts.linear_fc1.weight", "mlp.shared_experts", MG_SHARED_FC1,
+	  MG_ORDER_SHARED, MGF_DEEPSEEK_SHARED },
+	{ "mlp.shared_experts.linear_fc2.weight", "mlp.shared_experts.down_proj.weight",
+	  MG_SHARED_ROW, MG_ORDER_SHARED + 2, MGF_DEEPSEEK_SHARED },
 };
+
+static bool in_family(const struct ckfs_megatron_arch *a, int family)
+{
+	switch (family) {
+	case MGF_GQA:
+		return !a->mla;
+	case MGF_MLA:
+		return a->mla;
+	case MGF_QWEN2_SHARED:
+		return a->qwen2_moe;
+	case MGF_DEEPSEEK_SHARED:
+		return a->deepseek_moe;
+	default:
+		return true;
+	}
+}
+
+static const struct ckfs_megatron_key *find_key(const struct ckfs_megatron_arch *a,
+						const struct ckfs_megatron_key *keys, size_t n,
+						const char *rest)
+{
+	for (size_t k = 0; k < n; k++)
+		if (strcmp(rest, keys[k].mg) == 0 && in_family(a, keys[k].family))
+			return &keys[k];
+	return NULL;
+}
 
 const struct ckfs_megatron_key *ckfs_megatron_layer_entry(const struct ckfs_megatron_arch *a,
 							  const char *rest)
 {
-	for (size_t k = 0; k < sizeof(layer_keys) / sizeof(layer_keys[0]); k++) {
-		const struct ckfs_megatron_key *e = &layer_keys[k];
-		if (strcmp(rest, e->mg) != 0)
-			continue;
-		/* Shared experts: Qwen2-MoE's names only (DeepSeek's
-		 * shared_experts are not read yet). */
-		if ((e->part == MG_SHARED_FC1 || e->part == MG_SHARED_ROW ||
-		     e->part == MG_SHARED_REPLICATED) && !a->qwen2_moe)
-			return NULL;
-		return e;
+	return find_key(a, layer_keys, sizeof(layer_keys) / sizeof(layer_keys[0]), rest);
+}
+
+int ckfs_megatron_global_shape(const struct ckfs_megatron_arch *a,
+			       const struct ckfs_megatron_key *k, int64_t shape[2])
+{
+	if (k->part != MG_COL && k->part != MG_COL_OR_DUP)
+		return 0;
+	if (k->family != MGF_MLA) { /* MTP's eh_proj: [embedding; hidden] -> hidden */
+		shape[0] = a->hidden;
+		shape[1] = 2 * a->hidden;
+		return 1;
 	}
-	return NULL;
+	switch (k->order) {
+	case 0: /* q down */
+		shape[0] = a->q_lora;
+		shape[1] = a->hidden;
+		break;
+	case 2: /* q up: per head [nope; rope] */
+		shape[0] = a->nh * (a->qk_nope + a->qk_rope);
+		shape[1] = a->q_lora;
+		break;
+	case 3: /* kv down: [kv_lora_rank; rope] */
+		shape[0] = a->kv_lora + a->qk_rope;
+		shape[1] = a->hidden;
+		break;
+	default: /* kv up: per head [nope; v] */
+		shape[0] = a->nh * (a->qk_nope + a->v_dim);
+		shape[1] = a->kv_lora;
+		break;
+	}
+	return 1;
+}
+
+/* ---- multi-token prediction ---- */
+
+/* An MTP layer's own tensors as DeepSeek-V3's Hugging Face release names
+ * them (model.layers.61.* of its 61 decoder layers; GLM-4.5 the same at
+ * model.layers.92), the names vLLM's and SGLang's DeepSeek MTP loaders
+ * read: embed_tokens, enorm, hnorm, eh_proj, shared_head.norm and
+ * shared_head.head beside the layer's self_attn and mlp. */
+static const struct ckfs_megatron_key mtp_keys[] = {
+	{ "enorm.weight", "enorm.weight", MG_REPLICATED, MG_ORDER_MTP + 1, MGF_ANY },
+	{ "hnorm.weight", "hnorm.weight", MG_REPLICATED, MG_ORDER_MTP + 2, MGF_ANY },
+	{ "eh_proj.weight", "eh_proj.weight", MG_COL, MG_ORDER_MTP + 3, MGF_ANY },
+	{ "final_layernorm.weight", "shared_head.norm.weight", MG_REPLICATED,
+	  MG_ORDER_MTP + 4, MGF_ANY },
+};
+const struct ckfs_megatron_key ckfs_megatron_mtp_embed = {
+	"embedding.word_embeddings.weight", "embed_tokens.weight", MG_COL, MG_ORDER_MTP, MGF_ANY
+};
+const struct ckfs_megatron_key ckfs_megatron_mtp_head = {
+	"output_layer.weight", "shared_head.head.weight", MG_COL, MG_ORDER_MTP + 5, MGF_ANY
+};
+
+const struct ckfs_megatron_key *ckfs_megatron_mtp_entry(const struct ckfs_megatron_arch *a,
+							const char *rest)
+{
+	return find_key(a, mtp_keys, sizeof(mtp_keys) / sizeof(mtp_keys[0]), rest);
+}
+
+int ckfs_megatron_mtp_key(const char *key, long *i, const char **rest, int *inner)
+{
+	static const char pfx[] = "mtp.layers.";
+	static const char *const inners[] = { "mtp_model_layer.", "transformer_layer." };
+	char *end;
+
+	if (strncmp(key, pfx, sizeof(pfx) - 1) != 0 || !isdigit((unsigned char)key[sizeof(pfx) - 1]))
+		return 0;
+	*i = strtol(key + sizeof(pfx) - 1, &end, 10);
+	if (*end != '.' || *i < 0 || *i > 1000000)
+		return 0;
+	*rest = end + 1;
+	*inner = 0;
+	for (size_t k = 0; k < sizeof(inners) / sizeof(inners[0]); k++)
+		if (strncmp(*rest, inners[k], strlen(inners[k])) == 0) {
+			*rest += strlen(inners[k]);
+			*inner = 1;
+		}
+	return 1;
+}
+
+enum ckfs_code ckfs_megatron_check_mtp(struct ckfs_model *m, const struct ckfs_megatron_arch *a,
+				       long n, const char *where, struct ckfs_error *err)
+{
+	if (n > 0 && a->mtp_layers >= 0 && n != a->mtp_layers)
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': %ld MTP layers, config.json '%s' "
+				 "says num_nextn_predict_layers %lld", where, n,
+				 m->config_path, (long long)a->mtp_layers);
+	if (n > 0 && a->mtp_layers < 0)
+		return ckfs_model_warn(m, err, "%ld MTP layers served as model.layers.%lld.. "
+				       "(config.json names no num_nextn_predict_layers)", n,
+				       (long long)a->n_layers);
+	if (n == 0 && a->mtp_layers > 0)
+		return ckfs_model_warn(m, err, "config.json says num_nextn_predict_layers "
+				       "%lld, the checkpoint has no MTP layers (trained "
+				       "without them): served without", (long long)a->mtp_layers);
+	return CKFS_OK;
 }
 
 int ckfs_megatron_layer_key(const char *key, long *layer, const char **rest)

@@ -358,9 +358,9 @@ static void test_raw_names(void)
 
 /* Config keys as DeepSeek and GLM write them: n_routed_experts counts the
  * experts (the issue-36 misdiagnosis said "names no experts"), and
- * multi-head latent attention (kv_lora_rank), whose keys are not mapped
- * yet, is refused rather than served under a dense model's names (MLA's
- * q_layernorm once came out as self_attn.q_norm). */
+ * multi-head latent attention (kv_lora_rank) outside DeepSeek's
+ * architectures is refused: its Hugging Face names are DeepSeek's
+ * (test_megatron_frontier.c reads those). */
 static void test_config_keys(void)
 {
 	const char *dir = test_tmp_dir("megatron", "routed");
@@ -383,8 +383,9 @@ static void test_config_keys(void)
 	ckfs_st_set_release(&ref);
 	expect_broken("sed -i 's/\"vocab_size\"/\"kv_lora_rank\": 512, \"vocab_size\"/' "
 		      "\"$D/hf_config_and_tokenizer/config.json\"", CKFS_E_UNSUPPORTED,
-		      "multi-head latent attention (kv_lora_rank 512: DeepSeek-V2/V3, Kimi-K2) "
-		      "is not read from Megatron checkpoints yet", NULL);
+		      "multi-head latent attention (kv_lora_rank) of architecture "
+		      "'LlamaForCausalLM': ckfs knows DeepSeek's Hugging Face names for it only",
+		      NULL);
 }
 
 int main(void)
