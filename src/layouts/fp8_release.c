@@ -16,7 +16,8 @@
  *
  * Fail closed: an F8 tensor without its scale, a scale without its F8
  * weight, a scale grid of another shape, and other FP8 forms (F8_E5M2,
- * compressed-tensors' weight_scale, static activation scales) are refused
+ * compressed-tensors' weight_scale, static activation scales, any other
+ * "_scale_inv") are refused
  * with any dtype but the stored one.
  */
 #include <stdio.h>
@@ -44,14 +45,17 @@ static int is_scale(const char *name)
 	return ckfs_ends_with(name, ".weight_scale_inv");
 }
 
-/* Another FP8 form than DeepSeek's blocks: its name, or NULL. */
+/* Another FP8 form than DeepSeek's blocks: its name, or NULL. Any other
+ * "_scale_inv" (a k/v cache scale, say) counts: cast as a plain tensor it
+ * would be served as if it were a weight. */
 static const char *other_form(const struct ckfs_model *m)
 {
 	for (size_t i = 0; i < m->n_tensors; i++) {
 		const struct ckfs_tensor *t = &m->tensors[i];
 		if (t->stored_dtype == CKFS_DTYPE_F8_E5M2 || ckfs_ends_with(t->name, ".weight_scale") ||
 		    ckfs_ends_with(t->name, ".input_scale") ||
-		    ckfs_ends_with(t->name, ".activation_scale"))
+		    ckfs_ends_with(t->name, ".activation_scale") ||
+		    (ckfs_ends_with(t->name, "_scale_inv") && !is_scale(t->name)))
 			return t->name;
 	}
 	return NULL;

@@ -16,7 +16,9 @@
  * shaped, quantized by transformers' own FP8 op, two shards) with --dtype
  * bf16: every tensor bit for bit what transformers' Fp8Dequantize makes of
  * it, read whole and in pieces, the scales not served; without an asked
- * dtype served as stored; --dtype fp8 refused.
+ * dtype served as stored; --dtype fp8 refused; broken releases (a scale
+ * ckfs does not know, a scale grid of another shape, a scale without its
+ * F8 weight) refused with one line.
  */
 #include <math.h>
 #include <pthread.h>
@@ -332,10 +334,64 @@ static void test_release(void)
 	CHECK(m == NULL);
 }
 
+/* A hand-made broken release (one F8 weight [2, 2] and what is beside it)
+ * asked for bf16: refused with one line naming the tensor. (An F8 tensor
+ * with no scale anywhere is no release: cast by value, as torch's .to.) */
+static void expect_release_refused(const char *tensors, size_t data, const char *needle)
+{
+	const char *dir = test_tmp_dir("fp8", "broken_release");
+	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_BF16 };
+	struct ckfs_model *m = NULL;
+	struct ckfs_error err;
+	char header[1024], path[512];
+	int n = snprintf(header, sizeof(header), "{%s}", tensors);
+	unsigned char len[8], zero[64] = { 0 };
+
+	CHECK(test_sh("rm -rf '%s' && mkdir -p '%s' && printf '%%s' '{\"architectures\": "
+		      "[\"DeepseekV3ForCausalLM\"], \"model_type\": \"deepseek_v3\"}' > "
+		      "'%s/config.json'", dir, dir, dir) == 0);
+	for (int k = 0; k < 8; k++)
+		len[k] = (unsigned char)((uint64_t)n >> (8 * k));
+	snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+	FILE *f = fopen(path, "wb");
+	CHECK(f && data <= sizeof(zero));
+	if (f) {
+		CHECK(fwrite(len, 1, 8, f) == 8 && fwrite(header, 1, (size_t)n, f) == (size_t)n &&
+		      fwrite(zero, 1, data, f) == data);
+		fclose(f);
+	}
+	ckfs_error_clear(&err);
+	CHECK_EQ_INT(ckfs_model_open(dir, &opt, &m, &err), CKFS_E_UNSUPPORTED);
+	CHECK(m == NULL);
+	ckfs_model_free(m);
+	fprintf(stderr, "  (expected) %s\n", err.msg);
+	CHECK(strstr(err.msg, needle) != NULL);
+	CHECK(strchr(err.msg, '\n') == NULL);
+}
+
+#define F8_W "\"a.weight\": {\"dtype\": \"F8_E4M3\", \"shape\": [2, 2], \"data_offsets\": [0, 4]}"
+#define F8_S "\"a.weight_scale_inv\": {\"dtype\": \"F32\", \"shape\": [1, 1], " \
+	     "\"data_offsets\": [4, 8]}"
+
+static void test_release_broken(void)
+{
+	/* a scale ckfs does not know (a k-cache scale): not cast as a weight */
+	expect_release_refused(F8_W ", " F8_S ", \"a.k_scale_inv\": {\"dtype\": \"F32\", "
+			       "\"shape\": [1], \"data_offsets\": [8, 12]}", 12,
+			       "already quantized, and 'a.k_scale_inv' is not of DeepSeek's block FP8");
+	expect_release_refused(F8_W ", \"a.weight_scale_inv\": {\"dtype\": \"F32\", \"shape\": "
+			       "[2, 1], \"data_offsets\": [4, 12]}", 12, "without block scales");
+	expect_release_refused(F8_W ", " F8_S ", \"b.weight\": {\"dtype\": \"BF16\", \"shape\": "
+			       "[2], \"data_offsets\": [8, 12]}, \"b.weight_scale_inv\": {\"dtype\": "
+			       "\"F32\", \"shape\": [1, 1], \"data_offsets\": [12, 16]}", 16,
+			       "'b.weight_scale_inv' scales no F8_E4M3 weight 'b.weight'");
+}
+
 int main(void)
 {
 	RUN(test_bit_identical);
 	RUN(test_release);
+	RUN(test_release_broken);
 	RUN(test_blocks_finite);
 	RUN(test_threads);
 	test_tmp_cleanup();
