@@ -60,6 +60,7 @@ What is REAL and what is reproduced:
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import sys
@@ -84,28 +85,34 @@ DEEPSEEK = dict(num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv
 GLM = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_bias=True,
            use_qk_norm=True, partial_rotary_factor=0.5)
 
-# name, model, layout, tp, pp, ep, q_lora. Without q_lora_rank (DeepSeek-V2-Lite, Moonlight)
-# megatron-core 0.19.2 builds linear_q_proj only as Transformer Engine's fused norm + linear when
-# qk_layernorm is on, so the local spec cannot write one here, and ckfs refuses that key.
+# name, model, layout, tp, pp, ep, etp (expert tensor parallel size; None = TP, megatron-core's
+# default). With ETP = 1 (verl's DeepSeek recipes) world = PP x lcm(TP, EP) and only data-parallel
+# rank 0 saves, as verl's MegatronCheckpointManager does: TP2 EP2 gives mp_rank_00_000 and
+# mp_rank_01_001 (make_megatron_fixtures.py explains the pairing). Without q_lora_rank
+# (DeepSeek-V2-Lite, Moonlight) megatron-core 0.19.2 builds linear_q_proj only as Transformer
+# Engine's fused norm + linear when qk_layernorm is on, so the local spec cannot write one here,
+# and ckfs refuses that key.
 CASES = [
-    ("deepseek_v3_tp2_ep2", "deepseek_v3", "legacy", 2, 1, 2, True),
-    ("deepseek_v3_pp2_ep2", "deepseek_v3", "legacy", 1, 2, 2, True),
+    ("deepseek_v3_tp2_ep2", "deepseek_v3", "legacy", 2, 1, 2, None),
+    ("deepseek_v3_pp2_ep2", "deepseek_v3", "legacy", 1, 2, 2, None),
     ("glm4_moe_tp2_ep2", "glm4_moe", "legacy", 2, 1, 2, None),
-    ("deepseek_v3_tp2_ep2_dist", "deepseek_v3", "dist", 2, 1, 2, True),
+    ("deepseek_v3_tp2_ep2_dist", "deepseek_v3", "dist", 2, 1, 2, None),
     ("glm4_moe_tp2_pp2_dist", "glm4_moe", "dist", 2, 2, 1, None),
+    ("deepseek_v3_tp2_ep2_etp1", "deepseek_v3", "legacy", 2, 1, 2, 1),
 ]
 
 
-def hf_config(model, q_lora=True, layers=L):
+def world_of(tp, pp, ep, etp):
+    return tp * pp * ep if etp is None else pp * math.lcm(tp, etp * ep)
+
+
+def hf_config(model, layers=L):
     import transformers
     common = dict(hidden_size=H, intermediate_size=96, num_hidden_layers=layers, vocab_size=V,
                   max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
                   rope_scaling=None, torch_dtype="bfloat16", **MOE)
     if model == "deepseek_v3":
-        extra = dict(DEEPSEEK)
-        if not q_lora:
-            extra["q_lora_rank"] = None
-        return transformers.DeepseekV3Config(**common, **extra, architectures=["DeepseekV3ForCausalLM"])
+        return transformers.DeepseekV3Config(**common, **DEEPSEEK, architectures=["DeepseekV3ForCausalLM"])
     return transformers.Glm4MoeConfig(**common, **GLM, architectures=["Glm4MoeForCausalLM"])
 
 
@@ -203,9 +210,10 @@ def make_te_variant():
         torch.save([out], os.path.join(dst, "model", sub, "model.pt"))
 
 
-def local_value(key, sd, model, tp, tp_rank, experts=None, glob=None):
+def local_value(key, sd, model, tp, tp_rank, experts=None, glob=None, etp=None):
     """The TP-local value of Megatron key. glob maps a decoder key's local layer to its global
-    one; mtp.layers.i.* take HF layer L + i. experts: global expert of each local expert."""
+    one; mtp.layers.i.* take HF layer L + i. experts: global expert of each local expert; etp:
+    (expert tensor parallel size, rank) of this process, which cut the experts."""
     def rows(t):
         n = t.shape[0] // tp
         return t[tp_rank * n:(tp_rank + 1) * n]
@@ -268,10 +276,15 @@ def local_value(key, sd, model, tp, tp_rank, experts=None, glob=None):
     if tail.startswith("mlp.experts.local_experts."):
         i, what = tail.split(".")[3], tail.split(".", 4)[4]
         e = pre + f"mlp.experts.{experts[int(i)]}."
+        n, r = etp
         if what == "linear_fc1.weight":
-            return torch.cat([rows(sd[e + "gate_proj.weight"]), rows(sd[e + "up_proj.weight"])], 0)
+            g, u = sd[e + "gate_proj.weight"], sd[e + "up_proj.weight"]
+            k = g.shape[0] // n
+            return torch.cat([g[r * k:(r + 1) * k], u[r * k:(r + 1) * k]], 0)
         if what == "linear_fc2.weight":
-            return cols(sd[e + "down_proj.weight"])
+            w = sd[e + "down_proj.weight"]
+            k = w.shape[1] // n
+            return w[:, r * k:(r + 1) * k]
     raise KeyError(key)
 
 
@@ -295,12 +308,13 @@ class SDPA(torch.nn.Module):
         return o.reshape(o.shape[0], o.shape[1], -1)
 
 
-def mcore_config(model, q_lora, tp, pp, ep, check):
+def mcore_config(model, tp, pp, ep, etp, check):
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.transformer_config import MLATransformerConfig
     common = dict(
         num_layers=L, hidden_size=H, ffn_hidden_size=96, num_attention_heads=4,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep,
+        expert_tensor_parallel_size=etp,
         use_cpu_initialization=True, normalization="RMSNorm", gated_linear_unit=True, add_bias_linear=False,
         layernorm_epsilon=1e-6, params_dtype=torch.bfloat16, bf16=True, pipeline_dtype=torch.bfloat16,
         activation_func=torch.nn.functional.silu, qk_layernorm=True,
@@ -317,7 +331,7 @@ def mcore_config(model, q_lora, tp, pp, ep, check):
         common.update(moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0)
     if model == "deepseek_v3":
         return MLATransformerConfig(
-            **common, q_lora_rank=DEEPSEEK["q_lora_rank"] if q_lora else None,
+            **common, q_lora_rank=DEEPSEEK["q_lora_rank"],
             kv_lora_rank=DEEPSEEK["kv_lora_rank"], qk_head_dim=DEEPSEEK["qk_nope_head_dim"],
             qk_pos_emb_head_dim=DEEPSEEK["qk_rope_head_dim"], v_head_dim=DEEPSEEK["v_head_dim"],
             rope_type="rope", rotary_base=10000)
@@ -326,8 +340,8 @@ def mcore_config(model, q_lora, tp, pp, ep, check):
 
 
 def worker(rank, case, port, sd_path, outdir, check=False):
-    name, model, layout, tp, pp, ep, q_lora = case
-    world = tp * pp * ep
+    name, model, layout, tp, pp, ep, etp = case
+    world = world_of(tp, pp, ep, etp)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.synchronize = lambda *a, **k: None
@@ -339,8 +353,8 @@ def worker(rank, case, port, sd_path, outdir, check=False):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_mtp_block_spec
     from megatron.core.transformer.module import Float16Module
 
-    ps.initialize_model_parallel(tp, pp, expert_model_parallel_size=ep)
-    cfg = mcore_config(model, q_lora, tp, pp, ep, check)
+    ps.initialize_model_parallel(tp, pp, expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
+    cfg = mcore_config(model, tp, pp, ep, etp, check)
     cfg.sequence_parallel = False
     spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
     if model == "deepseek_v3":
@@ -360,11 +374,13 @@ def worker(rank, case, port, sd_path, outdir, check=False):
         for key, p in m.state_dict(keep_vars=True).items():
             if key.endswith("_extra_state") or p is None:
                 continue
-            experts = None
+            experts = etp_of = None
             if ".mlp.experts." in key:
                 mod = m.get_submodule(key.split(".mlp.experts.")[0] + ".mlp")
                 experts = mod.local_expert_indices
-            val = local_value(key, hf_sd, model, tp, tp_rank, experts, glob)
+                etp_of = (ps.get_expert_tensor_parallel_world_size(), ps.get_expert_tensor_parallel_rank())
+                assert etp_of[0] == (etp or tp), (etp_of, etp, tp)
+            val = local_value(key, hf_sd, model, tp, tp_rank, experts, glob, etp_of)
             assert tuple(val.shape) == tuple(p.shape), (key, val.shape, p.shape)
             p.copy_(val)
     chunk = Float16Module(cfg, m)
@@ -383,14 +399,14 @@ def worker(rank, case, port, sd_path, outdir, check=False):
             out = m(ids, pos, mask, runtime_gather_output=True)
         if rank == 0:
             torch.save(out.float(), os.path.join(outdir, "megatron_logits.pt"))
-    elif layout == "legacy":
+    elif layout == "legacy" and (etp is None or ps.get_data_parallel_rank() == 0):
         sub = f"mp_rank_{tp_rank:02d}" if pp == 1 else f"mp_rank_{tp_rank:02d}_{ps.get_pipeline_model_parallel_rank():03d}"
         if ep > 1:
             sub += f"_{ps.get_expert_model_parallel_rank():03d}"
         path = os.path.join(outdir, "model", sub)
         os.makedirs(path, exist_ok=True)
         torch.save([chunk.state_dict()], os.path.join(path, "model.pt"))
-    else:
+    elif layout == "dist":
         from megatron.core import dist_checkpointing
         from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
         d = os.path.join(outdir, "dist_ckpt")
@@ -404,11 +420,11 @@ def worker(rank, case, port, sd_path, outdir, check=False):
 
 
 def make_case(i, case, tmp):
-    name, model, layout, tp, pp, ep, q_lora = case
+    name, model, layout, tp, pp, ep, etp = case
     outdir = os.path.join(OUT, name)
     shutil.rmtree(outdir, ignore_errors=True)
     os.makedirs(os.path.join(outdir, "original"))
-    cfg = hf_config(model, q_lora is not False)
+    cfg = hf_config(model)
     hfm = hf_model(cfg, 3600 + i)
     sd = fp32_bias(saved_weights(hfm, os.path.join(tmp, name + "_hf")))
     mtp = fp32_bias(mtp_weights(cfg, sd, 3700 + i, os.path.join(tmp, name + "_mtp")))
@@ -416,24 +432,27 @@ def make_case(i, case, tmp):
     hfm.config.save_pretrained(os.path.join(outdir, "hf_config_and_tokenizer" if layout == "legacy" else "huggingface"))
     sd_path = os.path.join(tmp, name + ".pt")
     torch.save({**sd, **mtp}, sd_path)
-    mp.spawn(worker, args=(case, 29900 + i, sd_path, outdir), nprocs=tp * pp * ep, join=True)
-    return dict(name=name, model_type=model, layout=layout, tp=tp, pp=pp, ep=ep,
+    mp.spawn(worker, args=(case, 29900 + i, sd_path, outdir), nprocs=world_of(tp, pp, ep, etp), join=True)
+    return dict(name=name, model_type=model, layout=layout, tp=tp, pp=pp, ep=ep, etp=etp,
                 tensors=sorted(sd), mtp_tensors=sorted(mtp))
 
 
 def self_check():
-    """TP=2 EP=2 of each model: Megatron's forward vs transformers' (bf16: close, not equal)."""
+    """TP=2 EP=2 of each model (DeepSeek-V3 also at expert tensor parallel size 1, the same
+    weights): Megatron's forward vs transformers' (bf16: close, not equal)."""
     ok = True
     ids = torch.tensor([[1, 17, 42, 7, 97, 5, 23, 64, 2, 50, 11, 96]])
-    for i, model in enumerate(("deepseek_v3", "glm4_moe")):
+    for i, (model, etp) in enumerate((("deepseek_v3", None), ("glm4_moe", None), ("deepseek_v3", 1))):
         tmp = tempfile.mkdtemp()
         cfg = hf_config(model)
-        hfm = hf_model(cfg, 4000 + i, init=0.15)
+        seed = 4000 + (0 if model == "deepseek_v3" else 1)
+        hfm = hf_model(cfg, seed, init=0.15)
         sd = saved_weights(hfm, os.path.join(tmp, "hf"))
-        sd.update(mtp_weights(cfg, sd, 4100 + i, os.path.join(tmp, "mtp")))
+        sd.update(mtp_weights(cfg, sd, seed + 100, os.path.join(tmp, "mtp")))
         torch.save(sd, os.path.join(tmp, "sd.pt"))
-        case = ("check", model, "legacy", 2, 1, 2, True)
-        mp.spawn(worker, args=(case, 29960 + i, os.path.join(tmp, "sd.pt"), tmp, True), nprocs=4, join=True)
+        case = ("check", model, "legacy", 2, 1, 2, etp)
+        mp.spawn(worker, args=(case, 29960 + i, os.path.join(tmp, "sd.pt"), tmp, True),
+                 nprocs=world_of(2, 1, 2, etp), join=True)
         got = torch.load(os.path.join(tmp, "megatron_logits.pt"))
         ref = type(hfm).from_pretrained(os.path.join(tmp, "hf"), dtype=torch.bfloat16,
                                         experts_implementation="eager", attn_implementation="eager")
@@ -443,7 +462,7 @@ def self_check():
         scale = want.abs().max().item()
         good = diff < 0.1 * scale
         ok &= good
-        print(f"self-check {model} TP=2 EP=2: max |megatron - transformers| = {diff:.4f} "
+        print(f"self-check {model} TP=2 EP=2 ETP={etp or 2}: max |megatron - transformers| = {diff:.4f} "
               f"(max |logit| {scale:.3f}) {'OK' if good else 'MISMATCH'}", flush=True)
         shutil.rmtree(tmp)
     return 0 if ok else 1

@@ -21,6 +21,7 @@ CASES = {  # name: config folder, ground truth case
     "deepseek_v3_tp2_ep2": ("hf_config_and_tokenizer", "deepseek_v3_tp2_ep2"),
     "deepseek_v3_pp2_ep2": ("hf_config_and_tokenizer", "deepseek_v3_pp2_ep2"),
     "deepseek_v3_tp2_ep2_te": ("hf_config_and_tokenizer", "deepseek_v3_tp2_ep2"),
+    "deepseek_v3_tp2_ep2_etp1": ("hf_config_and_tokenizer", "deepseek_v3_tp2_ep2_etp1"),
     "glm4_moe_tp2_ep2": ("hf_config_and_tokenizer", "glm4_moe_tp2_ep2"),
     "deepseek_v3_tp2_ep2_dist": ("huggingface", "deepseek_v3_tp2_ep2_dist"),
     "glm4_moe_tp2_pp2_dist": ("huggingface", "glm4_moe_tp2_pp2_dist"),

@@ -9,7 +9,8 @@
  *    under DeepSeek-V3's names equal to Megatron's mtp.* tensors
  *    (original/, two shards as DeepSeek ships them): DeepSeek-V3 (MLA,
  *    first layer dense, shared experts, expert_bias) TP=2 EP=2, PP=2 EP=2
- *    (MTP on the last stage with its own copy of the embedding), with
+ *    (MTP on the last stage with its own copy of the embedding), TP=2 EP=2
+ *    with whole experts (ETP=1, saved on data-parallel rank 0), with
  *    Transformer Engine's MLA names (duplicated down projections, fused
  *    q_a/kv_a norms), and torch_dist TP=2 EP=2; GLM-4.5 (qkv bias, q/k norm,
  *    ungated shared experts) TP=2 EP=2 and torch_dist TP=2 PP=2;
@@ -36,6 +37,7 @@ static const struct {
 	{ "deepseek_v3_tp2_ep2", "deepseek_v3_tp2_ep2", "megatron", 99 },
 	{ "deepseek_v3_pp2_ep2", "deepseek_v3_pp2_ep2", "megatron", 99 },
 	{ "deepseek_v3_tp2_ep2_te", "deepseek_v3_tp2_ep2", "megatron", 99 },
+	{ "deepseek_v3_tp2_ep2_etp1", "deepseek_v3_tp2_ep2_etp1", "megatron", 99 },
 	{ "glm4_moe_tp2_ep2", "glm4_moe_tp2_ep2", "megatron", 107 },
 	{ "deepseek_v3_tp2_ep2_dist", "deepseek_v3_tp2_ep2_dist", "megatron-dist", 99 },
 	{ "glm4_moe_tp2_pp2_dist", "glm4_moe_tp2_pp2_dist", "megatron-dist", 107 },
