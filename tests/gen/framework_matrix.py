@@ -20,6 +20,8 @@ The generators' --version-matrix option is documented in each of them:
                                release's zero_to_fp32 and the live fp32 masters as oracles
   make_megatron_fixtures.py    MATRIX_CASES -> matrix/megatron-core-<version>/megatron/<case>/
   make_mcore_dist_fixtures.py  MATRIX_CASES -> matrix/megatron-core-<version>/mcore_dist/<case>/
+The megatron-core-0.19.2 cell also runs make_megatron_frontier_fixtures.py (no option): MLA and
+MTP need that release, so its fixtures (tests/fixtures/megatron_frontier/) are written there only.
   make_fixtures.py             MATRIX_CONFIGS -> matrix/verl-<version>/{fsdp,original,expected}/,
                                saved by that verl's FSDPCheckpointManager, merged by its merger
 tests/unit/test_framework_matrix.c reads every cell (and fails on one it does not list).
@@ -76,7 +78,9 @@ CELLS = {
         ],
         env={},
         generators=[["make_megatron_fixtures.py", "--version-matrix"],
-                    ["make_mcore_dist_fixtures.py", "--version-matrix"]],
+                    ["make_mcore_dist_fixtures.py", "--version-matrix"],
+                    # MLA, DeepSeek/GLM shared experts, MTP: tests/fixtures/megatron_frontier/
+                    ["make_megatron_frontier_fixtures.py"]],
     ),
 }
 
