@@ -48,34 +48,50 @@ static uint16_t to_bf16(float f)
 	return (uint16_t)(((uint64_t)u + 0x7fffu + ((u >> 16) & 1)) >> 16);
 }
 
+/* The index of the block's largest magnitude as numpy's argmax of abs()
+ * finds it: the first NaN when there is one (numpy's max and argmax
+ * propagate NaN), else the first of the largest. */
+static int argmax_abs(const float *x)
+{
+	int k = 0;
+	for (int i = 0; i < QK; i++) {
+		if (isnan(x[i]))
+			return i;
+		if (fabsf(x[i]) > fabsf(x[k]))
+			k = i;
+	}
+	return k;
+}
+
+/* numpy's float -> integer cast of what the quantizers make: NaN (a NaN
+ * or infinite block) becomes 0 there (x86's conversion, then the low
+ * bits); the rest is in range. Here without C's undefined behaviour. */
+static int to_int(float v)
+{
+	return isnan(v) ? 0 : (int)v;
+}
+
 static void q8_0(const float *x, unsigned char *out)
 {
-	float amax = 0;
-	for (int i = 0; i < QK; i++)
-		if (fabsf(x[i]) > amax)
-			amax = fabsf(x[i]);
+	/* abs(blocks).max() / 127: a NaN anywhere makes the scale NaN */
+	float amax = fabsf(x[argmax_abs(x)]);
 	float d = amax / 127.0f;
 	float id = d == 0 ? 0.0f : 1.0f / d;
 	put16(out, ckfs_f32_to_f16(bits(d)));
-	for (int i = 0; i < QK; i++)
-		out[2 + i] = (unsigned char)(signed char)roundf(x[i] * id); /* half away from 0 */
+	for (int i = 0; i < QK; i++) /* half away from 0 */
+		out[2 + i] = (unsigned char)(signed char)to_int(roundf(x[i] * id));
 }
 
 static void q4_0(const float *x, unsigned char *out)
 {
-	float amax = 0, max = 0;
-	for (int i = 0; i < QK; i++) /* the first value of largest magnitude */
-		if (fabsf(x[i]) > amax) {
-			amax = fabsf(x[i]);
-			max = x[i];
-		}
+	float max = x[argmax_abs(x)]; /* the first value of largest magnitude */
 	float d = max / -8.0f;
 	float id = d == 0 ? 0.0f : 1.0f / d;
 	unsigned char q[QK];
 	put16(out, ckfs_f32_to_f16(bits(d)));
 	for (int i = 0; i < QK; i++) {
 		float v = truncf(x[i] * id + 8.5f);
-		q[i] = v >= 15.0f ? 15 : (unsigned char)v;
+		q[i] = v >= 15.0f ? 15 : (unsigned char)to_int(v);
 	}
 	for (int i = 0; i < QK / 2; i++)
 		out[2 + i] = (unsigned char)(q[i] | (q[i + QK / 2] << 4));

@@ -203,3 +203,49 @@ def test_llama_cpp_generates_from_mount(case, outtype, converted, tmp_path):
     a, b = (json.loads(line) for line in r.stdout.strip().splitlines())
     assert len(a["tokens"]) == 24, a
     assert a["tokens"] == b["tokens"], (a, b)
+
+
+def test_nan_and_inf_blocks_match_llama_cpp(converted, tmp_path):
+    """Poisoned weights (NaN of both signs, +-Inf in a block, a whole block NaN) give the bytes
+    llama.cpp's converter and gguf-py's quantizer write: numpy's max propagates NaN, so a Q8_0 or
+    Q4_0 block with a NaN gets a NaN scale (f16 0x7e00) and zero quants; with an Inf, an Inf scale.
+    ckfs once skipped the NaN (finite scale, the NaN gone) and cast NaN to an integer."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    hf = tmp_path / "hf"
+    run_ckfs("export", "-q", FIXTURES / "gguf" / "llama_fsdp2_w2", hf)
+    shutil.copytree(hf, tmp_path / "poisoned")
+    path = tmp_path / "poisoned" / "model.safetensors"
+    sd = load_file(path)
+    name = next(k for k in sorted(sd) if k.endswith("mlp.down_proj.weight"))
+    w = sd[name].clone()
+    w[0, 3] = float("nan")
+    w[1, 40] = -float("nan")
+    w[2, 0] = float("inf")
+    w[3, 5] = -float("inf")
+    w[4, 0:32] = float("nan")
+    sd[name] = w
+    save_file(sd, path, metadata={"format": "pt"})
+    oracle = tmp_path / "oracle.gguf"
+    r = subprocess.run([oracle_python(), VENV / "llama.cpp" / "convert_hf_to_gguf.py", tmp_path / "poisoned",
+                        "--outtype", "q8_0", "--outfile", oracle, "--model-name", "tiny"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run_ckfs("export", "-q", "--format", "gguf", "--dtype", "q8_0", "--model-name", "tiny",
+             tmp_path / "poisoned", tmp_path / "q8")
+    assert (tmp_path / "q8" / "model.gguf").read_bytes() == oracle.read_bytes()
+    # q4_0 against gguf-py's quantizer, on the poisoned values (the bf16 conversion holds them)
+    ref = tmp_path / "ref-bf16.gguf"
+    r = subprocess.run([oracle_python(), VENV / "llama.cpp" / "convert_hf_to_gguf.py", tmp_path / "poisoned",
+                        "--outtype", "bf16", "--outfile", ref, "--model-name", "tiny"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run_ckfs("export", "-q", "--format", "gguf", "--dtype", "q4_0", "--model-name", "tiny",
+             tmp_path / "poisoned", tmp_path / "q4")
+    r = subprocess.run([oracle_python(), REPO / "tests" / "gguf" / "q4_0_check.py", ref,
+                        tmp_path / "q4" / "model.gguf"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "Q4_0  bit-exact" in r.stdout, r.stdout + r.stderr
+    assert torch.isnan(w).any()
