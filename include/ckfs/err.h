@@ -56,6 +56,11 @@ void ckfs_error_clear(struct ckfs_error *err);
 enum ckfs_code ckfs_fail(struct ckfs_error *err, enum ckfs_code code,
 			 const char *fmt, ...) CKFS_PRINTF(3, 4);
 
+/* A read from an object store failed for this reason (the store's words;
+ * NULL forgets it: every ckfs_file_pread starts so): the next
+ * ckfs_fail_errno of this thread for EIO or ESTALE says it instead of
+ * strerror, so the last line of a failed command carries the cause. */
+void ckfs_error_note_cause(const char *why);
 /* Like ckfs_fail with CKFS_E_IO, appending ": strerror(errno)". */
 enum ckfs_code ckfs_fail_errno(struct ckfs_error *err, const char *fmt, ...)
 	CKFS_PRINTF(2, 3);

@@ -53,6 +53,12 @@ enum ckfs_code ckfs_s3_config_load(struct ckfs_s3_config *c, const char *endpoin
 				   enum ckfs_s3_addressing addressing,
 				   struct ckfs_error *err) CKFS_WARN_UNUSED;
 
+/* url with any credentials in it (user:password@ before the host, or
+ * X-Amz-Credential/X-Amz-Signature/X-Amz-Security-Token query values)
+ * replaced by "***", into out (cut to size): every URL that reaches a
+ * message, log line, stats or the process's arguments goes through it. */
+const char *ckfs_url_redact(const char *url, char *out, size_t size);
+
 /* "s3://bucket/prefix" into bucket and prefix (without leading slashes):
  * 0, or -1 when url is not an S3 URL with a valid bucket name. */
 int ckfs_s3_parse_url(const char *url, char *bucket, size_t bucket_size, const char **key);
@@ -63,6 +69,10 @@ struct ckfs_s3;
 
 enum ckfs_code ckfs_s3_new(const struct ckfs_s3_config *c, struct ckfs_s3 **out,
 			   struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The store's identity for the disk cache: endpoint (redacted), region and
+ * addressing, so two stores with the same bucket, key and ETag never share
+ * a block. */
+const char *ckfs_s3_identity(const struct ckfs_s3 *s3);
 void ckfs_s3_free(struct ckfs_s3 *s3);
 
 struct ckfs_s3_object {
@@ -86,10 +96,14 @@ enum ckfs_code ckfs_s3_get(struct ckfs_s3 *s3, const char *bucket,
 
 struct ckfs_s3_listing {
 	struct ckfs_s3_object *objects; /* keys under the prefix, key order */
-	size_t n_objects;
+	size_t n_objects, cap_objects;
 	char **prefixes;                /* "folders" (ending in the delimiter) */
-	size_t n_prefixes;
+	size_t n_prefixes, cap_prefixes;
 };
+/* A listing longer than this many pages or keys is refused (a store that
+ * never ends it, or a prefix that is not a checkpoint). */
+#define CKFS_S3_MAX_PAGES 20000
+#define CKFS_S3_MAX_KEYS 2000000
 
 /* Every key under prefix (all pages), with delimiter '/' when folders is
  * set: the immediate children only, their folders in prefixes. */

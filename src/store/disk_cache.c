@@ -17,7 +17,10 @@
 #include "ckfs/hash.h"
 #include "ckfs/log.h"
 
-#define MAGIC "ckfsblk1"
+#include <xxhash.h>
+
+/* blk1 files (no checksum) are not read: a miss, refetched, replaced. */
+#define MAGIC "ckfsblk2"
 
 struct ckfs_disk_cache {
 	char dir[PATH_MAX - 64];
@@ -26,10 +29,12 @@ struct ckfs_disk_cache {
 	uint64_t held;        /* bytes in the folder, as last counted plus added */
 };
 
-/* A block file's header: its identity, checked on read. */
+/* A block file's header: its identity, checked on read, and the
+ * payload's XXH3-64, so that a damaged block is refetched, not served. */
 struct header {
 	char magic[8];
 	uint64_t block, len;
+	uint64_t sum;
 	uint32_t id_len;
 };
 
@@ -173,8 +178,12 @@ int ckfs_disk_cache_get(struct ckfs_disk_cache *c, const char *id, uint64_t bloc
 	    ckfs_file_pread(f, got_id, id_len, sizeof(h)) == (ssize_t)id_len &&
 	    memcmp(got_id, id, id_len) == 0 &&
 	    ckfs_file_pread(f, buf, len, sizeof(h) + id_len) == (ssize_t)len) {
-		hit = 1;
-		(void)futimens(fd, NULL); /* recently used */
+		hit = XXH3_64bits(buf, len) == h.sum;
+		if (hit)
+			(void)futimens(fd, NULL); /* recently used */
+		else
+			ckfs_log(CKFS_LOG_WARNING, "'%s': a damaged cache block (checksum), "
+				 "fetched again", path);
 	}
 	close(fd);
 	return hit;
@@ -190,6 +199,7 @@ void ckfs_disk_cache_put(struct ckfs_disk_cache *c, const char *id, uint64_t blo
 	memcpy(h.magic, MAGIC, 8);
 	h.block = block;
 	h.len = len;
+	h.sum = XXH3_64bits(buf, len);
 	h.id_len = (uint32_t)strlen(id);
 	if (block_path(c, id, block, path, sizeof(path)) != 0)
 		return;

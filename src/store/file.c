@@ -248,8 +248,10 @@ ssize_t ckfs_file_pread(struct ckfs_file f, void *buf, size_t len, uint64_t off)
 	size_t done = 0;
 	int fd = f.fd;
 
-	if (f.remote)
+	if (f.remote) {
+		ckfs_error_note_cause(NULL); /* only this read's failure is told */
 		return ckfs_remote_pread(f.remote, buf, len, off);
+	}
 	while (done < len) {
 		ssize_t r = pread(fd, (char *)buf + done, len - done, (off_t)(off + done));
 		if (r < 0 && errno == EINTR)

@@ -139,13 +139,46 @@ static void root_free(struct root *r)
 	free(r);
 }
 
-/* r's prefix listed, markers dropped, in key order. r's bucket, prefix
- * and kind never change once it is attached: no lock needed. */
+static bool rel_ok(const char *rel);
+
+/* Keys that name nothing under the prefix (an empty component, as
+ * `aws s3 cp x s3://b/p//y` writes, or "." / ".."): dropped, and named in
+ * one warning, so that one stray key does not hide the folder it is in. */
+static void drop_unnamed(struct ckfs_s3_listing *l, const struct root *r)
+{
+	size_t kept = 0, n_bad = 0, np = strlen(r->prefix);
+	char shown[512] = "";
+
+	for (size_t i = 0; i < l->n_objects; i++) {
+		const char *key = l->objects[i].key;
+		if (strncmp(key, r->prefix, np) == 0 && rel_ok(key + np)) {
+			l->objects[kept++] = l->objects[i];
+			continue;
+		}
+		if (n_bad++ < 3) {
+			size_t k = strlen(shown);
+			snprintf(shown + k, sizeof(shown) - k, "%s's3://%s/%s'", k ? ", " : "",
+				 r->bucket, key);
+		}
+		free((char *)key);
+	}
+	l->n_objects = kept;
+	if (n_bad)
+		ckfs_log(CKFS_LOG_WARNING, "%s: %zu key%s with an empty, '.' or '..' path "
+			 "component skipped (they name no file): %s%s", r->url, n_bad,
+			 n_bad == 1 ? "" : "s", shown, n_bad > 3 ? ", ..." : "");
+}
+
+/* r's prefix listed, markers and keys that name nothing dropped, in key
+ * order. r's bucket, prefix and kind never change once it is attached: no
+ * lock needed. */
 static enum ckfs_code list_prefix(struct ckfs_s3 *s3, const struct root *r,
 				  struct ckfs_s3_listing *out, struct ckfs_error *err)
 {
 	CKFS_TRY(ckfs_s3_list(s3, r->bucket, r->prefix, false, out, err));
 	drop_markers(out, r->object ? r->prefix : NULL);
+	if (!r->object)
+		drop_unnamed(out, r);
 	if (out->n_objects) /* (an empty listing has no array) */
 		qsort(out->objects, out->n_objects, sizeof(*out->objects), by_key);
 	return CKFS_OK;
@@ -417,7 +450,8 @@ static enum ckfs_code file_new(struct ckfs_s3 *s3, struct ckfs_disk_cache *cache
 	struct ckfs_remote_file *f = calloc(1, sizeof(*f));
 
 	if (!f || !(f->bucket = strdup(bucket)) || !(f->obj.key = strdup(obj->key)) ||
-	    asprintf(&f->cache_id, "%s/%s %s", bucket, obj->key, obj->etag) < 0) {
+	    asprintf(&f->cache_id, "%s %s/%s %s", ckfs_s3_identity(s3), bucket, obj->key,
+		     obj->etag) < 0) {
 		if (f) {
 			free(f->bucket);
 			free((char *)f->obj.key);
@@ -525,6 +559,7 @@ static int fetch(struct ckfs_remote_file *f, uint64_t off, size_t len, void *buf
 		return 0;
 	if (report)
 		ckfs_log(CKFS_LOG_ERR, "%s", err.msg);
+	ckfs_error_note_cause(err.msg);
 	errno = err.code == CKFS_E_CHANGED ? ESTALE : err.code == CKFS_E_NOMEM ? ENOMEM : EIO;
 	return -1;
 }

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "ckfs/hash.h"
 #include "ckfs/strbuf.h"
 
 enum { POOL = 64, MAX_LISTING = 16 << 20 };
@@ -23,6 +24,7 @@ enum { POOL = 64, MAX_LISTING = 16 << 20 };
 struct ckfs_s3 {
 	struct ckfs_s3_config cfg;
 	char sigv4[128];
+	char identity[700];
 	pthread_mutex_t lock;
 	CURL *idle[POOL];
 	int n_idle;
@@ -51,9 +53,18 @@ enum ckfs_code ckfs_s3_new(const struct ckfs_s3_config *c, struct ckfs_s3 **out,
 	if (s3->cfg.max_attempts < 1)
 		s3->cfg.max_attempts = 1;
 	snprintf(s3->sigv4, sizeof(s3->sigv4), "aws:amz:%s:s3", c->region);
+	char ep[600];
+	snprintf(s3->identity, sizeof(s3->identity), "%s %s %s",
+		 ckfs_url_redact(c->endpoint, ep, sizeof(ep)), c->region,
+		 c->addressing == CKFS_S3_VIRTUAL ? "virtual" : "path");
 	pthread_mutex_init(&s3->lock, NULL);
 	*out = s3;
 	return CKFS_OK;
+}
+
+const char *ckfs_s3_identity(const struct ckfs_s3 *s3)
+{
+	return s3->identity;
 }
 
 void ckfs_s3_free(struct ckfs_s3 *s3)
@@ -249,7 +260,36 @@ struct request {
 	const char *url;
 	bool head;
 	const char *range, *if_match;
+	size_t expect;            /* bytes the answer should carry, for its deadline */
 };
+
+/* Every request's deadline: a floor (CKFS_S3_TIMEOUT seconds, default
+ * 30: boto3's read timeout is 60, the AWS CLI's connect timeout 60) plus
+ * its length at 512 KiB/s, so a store that trickles (2 B/s: two hours for
+ * a 16 KiB block) fails in bounded time and is retried like any failure.
+ * A transfer under 1 KiB/s for 20 s fails sooner. */
+static long deadline_ms(size_t expect)
+{
+	const char *e = getenv("CKFS_S3_TIMEOUT");
+	char *end;
+	long floor_s = 30;
+
+	if (e && *e) {
+		long v = strtol(e, &end, 10);
+		if (!*end && v > 0 && v < 86400)
+			floor_s = v;
+	}
+	return floor_s * 1000 + (long)(expect / 512);
+}
+
+/* A ranged GET answered 200 with the whole object: a store (or proxy)
+ * that does not do ranges, which ckfs needs for every read. */
+static enum ckfs_code ignored_range(const struct request *req, struct ckfs_error *err)
+{
+	return ckfs_fail(err, CKFS_E_UNSUPPORTED, "s3://%s/%s: the store ignored the Range "
+			 "header (HTTP 200 with the whole object, not 206 with %s): ranged "
+			 "reads are needed", req->bucket, req->key, req->range);
+}
 
 /* Send req until it succeeds or may not be retried: the HTTP status, or
  * a failure recorded in err. An error's body goes to a buffer of its own
@@ -257,7 +297,7 @@ struct request {
 static enum ckfs_code perform(struct ckfs_s3 *s3, const struct request *req, struct reply *r,
 			      long *status, struct ckfs_error *err)
 {
-	char range[96], if_match[128], token[2100];
+	char range[96], if_match[128], token[2100], why[CURL_ERROR_SIZE];
 	CURLcode cc = CURLE_OK;
 	size_t start = r->len;
 
@@ -267,11 +307,16 @@ static enum ckfs_code perform(struct ckfs_s3 *s3, const struct request *req, str
 		if (!h)
 			return ckfs_nomem(err);
 		curl_easy_setopt(h, CURLOPT_URL, req->url);
+		/* curl's own account of a failure ("Rejected 307200 bytes
+		 * header"), more than curl_easy_strerror's "Out of memory" */
+		why[0] = '\0';
+		curl_easy_setopt(h, CURLOPT_ERRORBUFFER, why);
 		curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
 		curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
 		curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 10L);
-		curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L); /* a stalled read fails */
-		curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 60L);
+		curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, deadline_ms(req->expect));
+		curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L); /* a stalled read fails */
+		curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 20L);
 		curl_easy_setopt(h, CURLOPT_NOBODY, req->head ? 1L : 0L);
 		curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
 		curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
@@ -305,9 +350,12 @@ static enum ckfs_code perform(struct ckfs_s3 *s3, const struct request *req, str
 		atomic_fetch_add(&s3->requests, 1);
 		cc = curl_easy_perform(h);
 		curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
+		curl_easy_setopt(h, CURLOPT_ERRORBUFFER, NULL); /* why[] is this frame's */
 		curl_slist_free_all(hdr);
 		give_back(s3, h);
 		atomic_fetch_add(&s3->bytes, r->len - start);
+		if (cc == CURLE_WRITE_ERROR && r->overflow && req->range && *status == 200)
+			return ignored_range(req, err);
 		if (cc == CURLE_WRITE_ERROR && r->overflow)
 			return ckfs_fail(err, CKFS_E_LIMIT, "s3://%s/%s: the answer is longer "
 					 "than asked for", req->bucket, req->key);
@@ -316,9 +364,13 @@ static enum ckfs_code perform(struct ckfs_s3 *s3, const struct request *req, str
 		atomic_fetch_add(&s3->retries, 1);
 		backoff(s3, attempt);
 	}
+	if (cc == CURLE_OUT_OF_MEMORY && !why[0]) /* what curl 7.88 says of huge headers */
+		return ckfs_fail(err, CKFS_E_IO, "s3://%s/%s: the answer could not be held: its "
+				 "headers are over curl's 100 KiB, or memory ran out", req->bucket,
+				 req->key);
 	if (cc != CURLE_OK)
 		return ckfs_fail(err, CKFS_E_IO, "s3://%s/%s: %s", req->bucket, req->key,
-				 curl_easy_strerror(cc));
+				 why[0] ? why : curl_easy_strerror(cc));
 	return CKFS_OK;
 }
 
@@ -384,7 +436,8 @@ enum ckfs_code ckfs_s3_get(struct ckfs_s3 *s3, const char *bucket,
 	struct ckfs_strbuf url = { 0 };
 	struct reply r = { .buf = buf, .cap = len };
 	char range[64], want[96];
-	struct request req = { .bucket = bucket, .key = key, .range = range, .if_match = etag };
+	struct request req = { .bucket = bucket, .key = key, .range = range, .if_match = etag,
+			       .expect = len };
 	long status;
 	enum ckfs_code rc;
 
@@ -397,7 +450,9 @@ enum ckfs_code ckfs_s3_get(struct ckfs_s3 *s3, const char *bucket,
 		return ckfs_nomem(err);
 	req.url = url.p;
 	rc = perform(s3, &req, &r, &status, err);
-	if (rc == CKFS_OK && status != 206) {
+	if (rc == CKFS_OK && status == 200)
+		rc = ignored_range(&req, err);
+	else if (rc == CKFS_OK && status != 206) {
 		char code[64];
 		error_code(&r, code, sizeof(code));
 		rc = status_error(&req, status, code, err);
@@ -417,17 +472,34 @@ enum ckfs_code ckfs_s3_get(struct ckfs_s3 *s3, const char *bucket,
 	return CKFS_OK;
 }
 
+/* Whether token was seen before on this listing (its hash among seen[0..n)):
+ * a store that hands out a token twice would list forever. */
+static bool token_repeats(uint64_t *seen, size_t n, const char *token)
+{
+	uint64_t h = ckfs_fnv1a(CKFS_FNV1A_START, token, strlen(token));
+
+	for (size_t i = 0; i < n; i++)
+		if (seen[i] == h)
+			return true;
+	seen[n] = h;
+	return false;
+}
+
 enum ckfs_code ckfs_s3_list(struct ckfs_s3 *s3, const char *bucket, const char *prefix,
 			    bool folders, struct ckfs_s3_listing *out, struct ckfs_error *err)
 {
 	char *token = NULL;
 	enum ckfs_code rc = CKFS_OK;
+	uint64_t *seen = malloc(CKFS_S3_MAX_PAGES * sizeof(*seen));
+	size_t pages = 0;
 
 	memset(out, 0, sizeof(*out));
+	if (!seen)
+		return ckfs_nomem(err);
 	do {
 		struct ckfs_strbuf url = { 0 };
 		struct reply r = { .cap = MAX_LISTING, .grow = true };
-		struct request req = { .bucket = bucket, .key = prefix };
+		struct request req = { .bucket = bucket, .key = prefix, .expect = 1 << 20 };
 		long status;
 		/* SigV4's canonical query: names in order, values encoded. */
 		object_url(s3, &url, bucket, "");
@@ -454,12 +526,27 @@ enum ckfs_code ckfs_s3_list(struct ckfs_s3 *s3, const char *bucket, const char *
 			error_code(&r, code, sizeof(code));
 			rc = status_error(&req, status, code, err);
 		}
-		if (rc == CKFS_OK)
-			rc = ckfs_s3_parse_listing(r.buf ? r.buf : "", r.len, out, &token, err);
+		if (rc == CKFS_OK) {
+			struct ckfs_error why;
+			ckfs_error_clear(&why);
+			rc = ckfs_s3_parse_listing(r.buf ? r.buf : "", r.len, out, &token, &why);
+			if (rc != CKFS_OK) /* which listing, in a message about its XML */
+				rc = ckfs_fail(err, rc, "s3://%s/%s: %s (page %zu)", bucket, prefix,
+					       why.msg, pages + 1);
+		}
 		free(r.buf);
 		free(url.p);
+		pages++;
+		if (rc == CKFS_OK && token && pages >= CKFS_S3_MAX_PAGES)
+			rc = ckfs_fail(err, CKFS_E_LIMIT, "s3://%s/%s: the listing goes on past %d "
+				       "pages", bucket, prefix, CKFS_S3_MAX_PAGES);
+		else if (rc == CKFS_OK && token && token_repeats(seen, pages - 1, token))
+			rc = ckfs_fail(err, CKFS_E_FORMAT, "s3://%s/%s: the store repeats a "
+				       "continuation token (page %zu): a listing that never ends",
+				       bucket, prefix, pages);
 	} while (rc == CKFS_OK && token);
 	free(token);
+	free(seen);
 	if (rc != CKFS_OK)
 		ckfs_s3_listing_free(out);
 	return rc;

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static const char *env(const char *name)
 {
@@ -148,9 +149,15 @@ enum ckfs_code ckfs_s3_config_load(struct ckfs_s3_config *c, const char *endpoin
 	CKFS_TRY(load_region(c, profile, err));
 	CKFS_TRY(load_credentials(c, profile, err));
 	if (ep) {
+		char shown[600];
+		ckfs_url_redact(ep, shown, sizeof(shown));
 		if (strncmp(ep, "http://", 7) != 0 && strncmp(ep, "https://", 8) != 0)
 			return ckfs_fail(err, CKFS_E_INVALID, "S3 endpoint '%s': not an http:// "
-					 "or https:// URL", ep);
+					 "or https:// URL", shown);
+		if (strcmp(shown, ep) != 0)
+			return ckfs_fail(err, CKFS_E_INVALID, "S3 endpoint '%s': credentials in the "
+					 "URL are not used (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY "
+					 "or a profile)", shown);
 		CKFS_TRY(copy(c->endpoint, sizeof(c->endpoint), ep, "endpoint", err));
 		size_t n = strlen(c->endpoint);
 		while (n > 0 && c->endpoint[n - 1] == '/')
@@ -163,6 +170,44 @@ enum ckfs_code ckfs_s3_config_load(struct ckfs_s3_config *c, const char *endpoin
 	c->addressing = addressing != CKFS_S3_AUTO ? addressing
 			: ep ? CKFS_S3_PATH : CKFS_S3_VIRTUAL;
 	return CKFS_OK;
+}
+
+const char *ckfs_url_redact(const char *url, char *out, size_t size)
+{
+	static const char *const secret_params[] = { "X-Amz-Credential=", "X-Amz-Signature=",
+						     "X-Amz-Security-Token=" };
+	const char *host = strstr(url, "://");
+	size_t n = 0;
+
+	if (!size)
+		return out;
+	host = host ? host + 3 : url;
+	/* userinfo: up to the last '@' before the path */
+	size_t auth_end = strcspn(host, "/?#");
+	const char *at = NULL;
+	for (const char *p = host; p < host + auth_end; p++)
+		if (*p == '@')
+			at = p;
+	for (const char *p = url; *p && n + 1 < size;) {
+		if (at && p == host) {
+			n += (size_t)snprintf(out + n, size - n, "***");
+			p = at;
+			continue;
+		}
+		size_t k = 0;
+		for (size_t i = 0; i < sizeof(secret_params) / sizeof(secret_params[0]); i++)
+			if ((p == url || p[-1] == '?' || p[-1] == '&') &&
+			    strncasecmp(p, secret_params[i], strlen(secret_params[i])) == 0)
+				k = strlen(secret_params[i]);
+		if (k) {
+			n += (size_t)snprintf(out + n, size - n, "%.*s***", (int)k, p);
+			p += k + strcspn(p + k, "&#");
+			continue;
+		}
+		out[n++] = *p++;
+	}
+	out[n < size ? n : size - 1] = '\0';
+	return out;
 }
 
 /* Bucket names as S3 allows them: 3-63 of [a-z0-9.-], a letter or digit

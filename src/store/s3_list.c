@@ -109,14 +109,29 @@ static bool in(const struct xml *x, int depth, const char *name)
 	       memcmp(x->path[depth], name, x->path_len[depth]) == 0;
 }
 
-static enum ckfs_code add_object(struct ckfs_s3_listing *l, struct ckfs_error *err)
+/* Room for one more element of an array that doubles (a listing of
+ * 300,000 keys once took one realloc each). */
+static bool grow(void **v, size_t *cap, size_t n, size_t elem)
 {
-	struct ckfs_s3_object *o = realloc(l->objects, (l->n_objects + 1) * sizeof(*o));
+	if (n < *cap)
+		return true;
+	size_t nc = *cap ? 2 * *cap : 64;
+	void *p = realloc(*v, nc * elem);
+	if (!p)
+		return false;
+	*v = p;
+	*cap = nc;
+	return true;
+}
 
-	if (!o)
-		return ckfs_nomem(err);
-	l->objects = o;
-	memset(&o[l->n_objects++], 0, sizeof(*o));
+static enum ckfs_code add_object(struct xml *x, struct ckfs_s3_listing *l)
+{
+	if (l->n_objects >= CKFS_S3_MAX_KEYS)
+		return ckfs_fail(x->err, CKFS_E_LIMIT, "S3 listing: more than %d keys",
+				 CKFS_S3_MAX_KEYS);
+	if (!grow((void **)&l->objects, &l->cap_objects, l->n_objects, sizeof(*l->objects)))
+		return ckfs_nomem(x->err);
+	memset(&l->objects[l->n_objects++], 0, sizeof(*l->objects));
 	return CKFS_OK;
 }
 
@@ -171,11 +186,12 @@ static enum ckfs_code leaf(struct xml *x, const char *t, size_t n, struct ckfs_s
 				return bad(x, "a bad LastModified time");
 		}
 	} else if (x->depth == 3 && in(x, 1, "CommonPrefixes") && in(x, 2, "Prefix")) {
-		char **p = realloc(l->prefixes, (l->n_prefixes + 1) * sizeof(*p));
-		if (!p)
-			return ckfs_nomem(x->err);
-		l->prefixes = p;
-		if (!(p[l->n_prefixes] = strdup(t)))
+		if (l->n_prefixes >= CKFS_S3_MAX_KEYS)
+			return ckfs_fail(x->err, CKFS_E_LIMIT, "S3 listing: more than %d folders",
+					 CKFS_S3_MAX_KEYS);
+		if (!grow((void **)&l->prefixes, &l->cap_prefixes, l->n_prefixes,
+			  sizeof(*l->prefixes)) ||
+		    !(l->prefixes[l->n_prefixes] = strdup(t)))
 			return ckfs_nomem(x->err);
 		l->n_prefixes++;
 	} else if (x->depth == 2 && in(x, 1, "IsTruncated")) {
@@ -199,7 +215,7 @@ static enum ckfs_code open_element(struct xml *x, const char *name, size_t len,
 	x->path[x->depth] = name;
 	x->path_len[x->depth++] = len;
 	if (x->depth == 2 && in(x, 1, "Contents"))
-		return add_object(l, x->err);
+		return add_object(x, l);
 	return CKFS_OK;
 }
 

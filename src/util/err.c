@@ -45,10 +45,23 @@ enum ckfs_code ckfs_fail(struct ckfs_error *err, enum ckfs_code code,
 	return code;
 }
 
+/* The cause of this thread's last failed read from an object store (its
+ * own words), told to the message that reports the errno it became. */
+static _Thread_local char read_cause[512];
+
+void ckfs_error_note_cause(const char *why)
+{
+	snprintf(read_cause, sizeof(read_cause), "%s", why ? why : "");
+}
+
 enum ckfs_code ckfs_fail_errno(struct ckfs_error *err, const char *fmt, ...)
 {
 	int saved = errno;
 	va_list ap;
+	char cause[sizeof(read_cause)];
+
+	snprintf(cause, sizeof(cause), "%s", read_cause);
+	read_cause[0] = '\0';
 
 	/* ENOMEM from a system call (realpath, opendir) is running out of
 	 * memory, not an I/O error; ESTALE from a read of an object in a
@@ -64,7 +77,8 @@ enum ckfs_code ckfs_fail_errno(struct ckfs_error *err, const char *fmt, ...)
 	va_end(ap);
 	size_t n = strlen(err->msg);
 	snprintf(err->msg + n, sizeof(err->msg) - n, ": %s",
-		 saved == ENOMEM   ? "out of memory"
+		 cause[0] && (saved == EIO || saved == ESTALE) ? cause
+		 : saved == ENOMEM ? "out of memory"
 		 : saved == ESTALE ? "the object changed since it was opened"
 				   : strerror(saved));
 	return code;

@@ -42,7 +42,7 @@ library_home() {
 	case $1 in
 	fuse*.h) echo "fuse" ;;
 	zip.h | zlib.h) echo "fmt" ;;
-	xxhash.h | xxh_x86dispatch.h) echo "cache" ;;
+	xxhash.h | xxh_x86dispatch.h) echo "cache store" ;;
 	curl/curl.h) echo "store" ;;
 	cjson/cJSON.h) echo "util fmt layouts folder cli" ;;
 	*) echo "*" ;;

@@ -107,6 +107,17 @@ static void test_urls(void)
 	CHECK_EQ_INT(ckfs_s3_parse_url("s3://ab/a", bucket, sizeof(bucket), &key), -1);
 	CHECK_EQ_INT(ckfs_s3_parse_url("s3://-bkt/a", bucket, sizeof(bucket), &key), -1);
 	CHECK_EQ_INT(ckfs_s3_parse_url("/local/path", bucket, sizeof(bucket), &key), -1);
+
+	/* what reaches a message: no password, no signature */
+	char out[256];
+	CHECK_EQ_STR(ckfs_url_redact("ftp://user:PASS@host:9/x", out, sizeof(out)),
+		     "ftp://***@host:9/x");
+	CHECK_EQ_STR(ckfs_url_redact("https://a@b@host/p@q", out, sizeof(out)), "https://***@host/p@q");
+	CHECK_EQ_STR(ckfs_url_redact("http://host:9000", out, sizeof(out)), "http://host:9000");
+	CHECK_EQ_STR(ckfs_url_redact("https://h/k?X-Amz-Credential=AK%2F1&x=1&X-Amz-Signature=ff",
+				     out, sizeof(out)),
+		     "https://h/k?X-Amz-Credential=***&x=1&X-Amz-Signature=***");
+	CHECK_EQ_STR(ckfs_url_redact("https://user:PASS@host", out, 12), "https://***");
 }
 
 static void clear_env(void)
