@@ -12,7 +12,9 @@
  * every source the file is made from let them read it (0644 at most,
  * 0755 for the folder, less the process umask). Exporting a private
  * checkpoint to a shared folder never makes it readable there; chmod
- * publishes it on purpose.
+ * publishes it on purpose. Weight files end read-only (0444 at most): a
+ * merged model is not edited in place, and --since hard-links them into
+ * the next export, so a write into one would change both.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -195,6 +197,13 @@ static enum ckfs_code carry_modes(const struct ckfs_folder *f, const char *tmp,
 	return rc;
 }
 
+/* A weight file once written: read-only (0444 at most), as a merged model
+ * is not edited in place, and --since hard-links it into later exports. */
+static mode_t read_only(mode_t mode)
+{
+	return mode & ~(mode_t)0222;
+}
+
 static enum ckfs_code write_node(const struct ckfs_folder *f, const struct ckfs_node *n,
 				 const char *dir, const struct export_modes *em,
 				 int threads, struct export_since *prev, struct progress *prog,
@@ -211,8 +220,10 @@ static enum ckfs_code write_node(const struct ckfs_folder *f, const struct ckfs_
 		return mkdir(path, mode) == 0 ? CKFS_OK
 					      : ckfs_fail_errno(err, "'%s': cannot create", path);
 	if (prev && n->kind == CKFS_NODE_WEIGHTS) { /* only what changed since PREV */
-		enum ckfs_code rc2 = export_since_write(prev, f, n, path, mode, em->gid, threads,
-							&interrupted, err);
+		/* created read-only (the creator's descriptor still writes), so
+		 * that PREV's read-only files match it and are linked */
+		enum ckfs_code rc2 = export_since_write(prev, f, n, path, read_only(mode), em->gid,
+							threads, &interrupted, err);
 		prog->base += n->size;
 		progress_draw(prog, 0, n->name);
 		return rc2;
@@ -269,6 +280,8 @@ static enum ckfs_code write_node(const struct ckfs_folder *f, const struct ckfs_
 		rc = err->code;
 	} else if (interrupted) {
 		rc = ckfs_fail(err, CKFS_E_IO, "interrupted");
+	} else if (n->kind == CKFS_NODE_WEIGHTS && fchmod(fd, read_only(mode)) != 0) {
+		rc = ckfs_fail_errno(err, "'%s': cannot set its mode", path);
 	} else if (fsync(fd) != 0) {
 		rc = ckfs_fail_errno(err, "'%s': fsync failed", path);
 	}

@@ -20,8 +20,8 @@
 #   without allow_other nobody cannot even stat (FUSE's rule)
 #   a source chmod-ed after mounting fails reads with EIO
 #   nobody mounts its own 0600 checkpoint with and without allow_other
-#   ckfs export writes 0600 files for 0600 sources, a 0700 folder for a
-#     0700 checkpoint
+#   ckfs export writes 0600 files for 0600 sources (weights read-only:
+#     0400), a 0700 folder for a 0700 checkpoint
 # The test runs in a private mount namespace: a fuse.conf with
 # user_allow_other is bound over /etc/fuse.conf there (and a 0666 node
 # over /dev/fuse where it is 0600), leaving the system untouched.
@@ -268,7 +268,7 @@ chown root "$MNT"
 fresh
 chmod 600 "$CK/model_world_size_2_rank_1.pt" "$CK/huggingface/tokenizer.json"
 "$CKFS" export --quiet "$CK" "$WORK/out" || die "export of a 0600 rank file failed"
-expect_mode "$WORK/out/model.safetensors" 600 "export"
+expect_mode "$WORK/out/model.safetensors" 400 "export (weights read-only)"
 expect_mode "$WORK/out/tokenizer.json" 600 "export"
 expect_mode "$WORK/out/config.json" 644 "export"
 expect_mode "$WORK/out" 755 "export"
@@ -276,5 +276,6 @@ cmp -s "$WORK/out/model.safetensors" "$EXP/model.safetensors" || fail "export di
 chmod 700 "$CK"
 "$CKFS" export --quiet --force "$CK" "$WORK/out" || die "export of a 0700 checkpoint failed"
 expect_mode "$WORK/out" 700 "export of a 0700 checkpoint"
+expect_mode "$WORK/out/model.safetensors" 400 "export of a 0700 checkpoint"
 expect_mode "$WORK/out/config.json" 600 "export of a 0700 checkpoint"
 finish
