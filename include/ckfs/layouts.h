@@ -142,5 +142,9 @@ void ckfs_facts_release(struct ckfs_facts *f);
  * directly: the fuzzers). */
 enum ckfs_code ckfs_model_finish(struct ckfs_model *m, const struct ckfs_model_options *opt,
 				 struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The plan cache's folder into out ($CKFS_PLAN_CACHE, else
+ * $XDG_CACHE_HOME/ckfs/plans, else ~/.cache/ckfs/plans; made 0700 when
+ * missing): 1, or 0 when there is none (CKFS_PLAN_CACHE=off). */
+int ckfs_plan_cache_dir(char *out, size_t size);
 
 #endif

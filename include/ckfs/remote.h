@@ -41,6 +41,8 @@ void ckfs_remote_set_endpoint(const char *endpoint);
  * other processes naming it (--s3-cache; src/store/disk_cache.h). */
 enum ckfs_code ckfs_remote_set_cache(const char *dir, uint64_t budget,
 				     struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* That folder, or NULL when there is no cache on disk. */
+const char *ckfs_remote_cache_dir(void);
 
 /* List the prefix url names ("s3://bucket/prefix") into a snapshot that
  * paths under it are looked up in. Attaching a root again, or one under

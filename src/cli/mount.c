@@ -126,6 +126,12 @@ static const struct cli_opt opt_preload_max = {
 		"at mount"
 };
 
+static const struct cli_opt opt_nosandbox = {
+	.id = OPT_NOSANDBOX, .key = "nosandbox",
+	.help = "for debugging only: serve without the daemon's sandbox (no_new_privs, "
+		"Landlock read-only beneath the sources; docs/reliability.md)"
+};
+
 static const struct cli_opt *const mount_opts[] = {
 	&opt_foreground, &opt_debug, &opt_options, &cli_opt_dtype, &cli_opt_max_shard_size, &cli_opt_transformers_version,
 	&opt_cache_size, &opt_threads, &opt_readahead, &cli_opt_config, &cli_opt_s3_endpoint, &cli_opt_s3_cache,
@@ -134,7 +140,7 @@ static const struct cli_opt *const mount_opts[] = {
 	&cli_opt_model_name, &cli_opt_log_level,
 	&opt_prefetch_threads, &opt_slice_size, &opt_kernel_readahead, &opt_uid, &opt_gid,
 	&opt_umask, &opt_max_plans, &opt_s3_poll, &opt_share_slices, &opt_preload,
-	&opt_preload_max, &cli_opt_rank_checks, NULL,
+	&opt_preload_max, &opt_nosandbox, &cli_opt_rank_checks, NULL,
 };
 
 const struct cli_command ckfs_cmd_mount_def = {
@@ -293,6 +299,9 @@ static int mount_apply(void *ctx, const struct cli_opt *o, const struct cli_valu
 	case OPT_PRELOAD:
 		mo->preload = true;
 		return 0;
+	case OPT_NOSANDBOX:
+		mo->nosandbox = true;
+		return 0;
 	case OPT_PRELOAD_MAX:
 		mo->preload_max = (uint64_t)v->n;
 		mo->has_preload_max = true;
@@ -347,6 +356,7 @@ static int settle(struct mount_args *a, const char *src)
 		mo->prefetch_threads = mo->threads < cap ? mo->threads : cap;
 	}
 	mo->log_level = mo->debug ? CKFS_LOG_DEBUG : ckfs_log_get_level();
+	mo->sandbox = !mo->nosandbox;
 	mo->model = a->c.model;
 	mo->folder = a->c.folder;
 	return 0;

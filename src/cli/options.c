@@ -420,7 +420,7 @@ static enum cli_group opt_group(const struct cli_opt *o)
 	case OPT_S3_ENDPOINT: case OPT_S3_CACHE: case OPT_S3_POLL:
 		return GROUP_S3;
 	case OPT_FOREGROUND: case OPT_DEBUG: case OPT_MOUNT_OPTIONS: case OPT_THREADS:
-	case OPT_UID: case OPT_GID: case OPT_UMASK: case OPT_LAZY:
+	case OPT_UID: case OPT_GID: case OPT_UMASK: case OPT_LAZY: case OPT_NOSANDBOX:
 		return GROUP_MOUNT;
 	default: /* --log-level, --help */
 		return GROUP_OTHER;

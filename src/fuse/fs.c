@@ -23,6 +23,7 @@ void ckfs_fs_init(struct ckfs_fs *fs, const struct ckfs_tree_ops *ops,
 	fs->slice_size = opt->slice_size;
 	fs->uid = opt->has_uid ? opt->uid : getuid();
 	fs->gid = opt->has_gid ? opt->gid : getgid();
+	fs->bdi_ra_fd = -1;
 }
 
 enum ckfs_code ckfs_fs_open(const struct ckfs_mount_options *opt, struct ckfs_fs **out,
@@ -105,7 +106,7 @@ enum ckfs_code ckfs_fs_start_cache(struct ckfs_fs *fs, struct ckfs_error *err)
  * INIT comes after that, so the first one applies it. Its device comes
  * from mountinfo, read now, before any request.
  */
-static void plan_kernel_readahead(struct ckfs_fs *fs, const char *mnt)
+void ckfs_fs_plan_kernel_readahead(struct ckfs_fs *fs, const char *mnt)
 {
 	char dev[32] = "";
 
@@ -118,6 +119,13 @@ static void plan_kernel_readahead(struct ckfs_fs *fs, const char *mnt)
 	}
 	snprintf(fs->bdi_ra_path, sizeof(fs->bdi_ra_path),
 		 "/sys/class/bdi/%s/read_ahead_kb", dev);
+	/* opened now: the sandboxed daemon may not open it later */
+	fs->bdi_ra_fd = open(fs->bdi_ra_path, O_WRONLY | O_CLOEXEC);
+	if (fs->bdi_ra_fd < 0) {
+		ckfs_log(CKFS_LOG_WARNING, "cannot open '%s': %s; kernel readahead left as is",
+			 fs->bdi_ra_path, strerror(errno));
+		return;
+	}
 	atomic_store(&fs->ra_pending, true);
 }
 
@@ -130,7 +138,7 @@ void ckfs_fs_apply_kernel_readahead(struct ckfs_fs *fs)
 	    !atomic_exchange(&fs->ra_pending, false))
 		return;
 	n = snprintf(text, sizeof(text), "%u\n", fs->opt->kernel_readahead_kb);
-	fd = open(fs->bdi_ra_path, O_WRONLY | O_CLOEXEC);
+	fd = fs->bdi_ra_fd;
 	ok = fd >= 0 && write(fd, text, (size_t)n) == n;
 	if (!ok)
 		ckfs_log(CKFS_LOG_WARNING, "cannot set '%s' to %u: %s; kernel readahead "
@@ -138,16 +146,16 @@ void ckfs_fs_apply_kernel_readahead(struct ckfs_fs *fs)
 			 strerror(errno));
 	if (fd >= 0)
 		close(fd);
+	fs->bdi_ra_fd = -1;
 }
 
 /* ---- life cycle ---- */
 
-enum ckfs_code ckfs_fs_start(struct ckfs_fs *fs, struct fuse_session *se, const char *mnt,
+enum ckfs_code ckfs_fs_start(struct ckfs_fs *fs, struct fuse_session *se,
 			     struct ckfs_error *err)
 {
 	fs->source_bytes_at_ready = ckfs_source_bytes_read();
 	clock_gettime(CLOCK_MONOTONIC, &fs->ready_at);
-	plan_kernel_readahead(fs, mnt);
 	return fs->ops->start ? fs->ops->start(fs, se, err) : CKFS_OK;
 }
 
@@ -164,6 +172,9 @@ void ckfs_fs_free(struct ckfs_fs *fs)
 	if (!fs)
 		return;
 	ckfs_fs_stop(fs);
+	if (fs->bdi_ra_fd >= 0)
+		close(fs->bdi_ra_fd); /* no request came */
+	fs->bdi_ra_fd = -1;
 	/* The preload and the workers first: their fills may still be asking
 	 * the tree for a file. */
 	ckfs_preload_free(fs->preload);

@@ -47,7 +47,11 @@
 #include <syslog.h>
 #include <unistd.h>
 
+#include "ckfs/layouts.h"
+#include "ckfs/remote.h"
+#include "ckfs/s3.h"
 #include "ckfs/units.h"
+#include "fuse/sandbox.h"
 #include "fuse/tree.h"
 
 /* ---- logging ---- */
@@ -300,6 +304,34 @@ static int serve_requests(const struct ckfs_mount_options *opt, struct fuse_sess
 	return 0;
 }
 
+/* The daemon's sandbox (src/fuse/sandbox.h), entered with no thread but
+ * this one running: what it reads and writes from now on. */
+static enum ckfs_code enter_sandbox(const struct ckfs_mount_options *opt, struct ckfs_sandbox *sb,
+				    struct ckfs_error *err)
+{
+	static char plans[PATH_MAX];
+	struct ckfs_sandbox_paths p = { .mountpoint = opt->mountpoint };
+	const char *srcs[] = { opt->src, opt->model.config_path, opt->model.base_path };
+
+	for (size_t i = 0; i < sizeof(srcs) / sizeof(srcs[0]); i++) {
+		if (srcs[i] && ckfs_s3_is_url(srcs[i]))
+			p.network = true;
+		else if (srcs[i])
+			p.read[p.n_read++] = srcs[i];
+	}
+	p.read[p.n_read++] = "/dev/null"; /* detach's stdio */
+	p.read[p.n_read++] = getenv("CKFS_PRELOAD_GATE"); /* tests only (preload.c) */
+	p.write[p.n_write++] = "/dev/null";
+	if (ckfs_plan_cache_dir(plans, sizeof(plans)))
+		p.write[p.n_write++] = plans;
+	if (ckfs_remote_cache_dir())
+		p.write[p.n_write++] = ckfs_remote_cache_dir();
+	CKFS_TRY(ckfs_sandbox_enter(&p, sb, err));
+	ckfs_log(CKFS_LOG_INFO, "sandbox: no_new_privs, %s", sb->landlock_abi
+		 ? "Landlock read-only beneath the sources" : "no Landlock in this kernel");
+	return CKFS_OK;
+}
+
 /* Build, mount and serve; returns the exit status. ready_fd >= 0: the
  * pipe to the waiting parent (daemon mode). */
 static int serve(const struct ckfs_mount_options *opt, int ready_fd)
@@ -307,6 +339,7 @@ static int serve(const struct ckfs_mount_options *opt, int ready_fd)
 	struct ckfs_error err;
 	struct ckfs_fs *fs = NULL;
 	struct fuse_session *se;
+	struct ckfs_sandbox sb = { .helper_fd = -1 };
 	sigset_t old_mask;
 	enum ckfs_code rc;
 	int ret = 1;
@@ -318,13 +351,6 @@ static int serve(const struct ckfs_mount_options *opt, int ready_fd)
 	if (check_mountpoint(opt->mountpoint, opt->src, &err) != CKFS_OK ||
 	    ckfs_fs_open(opt, &fs, &err) != CKFS_OK)
 		goto err_out0;
-	block_stop_signals(&old_mask);
-	rc = ckfs_fs_start_cache(fs, &err);
-	/* Unblocked again before anything is spawned (fusermount3 inherits
-	 * the mask; with auto_unmount it stays running). */
-	pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
-	if (rc != CKFS_OK)
-		goto err_out1;
 	se = new_session(opt, &ckfs_ll_ops, fs, &err);
 	if (!se)
 		goto err_out1;
@@ -350,9 +376,18 @@ static int serve(const struct ckfs_mount_options *opt, int ready_fd)
 	}
 	capture_end();
 
-	/* Mounted: requests queue in the kernel until the loop runs. */
+	/* Mounted: requests queue in the kernel until the loop runs. The
+	 * sandbox comes first, while this is the only thread (Landlock binds
+	 * the threads started after it); then the cache's workers, the
+	 * preload and a run's watcher, with the stop signals blocked (they
+	 * must reach this thread, where libfuse waits for them). */
+	ckfs_fs_plan_kernel_readahead(fs, opt->mountpoint);
+	if (opt->sandbox && enter_sandbox(opt, &sb, &err) != CKFS_OK)
+		goto err_out4;
 	block_stop_signals(&old_mask);
-	rc = ckfs_fs_start(fs, se, opt->mountpoint, &err);
+	rc = ckfs_fs_start_cache(fs, &err);
+	if (rc == CKFS_OK)
+		rc = ckfs_fs_start(fs, se, &err);
 	pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
 	if (rc != CKFS_OK)
 		goto err_out4;
@@ -361,11 +396,13 @@ static int serve(const struct ckfs_mount_options *opt, int ready_fd)
 	ret = serve_requests(opt, se);
 err_out4:
 	ckfs_fs_stop(fs); /* a run's watcher talks to the session */
-	fuse_session_unmount(se);
+	if (sb.helper_fd < 0)
+		fuse_session_unmount(se);
 err_out3:
 	fuse_remove_signal_handlers(se);
 err_out2:
-	fuse_session_destroy(se);
+	fuse_session_destroy(se); /* closes /dev/fuse */
+	ckfs_sandbox_leave(&sb);  /* sandboxed: the helper unmounts */
 err_out1:
 	ckfs_fs_free(fs);
 err_out0:

@@ -147,6 +147,7 @@ struct ckfs_fs {
 	 * once the kernel has taken the INIT reply (which would lower it
 	 * again); ra_pending says it is still to do. */
 	char bdi_ra_path[96];
+	int bdi_ra_fd;                 /* open for the first request's write, or -1 */
 	atomic_bool ra_pending;
 	/* READ requests being answered: the preload starts no slice while
 	 * there are any (the loader first). */
@@ -182,9 +183,12 @@ enum ckfs_code ckfs_fs_open(const struct ckfs_mount_options *opt, struct ckfs_fs
 /* The slice cache and its read-ahead workers (they inherit the caller's
  * signal mask), and the per-thread scratch. */
 enum ckfs_code ckfs_fs_start_cache(struct ckfs_fs *fs, struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* Mounted: mark the moment serving begins (baseline of the counters),
- * plan the kernel readahead of mount point mnt, start the tree's watch. */
-enum ckfs_code ckfs_fs_start(struct ckfs_fs *fs, struct fuse_session *se, const char *mnt,
+/* Mounted, before the sandbox: the kernel readahead of mount point mnt
+ * planned (its sysfs file opened now, written on the first request). */
+void ckfs_fs_plan_kernel_readahead(struct ckfs_fs *fs, const char *mnt);
+/* Serving begins: mark the moment (baseline of the counters), start the
+ * tree's watch. */
+enum ckfs_code ckfs_fs_start(struct ckfs_fs *fs, struct fuse_session *se,
 			     struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Stop the tree's watch; NULL ignored. */
 void ckfs_fs_stop(struct ckfs_fs *fs);

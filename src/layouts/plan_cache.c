@@ -70,7 +70,7 @@ static int folder_usable(const char *dir)
 }
 
 /* The cache folder (created 0700 when missing), or NULL: none. */
-static int cache_dir(char *out, size_t size)
+int ckfs_plan_cache_dir(char *out, size_t size)
 {
 	const char *env = getenv("CKFS_PLAN_CACHE");
 	const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
@@ -130,7 +130,7 @@ static int record_path(const char *id, size_t id_len, char *out, size_t size)
 {
 	char dir[4096];
 
-	if (!cache_dir(dir, sizeof(dir)))
+	if (!ckfs_plan_cache_dir(dir, sizeof(dir)))
 		return 0;
 	int n = snprintf(out, size, "%s/%016llx.plan", dir,
 			 (unsigned long long)ckfs_fnv1a(CKFS_FNV1A_START, id, id_len));

@@ -20,7 +20,14 @@
  *   CKFS_FAIL_REPORT=PATH  when a fault is injected, "alloc N\n" or
  *                          "io PATH\n" is appended to PATH, so a sweep knows
  *                          whether its fault was reached; at exit, with
- *                          CKFS_FAIL_ALLOC set, "count N" (allocations made)
+ *                          CKFS_FAIL_ALLOC set, "count N" (allocations made).
+ *                          PATH is opened once, at the first call, so a
+ *                          sandboxed daemon still reports
+ *   CKFS_PROBE_OPEN=PATH   on the first read while CKFS_PROBE_ARM's path
+ *                          exists, the process tries to open PATH and
+ *                          reports "probe PATH ok" or "probe PATH <errno
+ *                          name>" (tests/mount/test_sandbox.sh: a daemon
+ *                          reaching outside its sources)
  *
  * The real functions come from dlsym(RTLD_NEXT), so the shim stacks on a
  * sanitizer's allocator as well as on glibc's (ASan: set
@@ -73,11 +80,13 @@ static atomic_long io_count;
 static const char *report_path;
 static __thread int thread_started; /* see pthread_create below */
 
+static int report_fd = -1;
+static const char *probe_path, *probe_arm;
+static atomic_int probe_done;
+
 static void report(const char *what, const char *detail)
 {
-	if (!report_path)
-		return;
-	int fd = open(report_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+	int fd = report_fd;
 	if (fd < 0)
 		return;
 	char line[4200];
@@ -93,7 +102,6 @@ static void report(const char *what, const char *detail)
 	if (write(fd, line, n) < 0) {
 		/* nothing to do: the report is best effort */
 	}
-	close(fd);
 }
 
 static void resolve(void)
@@ -137,7 +145,11 @@ __attribute__((constructor)) static void init(void)
 	const char *k = getenv("CKFS_FAIL_IO_AFTER");
 	io_after = k ? strtol(k, NULL, 10) : 0;
 	report_path = getenv("CKFS_FAIL_REPORT");
+	if (report_path && report_fd < 0) /* a forked daemon inherits it */
+		report_fd = open(report_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
 	io_arm = getenv("CKFS_FAIL_IO_ARM");
+	probe_path = getenv("CKFS_PROBE_OPEN");
+	probe_arm = getenv("CKFS_PROBE_ARM");
 }
 
 /* At exit, "count N": the allocations made, so a sweep knows its range. */
@@ -303,10 +315,28 @@ static int armed(void)
 	return !io_arm || access(io_arm, F_OK) == 0;
 }
 
+/* CKFS_PROBE_OPEN: once, while armed, try to open the path and say how
+ * it went. */
+static void probe(void)
+{
+	if (!probe_path || !probe_arm || atomic_load(&probe_done) || access(probe_arm, F_OK) != 0 ||
+	    atomic_exchange(&probe_done, 1))
+		return;
+	int fd = open(probe_path, O_RDONLY | O_CLOEXEC);
+	int e = errno;
+	char detail[4200];
+	snprintf(detail, sizeof(detail), "%s %s", probe_path,
+		 fd >= 0 ? "ok" : e == EACCES ? "EACCES" : e == EPERM ? "EPERM" : "other-error");
+	if (fd >= 0)
+		close(fd);
+	report("probe", detail);
+}
+
 static int io_fail_now(int fd)
 {
 	char path[4096];
 
+	probe();
 	if (!fd_matches(fd, path, sizeof(path)) || !armed())
 		return 0;
 	if (atomic_fetch_add(&io_count, 1) < io_after)

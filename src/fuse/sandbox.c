@@ -1,0 +1,252 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The daemon's sandbox (src/fuse/sandbox.h, docs/reliability.md). Once a
+ * mount serves, the daemon needs its sources, its cache folders, /proc and
+ * /dev/fuse (already open): it parses untrusted checkpoints, often as
+ * root, for weeks. What the kernel offers is used:
+ *
+ *  - PR_SET_NO_NEW_PRIVS: nothing it could execute gains privileges;
+ *  - Landlock (every file-system right the kernel's ABI knows is handled):
+ *    read beneath SRC, --config, --base and /proc; read and write beneath
+ *    the plan cache and --s3-cache; read beneath the library folders
+ *    (glibc loads libgcc_s when libfuse cancels its workers), and beneath
+ *    /etc and /usr when a source is in an object store (DNS, CA
+ *    certificates, NSS modules); a sanitizer's log folder. Nothing may be
+ *    executed or created anywhere else.
+ *
+ * A Landlock domain may not unmount (the kernel refuses topology changes
+ * to it), so a helper forked before the sandbox, holding nothing but a
+ * pipe, unmounts when the daemon says so or dies (as libfuse's
+ * auto_unmount does): a crashed daemon leaves no dead mount behind. The
+ * helper uses system calls only (it is the child of a threaded process).
+ */
+#include "fuse/sandbox.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/landlock.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ckfs/log.h"
+
+extern char **environ;
+
+/* Rights of later ABIs than Debian 12's headers know (their values are
+ * the kernel's stable ABI). */
+#ifndef LANDLOCK_ACCESS_FS_TRUNCATE
+#define LANDLOCK_ACCESS_FS_TRUNCATE (1ULL << 14) /* ABI 3 */
+#endif
+#ifndef LANDLOCK_ACCESS_FS_IOCTL_DEV
+#define LANDLOCK_ACCESS_FS_IOCTL_DEV (1ULL << 15) /* ABI 5 */
+#endif
+
+/* ---- Landlock ---- */
+
+static int ll_abi(void)
+{
+	return (int)syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+}
+
+/* The file-system rights ABI abi knows (all of them are handled, so that
+ * none is left open by omission). */
+static __u64 fs_rights(int abi)
+{
+	__u64 r = (LANDLOCK_ACCESS_FS_MAKE_SYM << 1) - 1; /* ABI 1: EXECUTE .. MAKE_SYM */
+	if (abi >= 2)
+		r |= LANDLOCK_ACCESS_FS_REFER;
+	if (abi >= 3)
+		r |= LANDLOCK_ACCESS_FS_TRUNCATE;
+	if (abi >= 5)
+		r |= LANDLOCK_ACCESS_FS_IOCTL_DEV;
+	return r;
+}
+
+#define READ_RIGHTS (LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR)
+#define FILE_RIGHTS (LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_WRITE_FILE | \
+		     LANDLOCK_ACCESS_FS_TRUNCATE)
+
+/* path (a folder, or a file: file rights only) beneath which rights hold;
+ * a path that does not exist is skipped. */
+static int allow(int ruleset, const char *path, __u64 rights, __u64 handled)
+{
+	struct landlock_path_beneath_attr pb = { 0 };
+	struct stat st;
+
+	if (!path || !*path)
+		return 0;
+	pb.parent_fd = open(path, O_PATH | O_CLOEXEC);
+	if (pb.parent_fd < 0)
+		return errno == ENOENT || errno == ENOTDIR ? 0 : -1;
+	if (fstat(pb.parent_fd, &st) == 0 && !S_ISDIR(st.st_mode))
+		rights &= FILE_RIGHTS;
+	pb.allowed_access = rights & handled;
+	int rc = syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &pb, 0);
+	int e = errno;
+	close(pb.parent_fd);
+	errno = e;
+	return rc == 0 ? 0 : -1;
+}
+
+/* The folder of a sanitizer's log_path= in env var name (it writes its
+ * reports there at exit), into out; "" when none. */
+static void sanitizer_log_dir(const char *name, char *out, size_t size)
+{
+	const char *v = getenv(name), *p = v ? strstr(v, "log_path=") : NULL;
+
+	out[0] = '\0';
+	if (!p)
+		return;
+	p += 9;
+	size_t n = strcspn(p, ":");
+	if (n == 0 || n >= size || *p != '/')
+		return;
+	memcpy(out, p, n);
+	out[n] = '\0';
+	char *slash = strrchr(out, '/');
+	if (slash)
+		*(slash == out ? slash + 1 : slash) = '\0';
+}
+
+static enum ckfs_code landlock(const struct ckfs_sandbox_paths *p, struct ckfs_error *err,
+			       int *applied)
+{
+	static const char *const system_dirs[] = { "/etc", "/usr", "/lib", "/lib64" };
+	static const char *const lib_dirs[] = { "/lib", "/lib64", "/usr/lib", "/usr/lib64" };
+	static const char *const sanitizers[] = { "ASAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS",
+						  "LSAN_OPTIONS" };
+	int abi = ll_abi();
+	char dir[PATH_MAX];
+
+	*applied = 0;
+	if (abi < 1) {
+		ckfs_log(CKFS_LOG_NOTICE, "sandbox: no Landlock in this kernel (%s): the daemon "
+			 "is confined by no_new_privs only", strerror(errno));
+		return CKFS_OK;
+	}
+	__u64 handled = fs_rights(abi);
+	struct landlock_ruleset_attr attr = { .handled_access_fs = handled };
+	int rs = (int)syscall(SYS_landlock_create_ruleset, &attr, sizeof(attr), 0);
+	if (rs < 0)
+		return ckfs_fail_errno(err, "sandbox: cannot create a Landlock ruleset");
+	int bad = 0;
+	for (size_t i = 0; i < p->n_read; i++)
+		bad |= allow(rs, p->read[i], READ_RIGHTS, handled);
+	for (size_t i = 0; i < p->n_write; i++)
+		bad |= allow(rs, p->write[i], handled & ~LANDLOCK_ACCESS_FS_EXECUTE, handled);
+	bad |= allow(rs, "/proc", READ_RIGHTS, handled);
+	/* libraries glibc loads on demand (libgcc_s for pthread_cancel's
+	 * unwinding, NSS): public files, read only */
+	for (size_t i = 0; i < sizeof(lib_dirs) / sizeof(lib_dirs[0]); i++)
+		bad |= allow(rs, lib_dirs[i], READ_RIGHTS, handled);
+	bad |= allow(rs, "/etc/localtime", READ_RIGHTS, handled); /* syslog's clock */
+	bad |= allow(rs, "/usr/share/zoneinfo", READ_RIGHTS, handled);
+	for (size_t i = 0; p->network && i < sizeof(system_dirs) / sizeof(system_dirs[0]); i++)
+		bad |= allow(rs, system_dirs[i], READ_RIGHTS, handled);
+	for (size_t i = 0; i < sizeof(sanitizers) / sizeof(sanitizers[0]); i++) {
+		sanitizer_log_dir(sanitizers[i], dir, sizeof(dir));
+		bad |= allow(rs, dir, handled & ~LANDLOCK_ACCESS_FS_EXECUTE, handled);
+	}
+	if (bad || syscall(SYS_landlock_restrict_self, rs, 0) != 0) {
+		enum ckfs_code rc = ckfs_fail_errno(err, "sandbox: cannot apply the Landlock rules");
+		close(rs);
+		return rc;
+	}
+	close(rs);
+	*applied = abi;
+	return CKFS_OK;
+}
+
+/* ---- the unmount helper ---- */
+
+/* The helper's life: wait until the daemon has closed /dev/fuse and says
+ * so, or dies, then unmount unless the mount is gone or someone else's.
+ * System calls only. */
+static void helper(int fd, const char *mnt, __u64 mnt_id)
+{
+	char word = 0;
+	struct statx sx;
+
+	while (read(fd, &word, 1) < 0 && errno == EINTR)
+		;
+	/* Our mount with its connection closed answers ENOTCONN (no request
+	 * reaches a daemon, so this cannot wait on one); a mount of another
+	 * id, or none, is not ours to remove. */
+	if (statx(AT_FDCWD, mnt, AT_STATX_DONT_SYNC, STATX_MNT_ID, &sx) == 0 &&
+	    (!(sx.stx_mask & STATX_MNT_ID) || sx.stx_mnt_id != mnt_id))
+		_exit(0);
+	if (geteuid() == 0) {
+		_exit(umount2(mnt, MNT_DETACH) == 0 ? 0 : 1);
+	} else {
+		char *argv[] = { "fusermount3", "-u", "-z", (char *)mnt, NULL };
+		execve("/usr/bin/fusermount3", argv, environ);
+		execve("/bin/fusermount3", argv, environ);
+	}
+	_exit(1);
+}
+
+enum ckfs_code ckfs_sandbox_enter(const struct ckfs_sandbox_paths *p, struct ckfs_sandbox *sb,
+				  struct ckfs_error *err)
+{
+	struct statx sx;
+	int pipefd[2];
+	int applied;
+
+	memset(sb, 0, sizeof(*sb));
+	sb->helper_fd = -1;
+	if (statx(AT_FDCWD, p->mountpoint, AT_STATX_DONT_SYNC, STATX_MNT_ID, &sx) != 0 ||
+	    !(sx.stx_mask & STATX_MNT_ID))
+		return ckfs_fail_errno(err, "sandbox: '%s': cannot read the mount's id",
+				       p->mountpoint);
+	if (pipe2(pipefd, O_CLOEXEC) != 0)
+		return ckfs_fail_errno(err, "sandbox: cannot make a pipe");
+	pid_t pid = fork();
+	if (pid < 0) {
+		close(pipefd[0]);
+		close(pipefd[1]);
+		return ckfs_fail_errno(err, "sandbox: cannot fork the unmount helper");
+	}
+	if (pid == 0) {
+		/* nothing but the pipe: above all not /dev/fuse, whose last
+		 * close ends the mount's connection, nor the caller's stdio
+		 * (a shell's $(ckfs mount ...) waits for its end) */
+		int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+		dup2(pipefd[0], 3);
+		for (int k = 0; k < 3 && null >= 0; k++)
+			dup2(null, k);
+		syscall(SYS_close_range, 4, ~0U, 0);
+		helper(3, p->mountpoint, sx.stx_mnt_id);
+	}
+	close(pipefd[0]);
+	sb->helper = pid;
+	sb->helper_fd = pipefd[1];
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+		return ckfs_fail_errno(err, "sandbox: cannot set no_new_privs");
+	CKFS_TRY(landlock(p, err, &applied));
+	sb->landlock_abi = applied;
+	return CKFS_OK;
+}
+
+void ckfs_sandbox_leave(struct ckfs_sandbox *sb)
+{
+	char word = 'U';
+	int status;
+
+	if (sb->helper_fd < 0)
+		return;
+	if (write(sb->helper_fd, &word, 1) < 0) {
+		/* the helper is gone: nothing more to ask of it */
+	}
+	close(sb->helper_fd);
+	sb->helper_fd = -1;
+	while (waitpid(sb->helper, &status, 0) < 0 && errno == EINTR)
+		;
+}

@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The mount daemon's sandbox, entered once it serves (src/fuse/sandbox.c,
+ * docs/reliability.md): no_new_privs, and Landlock rules that let it read
+ * its sources and write its caches only. A forked helper does the unmount
+ * a Landlock domain may not do.
+ */
+#ifndef CKFS_FUSE_SANDBOX_H
+#define CKFS_FUSE_SANDBOX_H
+
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include "ckfs/err.h"
+
+struct ckfs_sandbox_paths {
+	const char *mountpoint;
+	const char *read[8];    /* folders or files read beneath (NULL skipped) */
+	size_t n_read;
+	const char *write[4];   /* caches: read and written beneath */
+	size_t n_write;
+	bool network;           /* a source in an object store: /etc, /usr, /lib read */
+};
+
+struct ckfs_sandbox {
+	pid_t helper;
+	int helper_fd;          /* -1: no helper */
+	int landlock_abi;       /* 0: Landlock not applied (no kernel support) */
+};
+
+/* Fork the unmount helper, then confine this process (and its threads:
+ * call it before any thread starts that must stay free, or accept that
+ * every thread is confined, as here). */
+enum ckfs_code ckfs_sandbox_enter(const struct ckfs_sandbox_paths *p, struct ckfs_sandbox *sb,
+				  struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* After /dev/fuse is closed: the helper unmounts (when the mount is still
+ * ours) and is waited for. */
+void ckfs_sandbox_leave(struct ckfs_sandbox *sb);
+
+#endif

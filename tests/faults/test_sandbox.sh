@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# The serving daemon's sandbox (src/fuse/sandbox.c, docs/reliability.md).
+# The fault shim (tests/faults/failalloc.c, LD_PRELOAD) makes the running
+# daemon try to open a file outside its sources (CKFS_PROBE_OPEN, on its
+# first read once armed: a FUSE worker reading /dev/fuse):
+#   - sandboxed (the default): the open is refused (EACCES), the mount
+#     still serves the right bytes, the daemon has no_new_privs;
+#   - -o nosandbox: the same open succeeds (the probe can pass, so the
+#     refusal above is the sandbox's);
+#   - SIGTERM: unmounted and exit 0 (the helper unmounts for the daemon,
+#     which a Landlock domain may not do);
+#   - SIGKILL: the helper still removes the dead mount;
+#   - every other mount test runs sandboxed: the sandbox is on by default.
+# Usage: test_sandbox.sh CKFS_BINARY FAILALLOC_SO   (exit 77: no /dev/fuse)
+SHIM=$(cd "$(dirname "$2")" && pwd)/$(basename "$2")
+source "$(dirname "$0")/../mount/lib.sh"
+require_fuse
+
+SRC=$WORK/src
+cp -r "$CKFS_ROOT/tests/fixtures/hf/qwen2_single" "$SRC"
+"$CKFS" export -q "$SRC" "$WORK/exp" || die "export failed"
+echo secret >"$WORK/outside"
+
+# probe_mount NAME [mount options...]: mount with the probe, arm it, read,
+# and leave the report's probe line in $PROBE; the daemon's pid in $PID
+probe_mount() {
+	local name=$1
+	shift
+	MNT=$WORK/mnt-$name
+	mkdir -p "$MNT"
+	rm -f "$WORK/arm" "$WORK/rep"
+	CKFS_PROBE_OPEN=$WORK/outside CKFS_PROBE_ARM=$WORK/arm CKFS_FAIL_REPORT=$WORK/rep \
+		LD_PRELOAD=$SHIM do_mount "$@" "$SRC" "$MNT" || die "$name: mount failed"
+	PID=$(daemon_pid "$MNT")
+	touch "$WORK/arm"
+	cmp -s "$MNT/model.safetensors" "$WORK/exp/model.safetensors" ||
+		fail "$name: model.safetensors differs from the export"
+	cmp -s "$MNT/config.json" "$WORK/exp/config.json" || fail "$name: config.json differs"
+	PROBE=$(grep "^probe " "$WORK/rep" 2>/dev/null)
+}
+
+probe_mount sandboxed
+[ "$PROBE" = "probe $WORK/outside EACCES" ] ||
+	fail "sandboxed: the daemon's open outside its sources was not refused: '${PROBE:-no probe}'"
+grep -q "^NoNewPrivs:[[:space:]]*1" "/proc/$PID/status" || fail "sandboxed: no no_new_privs"
+log "sandboxed: $PROBE, same bytes served, no_new_privs"
+kill -TERM "$PID"
+wait_gone "$PID" || fail "sandboxed: the daemon did not stop on SIGTERM"
+wait_unmounted "$MNT" || fail "sandboxed: still mounted after SIGTERM"
+log "sandboxed: SIGTERM unmounted it"
+
+probe_mount control -o nosandbox
+[ "$PROBE" = "probe $WORK/outside ok" ] ||
+	fail "-o nosandbox: the probe did not open the file: '${PROBE:-no probe}'"
+grep -q "^NoNewPrivs:[[:space:]]*0" "/proc/$PID/status" || fail "-o nosandbox: no_new_privs set"
+log "-o nosandbox: $PROBE"
+"$CKFS" umount "$MNT" || fail "-o nosandbox: umount failed"
+
+probe_mount killed
+kill -KILL "$PID"
+wait_unmounted "$MNT" || fail "SIGKILL: the dead mount was left behind"
+log "SIGKILL: the helper removed the dead mount"
+finish
