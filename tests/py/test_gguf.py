@@ -229,20 +229,20 @@ def test_nan_and_inf_blocks_match_llama_cpp(converted, tmp_path):
     w[4, 0:32] = float("nan")
     sd[name] = w
     save_file(sd, path, metadata={"format": "pt"})
-    oracle = tmp_path / "oracle.gguf"
-    r = subprocess.run([oracle_python(), VENV / "llama.cpp" / "convert_hf_to_gguf.py", tmp_path / "poisoned",
-                        "--outtype", "q8_0", "--outfile", oracle, "--model-name", "tiny"],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    def convert(outtype):
+        out = tmp_path / f"oracle-{outtype}.gguf"
+        r = subprocess.run([oracle_python(), VENV / "llama.cpp" / "convert_hf_to_gguf.py", tmp_path / "poisoned",
+                            "--outtype", outtype, "--outfile", out, "--model-name", "tiny"],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return out
+
+    oracle = convert("q8_0")
     run_ckfs("export", "-q", "--format", "gguf", "--dtype", "q8_0", "--model-name", "tiny",
              tmp_path / "poisoned", tmp_path / "q8")
     assert (tmp_path / "q8" / "model.gguf").read_bytes() == oracle.read_bytes()
     # q4_0 against gguf-py's quantizer, on the poisoned values (the bf16 conversion holds them)
-    ref = tmp_path / "ref-bf16.gguf"
-    r = subprocess.run([oracle_python(), VENV / "llama.cpp" / "convert_hf_to_gguf.py", tmp_path / "poisoned",
-                        "--outtype", "bf16", "--outfile", ref, "--model-name", "tiny"],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    ref = convert("bf16")
     run_ckfs("export", "-q", "--format", "gguf", "--dtype", "q4_0", "--model-name", "tiny",
              tmp_path / "poisoned", tmp_path / "q4")
     r = subprocess.run([oracle_python(), REPO / "tests" / "gguf" / "q4_0_check.py", ref,
