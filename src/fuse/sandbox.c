@@ -11,7 +11,8 @@
  *    the plan cache and --s3-cache; read beneath the library folders
  *    (glibc loads libgcc_s when libfuse cancels its workers), and beneath
  *    /etc and /usr when a source is in an object store (DNS, CA
- *    certificates, NSS modules); a sanitizer's log folder. Nothing may be
+ *    certificates, NSS modules); a sanitizer's log folder and
+ *    suppressions file. Nothing may be
  *    executed or created anywhere else.
  *
  * A Landlock domain may not unmount (the kernel refuses topology changes
@@ -96,22 +97,23 @@ static int allow(int ruleset, const char *path, __u64 rights, __u64 handled)
 	return rc == 0 ? 0 : -1;
 }
 
-/* The folder of a sanitizer's log_path= in env var name (it writes its
- * reports there at exit), into out; "" when none. */
-static void sanitizer_log_dir(const char *name, char *out, size_t size)
+/* The absolute path of a sanitizer's option key= in env var name, into
+ * out ("" when none); with dir, its folder. A sanitizer opens both late:
+ * log_path's files when it reports, suppressions= at the leak check. */
+static void sanitizer_path(const char *name, const char *key, bool dir, char *out, size_t size)
 {
-	const char *v = getenv(name), *p = v ? strstr(v, "log_path=") : NULL;
+	const char *v = getenv(name), *p = v ? strstr(v, key) : NULL;
 
 	out[0] = '\0';
-	if (!p)
+	if (!p || (p != v && p[-1] != ':' && p[-1] != ' ' && p[-1] != ','))
 		return;
-	p += 9;
-	size_t n = strcspn(p, ":");
+	p += strlen(key);
+	size_t n = strcspn(p, ": ,");
 	if (n == 0 || n >= size || *p != '/')
 		return;
 	memcpy(out, p, n);
 	out[n] = '\0';
-	char *slash = strrchr(out, '/');
+	char *slash = dir ? strrchr(out, '/') : NULL;
 	if (slash)
 		*(slash == out ? slash + 1 : slash) = '\0';
 }
@@ -152,8 +154,10 @@ static enum ckfs_code landlock(const struct ckfs_sandbox_paths *p, struct ckfs_e
 	for (size_t i = 0; p->network && i < sizeof(system_dirs) / sizeof(system_dirs[0]); i++)
 		bad |= allow(rs, system_dirs[i], READ_RIGHTS, handled);
 	for (size_t i = 0; i < sizeof(sanitizers) / sizeof(sanitizers[0]); i++) {
-		sanitizer_log_dir(sanitizers[i], dir, sizeof(dir));
+		sanitizer_path(sanitizers[i], "log_path=", true, dir, sizeof(dir));
 		bad |= allow(rs, dir, handled & ~LANDLOCK_ACCESS_FS_EXECUTE, handled);
+		sanitizer_path(sanitizers[i], "suppressions=", false, dir, sizeof(dir));
+		bad |= allow(rs, dir, READ_RIGHTS, handled);
 	}
 	if (bad || syscall(SYS_landlock_restrict_self, rs, 0) != 0) {
 		enum ckfs_code rc = ckfs_fail_errno(err, "sandbox: cannot apply the Landlock rules");
@@ -167,43 +171,76 @@ static enum ckfs_code landlock(const struct ckfs_sandbox_paths *p, struct ckfs_e
 
 /* ---- the unmount helper ---- */
 
+/* A mount's id that is never reused (kernel 6.8+), else the plain one,
+ * which a mount made on the same point after an unmount may get again. */
+#ifndef STATX_MNT_ID_UNIQUE
+#define STATX_MNT_ID_UNIQUE 0x00004000U
+#endif
+
+static int mount_id(const char *mnt, __u64 *id)
+{
+	struct statx sx;
+
+	if (statx(AT_FDCWD, mnt, AT_STATX_DONT_SYNC, STATX_MNT_ID_UNIQUE, &sx) == 0 &&
+	    (sx.stx_mask & STATX_MNT_ID_UNIQUE)) {
+		*id = sx.stx_mnt_id;
+		return 0;
+	}
+	if (statx(AT_FDCWD, mnt, AT_STATX_DONT_SYNC, STATX_MNT_ID, &sx) == 0 &&
+	    (sx.stx_mask & STATX_MNT_ID)) {
+		*id = sx.stx_mnt_id;
+		return 0;
+	}
+	return -1;
+}
+
+/* The helper's exit: the system call itself, not _exit, which sanitizers
+ * intercept to report on the threads this fork of a threaded daemon
+ * holds copies of (TSan saw them as leaked). */
+static _Noreturn void helper_exit(int code)
+{
+	for (;;)
+		syscall(SYS_exit_group, code);
+}
+
 /* The helper's life: wait until the daemon has closed /dev/fuse and says
- * so, or dies, then unmount unless the mount is gone or someone else's.
+ * what to do ('U': unmount; 'N': the kernel has, leave it), or dies (EOF:
+ * unmount), then unmount unless the mount point holds another mount.
  * System calls only. */
 static void helper(int fd, const char *mnt, __u64 mnt_id)
 {
 	char word = 0;
-	struct statx sx;
+	__u64 now;
 
 	while (read(fd, &word, 1) < 0 && errno == EINTR)
 		;
+	if (word == 'N')
+		helper_exit(0);
 	/* Our mount with its connection closed answers ENOTCONN (no request
-	 * reaches a daemon, so this cannot wait on one); a mount of another
-	 * id, or none, is not ours to remove. */
-	if (statx(AT_FDCWD, mnt, AT_STATX_DONT_SYNC, STATX_MNT_ID, &sx) == 0 &&
-	    (!(sx.stx_mask & STATX_MNT_ID) || sx.stx_mnt_id != mnt_id))
-		_exit(0);
+	 * reaches a daemon, so this cannot wait on one); another id is
+	 * another mount (made on the same point since: not ours). */
+	if (mount_id(mnt, &now) == 0 && now != mnt_id)
+		helper_exit(0);
 	if (geteuid() == 0) {
-		_exit(umount2(mnt, MNT_DETACH) == 0 ? 0 : 1);
+		helper_exit(umount2(mnt, MNT_DETACH) == 0 ? 0 : 1);
 	} else {
 		char *argv[] = { "fusermount3", "-u", "-z", (char *)mnt, NULL };
 		execve("/usr/bin/fusermount3", argv, environ);
 		execve("/bin/fusermount3", argv, environ);
 	}
-	_exit(1);
+	helper_exit(1);
 }
 
 enum ckfs_code ckfs_sandbox_enter(const struct ckfs_sandbox_paths *p, struct ckfs_sandbox *sb,
 				  struct ckfs_error *err)
 {
-	struct statx sx;
+	__u64 id;
 	int pipefd[2];
 	int applied;
 
 	memset(sb, 0, sizeof(*sb));
 	sb->helper_fd = -1;
-	if (statx(AT_FDCWD, p->mountpoint, AT_STATX_DONT_SYNC, STATX_MNT_ID, &sx) != 0 ||
-	    !(sx.stx_mask & STATX_MNT_ID))
+	if (mount_id(p->mountpoint, &id) != 0)
 		return ckfs_fail_errno(err, "sandbox: '%s': cannot read the mount's id",
 				       p->mountpoint);
 	if (pipe2(pipefd, O_CLOEXEC) != 0)
@@ -223,7 +260,7 @@ enum ckfs_code ckfs_sandbox_enter(const struct ckfs_sandbox_paths *p, struct ckf
 		for (int k = 0; k < 3 && null >= 0; k++)
 			dup2(null, k);
 		syscall(SYS_close_range, 4, ~0U, 0);
-		helper(3, p->mountpoint, sx.stx_mnt_id);
+		helper(3, p->mountpoint, id);
 	}
 	close(pipefd[0]);
 	sb->helper = pid;
@@ -235,9 +272,9 @@ enum ckfs_code ckfs_sandbox_enter(const struct ckfs_sandbox_paths *p, struct ckf
 	return CKFS_OK;
 }
 
-void ckfs_sandbox_leave(struct ckfs_sandbox *sb)
+void ckfs_sandbox_leave(struct ckfs_sandbox *sb, bool unmount)
 {
-	char word = 'U';
+	char word = unmount ? 'U' : 'N';
 	int status;
 
 	if (sb->helper_fd < 0)

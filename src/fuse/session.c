@@ -304,6 +304,45 @@ static int serve_requests(const struct ckfs_mount_options *opt, struct fuse_sess
 	return 0;
 }
 
+/* ---- stop signals, noted ----
+ *
+ * The loop ends on a stop signal (libfuse's handler) or when the kernel
+ * unmounted the file system; only the first leaves a mount for the
+ * sandbox's helper to remove. libfuse's handlers are wrapped to tell. */
+
+static const int stop_signals[] = { SIGTERM, SIGINT, SIGHUP };
+static struct sigaction libfuse_action[3];
+static volatile sig_atomic_t stopped_by_signal;
+
+static void note_stop(int sig, siginfo_t *si, void *ctx)
+{
+	stopped_by_signal = 1;
+	for (int i = 0; i < 3; i++) {
+		const struct sigaction *a = &libfuse_action[i];
+		if (stop_signals[i] != sig)
+			continue;
+		if (a->sa_flags & SA_SIGINFO)
+			a->sa_sigaction(sig, si, ctx);
+		else if (a->sa_handler != SIG_IGN && a->sa_handler != SIG_DFL)
+			a->sa_handler(sig);
+	}
+}
+
+/* install: wrap libfuse's handlers; else put them back (before libfuse
+ * removes them: it only removes its own). */
+static void wrap_stop_handlers(bool install)
+{
+	for (int i = 0; i < 3; i++) {
+		if (!install) {
+			sigaction(stop_signals[i], &libfuse_action[i], NULL);
+			continue;
+		}
+		struct sigaction wrap = { .sa_sigaction = note_stop, .sa_flags = SA_SIGINFO };
+		sigemptyset(&wrap.sa_mask);
+		sigaction(stop_signals[i], &wrap, &libfuse_action[i]);
+	}
+}
+
 /* The daemon's sandbox (src/fuse/sandbox.h), entered with no thread but
  * this one running: what it reads and writes from now on. */
 static enum ckfs_code enter_sandbox(const struct ckfs_mount_options *opt, struct ckfs_sandbox *sb,
@@ -340,6 +379,7 @@ static int serve(const struct ckfs_mount_options *opt, int ready_fd)
 	struct ckfs_fs *fs = NULL;
 	struct fuse_session *se;
 	struct ckfs_sandbox sb = { .helper_fd = -1 };
+	bool wrapped = false;
 	sigset_t old_mask;
 	enum ckfs_code rc;
 	int ret = 1;
@@ -382,8 +422,11 @@ static int serve(const struct ckfs_mount_options *opt, int ready_fd)
 	 * preload and a run's watcher, with the stop signals blocked (they
 	 * must reach this thread, where libfuse waits for them). */
 	ckfs_fs_plan_kernel_readahead(fs, opt->mountpoint);
-	if (opt->sandbox && enter_sandbox(opt, &sb, &err) != CKFS_OK)
-		goto err_out4;
+	if (opt->sandbox) {
+		wrap_stop_handlers(wrapped = true);
+		if (enter_sandbox(opt, &sb, &err) != CKFS_OK)
+			goto err_out4;
+	}
 	block_stop_signals(&old_mask);
 	rc = ckfs_fs_start_cache(fs, &err);
 	if (rc == CKFS_OK)
@@ -399,10 +442,14 @@ err_out4:
 	if (sb.helper_fd < 0)
 		fuse_session_unmount(se);
 err_out3:
+	if (wrapped)
+		wrap_stop_handlers(false);
 	fuse_remove_signal_handlers(se);
 err_out2:
 	fuse_session_destroy(se); /* closes /dev/fuse */
-	ckfs_sandbox_leave(&sb);  /* sandboxed: the helper unmounts */
+	/* sandboxed: the helper unmounts, unless the kernel did (the loop
+	 * ended without a stop signal) */
+	ckfs_sandbox_leave(&sb, stopped_by_signal || ret != 0);
 err_out1:
 	ckfs_fs_free(fs);
 err_out0:

@@ -11,6 +11,8 @@
 #   - SIGTERM: unmounted and exit 0 (the helper unmounts for the daemon,
 #     which a Landlock domain may not do);
 #   - SIGKILL: the helper still removes the dead mount;
+#   - ckfs umount then a new mount on the same point at once: the old
+#     daemon's helper leaves the new mount alone;
 #   - every other mount test runs sandboxed: the sandbox is on by default.
 # Usage: test_sandbox.sh CKFS_BINARY FAILALLOC_SO   (exit 77: no /dev/fuse)
 SHIM=$(cd "$(dirname "$2")" && pwd)/$(basename "$2")
@@ -61,4 +63,19 @@ probe_mount killed
 kill -KILL "$PID"
 wait_unmounted "$MNT" || fail "SIGKILL: the dead mount was left behind"
 log "SIGKILL: the helper removed the dead mount"
+
+# umount, then at once a new mount on the same point (mount ids are reused
+# before kernel 6.8): the old daemon's helper must leave the new one alone
+M=$WORK/mnt-again
+mkdir -p "$M"
+for i in 1 2 3 4 5; do
+	do_mount "$SRC" "$M" || die "remount $i failed"
+	"$CKFS" umount "$M" || fail "umount $i failed"
+	do_mount "$SRC" "$M" || die "remount $i failed"
+	sleep 0.5
+	cmp -s "$M/config.json" "$WORK/exp/config.json" ||
+		fail "remount $i: the new mount was taken down by the old daemon's helper"
+	"$CKFS" umount "$M" || fail "umount $i failed"
+done
+log "umount then remount at once, 5 times: the new mounts stayed"
 finish
