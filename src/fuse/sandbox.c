@@ -118,6 +118,42 @@ static void sanitizer_path(const char *name, const char *key, bool dir, char *ou
 		*(slash == out ? slash + 1 : slash) = '\0';
 }
 
+/* A sanitizer build symbolizes its reports by running addr2line or
+ * llvm-symbolizer on the binary and its libraries (the test shim among
+ * them), and its leak suppressions match those names: in such builds
+ * only, /usr/bin may be read and run, and the executable's folder and
+ * LD_PRELOAD's libraries read. */
+static int allow_symbolizer(int rs, __u64 handled)
+{
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+	char exe[PATH_MAX], lib[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	int bad = allow(rs, "/usr/bin", READ_RIGHTS | LANDLOCK_ACCESS_FS_EXECUTE, handled);
+
+	if (n > 0) {
+		exe[n] = '\0';
+		char *slash = strrchr(exe, '/');
+		if (slash && slash != exe)
+			*slash = '\0';
+		bad |= allow(rs, exe, READ_RIGHTS, handled);
+	}
+	for (const char *p = getenv("LD_PRELOAD"); p && *p;) {
+		size_t k = strcspn(p, ": ");
+		if (k && k < sizeof(lib)) {
+			memcpy(lib, p, k);
+			lib[k] = '\0';
+			bad |= allow(rs, lib, READ_RIGHTS, handled);
+		}
+		p += k + (p[k] != '\0');
+	}
+	return bad;
+#else
+	(void)rs;
+	(void)handled;
+	return 0;
+#endif
+}
+
 static enum ckfs_code landlock(const struct ckfs_sandbox_paths *p, struct ckfs_error *err,
 			       int *applied)
 {
@@ -159,6 +195,7 @@ static enum ckfs_code landlock(const struct ckfs_sandbox_paths *p, struct ckfs_e
 		sanitizer_path(sanitizers[i], "suppressions=", false, dir, sizeof(dir));
 		bad |= allow(rs, dir, READ_RIGHTS, handled);
 	}
+	bad |= allow_symbolizer(rs, handled);
 	if (bad || syscall(SYS_landlock_restrict_self, rs, 0) != 0) {
 		enum ckfs_code rc = ckfs_fail_errno(err, "sandbox: cannot apply the Landlock rules");
 		close(rs);
@@ -203,10 +240,13 @@ static _Noreturn void helper_exit(int code)
 		syscall(SYS_exit_group, code);
 }
 
-/* The helper's life: wait until the daemon has closed /dev/fuse and says
- * what to do ('U': unmount; 'N': the kernel has, leave it), or dies (EOF:
- * unmount), then unmount unless the mount point holds another mount.
- * System calls only. */
+/* The helper's life: wait for the daemon's word ('U': it was stopped,
+ * its mount is still there; 'N': the kernel unmounted it) or its death
+ * (EOF), then unmount. Told 'U', the mount is surely ours: the daemon
+ * still holds /dev/fuse, so nothing is asked of the mount (a stat would
+ * wait on the daemon) and a lazy unmount needs no answer. After a death
+ * the mount point is checked first: ENOTCONN or our id is ours, another id
+ * a mount made there since. System calls only. */
 static void helper(int fd, const char *mnt, __u64 mnt_id)
 {
 	char word = 0;
@@ -216,10 +256,7 @@ static void helper(int fd, const char *mnt, __u64 mnt_id)
 		;
 	if (word == 'N')
 		helper_exit(0);
-	/* Our mount with its connection closed answers ENOTCONN (no request
-	 * reaches a daemon, so this cannot wait on one); another id is
-	 * another mount (made on the same point since: not ours). */
-	if (mount_id(mnt, &now) == 0 && now != mnt_id)
+	if (word != 'U' && mount_id(mnt, &now) == 0 && now != mnt_id)
 		helper_exit(0);
 	if (geteuid() == 0) {
 		helper_exit(umount2(mnt, MNT_DETACH) == 0 ? 0 : 1);

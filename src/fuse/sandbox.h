@@ -33,11 +33,12 @@ struct ckfs_sandbox {
  * every thread is confined, as here). */
 enum ckfs_code ckfs_sandbox_enter(const struct ckfs_sandbox_paths *p, struct ckfs_sandbox *sb,
 				  struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* After /dev/fuse is closed: the helper unmounts (unmount: the daemon was
- * stopped, its mount is still there; false: the kernel unmounted it) and
- * is waited for. A mount id can be reused by a mount made on the same
- * point at once (before kernel 6.8's unique ids), so the helper is told
- * rather than left to guess. */
+/* The loop has ended, /dev/fuse still open: the helper unmounts (unmount:
+ * the daemon was stopped, its mount is still there; false: the kernel
+ * unmounted it) and is waited for; libfuse's fuse_session_unmount then
+ * finds the connection gone and only frees. A mount id can be reused by a
+ * mount made on the same point at once (before kernel 6.8's unique ids),
+ * so the helper is told rather than left to guess. */
 void ckfs_sandbox_leave(struct ckfs_sandbox *sb, bool unmount);
 
 #endif

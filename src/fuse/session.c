@@ -439,17 +439,17 @@ static int serve(const struct ckfs_mount_options *opt, int ready_fd)
 	ret = serve_requests(opt, se);
 err_out4:
 	ckfs_fs_stop(fs); /* a run's watcher talks to the session */
-	if (sb.helper_fd < 0)
-		fuse_session_unmount(se);
+	/* sandboxed (it may not unmount): the helper does, unless the kernel
+	 * did (the loop ended without a stop signal); then libfuse only
+	 * closes and frees */
+	ckfs_sandbox_leave(&sb, stopped_by_signal || ret != 0);
+	fuse_session_unmount(se);
 err_out3:
 	if (wrapped)
 		wrap_stop_handlers(false);
 	fuse_remove_signal_handlers(se);
 err_out2:
-	fuse_session_destroy(se); /* closes /dev/fuse */
-	/* sandboxed: the helper unmounts, unless the kernel did (the loop
-	 * ended without a stop signal) */
-	ckfs_sandbox_leave(&sb, stopped_by_signal || ret != 0);
+	fuse_session_destroy(se);
 err_out1:
 	ckfs_fs_free(fs);
 err_out0:
