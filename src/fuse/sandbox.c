@@ -72,6 +72,10 @@ static __u64 fs_rights(int abi)
 }
 
 #define READ_RIGHTS (LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR)
+/* a cache folder: files made, written, renamed within a folder, removed */
+#define WRITE_RIGHTS (READ_RIGHTS | LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_TRUNCATE | \
+		      LANDLOCK_ACCESS_FS_MAKE_REG | LANDLOCK_ACCESS_FS_REMOVE_FILE | \
+		      LANDLOCK_ACCESS_FS_MAKE_DIR | LANDLOCK_ACCESS_FS_REMOVE_DIR)
 #define FILE_RIGHTS (LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_WRITE_FILE | \
 		     LANDLOCK_ACCESS_FS_TRUNCATE)
 
@@ -157,7 +161,7 @@ static int allow_symbolizer(int rs, __u64 handled)
 static enum ckfs_code landlock(const struct ckfs_sandbox_paths *p, struct ckfs_error *err,
 			       int *applied)
 {
-	static const char *const system_dirs[] = { "/etc", "/usr", "/lib", "/lib64" };
+	static const char *const system_dirs[] = { "/etc", "/usr" };
 	static const char *const lib_dirs[] = { "/lib", "/lib64", "/usr/lib", "/usr/lib64" };
 	static const char *const sanitizers[] = { "ASAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS",
 						  "LSAN_OPTIONS" };
@@ -179,7 +183,7 @@ static enum ckfs_code landlock(const struct ckfs_sandbox_paths *p, struct ckfs_e
 	for (size_t i = 0; i < p->n_read; i++)
 		bad |= allow(rs, p->read[i], READ_RIGHTS, handled);
 	for (size_t i = 0; i < p->n_write; i++)
-		bad |= allow(rs, p->write[i], handled & ~LANDLOCK_ACCESS_FS_EXECUTE, handled);
+		bad |= allow(rs, p->write[i], WRITE_RIGHTS, handled);
 	bad |= allow(rs, "/proc", READ_RIGHTS, handled);
 	/* libraries glibc loads on demand (libgcc_s for pthread_cancel's
 	 * unwinding, NSS): public files, read only */
@@ -191,7 +195,7 @@ static enum ckfs_code landlock(const struct ckfs_sandbox_paths *p, struct ckfs_e
 		bad |= allow(rs, system_dirs[i], READ_RIGHTS, handled);
 	for (size_t i = 0; i < sizeof(sanitizers) / sizeof(sanitizers[0]); i++) {
 		sanitizer_path(sanitizers[i], "log_path=", true, dir, sizeof(dir));
-		bad |= allow(rs, dir, handled & ~LANDLOCK_ACCESS_FS_EXECUTE, handled);
+		bad |= allow(rs, dir, WRITE_RIGHTS, handled);
 		sanitizer_path(sanitizers[i], "suppressions=", false, dir, sizeof(dir));
 		bad |= allow(rs, dir, READ_RIGHTS, handled);
 	}
