@@ -356,7 +356,6 @@ static int settle(struct mount_args *a, const char *src)
 		mo->prefetch_threads = mo->threads < cap ? mo->threads : cap;
 	}
 	mo->log_level = mo->debug ? CKFS_LOG_DEBUG : ckfs_log_get_level();
-	mo->sandbox = !mo->nosandbox;
 	mo->model = a->c.model;
 	mo->folder = a->c.folder;
 	return 0;

@@ -67,8 +67,8 @@ struct ckfs_mount_options {
 				       * the kernel's (root only) */
 	bool foreground;
 	bool debug;                 /* libfuse request tracing (implies -f) */
-	bool sandbox;               /* confine the serving daemon (src/fuse/sandbox.h) */
-	bool nosandbox;             /* -o nosandbox, for debugging: sandbox off */
+	bool nosandbox;             /* -o nosandbox, for debugging: the serving daemon
+				     * is not confined (src/fuse/sandbox.h) */
 	bool has_uid, has_gid;
 	uid_t uid;
 	gid_t gid;

@@ -297,9 +297,9 @@ enum ckfs_code ckfs_sandbox_enter(const struct ckfs_sandbox_paths *p, struct ckf
 		 * close ends the mount's connection, nor the caller's stdio
 		 * (a shell's $(ckfs mount ...) waits for its end) */
 		int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+		for (int k = 0; k < 3 && null >= 0; k++) /* before fd 3 is taken: */
+			dup2(null, k);                   /* null may be 3 */
 		dup2(pipefd[0], 3);
-		for (int k = 0; k < 3 && null >= 0; k++)
-			dup2(null, k);
 		syscall(SYS_close_range, 4, ~0U, 0);
 		helper(3, p->mountpoint, id);
 	}

@@ -311,13 +311,14 @@ static int serve_requests(const struct ckfs_mount_options *opt, struct fuse_sess
  * sandbox's helper to remove. libfuse's handlers are wrapped to tell. */
 
 static const int stop_signals[] = { SIGTERM, SIGINT, SIGHUP };
-static struct sigaction libfuse_action[3];
+#define N_STOP (sizeof(stop_signals) / sizeof(stop_signals[0]))
+static struct sigaction libfuse_action[N_STOP];
 static volatile sig_atomic_t stopped_by_signal;
 
 static void note_stop(int sig, siginfo_t *si, void *ctx)
 {
 	stopped_by_signal = 1;
-	for (int i = 0; i < 3; i++) {
+	for (size_t i = 0; i < N_STOP; i++) {
 		const struct sigaction *a = &libfuse_action[i];
 		if (stop_signals[i] != sig)
 			continue;
@@ -332,7 +333,7 @@ static void note_stop(int sig, siginfo_t *si, void *ctx)
  * removes them: it only removes its own). */
 static void wrap_stop_handlers(bool install)
 {
-	for (int i = 0; i < 3; i++) {
+	for (size_t i = 0; i < N_STOP; i++) {
 		if (!install) {
 			sigaction(stop_signals[i], &libfuse_action[i], NULL);
 			continue;
@@ -422,7 +423,7 @@ static int serve(const struct ckfs_mount_options *opt, int ready_fd)
 	 * preload and a run's watcher, with the stop signals blocked (they
 	 * must reach this thread, where libfuse waits for them). */
 	ckfs_fs_plan_kernel_readahead(fs, opt->mountpoint);
-	if (opt->sandbox) {
+	if (!opt->nosandbox) {
 		wrap_stop_handlers(wrapped = true);
 		if (enter_sandbox(opt, &sb, &err) != CKFS_OK)
 			goto err_out4;

@@ -684,7 +684,7 @@ static enum ckfs_code map_key(struct ctx *c, int p, size_t i, long layer0,
 	const struct ckfs_megatron_key *k;
 	const char *rest;
 	long j, ei;
-	int fc;
+	int fc, inner;
 
 	if (top && strcmp(top, "model.embed_tokens.weight") == 0) {
 		if (c->embed.set) { /* the MTP stage's copy */
@@ -711,8 +711,8 @@ static enum ckfs_code map_key(struct ctx *c, int p, size_t i, long layer0,
 	}
 	if (top) /* the final norm */
 		return replicated(c, top, p, i, err);
-	if (c->a.deepseek_moe && ckfs_megatron_mtp_key(key, &j, &rest, &fc))
-		return map_mtp(c, key, j, rest, fc, p, i, err);
+	if (c->a.deepseek_moe && ckfs_megatron_mtp_key(key, &j, &rest, &inner))
+		return map_mtp(c, key, j, rest, inner, p, i, err);
 	if (!numbered_layer(key, &j, &rest))
 		return unknown_key(c, key, -1, p, i, err);
 	if (expert_key(rest, &fc, &ei))

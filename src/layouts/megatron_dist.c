@@ -40,8 +40,9 @@
  * shared expert and its gate map to mlp.shared_expert.* and
  * mlp.shared_expert_gate.weight, DeepSeek's and GLM's (no gate) to
  * mlp.shared_experts.*. MLA and MTP layers as megatron_vocab.c names them
- * (docs/formats.md); per-layer keys when layers differ (dense first ones). Expert parallelism leaves no trace in the
- * sharded keys: it only moves chunk offsets on the expert axis.
+ * (docs/formats.md); per-layer keys when layers differ (dense first
+ * ones). Expert parallelism leaves no trace in the sharded keys: it only
+ * moves chunk offsets on the expert axis.
  * output_layer is dropped (with a warning) when config.json ties the
  * embeddings; untied configs need it. Checked against config.json: layer
  * axis = num_hidden_layers, head counts divide, qkv/fc1/embedding shapes.

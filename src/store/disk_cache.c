@@ -150,6 +150,11 @@ enum ckfs_code ckfs_disk_cache_open(const char *dir, uint64_t budget,
 	return CKFS_OK;
 }
 
+const char *ckfs_disk_cache_dir(const struct ckfs_disk_cache *c)
+{
+	return c->dir;
+}
+
 void ckfs_disk_cache_free(struct ckfs_disk_cache *c)
 {
 	if (!c)

@@ -9,8 +9,9 @@
  * (the store: endpoint, region, addressing; bucket, key, ETag) and the
  * block's place, length and payload checksum (XXH3-64), checked on every
  * read, so neither a hash collision, another store with the same bucket,
- * key and ETag, a stray file nor a damaged block can serve wrong bytes. A block is written to a temporary name and renamed, so readers
- * see it whole or not at all. Hits refresh the file's mtime; when the
+ * key and ETag, a stray file nor a damaged block can serve wrong bytes. A
+ * block is written to a temporary name and renamed, so readers see it
+ * whole or not at all. Hits refresh the file's mtime; when the
  * folder holds more than SIZE, the files with the oldest mtimes go.
  */
 #ifndef CKFS_STORE_DISK_CACHE_H
@@ -31,6 +32,8 @@ enum ckfs_code ckfs_disk_cache_open(const char *dir, uint64_t budget,
 				    struct ckfs_disk_cache **out,
 				    struct ckfs_error *err) CKFS_WARN_UNUSED;
 void ckfs_disk_cache_free(struct ckfs_disk_cache *c);
+/* Its folder, as opened. */
+const char *ckfs_disk_cache_dir(const struct ckfs_disk_cache *c);
 
 /* Block `block` of the object id (its store, "bucket/key ETag"), len
  * bytes: 1 and the bytes in buf when it is held intact, else 0. */

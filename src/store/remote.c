@@ -45,7 +45,6 @@ static struct {
 	pthread_mutex_t lock;
 	char *endpoint;
 	struct ckfs_disk_cache *cache; /* --s3-cache, or NULL */
-	char cache_dir[4096];          /* its folder, for the daemon's sandbox */
 	struct ckfs_s3 *s3;
 	struct root **roots;
 	size_t n_roots;
@@ -85,14 +84,13 @@ enum ckfs_code ckfs_remote_set_cache(const char *dir, uint64_t budget, struct ck
 	pthread_mutex_lock(&store.lock);
 	ckfs_disk_cache_free(store.cache);
 	store.cache = c;
-	snprintf(store.cache_dir, sizeof(store.cache_dir), "%s", dir);
 	pthread_mutex_unlock(&store.lock);
 	return CKFS_OK;
 }
 
 const char *ckfs_remote_cache_dir(void)
 {
-	return store.cache ? store.cache_dir : NULL;
+	return store.cache ? ckfs_disk_cache_dir(store.cache) : NULL;
 }
 
 static int by_key(const void *a, const void *b)

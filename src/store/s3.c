@@ -25,6 +25,7 @@ struct ckfs_s3 {
 	struct ckfs_s3_config cfg;
 	char sigv4[128];
 	char identity[700];
+	long timeout_floor_ms;   /* CKFS_S3_TIMEOUT, read once (deadline_ms) */
 	pthread_mutex_t lock;
 	CURL *idle[POOL];
 	int n_idle;
@@ -37,6 +38,25 @@ static CURLcode curl_init_rc;
 static void curl_init(void)
 {
 	curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+/* Every request's deadline: a floor (CKFS_S3_TIMEOUT seconds, default
+ * 30: boto3's read timeout is 60, the AWS CLI's connect timeout 60) plus
+ * its length at 512 KiB/s, so a store that trickles (2 B/s: two hours for
+ * a 16 KiB block) fails in bounded time and is retried like any failure.
+ * A transfer under 1 KiB/s for 20 s fails sooner. */
+static long timeout_floor_ms(void)
+{
+	const char *e = getenv("CKFS_S3_TIMEOUT");
+	char *end;
+	long floor_s = 30;
+
+	if (e && *e) {
+		long v = strtol(e, &end, 10);
+		if (!*end && v > 0 && v < 86400)
+			floor_s = v;
+	}
+	return floor_s * 1000;
 }
 
 enum ckfs_code ckfs_s3_new(const struct ckfs_s3_config *c, struct ckfs_s3 **out,
@@ -57,6 +77,7 @@ enum ckfs_code ckfs_s3_new(const struct ckfs_s3_config *c, struct ckfs_s3 **out,
 	snprintf(s3->identity, sizeof(s3->identity), "%s %s %s",
 		 ckfs_url_redact(c->endpoint, ep, sizeof(ep)), c->region,
 		 c->addressing == CKFS_S3_VIRTUAL ? "virtual" : "path");
+	s3->timeout_floor_ms = timeout_floor_ms();
 	pthread_mutex_init(&s3->lock, NULL);
 	*out = s3;
 	return CKFS_OK;
@@ -263,23 +284,10 @@ struct request {
 	size_t expect;            /* bytes the answer should carry, for its deadline */
 };
 
-/* Every request's deadline: a floor (CKFS_S3_TIMEOUT seconds, default
- * 30: boto3's read timeout is 60, the AWS CLI's connect timeout 60) plus
- * its length at 512 KiB/s, so a store that trickles (2 B/s: two hours for
- * a 16 KiB block) fails in bounded time and is retried like any failure.
- * A transfer under 1 KiB/s for 20 s fails sooner. */
-static long deadline_ms(size_t expect)
+/* A request's deadline (see timeout_floor_ms). */
+static long deadline_ms(const struct ckfs_s3 *s3, size_t expect)
 {
-	const char *e = getenv("CKFS_S3_TIMEOUT");
-	char *end;
-	long floor_s = 30;
-
-	if (e && *e) {
-		long v = strtol(e, &end, 10);
-		if (!*end && v > 0 && v < 86400)
-			floor_s = v;
-	}
-	return floor_s * 1000 + (long)(expect / 512);
+	return s3->timeout_floor_ms + (long)(expect / 512);
 }
 
 /* A ranged GET answered 200 with the whole object: a store (or proxy)
@@ -314,7 +322,7 @@ static enum ckfs_code perform(struct ckfs_s3 *s3, const struct request *req, str
 		curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
 		curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
 		curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 10L);
-		curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, deadline_ms(req->expect));
+		curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, deadline_ms(s3, req->expect));
 		curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L); /* a stalled read fails */
 		curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 20L);
 		curl_easy_setopt(h, CURLOPT_NOBODY, req->head ? 1L : 0L);
