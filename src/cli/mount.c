@@ -79,11 +79,12 @@ static const struct cli_opt opt_kernel_readahead = {
 };
 static const struct cli_opt opt_uid = {
 	.id = OPT_UID, .key = "uid", .arg = "N", .kind = CLI_COUNT, .lo = 0, .hi = INT32_MAX,
-	.help = "owner shown for all files (default: the mounting user)"
+	.help = "owner shown for all files (default: the mounting user); mounted by root, "
+		"also the user the daemon runs as once mounted"
 };
 static const struct cli_opt opt_gid = {
 	.id = OPT_GID, .key = "gid", .arg = "N", .kind = CLI_COUNT, .lo = 0, .hi = INT32_MAX,
-	.help = "group shown for all files"
+	.help = "group shown for all files (and the daemon's, with uid=)"
 };
 static const struct cli_opt opt_umask = {
 	.id = OPT_UMASK, .key = "umask", .arg = "M", .kind = CLI_OCTAL, .hi = 0777,
@@ -128,8 +129,9 @@ static const struct cli_opt opt_preload_max = {
 
 static const struct cli_opt opt_nosandbox = {
 	.id = OPT_NOSANDBOX, .key = "nosandbox",
-	.help = "for debugging only: serve without the daemon's sandbox (no_new_privs, "
-		"Landlock read-only beneath the sources; docs/reliability.md)"
+	.help = "for debugging only: serve without the daemon's sandbox (the uid= user, "
+		"no_new_privs, Landlock read-only beneath the sources, a system-call "
+		"allow-list; docs/reliability.md)"
 };
 
 static const struct cli_opt *const mount_opts[] = {

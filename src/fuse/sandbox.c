@@ -25,8 +25,10 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <limits.h>
 #include <linux/landlock.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +40,7 @@
 #include <unistd.h>
 
 #include "ckfs/log.h"
+#include "fuse/syscall_filter.h"
 
 extern char **environ;
 
@@ -158,7 +161,7 @@ static int allow_symbolizer(int rs, __u64 handled)
 #endif
 }
 
-static enum ckfs_code landlock(const struct ckfs_sandbox_paths *p, struct ckfs_error *err,
+static enum ckfs_code landlock(const struct ckfs_sandbox_rules *p, struct ckfs_error *err,
 			       int *applied)
 {
 	static const char *const system_dirs[] = { "/etc", "/usr" };
@@ -207,6 +210,51 @@ static enum ckfs_code landlock(const struct ckfs_sandbox_paths *p, struct ckfs_e
 	}
 	close(rs);
 	*applied = abi;
+	return CKFS_OK;
+}
+
+/* ---- the mounting user ---- */
+
+/* Started as root with -o uid=: become that user, with -o gid= (else its
+ * own group) and its supplementary groups, for good (setuid(0) must fail
+ * after). It must then read the sources and write the caches: a mount it
+ * could not serve is refused here, not found out at a read. The process
+ * stays not dumpable, so the user cannot ptrace it or open its
+ * descriptors (root opened the sources and /dev/fuse). */
+static enum ckfs_code drop_to_user(const struct ckfs_sandbox_rules *p, struct ckfs_error *err)
+{
+	struct passwd pw, *found = NULL;
+	char buf[16384];
+	unsigned uid = (unsigned)p->uid;
+
+	if (getpwuid_r(p->uid, &pw, buf, sizeof(buf), &found) != 0)
+		found = NULL;
+	if (!p->has_gid && !found)
+		return ckfs_fail(err, CKFS_E_INVALID, "-o uid=%u: no such user in the user "
+				 "database, so no group to run as: give -o gid= too", uid);
+	gid_t gid = p->has_gid ? p->gid : found->pw_gid;
+	if ((found ? initgroups(found->pw_name, gid) : setgroups(1, &gid)) != 0 ||
+	    setresgid(gid, gid, gid) != 0 || setresuid(p->uid, p->uid, p->uid) != 0)
+		return ckfs_fail_errno(err, "-o uid=%u: cannot become this user", uid);
+	if (setuid(0) == 0 || geteuid() != p->uid || getegid() != gid)
+		return ckfs_fail(err, CKFS_E_IO, "-o uid=%u: root privileges were not dropped", uid);
+	for (size_t i = 0; i < p->n_read + p->n_write; i++) {
+		bool w = i >= p->n_read;
+		const char *path = w ? p->write[i - p->n_read] : p->read[i];
+		struct stat st;
+		if (!path)
+			continue;
+		if (stat(path, &st) != 0) {
+			if (errno == ENOENT)
+				continue; /* not there: not allowed either */
+		} else if (access(path, (w ? R_OK | W_OK : R_OK) |
+					(S_ISDIR(st.st_mode) ? X_OK : 0)) == 0) {
+			continue;
+		}
+		return ckfs_fail_errno(err, "-o uid=%u: the daemon runs as this user once "
+					       "mounted, and it cannot %s '%s'", uid,
+					       w ? "write" : "read", path);
+	}
 	return CKFS_OK;
 }
 
@@ -272,7 +320,7 @@ static void helper(int fd, const char *mnt, __u64 mnt_id)
 	helper_exit(1);
 }
 
-enum ckfs_code ckfs_sandbox_enter(const struct ckfs_sandbox_paths *p, struct ckfs_sandbox *sb,
+enum ckfs_code ckfs_sandbox_enter(const struct ckfs_sandbox_rules *p, struct ckfs_sandbox *sb,
 				  struct ckfs_error *err)
 {
 	__u64 id;
@@ -306,11 +354,13 @@ enum ckfs_code ckfs_sandbox_enter(const struct ckfs_sandbox_paths *p, struct ckf
 	close(pipefd[0]);
 	sb->helper = pid;
 	sb->helper_fd = pipefd[1];
+	if (p->drop)
+		CKFS_TRY(drop_to_user(p, err));
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
 		return ckfs_fail_errno(err, "sandbox: cannot set no_new_privs");
 	CKFS_TRY(landlock(p, err, &applied));
 	sb->landlock_abi = applied;
-	return CKFS_OK;
+	return ckfs_syscall_filter_apply(p->network, &sb->syscall_filter, err);
 }
 
 void ckfs_sandbox_leave(struct ckfs_sandbox *sb, bool unmount)

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The mount daemon's sandbox, entered once it serves (src/fuse/sandbox.c,
- * docs/reliability.md): no_new_privs, and Landlock rules that let it read
- * its sources and write its caches only. A forked helper does the unmount
- * a Landlock domain may not do.
+ * docs/reliability.md): the uid= user instead of root, no_new_privs,
+ * Landlock rules that let it read its sources and write its caches only,
+ * and a system-call allow-list. A forked helper does the unmount a
+ * Landlock domain may not do.
  */
 #ifndef CKFS_FUSE_SANDBOX_H
 #define CKFS_FUSE_SANDBOX_H
@@ -13,8 +14,12 @@
 
 #include "ckfs/err.h"
 
-struct ckfs_sandbox_paths {
+struct ckfs_sandbox_rules {
 	const char *mountpoint;
+	bool drop;              /* started as root with -o uid=: become that user */
+	uid_t uid;
+	gid_t gid;              /* with has_gid (-o gid=); else the user's own */
+	bool has_gid;
 	const char *read[8];    /* folders or files read beneath (NULL skipped) */
 	size_t n_read;
 	const char *write[4];   /* caches: read and written beneath */
@@ -26,12 +31,14 @@ struct ckfs_sandbox {
 	pid_t helper;
 	int helper_fd;          /* -1: no helper */
 	int landlock_abi;       /* 0: Landlock not applied (no kernel support) */
+	bool syscall_filter;    /* the seccomp allow-list applied */
 };
 
-/* Fork the unmount helper, then confine this process (and its threads:
+/* Fork the unmount helper (it stays root), then confine this process
+ * (and its threads:
  * call it before any thread starts that must stay free, or accept that
  * every thread is confined, as here). */
-enum ckfs_code ckfs_sandbox_enter(const struct ckfs_sandbox_paths *p, struct ckfs_sandbox *sb,
+enum ckfs_code ckfs_sandbox_enter(const struct ckfs_sandbox_rules *p, struct ckfs_sandbox *sb,
 				  struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* The loop has ended, /dev/fuse still open: the helper unmounts (unmount:
  * the daemon was stopped, its mount is still there; false: the kernel

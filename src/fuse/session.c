@@ -350,7 +350,13 @@ static enum ckfs_code enter_sandbox(const struct ckfs_mount_options *opt, struct
 				    struct ckfs_error *err)
 {
 	static char plans[PATH_MAX];
-	struct ckfs_sandbox_paths p = { .mountpoint = opt->mountpoint };
+	struct ckfs_sandbox_rules p = {
+		.mountpoint = opt->mountpoint,
+		.drop = opt->has_uid && opt->uid != 0 && geteuid() == 0,
+		.uid = opt->uid,
+		.gid = opt->gid,
+		.has_gid = opt->has_gid,
+	};
 	const char *srcs[] = { opt->src, opt->model.config_path, opt->model.base_path };
 
 	for (size_t i = 0; i < sizeof(srcs) / sizeof(srcs[0]); i++) {
@@ -362,13 +368,18 @@ static enum ckfs_code enter_sandbox(const struct ckfs_mount_options *opt, struct
 	p.read[p.n_read++] = "/dev/null"; /* detach's stdio */
 	p.read[p.n_read++] = getenv("CKFS_PRELOAD_GATE"); /* tests only (preload.c) */
 	p.write[p.n_write++] = "/dev/null";
+	if (p.drop) /* root's plan cache is not the user's to write */
+		setenv("CKFS_PLAN_CACHE", "off", 1);
 	if (ckfs_plan_cache_dir(plans, sizeof(plans)))
 		p.write[p.n_write++] = plans;
 	if (ckfs_remote_cache_dir())
 		p.write[p.n_write++] = ckfs_remote_cache_dir();
 	CKFS_TRY(ckfs_sandbox_enter(&p, sb, err));
-	ckfs_log(CKFS_LOG_INFO, "sandbox: no_new_privs, %s", sb->landlock_abi
-		 ? "Landlock read-only beneath the sources" : "no Landlock in this kernel");
+	ckfs_log(CKFS_LOG_INFO, "sandbox: %s, no_new_privs, %s, %s",
+		 p.drop ? "the uid= user" : "this user", sb->landlock_abi
+		 ? "Landlock read-only beneath the sources" : "no Landlock in this kernel",
+		 sb->syscall_filter ? "a system-call allow-list"
+		 : "no system-call list for this architecture");
 	return CKFS_OK;
 }
 

@@ -26,8 +26,10 @@
  *   CKFS_PROBE_OPEN=PATH   on the first read while CKFS_PROBE_ARM's path
  *                          exists, the process tries to open PATH and
  *                          reports "probe PATH ok" or "probe PATH <errno
- *                          name>" (tests/mount/test_sandbox.sh: a daemon
- *                          reaching outside its sources)
+ *                          name>", then tries to make an Internet socket
+ *                          and reports "probe-socket ok" or the errno's
+ *                          name (tests/faults/test_sandbox.sh: a daemon
+ *                          reaching outside its sources and its calls)
  *
  * The real functions come from dlsym(RTLD_NEXT), so the shim stacks on a
  * sanitizer's allocator as well as on glibc's (ASan: set
@@ -49,6 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -315,8 +318,13 @@ static int armed(void)
 	return !io_arm || access(io_arm, F_OK) == 0;
 }
 
-/* CKFS_PROBE_OPEN: once, while armed, try to open the path and say how
- * it went. */
+static const char *errno_name(int e)
+{
+	return e == EACCES ? "EACCES" : e == EPERM ? "EPERM" : "other-error";
+}
+
+/* CKFS_PROBE_OPEN: once, while armed, try to open the path and an
+ * Internet socket and say how it went. */
 static void probe(void)
 {
 	if (!probe_path || !probe_arm || atomic_load(&probe_done) || access(probe_arm, F_OK) != 0 ||
@@ -326,10 +334,15 @@ static void probe(void)
 	int e = errno;
 	char detail[4200];
 	snprintf(detail, sizeof(detail), "%s %s", probe_path,
-		 fd >= 0 ? "ok" : e == EACCES ? "EACCES" : e == EPERM ? "EPERM" : "other-error");
+		 fd >= 0 ? "ok" : errno_name(e));
 	if (fd >= 0)
 		close(fd);
 	report("probe", detail);
+	int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	e = errno;
+	report("probe-socket", s >= 0 ? "ok" : errno_name(e));
+	if (s >= 0)
+		close(s);
 }
 
 static int io_fail_now(int fd)
