@@ -137,6 +137,31 @@ struct ckfs_chunk {
 	const int64_t *offset;          /* global index of local element 0 */
 };
 
+struct ckfs_model;
+struct ckfs_tensor;
+struct ckfs_read_scratch;
+
+/*
+ * A served view: a tensor whose bytes are computed on read from other
+ * tensors' (src/model/view_*.c), after ggml's type traits. One row per
+ * view; a view's tensor may read another view's (FP8 of a LoRA-fused
+ * weight reads the fused weight), as curl's content writers chain.
+ */
+struct ckfs_view {
+	const char *name;
+	/* Elements [first, first + count) of t as t->out_dtype into dst. */
+	enum ckfs_code (*read)(const struct ckfs_model *m, const struct ckfs_tensor *t,
+			       uint64_t first, uint64_t count, void *dst,
+			       struct ckfs_read_scratch *scratch, struct ckfs_error *err);
+	/* The tensors t is computed from beyond its own chunks (what may
+	 * read it: src/folder/perm.c), into in[0..2); how many. */
+	size_t (*inputs)(const struct ckfs_tensor *t, const struct ckfs_tensor *in[2]);
+};
+extern const struct ckfs_view ckfs_view_fp8;          /* --dtype fp8: view_fp8.c */
+extern const struct ckfs_view ckfs_view_fp8_dequant;  /* a block-FP8 release in bf16 */
+extern const struct ckfs_view ckfs_view_w4a16;        /* --dtype w4a16: view_w4a16.c */
+extern const struct ckfs_view ckfs_view_lora;         /* --lora=fuse: view_lora.c */
+
 struct ckfs_tensor {
 	const char *name;
 	enum ckfs_dtype stored_dtype;
@@ -152,34 +177,28 @@ struct ckfs_tensor {
 	uint32_t n_copies;
 	struct ckfs_chunk *copies;
 	const char *placement;          /* e.g. "Shard(0)", for inspect */
-	/* --lora=fuse: the LoRA pair added to this (base) tensor on read;
-	 * NULL for plain tensors. */
-	struct ckfs_lora_pair *lora;
-	/* --dtype fp8: the block quantization this tensor is the values
-	 * (out_dtype F8_E4M3) or the scales (fp8_scales, F32, no chunks) of;
-	 * NULL for other tensors. */
-	struct ckfs_fp8 *fp8;
-	bool fp8_scales;
-	/* --dtype w4a16: the weight this tensor is the packed values, scales
-	 * or shape of (no chunks; which one: w4a16_part); NULL for others. */
-	struct ckfs_w4a16 *w4a16;
-	/* A block-FP8 release's weight (DeepSeek-V3's: F8_E4M3 values, one F32
-	 * scale per CKFS_FP8_BLOCK x CKFS_FP8_BLOCK block, partial blocks at
-	 * the edges) served in a float dtype: out = out_dtype(f32(v) * scale),
-	 * as DeepSeek's fp8_cast_bf16.py and transformers' dequantize compute
-	 * it (src/model/fp8_dequant.c); its scale tensor is not served. NULL
-	 * for other tensors. */
-	const struct ckfs_tensor *dequant_scale;
-	enum ckfs_w4a16_part {
-		CKFS_W4A16_PACKED,      /* I32 [rows, cols / 8]: 8 nibbles q + 8 */
-		CKFS_W4A16_SCALE,       /* BF16 [rows, cols / 128] */
-		CKFS_W4A16_SHAPE,       /* I64 [2]: rows, cols */
-	} w4a16_part;
+	/* A served view (struct ckfs_view): NULL for a tensor served from
+	 * its chunks. view_state is the view's own: --lora=fuse's struct
+	 * ckfs_lora_pair, --dtype fp8's struct ckfs_fp8, w4a16's struct
+	 * ckfs_w4a16, a release's scale tensor. view_part 0 is the tensor the
+	 * view is named by; a later part (FP8 scales, a w4a16 weight's
+	 * scales and shape) is served right after it, in its shard. */
+	const struct ckfs_view *view;
+	void *view_state;
+	int view_part;
+};
+
+/* view_part of an --dtype fp8 weight's scales, and of w4a16's triple. */
+#define CKFS_FP8_SCALES 1
+enum ckfs_w4a16_part {
+	CKFS_W4A16_PACKED,              /* I32 [rows, cols / 8]: 8 nibbles q + 8 */
+	CKFS_W4A16_SCALE,               /* BF16 [rows, cols / 128] */
+	CKFS_W4A16_SHAPE,               /* I64 [2]: rows, cols */
 };
 
 /*
  * compressed-tensors' pack-quantized W4A16 of a 2-D weight W [rows, cols]
- * (src/model/w4a16_quant.c; docs/formats.md "W4A16"): per group of
+ * (src/model/view_w4a16.c; docs/formats.md "W4A16"): per group of
  * CKFS_W4A16_GROUP consecutive elements of a row, from W as bf16,
  * s = bf16(max|w| / 7.5) (the bf16 eps when that is 0) and
  * q = round_half_even(clamp(bf16(w / s), -8, 7)), packed 8 to an int32
@@ -192,7 +211,7 @@ struct ckfs_w4a16 {
 	 * of the scales that follows (so it need not read the weight again):
 	 * one bf16 and one "known" byte per group, allocated by the first
 	 * such read within the model's budget, freed once every scale was
-	 * served from it (w4a16_quant.c). Guarded by lock. */
+	 * served from it (view_w4a16.c). Guarded by lock. */
 	pthread_mutex_t lock;
 	uint16_t *scales;
 	unsigned char *known;
@@ -208,7 +227,7 @@ struct ckfs_w4a16_kept {
 };
 
 /*
- * Block-wise FP8 of a 2-D weight W [rows, cols] (src/model/fp8_quant.c): per
+ * Block-wise FP8 of a 2-D weight W [rows, cols] (src/model/view_fp8.c): per
  * block of CKFS_FP8_BLOCK x CKFS_FP8_BLOCK (partial at the edges) a scale
  * s = max(amax(|block|), 1e-10) / 448 (never 0: vLLM's floor), and values
  * float8_e4m3fn(clamp(W / s, -448, 448)). The scales of a block row are
@@ -217,17 +236,18 @@ struct ckfs_w4a16_kept {
  */
 #define CKFS_FP8_BLOCK 128
 struct ckfs_fp8 {
-	const struct ckfs_tensor *values; /* the weight, served as F8_E4M3 */
+	struct ckfs_tensor weight;      /* the weight as planned (a view of
+					 * its own when LoRA is fused) */
 	int64_t rows, cols, block_rows, block_cols;
 	float *scales;                  /* block_rows x block_cols */
 	_Atomic unsigned char *ready;   /* per block row: unknown, being
-					 * computed, set (fp8_quant.c) */
+					 * computed, set (view_fp8.c) */
 	pthread_mutex_t lock;           /* guards the states' changes */
 	pthread_cond_t done;            /* a block row was computed */
 };
 
 /* Block rows quantized whole and kept for the reads that want them
- * (fp8_quant.c): up to CKFS_FP8_KEPT block rows and CKFS_FP8_KEPT_BYTES, least
+ * (view_fp8.c): up to CKFS_FP8_KEPT block rows and CKFS_FP8_KEPT_BYTES, least
  * recently used first out. */
 #define CKFS_FP8_KEPT 1024
 #define CKFS_FP8_KEPT_BYTES (128u << 20)
@@ -431,18 +451,22 @@ void ckfs_chunk_unpack(const struct ckfs_chunk *c, int ndim, struct ckfs_chunk_s
 /* Bytes of one output tensor. */
 uint64_t ckfs_tensor_out_bytes(const struct ckfs_tensor *t);
 
-/* Reusable buffers for ckfs_tensor_read; one per thread. */
+/* Reusable buffers for ckfs_tensor_read; one per thread. A view being
+ * read holds the buffer of its depth (ckfs_view_scratch), so a view that
+ * reads another view's tensor does not lose its own. */
+#define CKFS_VIEW_DEPTH 4
 struct ckfs_read_scratch {
-	void *buf;                      /* bounce buffer */
+	void *buf;                      /* bounce buffer of plain reads */
 	size_t cap;
-	float *fused;                   /* fused LoRA reads (lora_fuse.c) */
-	float *fp8;                     /* fp8 block rows (fp8_quant.c) */
-	size_t fp8_cap;                 /* in elements */
-	uint16_t *w4a16;                /* bf16 groups (w4a16_quant.c) */
-	size_t w4a16_cap;               /* in elements */
-	float *dequant;                 /* values and scales (fp8_dequant.c) */
-	size_t dequant_cap;             /* in elements */
+	struct {
+		void *p;
+		size_t cap;
+	} view[CKFS_VIEW_DEPTH];
+	int depth;                      /* views being read */
 };
+/* The buffer of the view being read, at least bytes long; NULL when out
+ * of memory. */
+void *ckfs_view_scratch(struct ckfs_read_scratch *s, size_t bytes);
 void ckfs_read_scratch_release(struct ckfs_read_scratch *s);
 
 /*
@@ -461,7 +485,7 @@ enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
  * will read, one per chunk, written to v[0..cap) (a chunk not stored as
  * whole rows in order gives whole rows: a little more than the read may
  * need): the number written. Chunks whose bytes lie too far apart for
- * one range, and fp8, w4a16 and LoRA tensors, give none. A hint for
+ * one range, and views' tensors, give none. A hint for
  * fetching ahead (ckfs_file_ahead), never a promise: the read fetches
  * what it was not given.
  */
@@ -469,30 +493,6 @@ size_t ckfs_tensor_ranges(const struct ckfs_model *m, const struct ckfs_tensor *
 			  uint64_t first, uint64_t count, struct ckfs_file_range *v,
 			  size_t cap);
 
-/* Internal to src/model: the read of an fp8 tensor (values or scales,
- * fp8_quant.c), called by ckfs_tensor_read. */
-enum ckfs_code ckfs_fp8_read(const struct ckfs_model *m, const struct ckfs_tensor *t,
-			     uint64_t first, uint64_t count, void *dst,
-			     struct ckfs_read_scratch *scratch,
-			     struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* Internal to src/model: the read of a w4a16 tensor (packed values,
- * scales or shape: w4a16_quant.c), called by ckfs_tensor_read. */
-enum ckfs_code ckfs_w4a16_read(const struct ckfs_model *m, const struct ckfs_tensor *t,
-			       uint64_t first, uint64_t count, void *dst,
-			       struct ckfs_read_scratch *scratch,
-			       struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* Internal to src/model: the read of a block-FP8 release's weight served in
- * a float dtype (fp8_dequant.c), called by ckfs_tensor_read. */
-enum ckfs_code ckfs_fp8_dequant_read(const struct ckfs_model *m, const struct ckfs_tensor *t,
-				     uint64_t first, uint64_t count, void *dst,
-				     struct ckfs_read_scratch *scratch,
-				     struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* Internal to src/model: the read of a tensor with a LoRA pair (lora_fuse.c),
- * called by ckfs_tensor_read. */
-enum ckfs_code ckfs_lora_read(const struct ckfs_model *m, const struct ckfs_tensor *t,
-			      uint64_t first, uint64_t count, void *dst,
-			      struct ckfs_read_scratch *scratch,
-			      struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* Validation (plan.c) of a finished tensor plan, by the layout readers as
  * they make each tensor, and of the finished model (its served dtypes
  * chosen), by ckfs_model_open: every name and served size again, each

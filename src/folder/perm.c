@@ -332,8 +332,8 @@ static enum ckfs_code source_classes(struct walk *w, const struct ckfs_model *m,
 	return CKFS_OK;
 }
 
-/* A tensor: the sources of its chunks, and of its LoRA pair's when it is
- * fused on read. */
+/* A tensor: the sources of its chunks, and of what a view computes it
+ * from (a fused LoRA pair, the weight FP8 scales are made of, ...). */
 static enum ckfs_code tensor_classes(struct walk *w, const struct ckfs_model *m,
 				     const struct ckfs_tensor *t, unsigned char *cache,
 				     unsigned *out)
@@ -343,14 +343,10 @@ static enum ckfs_code tensor_classes(struct walk *w, const struct ckfs_model *m,
 		CKFS_TRY(source_classes(w, m, t->chunks[k].source, cache, &c));
 		*out &= c;
 	}
-	if (t->fp8_scales && *out) /* computed from the weight */
-		CKFS_TRY(tensor_classes(w, m, t->fp8->values, cache, out));
-	if (t->w4a16 && *out) /* so are the parts of a w4a16 weight */
-		CKFS_TRY(tensor_classes(w, m, &t->w4a16->weight, cache, out));
-	if (t->lora && *out)
-		CKFS_TRY(tensor_classes(w, m, t->lora->a, cache, out));
-	if (t->lora && *out)
-		CKFS_TRY(tensor_classes(w, m, t->lora->b, cache, out));
+	const struct ckfs_tensor *in[2];
+	size_t n = t->view ? t->view->inputs(t, in) : 0;
+	for (size_t k = 0; k < n && *out; k++)
+		CKFS_TRY(tensor_classes(w, m, in[k], cache, out));
 	return CKFS_OK;
 }
 

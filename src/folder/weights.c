@@ -236,12 +236,10 @@ enum ckfs_code ckfs_st_layout_build(const struct ckfs_model *m,
 			n_shards = 1;
 			continue;
 		}
-		/* fp8 scales follow their weight (src/layouts/fp8_select.c) into its
-		 * shard, even past the limit by their few bytes; so do a w4a16
-		 * weight's scales and shape (w4a16_select.c). */
-		if ((m->tensors[i].fp8_scales || (m->tensors[i].w4a16 &&
-						  m->tensors[i].w4a16_part != CKFS_W4A16_PACKED)) &&
-		    i > 0) {
+		/* A view's later parts (fp8 scales, a w4a16 weight's scales and
+		 * shape) follow its weight into its shard, even past the limit
+		 * by their few bytes. */
+		if (m->tensors[i].view_part > 0 && i > 0) {
 			shard_of[i] = shard_of[i - 1];
 			if (shard_of[i] == current)
 				current_size += size;

@@ -10,7 +10,7 @@
  *  - --dtype not given (or auto): served as stored, scales and all, as
  *    vLLM and SGLang load it;
  *  - --dtype bf16, fp16 or fp32: each such weight dequantized on read
- *    (src/model/fp8_dequant.c: what DeepSeek's fp8_cast_bf16.py writes),
+ *    (src/model/view_fp8_dequant.c: what DeepSeek's fp8_cast_bf16.py writes),
  *    its scale not served, quantization_config dropped from config.json;
  *  - --dtype fp8 or w4a16: refused (quantizing quantized values again).
  *
@@ -103,7 +103,8 @@ static enum ckfs_code pair_scales(struct ckfs_model *m, struct ckfs_error *err)
 				break;
 			}
 			*copy = *s; /* m->tensors is compacted below */
-			t->dequant_scale = copy;
+			t->view = &ckfs_view_fp8_dequant;
+			t->view_state = copy;
 			m->n_fp8_dequantized++;
 		}
 	}

@@ -11,7 +11,7 @@
  *    multimodal projector.
  *
  * It is then served as F8_E4M3 with `<name>_scale_inv` beside it (F32, one
- * per 128 x 128 block; src/model/fp8_quant.c computes both on read). Everything
+ * per 128 x 128 block; src/model/view_fp8.c computes both on read). Everything
  * else is served as bf16 (ckfs_model_open's dtype rule): embeddings, norms, biases, lm_head, MoE routers,
  * the skipped layers. Every other matrix's module is listed for config.json
  * (quantization_config.modules_to_not_convert, under the names transformers
@@ -106,8 +106,8 @@ static enum ckfs_code list_unconverted(struct ckfs_model *m, struct ckfs_error *
 	v[n++] = "lm_head";
 	for (size_t i = 0; i < m->n_tensors; i++) {
 		const struct ckfs_tensor *t = &m->tensors[i];
-		if (t->fp8 || t->ndim < 2 || (!ckfs_ends_with(t->name, ".weight") &&
-					      !ckfs_ends_with(t->name, "_proj")))
+		if (t->view == &ckfs_view_fp8 || t->ndim < 2 ||
+		    (!ckfs_ends_with(t->name, ".weight") && !ckfs_ends_with(t->name, "_proj")))
 			continue;
 		module_of(t->name, mod, sizeof(mod));
 		CKFS_TRY(ckfs_hf_memory_name(m, mod, mem, sizeof(mem), err));
@@ -141,16 +141,20 @@ static enum ckfs_code quantize(struct ckfs_model *m, struct ckfs_tensor *t, stru
 		return ckfs_nomem(err);
 	pthread_mutex_init(&q->lock, NULL);
 	pthread_cond_init(&q->done, NULL);
+	q->weight = *t;
 	t->out_dtype = CKFS_DTYPE_F8_E4M3;
-	t->fp8 = q;
+	t->view = &ckfs_view_fp8;
+	t->view_state = q;
+	t->view_part = 0;
 	s->stored_dtype = s->out_dtype = CKFS_DTYPE_F32;
 	s->ndim = 2;
 	s->shape[0] = q->block_rows;
 	s->shape[1] = q->block_cols;
 	s->numel = (uint64_t)(q->block_rows * q->block_cols);
 	s->placement = "fp8 scales";
-	s->fp8 = q;
-	s->fp8_scales = true;
+	s->view = &ckfs_view_fp8;
+	s->view_state = q;
+	s->view_part = CKFS_FP8_SCALES;
 	return CKFS_OK;
 }
 
@@ -178,7 +182,6 @@ static enum ckfs_code select_weights(struct ckfs_model *m, const regex_t *skip,
 		if (!ckfs_quant_linear(t, skip))
 			continue;
 		struct ckfs_fp8 *q = &m->fp8[m->n_fp8++];
-		q->values = t;
 		CKFS_TRY(quantize(m, t, q, &ts[k++], err));
 	}
 	m->tensors = ts;

@@ -23,7 +23,7 @@
  * writes (or a rank the weights contradict).
  *
  * --lora=fuse gives each adapted weight its pair (the read path adds
- * scale * (B @ A), src/model/lora_fuse.c); --base supplies the base weights of a
+ * scale * (B @ A), src/model/view_lora.c); --base supplies the base weights of a
  * checkpoint saved with save_lora_only.
  */
 #include <cjson/cJSON.h>
@@ -473,8 +473,10 @@ static enum ckfs_code fit_pairs(struct ckfs_model *m, struct ckfs_error *err)
 					 "[%lld, %lld], the shape of its LoRA adapter", m->src_dir,
 					 name, (long long)p->b->shape[0],
 					 (long long)p->a->shape[1]);
-		if (l->mode == CKFS_LORA_FUSE)
-			w->lora = p;
+		if (l->mode == CKFS_LORA_FUSE) {
+			w->view = &ckfs_view_lora;
+			w->view_state = p;
+		}
 	}
 	return CKFS_OK;
 }

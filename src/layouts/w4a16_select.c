@@ -11,7 +11,7 @@
  *   <module>.weight_scale   BF16 [rows, cols / 128]
  *   <module>.weight_shape   I64  [2]
  *
- * computed on read from the weight (src/model/w4a16_quant.c). Everything
+ * computed on read from the weight (src/model/view_w4a16.c). Everything
  * else is bf16 (ckfs_model_open's dtype rule). The 2-D weights of other
  * modules, embeddings aside, and lm_head always are listed as the config's
  * "ignore" under their served names, as compressed-tensors maps its ignore
@@ -58,7 +58,8 @@ static enum ckfs_code list_ignored(struct ckfs_model *m, struct ckfs_error *err)
 	v[n++] = "lm_head";
 	for (size_t i = 0; i < m->n_tensors; i++) {
 		const struct ckfs_tensor *t = &m->tensors[i];
-		if (t->w4a16 || t->ndim != 2 || !ckfs_ends_with(t->name, ".weight"))
+		if (t->view == &ckfs_view_w4a16 || t->ndim != 2 ||
+		    !ckfs_ends_with(t->name, ".weight"))
 			continue;
 		const char *mod = module_of(m, t->name);
 		if (!mod)
@@ -95,8 +96,9 @@ static enum ckfs_code part(struct ckfs_model *m, struct ckfs_w4a16 *w,
 		out->shape[1] = w->weight.shape[1] / CKFS_W4A16_GROUP;
 	out->numel = (uint64_t)out->shape[0] * (uint64_t)(out->ndim == 2 ? out->shape[1] : 1);
 	out->placement = "w4a16";
-	out->w4a16 = w;
-	out->w4a16_part = which;
+	out->view = &ckfs_view_w4a16;
+	out->view_state = w;
+	out->view_part = (int)which;
 	return CKFS_OK;
 }
 

@@ -29,19 +29,25 @@
 void ckfs_read_scratch_release(struct ckfs_read_scratch *s)
 {
 	free(s->buf);
-	free(s->fused);
-	free(s->fp8);
-	free(s->w4a16);
-	free(s->dequant);
-	s->dequant = NULL;
-	s->dequant_cap = 0;
-	s->w4a16 = NULL;
-	s->w4a16_cap = 0;
-	s->buf = NULL;
-	s->fused = NULL;
-	s->fp8 = NULL;
-	s->cap = 0;
-	s->fp8_cap = 0;
+	for (int i = 0; i < CKFS_VIEW_DEPTH; i++)
+		free(s->view[i].p);
+	memset(s, 0, sizeof(*s));
+}
+
+void *ckfs_view_scratch(struct ckfs_read_scratch *s, size_t bytes)
+{
+	int d = s->depth - 1;
+
+	if (d < 0 || d >= CKFS_VIEW_DEPTH)
+		return NULL;
+	if (s->view[d].cap < bytes) {
+		void *p = realloc(s->view[d].p, bytes);
+		if (!p)
+			return NULL;
+		s->view[d].p = p;
+		s->view[d].cap = bytes;
+	}
+	return s->view[d].p;
 }
 
 static void *scratch_get(struct ckfs_read_scratch *s, size_t n)
@@ -458,12 +464,26 @@ size_t ckfs_tensor_ranges(const struct ckfs_model *m, const struct ckfs_tensor *
 {
 	size_t n = 0;
 
-	if (t->fp8 || t->w4a16 || t->lora || t->dequant_scale || !count || first >= t->numel ||
+	if (t->view || !count || first >= t->numel ||
 	    count > t->numel - first)
 		return 0;
 	for (uint32_t i = 0; i < t->n_chunks && n < cap; i++)
 		n += chunk_range(m, t, &t->chunks[i], first, first + count, &v[n]);
 	return n;
+}
+
+/* A view's tensor, its scratch one level deeper. */
+static enum ckfs_code view_read(const struct ckfs_model *m, const struct ckfs_tensor *t,
+				uint64_t first, uint64_t count, void *dst,
+				struct ckfs_read_scratch *scratch, struct ckfs_error *err)
+{
+	if (scratch->depth >= CKFS_VIEW_DEPTH)
+		return ckfs_fail(err, CKFS_E_LIMIT, "'%s': views stacked more than %d deep",
+				 t->name, CKFS_VIEW_DEPTH);
+	scratch->depth++;
+	enum ckfs_code rc = t->view->read(m, t, first, count, dst, scratch, err);
+	scratch->depth--;
+	return rc;
 }
 
 enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
@@ -481,14 +501,8 @@ enum ckfs_code ckfs_tensor_read(const struct ckfs_model *m,
 	if (first > t->numel || count > t->numel - first)
 		return ckfs_fail(err, CKFS_E_INVALID,
 				 "read past the end of tensor '%s'", t->name);
-	if (t->fp8)
-		return ckfs_fp8_read(m, t, first, count, dst, scratch, err);
-	if (t->dequant_scale)
-		return ckfs_fp8_dequant_read(m, t, first, count, dst, scratch, err);
-	if (t->w4a16)
-		return ckfs_w4a16_read(m, t, first, count, dst, scratch, err);
-	if (t->lora)
-		return ckfs_lora_read(m, t, first, count, dst, scratch, err);
+	if (t->view)
+		return view_read(m, t, first, count, dst, scratch, err);
 	if (t->ndim == 0)
 		r.shape[0] = 1;
 	else

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * --dtype fp8 (src/layouts/fp8_select.c chooses, src/model/fp8_quant.c computes) against
+ * --dtype fp8 (src/layouts/fp8_select.c chooses, src/model/view_fp8.c computes) against
  * the torch reference quantizer's bytes (tests/gen/make_fp8_expected.py:
  * fp32 and bf16 sources, partial edge blocks, NaN of both signs, Inf, an
  * all-zero block, subnormals, huge values; two FSDP checkpoints): every
@@ -142,7 +142,7 @@ static void check_case_order(const struct fp8_case *c, int scales_first, uint64_
 		}
 	/* everything else: bf16 */
 	for (size_t i = 0; i < m->n_tensors; i++)
-		if (!m->tensors[i].fp8)
+		if (m->tensors[i].view != &ckfs_view_fp8)
 			CHECK_EQ_INT(m->tensors[i].out_dtype, CKFS_DTYPE_BF16);
 	CHECK_EQ_INT(m->n_fp8 * 2, ref.n_entries);
 	ckfs_read_scratch_release(&s);
@@ -240,12 +240,13 @@ static void test_blocks_finite(void)
 		size_t checked = 0;
 		for (size_t i = 0; m && i < m->n_tensors; i++) {
 			const struct ckfs_tensor *t = &m->tensors[i];
-			if (!t->fp8 || t->fp8_scales)
+			if (t->view != &ckfs_view_fp8 || t->view_part == CKFS_FP8_SCALES)
 				continue;
-			const struct ckfs_fp8 *q = t->fp8;
+			const struct ckfs_fp8 *q = t->view_state;
 			const struct ckfs_tensor *st = NULL;
 			for (size_t k = 0; k < m->n_tensors && !st; k++)
-				if (m->tensors[k].fp8 == q && m->tensors[k].fp8_scales)
+				if (m->tensors[k].view_state == q &&
+				    m->tensors[k].view_part == CKFS_FP8_SCALES)
 					st = &m->tensors[k];
 			CHECK(st != NULL);
 			unsigned char *v = read_whole(m, t);
@@ -307,7 +308,7 @@ static void test_release(void)
 		/* whole, and backwards in odd pieces across blocks and rows */
 		CHECK(same_backwards(m, t, want, t->numel, &s));
 		CHECK(same_backwards(m, t, want, 301, &s));
-		dequantized += t->dequant_scale != NULL;
+		dequantized += t->view == &ckfs_view_fp8_dequant;
 		free(want);
 	}
 	ckfs_read_scratch_release(&s);
@@ -322,7 +323,7 @@ static void test_release(void)
 	for (size_t i = 0; m && i < m->n_tensors; i++) {
 		scales += strstr(m->tensors[i].name, ".weight_scale_inv") != NULL;
 		CHECK_EQ_INT(m->tensors[i].out_dtype, m->tensors[i].stored_dtype);
-		CHECK(m->tensors[i].dequant_scale == NULL);
+		CHECK(m->tensors[i].view == NULL);
 	}
 	CHECK_EQ_INT(scales, 26);
 	ckfs_model_free(m);

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * --dtype w4a16 (src/layouts/w4a16_select.c chooses, src/model/w4a16_quant.c
+ * --dtype w4a16 (src/layouts/w4a16_select.c chooses, src/model/view_w4a16.c
  * computes; the bytes are checked against compressed-tensors itself by
  * tests/py/test_w4a16.py and by their recorded hashes in
  * tests/cli/test_w4a16.sh): every packed weight, scale and shape equals
@@ -75,7 +75,7 @@ static unsigned char **reference(const char *c, size_t *n)
 	*n = m->n_tensors;
 	v = calloc(m->n_tensors + 1, sizeof(*v));
 	for (size_t i = 0; i < m->n_tensors; i++)
-		if (m->tensors[i].w4a16)
+		if (m->tensors[i].view == &ckfs_view_w4a16)
 			v[i] = read_backwards(m, &m->tensors[i], m->tensors[i].numel, &s);
 	ckfs_read_scratch_release(&s);
 	ckfs_model_free(m);
@@ -112,10 +112,11 @@ static void check_order(const char *c, unsigned char **want, int scales_first, u
 	for (int pass = 0; pass < 3; pass++)
 		for (size_t i = 0; i < m->n_tensors; i++) {
 			const struct ckfs_tensor *t = &m->tensors[i];
-			int scale = t->w4a16 && t->w4a16_part == CKFS_W4A16_SCALE;
+			int quantized = t->view == &ckfs_view_w4a16;
+			int scale = quantized && t->view_part == CKFS_W4A16_SCALE;
 			/* pass 0 and 1: one kind each; pass 2: the scales again */
 			int wanted = pass == 2 ? scale : (scale == (pass == 0 ? scales_first : !scales_first));
-			if (t->w4a16 && wanted)
+			if (quantized && wanted)
 				CHECK(same(m, i, want[i], piece ? piece : t->numel, &s));
 		}
 	ckfs_read_scratch_release(&s);
@@ -148,12 +149,12 @@ static void test_layout(void)
 		return;
 	for (size_t i = 0; i < m->n_tensors; i++) {
 		const struct ckfs_tensor *t = &m->tensors[i];
-		if (!t->w4a16) {
+		if (t->view != &ckfs_view_w4a16) {
 			CHECK_EQ_INT(t->out_dtype, CKFS_DTYPE_BF16);
 			continue;
 		}
-		const struct ckfs_tensor *w = &t->w4a16->weight;
-		switch (t->w4a16_part) {
+		const struct ckfs_tensor *w = &((const struct ckfs_w4a16 *)t->view_state)->weight;
+		switch ((enum ckfs_w4a16_part)t->view_part) {
 		case CKFS_W4A16_PACKED:
 			triples++;
 			CHECK(strstr(t->name, ".weight_packed") != NULL);
@@ -199,7 +200,7 @@ static void *read_all(void *arg)
 	for (int round = 0; round < 2; round++)
 		for (size_t k = 0; k < n; k++) {
 			size_t i = r->order & 1 ? n - 1 - k : k;
-			if (r->m->tensors[i].w4a16 &&
+			if (r->m->tensors[i].view == &ckfs_view_w4a16 &&
 			    !same(r->m, i, r->want[i], 301 + 100 * (uint64_t)r->order, &s))
 				r->bad++;
 		}

@@ -28,7 +28,8 @@ static enum ckfs_code read_f32(const struct ckfs_model *m, const struct ckfs_ten
 	struct ckfs_tensor plain = *t;
 
 	plain.out_dtype = CKFS_DTYPE_F32;
-	plain.lora = NULL;
+	plain.view = NULL;
+	plain.view_state = NULL;
 	return ckfs_tensor_read(m, &plain, first, count, dst, scratch, err);
 }
 
@@ -101,22 +102,19 @@ static void add_row_delta(float *restrict w, const float *restrict a,
 	}
 }
 
-enum ckfs_code ckfs_lora_read(const struct ckfs_model *m, const struct ckfs_tensor *t,
-			      uint64_t first, uint64_t count, void *dst,
-			      struct ckfs_read_scratch *scratch, struct ckfs_error *err)
+static enum ckfs_code lora_read(const struct ckfs_model *m, const struct ckfs_tensor *t,
+				uint64_t first, uint64_t count, void *dst,
+				struct ckfs_read_scratch *scratch, struct ckfs_error *err)
 {
-	struct ckfs_lora_pair *p = t->lora;
+	struct ckfs_lora_pair *p = t->view_state;
 	const int64_t r = p->a->shape[0], in = t->shape[1];
 	const size_t osz = ckfs_dtype_size(t->out_dtype);
 	const float *ab;
 
 	CKFS_TRY(pair_load(m, p, &ab, err));
-	if (!scratch->fused) {
-		scratch->fused = malloc(FUSE_BATCH * sizeof(float));
-		if (!scratch->fused)
-			return ckfs_nomem(err);
-	}
-	float *w = scratch->fused;
+	float *w = ckfs_view_scratch(scratch, FUSE_BATCH * sizeof(float));
+	if (!w)
+		return ckfs_nomem(err);
 	for (uint64_t done = 0; done < count;) {
 		uint64_t n = count - done < FUSE_BATCH ? count - done : FUSE_BATCH;
 		uint64_t i = first + done, end = i + n;
@@ -135,3 +133,15 @@ enum ckfs_code ckfs_lora_read(const struct ckfs_model *m, const struct ckfs_tens
 	}
 	return CKFS_OK;
 }
+
+/* A fused weight reads its own chunks, and A and B. */
+static size_t lora_inputs(const struct ckfs_tensor *t, const struct ckfs_tensor *in[2])
+{
+	const struct ckfs_lora_pair *p = t->view_state;
+
+	in[0] = p->a;
+	in[1] = p->b;
+	return 2;
+}
+
+const struct ckfs_view ckfs_view_lora = { "lora", lora_read, lora_inputs };

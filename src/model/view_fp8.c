@@ -42,23 +42,15 @@ static enum ckfs_code read_f32(const struct ckfs_model *m, const struct ckfs_fp8
 			       uint64_t first, uint64_t count, float *dst,
 			       struct ckfs_read_scratch *scratch, struct ckfs_error *err)
 {
-	struct ckfs_tensor plain = *q->values;
+	struct ckfs_tensor w = q->weight;
 
-	plain.out_dtype = CKFS_DTYPE_F32;
-	plain.fp8 = NULL;
-	return ckfs_tensor_read(m, &plain, first, count, dst, scratch, err);
+	w.out_dtype = CKFS_DTYPE_F32;
+	return ckfs_tensor_read(m, &w, first, count, dst, scratch, err);
 }
 
 static float *buffer(struct ckfs_read_scratch *s, size_t n)
 {
-	if (s->fp8_cap < n) {
-		float *p = realloc(s->fp8, n * sizeof(*p));
-		if (!p)
-			return NULL;
-		s->fp8 = p;
-		s->fp8_cap = n;
-	}
-	return s->fp8;
+	return ckfs_view_scratch(s, n * sizeof(float));
 }
 
 /* Running amax of each column block over rows of w (nrows x cols). */
@@ -376,11 +368,22 @@ static enum ckfs_code read_scales(const struct ckfs_model *m, struct ckfs_fp8 *q
 	return CKFS_OK;
 }
 
-enum ckfs_code ckfs_fp8_read(const struct ckfs_model *m, const struct ckfs_tensor *t,
-			     uint64_t first, uint64_t count, void *dst,
-			     struct ckfs_read_scratch *scratch, struct ckfs_error *err)
+static enum ckfs_code fp8_read(const struct ckfs_model *m, const struct ckfs_tensor *t,
+			       uint64_t first, uint64_t count, void *dst,
+			       struct ckfs_read_scratch *scratch, struct ckfs_error *err)
 {
-	if (t->fp8_scales)
-		return read_scales(m, t->fp8, first, count, dst, scratch, err);
-	return read_values(m, t->fp8, first, count, dst, scratch, err);
+	if (t->view_part == CKFS_FP8_SCALES)
+		return read_scales(m, t->view_state, first, count, dst, scratch, err);
+	return read_values(m, t->view_state, first, count, dst, scratch, err);
 }
+
+/* The values and the scales are computed from the weight as planned. */
+static size_t fp8_inputs(const struct ckfs_tensor *t, const struct ckfs_tensor *in[2])
+{
+	const struct ckfs_fp8 *q = t->view_state;
+
+	in[0] = &q->weight;
+	return 1;
+}
+
+const struct ckfs_view ckfs_view_fp8 = { "fp8", fp8_read, fp8_inputs };

@@ -36,14 +36,7 @@
 
 static uint16_t *buffer(struct ckfs_read_scratch *s, size_t n)
 {
-	if (s->w4a16_cap < n) {
-		uint16_t *p = realloc(s->w4a16, n * sizeof(*p));
-		if (!p)
-			return NULL;
-		s->w4a16 = p;
-		s->w4a16_cap = n;
-	}
-	return s->w4a16;
+	return ckfs_view_scratch(s, n * sizeof(uint16_t));
 }
 
 static inline float from_bf16(uint16_t b)
@@ -254,13 +247,13 @@ static enum ckfs_code read_scales(const struct ckfs_model *m, struct ckfs_w4a16 
 	return CKFS_OK;
 }
 
-enum ckfs_code ckfs_w4a16_read(const struct ckfs_model *m, const struct ckfs_tensor *t,
-			       uint64_t first, uint64_t count, void *dst,
-			       struct ckfs_read_scratch *scratch, struct ckfs_error *err)
+static enum ckfs_code w4a16_read(const struct ckfs_model *m, const struct ckfs_tensor *t,
+				 uint64_t first, uint64_t count, void *dst,
+				 struct ckfs_read_scratch *scratch, struct ckfs_error *err)
 {
-	struct ckfs_w4a16 *w = t->w4a16;
+	struct ckfs_w4a16 *w = t->view_state;
 
-	switch (t->w4a16_part) {
+	switch ((enum ckfs_w4a16_part)t->view_part) {
 	case CKFS_W4A16_PACKED:
 		return read_packed(m, w, first, count, dst, scratch, err);
 	case CKFS_W4A16_SCALE:
@@ -272,3 +265,14 @@ enum ckfs_code ckfs_w4a16_read(const struct ckfs_model *m, const struct ckfs_ten
 	memcpy(dst, shape + first, count * sizeof(int64_t));
 	return CKFS_OK;
 }
+
+/* All three parts are computed from the weight as planned. */
+static size_t w4a16_inputs(const struct ckfs_tensor *t, const struct ckfs_tensor *in[2])
+{
+	const struct ckfs_w4a16 *w = t->view_state;
+
+	in[0] = &w->weight;
+	return 1;
+}
+
+const struct ckfs_view ckfs_view_w4a16 = { "w4a16", w4a16_read, w4a16_inputs };

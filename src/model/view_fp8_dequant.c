@@ -32,18 +32,6 @@ static void e4m3_fill(void)
 
 #define DEQUANT_WINDOW (256u << 10) /* elements: 1 MiB of floats */
 
-static float *dequant_scratch(struct ckfs_read_scratch *s, size_t n)
-{
-	if (s->dequant_cap < n) {
-		float *p = realloc(s->dequant, n * sizeof(float));
-		if (!p)
-			return NULL;
-		s->dequant = p;
-		s->dequant_cap = n;
-	}
-	return s->dequant;
-}
-
 /* Elements [first, first + n) of t as stored (F8_E4M3 bytes) into raw. */
 static enum ckfs_code read_stored(const struct ckfs_model *m, const struct ckfs_tensor *t,
 				  uint64_t first, uint64_t n, void *raw,
@@ -52,15 +40,16 @@ static enum ckfs_code read_stored(const struct ckfs_model *m, const struct ckfs_
 	struct ckfs_tensor as_stored = *t;
 
 	as_stored.out_dtype = t->stored_dtype;
-	as_stored.dequant_scale = NULL;
+	as_stored.view = NULL;
+	as_stored.view_state = NULL;
 	return ckfs_tensor_read(m, &as_stored, first, n, raw, scratch, err);
 }
 
-enum ckfs_code ckfs_fp8_dequant_read(const struct ckfs_model *m, const struct ckfs_tensor *t,
-				     uint64_t first, uint64_t count, void *dst_v,
-				     struct ckfs_read_scratch *scratch, struct ckfs_error *err)
+static enum ckfs_code dequant_read(const struct ckfs_model *m, const struct ckfs_tensor *t,
+				   uint64_t first, uint64_t count, void *dst_v,
+				   struct ckfs_read_scratch *scratch, struct ckfs_error *err)
 {
-	const struct ckfs_tensor *s = t->dequant_scale;
+	const struct ckfs_tensor *s = t->view_state;
 	const uint64_t cols = (uint64_t)t->shape[1], scols = (uint64_t)s->shape[1];
 	const size_t out = ckfs_dtype_size(t->out_dtype);
 	unsigned char *dst = dst_v;
@@ -73,7 +62,8 @@ enum ckfs_code ckfs_fp8_dequant_read(const struct ckfs_model *m, const struct ck
 		uint64_t nscales = (b1 - b0 + 1) * scols;
 		/* one scratch allocation: the window's values as floats, the
 		 * scale rows of its blocks, then its bytes as stored */
-		float *vals = dequant_scratch(scratch, (size_t)(n + nscales + n / 4 + 1));
+		float *vals = ckfs_view_scratch(scratch, (size_t)(n + nscales + n / 4 + 1) *
+							 sizeof(float));
 		if (!vals)
 			return ckfs_nomem(err);
 		float *scales = vals + n;
@@ -97,3 +87,12 @@ enum ckfs_code ckfs_fp8_dequant_read(const struct ckfs_model *m, const struct ck
 	}
 	return CKFS_OK;
 }
+
+/* The weight reads its own chunks (the values), and its scale tensor. */
+static size_t dequant_inputs(const struct ckfs_tensor *t, const struct ckfs_tensor *in[2])
+{
+	in[0] = t->view_state;
+	return 1;
+}
+
+const struct ckfs_view ckfs_view_fp8_dequant = { "fp8-dequant", dequant_read, dequant_inputs };
