@@ -7,9 +7,10 @@
  * placements, ShardedTensor's local shards. It reads no tensor bytes; it
  * records where they are and checks that every view stays inside its
  * storage record. Class paths moved between torch releases, so classes are
- * matched by final name under any torch.distributed module. A rank file
- * read by rank 0's template (no pickle run) is torch_like.c's; the
- * offsets it may differ at are noted here, by the decode that knows them.
+ * matched by final name under any torch.distributed module. One door,
+ * ckfs_torch_open, for every kind of root. A rank file read by rank 0's
+ * template (no pickle run) is torch_like.c's; the offsets it may differ
+ * at are noted here, by the decode that knows them.
  */
 #include "ckfs/torch.h"
 
@@ -673,7 +674,7 @@ static void note_unread(struct ckfs_torch_file *tf, const struct ckfs_pv *obj,
 {
 	uint32_t at;
 
-	if (!(tf->flags & CKFS_TORCH_TEMPLATE) || !state_once(obj))
+	if (!tf->is_template || !state_once(obj))
 		return;
 	for (; *unread; unread++)
 		if (int_once(attr(obj, *unread), &at))
@@ -749,7 +750,7 @@ static enum ckfs_code decode_mesh(struct ckfs_torch_file *tf,
 			    di->coord[i] < 0 || di->coord[i] >= di->mesh_shape[i])
 				di->have_coord = false;
 	}
-	if (tf->flags & CKFS_TORCH_TEMPLATE)
+	if (tf->is_template)
 		note_mesh_ints(tf, mesh, coord, di);
 	return CKFS_OK;
 }
@@ -1014,31 +1015,44 @@ static enum ckfs_code check_byteorder(struct ckfs_torch_file *tf,
 	return CKFS_OK;
 }
 
-/* The zip at [base, base + length) of f checked, and its data.pkl: the
- * record in *pkl, its bytes in *bytes (the caller frees them; bytes NULL:
- * not read). On failure tf is released. */
-static enum ckfs_code open_zip(struct ckfs_torch_file *tf, struct ckfs_file f, uint64_t base,
-			       uint64_t length, const char *label, unsigned flags,
-			       struct ckfs_arena *spare, const struct ckfs_zip_entry **pkl,
-			       void **bytes, size_t *len, struct ckfs_error *err)
+/* Where a torch.save zip lies in its file, and how it is opened. */
+struct zip_at {
+	struct ckfs_file f;
+	uint64_t base, length;
+	const struct ckfs_torch_open_opts *o;
+};
+
+/* data.pkl: its record, and its bytes once read (NULL: not read). */
+struct pkl_read {
+	const struct ckfs_zip_entry *rec;
+	void *bytes;
+	size_t len;
+};
+
+/* The zip at->f[base, base + length) checked, and its data.pkl: the
+ * record in pkl, its bytes too when read (the caller frees them). On
+ * failure tf is released. */
+static enum ckfs_code open_zip(struct ckfs_torch_file *tf, const struct zip_at *at,
+			       struct pkl_read *pkl, bool read, struct ckfs_error *err)
 {
+	const struct ckfs_torch_open_opts *o = at->o;
 	enum ckfs_code rc;
 
 	memset(tf, 0, sizeof(*tf));
-	tf->label = label;
-	tf->flags = flags;
+	tf->label = o->label;
+	tf->is_template = o->as_template;
 	ckfs_arena_init(&tf->arena);
-	if (spare)
-		ckfs_arena_donate(&tf->arena, spare);
-	rc = ckfs_zip_open_ex(&tf->zip, f, base, length, label,
-			      flags & CKFS_TORCH_DERIVE_LOCALS ? CKFS_ZIP_DERIVE_LOCALS : 0, err);
+	if (o->spare)
+		ckfs_arena_donate(&tf->arena, o->spare);
+	rc = ckfs_zip_open_ex(&tf->zip, at->f, at->base, at->length, o->label,
+			      o->derive_locals ? CKFS_ZIP_DERIVE_LOCALS : 0, err);
 	if (rc != CKFS_OK) /* the arena holds the spare's blocks now */
 		goto fail;
-	*pkl = ckfs_zip_find(&tf->zip, "data.pkl");
-	if (!*pkl) {
+	pkl->rec = ckfs_zip_find(&tf->zip, "data.pkl");
+	if (!pkl->rec) {
 		rc = ckfs_fail(err, CKFS_E_FORMAT,
 			       "'%s': no data.pkl record (not a torch.save file)",
-			       label);
+			       o->label);
 		goto fail;
 	}
 	if ((rc = check_byteorder(tf, err)) != CKFS_OK)
@@ -1050,9 +1064,10 @@ static enum ckfs_code open_zip(struct ckfs_torch_file *tf, struct ckfs_file f, u
 		bound_writer(tf, 7, 99);
 	else
 		bound_writer(tf, 0, 6);
-	if (!bytes) /* the caller reads it */
+	if (!read) /* the caller reads it */
 		return CKFS_OK;
-	rc = ckfs_zip_read_record(&tf->zip, *pkl, CKFS_MAX_METADATA_BYTES, bytes, len, err);
+	rc = ckfs_zip_read_record(&tf->zip, pkl->rec, CKFS_MAX_METADATA_BYTES, &pkl->bytes,
+				  &pkl->len, err);
 	if (rc == CKFS_OK)
 		return CKFS_OK;
 fail:
@@ -1062,76 +1077,58 @@ fail:
 
 /* data.pkl's bytes run into tf->root; a template keeps them, else they
  * are freed. On failure tf is released. */
-static enum ckfs_code load_pickle(struct ckfs_torch_file *tf, const struct ckfs_zip_entry *pkl,
-				  void *bytes, size_t len, struct ckfs_error *err)
+static enum ckfs_code load_pickle(struct ckfs_torch_file *tf, const struct pkl_read *pkl,
+				  struct ckfs_error *err)
 {
-	bool keep = tf->flags & CKFS_TORCH_TEMPLATE;
+	bool keep = tf->is_template;
 	char pkl_label[CKFS_MAX_NAME + 32];
 
-	snprintf(pkl_label, sizeof(pkl_label), "%s: %s", tf->label, pkl->name);
-	enum ckfs_code rc = ckfs_pickle_load_ex(bytes, len, pkl_label, &tf->arena,
+	snprintf(pkl_label, sizeof(pkl_label), "%s: %s", tf->label, pkl->rec->name);
+	enum ckfs_code rc = ckfs_pickle_load_ex(pkl->bytes, pkl->len, pkl_label, &tf->arena,
 						keep ? CKFS_PICKLE_ORIGINS : 0, &tf->root, err);
 	if (keep) {
-		tf->pkl = bytes;
-		tf->pkl_len = len;
+		tf->pkl = pkl->bytes;
+		tf->pkl_len = pkl->len;
 	} else {
-		free(bytes);
+		free(pkl->bytes);
 	}
 	if (rc != CKFS_OK)
 		ckfs_torch_close(tf);
 	return rc;
 }
 
-/* The zip at [base, base + length) of f and its data.pkl as a value tree
- * in tf->root. On failure tf is released. */
-static enum ckfs_code open_pickle(struct ckfs_torch_file *tf, struct ckfs_file f,
-				  uint64_t base, uint64_t length, const char *label,
-				  unsigned flags, struct ckfs_arena *spare,
-				  struct ckfs_error *err)
+/* A DCP item: the zip at [base, base + length) of f, its root decoded
+ * as one plain tensor. */
+static enum ckfs_code open_item(struct ckfs_torch_file *tf, struct ckfs_file f,
+				const struct ckfs_torch_open_opts *o, struct ckfs_error *err)
 {
-	const struct ckfs_zip_entry *pkl;
-	void *bytes = NULL;
-	size_t len = 0;
+	const struct zip_at at = { .f = f, .base = o->item.base, .length = o->item.length, .o = o };
+	struct pkl_read pkl = { 0 };
+	enum ckfs_code rc;
 
-	CKFS_TRY(open_zip(tf, f, base, length, label, flags, spare, &pkl, &bytes, &len, err));
-	return load_pickle(tf, pkl, bytes, len, err);
-}
-
-enum ckfs_code ckfs_torch_open_item(struct ckfs_torch_file *tf,
-				    const struct ckfs_torch_item *item, const char *key,
-				    struct ckfs_sd_entry *out,
-				    struct ckfs_error *err)
-{
-	const char *label = item->label;
-	enum ckfs_code rc = open_pickle(tf, item->f, item->base, item->length, label, 0, NULL, err);
-
-	if (rc != CKFS_OK)
-		return rc;
-	rc = ckfs_torch_decode_value(tf, tf->root, key, out, err);
-	if (rc == CKFS_OK && out->kind != CKFS_ENTRY_TENSOR)
+	CKFS_TRY(open_zip(tf, &at, &pkl, true, err));
+	CKFS_TRY(load_pickle(tf, &pkl, err));
+	rc = ckfs_torch_decode_value(tf, tf->root, o->item.key, o->item.out, err);
+	if (rc == CKFS_OK && o->item.out->kind != CKFS_ENTRY_TENSOR)
 		rc = ckfs_fail(err, CKFS_E_UNSUPPORTED,
-			       "'%s': item of '%s' is not a plain tensor", label,
-			       key);
+			       "'%s': item of '%s' is not a plain tensor", o->label,
+			       o->item.key);
 	if (rc != CKFS_OK)
 		ckfs_torch_close(tf);
 	return rc;
 }
 
 /* The zip directory and data.pkl of a whole torch.save file; with a
- * template (like), the entries from it when the bytes allow. */
-static enum ckfs_code open_file_pickle(struct ckfs_torch_file *tf, struct ckfs_file f,
-				       const char *label, unsigned flags, struct ckfs_arena *spare,
-				       const struct ckfs_torch_like *like, const int64_t *coord,
-				       struct ckfs_error *err)
+ * template (o->like), the entries from it when the bytes allow. */
+static enum ckfs_code open_file(struct ckfs_torch_file *tf, struct ckfs_file f,
+				const struct ckfs_torch_open_opts *o, struct ckfs_error *err)
 {
 	int64_t size = ckfs_file_size(f);
-	const struct ckfs_zip_entry *pkl;
-	void *bytes = NULL;
-	size_t len = 0;
+	struct pkl_read pkl = { 0 };
 
 	if (size < 0) {
 		memset(tf, 0, sizeof(*tf));
-		return ckfs_fail_errno(err, "'%s': cannot stat", label);
+		return ckfs_fail_errno(err, "'%s': cannot stat", o->label);
 	}
 	/* The metadata reads are small and scattered: a local zip header
 	 * before every storage record, one every few MB of a large rank
@@ -1140,27 +1137,29 @@ static enum ckfs_code open_file_pickle(struct ckfs_torch_file *tf, struct ckfs_f
 	 * it is off while they are read, and back for the data reads. */
 	if (f.fd >= 0)
 		(void)posix_fadvise(f.fd, 0, 0, POSIX_FADV_RANDOM);
-	enum ckfs_code rc = open_zip(tf, f, 0, (uint64_t)size, label, flags, spare, &pkl,
-				     like ? NULL : &bytes, &len, err);
+	const struct zip_at at = { .f = f, .base = 0, .length = (uint64_t)size, .o = o };
+	enum ckfs_code rc = open_zip(tf, &at, &pkl, !o->like, err);
 	if (f.fd >= 0)
 		(void)posix_fadvise(f.fd, 0, 0, POSIX_FADV_NORMAL);
 	if (rc != CKFS_OK)
 		return rc;
-	if (like && torch_like_matches(like, tf, pkl, coord)) {
-		rc = torch_like_bind(tf, like, coord, err);
+	if (o->like && torch_like_matches(o->like, tf, pkl.rec, o->coord)) {
+		rc = torch_like_bind(tf, o->like, o->coord, err);
 		if (rc != CKFS_OK)
 			ckfs_torch_close(tf);
 		return rc;
 	}
-	if (like) {
-		rc = ckfs_zip_read_record(&tf->zip, pkl, CKFS_MAX_METADATA_BYTES, &bytes, &len, err);
+	if (o->like) {
+		rc = ckfs_zip_read_record(&tf->zip, pkl.rec, CKFS_MAX_METADATA_BYTES, &pkl.bytes,
+					  &pkl.len, err);
 		if (rc != CKFS_OK) {
 			ckfs_torch_close(tf);
 			return rc;
 		}
 	}
-	return load_pickle(tf, pkl, bytes, len, err);
+	return load_pickle(tf, &pkl, err);
 }
+
 
 /*
  * Decode the state dicts dicts[0..n) into tf->entries, in order, recording
@@ -1207,19 +1206,12 @@ static enum ckfs_code decode_dicts(struct ckfs_torch_file *tf,
 	return CKFS_OK;
 }
 
-enum ckfs_code ckfs_torch_open_tree(struct ckfs_torch_file *tf, struct ckfs_file f,
-				    const char *label, struct ckfs_error *err)
-{
-	return open_file_pickle(tf, f, label, 0, NULL, NULL, NULL, err);
-}
-
-/* ckfs_torch_open, with flags and a template. */
+/* A file whose data.pkl is one state dict. */
 static enum ckfs_code open_state_dict(struct ckfs_torch_file *tf, struct ckfs_file f,
-				      const char *label, unsigned flags, struct ckfs_arena *spare,
-				      const struct ckfs_torch_like *like, const int64_t *coord,
+				      const struct ckfs_torch_open_opts *o,
 				      struct ckfs_error *err)
 {
-	enum ckfs_code rc = open_file_pickle(tf, f, label, flags, spare, like, coord, err);
+	enum ckfs_code rc = open_file(tf, f, o, err);
 
 	if (rc != CKFS_OK || tf->from_like)
 		return rc;
@@ -1227,47 +1219,20 @@ static enum ckfs_code open_state_dict(struct ckfs_torch_file *tf, struct ckfs_fi
 	if (root->kind != CKFS_PV_DICT)
 		rc = ckfs_fail(err, CKFS_E_FORMAT,
 			       "'%s': data.pkl holds a %s, not a state dict",
-			       label, ckfs_pv_kind_name(root->kind));
+			       o->label, ckfs_pv_kind_name(root->kind));
 	else
-		rc = decode_dicts(tf, &root, 1, label, NULL, err);
+		rc = decode_dicts(tf, &root, 1, o->label, NULL, err);
 	if (rc != CKFS_OK)
 		ckfs_torch_close(tf);
 	return rc;
 }
 
-enum ckfs_code ckfs_torch_open(struct ckfs_torch_file *tf, struct ckfs_file f,
-			       const char *label, struct ckfs_error *err)
+/* A file whose data.pkl is a list of state dicts. */
+static enum ckfs_code open_list(struct ckfs_torch_file *tf, struct ckfs_file f,
+				const struct ckfs_torch_open_opts *o, struct ckfs_error *err)
 {
-	return open_state_dict(tf, f, label, 0, NULL, NULL, NULL, err);
-}
-
-enum ckfs_code ckfs_torch_open_derived(struct ckfs_torch_file *tf, struct ckfs_file f,
-				       const char *label, struct ckfs_arena *spare,
-				       struct ckfs_error *err)
-{
-	return open_state_dict(tf, f, label, CKFS_TORCH_DERIVE_LOCALS, spare, NULL, NULL, err);
-}
-
-enum ckfs_code ckfs_torch_open_ex(struct ckfs_torch_file *tf, struct ckfs_file f,
-				  const char *label, unsigned flags, struct ckfs_arena *spare,
-				  struct ckfs_error *err)
-{
-	return open_state_dict(tf, f, label, flags, spare, NULL, NULL, err);
-}
-
-enum ckfs_code ckfs_torch_open_like(struct ckfs_torch_file *tf, struct ckfs_file f,
-				    const char *label, const struct ckfs_torch_like *like,
-				    const int64_t *coord, struct ckfs_arena *spare,
-				    struct ckfs_error *err)
-{
-	return open_state_dict(tf, f, label, CKFS_TORCH_DERIVE_LOCALS, spare, like, coord, err);
-}
-
-enum ckfs_code ckfs_torch_open_list(struct ckfs_torch_file *tf, struct ckfs_file f,
-				    const char *label, const char *skip_suffix,
-				    struct ckfs_error *err)
-{
-	enum ckfs_code rc = open_file_pickle(tf, f, label, 0, NULL, NULL, NULL, err);
+	const char *label = o->label;
+	enum ckfs_code rc = open_file(tf, f, o, err);
 
 	if (rc != CKFS_OK)
 		return rc;
@@ -1293,12 +1258,42 @@ enum ckfs_code ckfs_torch_open_list(struct ckfs_torch_file *tf, struct ckfs_file
 		}
 	}
 	rc = decode_dicts(tf, (const struct ckfs_pv *const *)root->u.seq.items,
-			  root->u.seq.n, label, skip_suffix, err);
+			  root->u.seq.n, label, o->skip_suffix, err);
 	if (rc == CKFS_OK)
 		return CKFS_OK;
 fail:
 	ckfs_torch_close(tf);
 	return rc;
+}
+
+/* Options only some roots take: a template and its use, state dicts
+ * only; a skipped suffix, lists only; an item's place, key and entry,
+ * items only (and both of the last two given). */
+static bool opts_fit(const struct ckfs_torch_open_opts *o)
+{
+	if (o->root != CKFS_TORCH_ROOT_DICT && (o->like || o->as_template))
+		return false;
+	if (o->root != CKFS_TORCH_ROOT_LIST && o->skip_suffix)
+		return false;
+	if (o->root == CKFS_TORCH_ROOT_ITEM)
+		return o->item.key && o->item.out;
+	return !o->item.base && !o->item.length && !o->item.key && !o->item.out;
+}
+
+enum ckfs_code ckfs_torch_open(struct ckfs_torch_file *tf, struct ckfs_file f,
+			       const struct ckfs_torch_open_opts *o, struct ckfs_error *err)
+{
+	if (opts_fit(o)) {
+		switch (o->root) {
+		case CKFS_TORCH_ROOT_DICT: return open_state_dict(tf, f, o, err);
+		case CKFS_TORCH_ROOT_LIST: return open_list(tf, f, o, err);
+		case CKFS_TORCH_ROOT_TREE: return open_file(tf, f, o, err);
+		case CKFS_TORCH_ROOT_ITEM: return open_item(tf, f, o, err);
+		}
+	}
+	memset(tf, 0, sizeof(*tf));
+	return ckfs_fail(err, CKFS_E_INVALID, "'%s': torch.save open options that do not "
+			 "go together", o->label ? o->label : "?");
 }
 
 void ckfs_torch_close_keep(struct ckfs_torch_file *tf, struct ckfs_arena *keep)

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Internal to the torch.save reader: torch.c (the zip, data.pkl's decode)
- * and torch_like.c (a rank file read by rank 0's template), which finds
- * its storages as the decode does.
+ * Internal to the torch.save reader: torch.c (the zip, data.pkl's decode,
+ * the one door ckfs_torch_open) and torch_like.c (a rank file read by
+ * rank 0's template), which finds its storages as the decode does.
  */
 #ifndef CKFS_FMT_TORCH_INT_H
 #define CKFS_FMT_TORCH_INT_H

@@ -176,7 +176,7 @@ enum ckfs_code ckfs_torch_like_new(struct ckfs_torch_file *tf, struct ckfs_torch
 	size_t n = tf->n_entries;
 
 	*out = NULL;
-	if (!(tf->flags & CKFS_TORCH_TEMPLATE) || !tf->pkl || tf->n_parts != 1)
+	if (!tf->is_template || !tf->pkl || tf->n_parts != 1)
 		return CKFS_OK;
 	for (size_t i = 0; i < n; i++)
 		if (tf->entries[i].kind == CKFS_ENTRY_SHARDED)
