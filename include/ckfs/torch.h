@@ -38,7 +38,7 @@ struct ckfs_tensor_view {
 	uint64_t storage_bytes;         /* bytes of the storage record */
 	const char *storage_key;
 	/* its zip record, while the file is open: a derived one
-	 * (ckfs_torch_open_derived) is checked before its bytes are read */
+	 * (.derive_locals) is checked before its bytes are read */
 	const struct ckfs_zip_entry *storage_entry;
 	bool neg;                       /* values must be negated (neg bit) */
 };
@@ -113,8 +113,8 @@ struct ckfs_torch_file {
 	struct ckfs_sd_entry *entries;
 	size_t n_entries;
 	/* Entries of state dict p are [part_end[p-1], part_end[p]) (0 for
-	 * p = 0); n_parts dicts (1 for ckfs_torch_open); n_skipped entries
-	 * left out by ckfs_torch_open_list's skip_suffix. */
+	 * p = 0); n_parts dicts (1 but for CKFS_TORCH_ROOT_LIST); n_skipped
+	 * entries left out by its skip_suffix. */
 	size_t *part_end;
 	size_t n_parts;
 	size_t n_skipped;
@@ -123,10 +123,10 @@ struct ckfs_torch_file {
 	 * file shares one mesh object, decoded once. */
 	const struct ckfs_pv *mesh_pv;
 	const struct ckfs_dtensor_info *mesh_di;
-	/* CKFS_TORCH_* of the open; for a template (ckfs_torch_like_new):
+	/* Opened .as_template; for a template (ckfs_torch_like_new):
 	 * data.pkl's bytes, the meshes decoded and the ints that may differ
 	 * (only those the tree reaches by one path). */
-	unsigned flags;
+	bool is_template;
 	unsigned char *pkl;
 	size_t pkl_len;
 	int n_meshes;
@@ -134,7 +134,7 @@ struct ckfs_torch_file {
 	struct ckfs_torch_span *spans;
 	size_t n_spans, spans_cap;
 	bool has_format_version;
-	/* Read by its template (ckfs_torch_open_like): no entries array;
+	/* Read by its template (.like): no entries array;
 	 * each entry is the template's with the record recs[i] and the
 	 * DTensor info like_dis[...] (see ckfs_torch_entry). */
 	bool from_like;
@@ -143,27 +143,77 @@ struct ckfs_torch_file {
 	struct ckfs_dtensor_info *like_dis;
 };
 
+/* What ckfs_torch_open reads data.pkl's root as. */
+enum ckfs_torch_root {
+	/* a state dict: its entries in tf->entries, in pickle order (the
+	 * default; refuses big-endian files, unknown storages, non-tensors) */
+	CKFS_TORCH_ROOT_DICT,
+	/* a LIST of state dicts (the legacy Megatron model.pt: one per
+	 * virtual-pipeline chunk), their entries flattened in order and
+	 * delimited by tf->part_end */
+	CKFS_TORCH_ROOT_LIST,
+	/* anything (DeepSpeed's checkpoint dicts hold tensors at known places
+	 * among other values): the value tree in tf->root, nothing decoded;
+	 * the caller decodes what it needs with ckfs_torch_decode_value */
+	CKFS_TORCH_ROOT_TREE,
+	/* a torch.save zip embedded in f (a DCP .distcp item) whose root is a
+	 * bare _rebuild_tensor_v2 call: see item below */
+	CKFS_TORCH_ROOT_ITEM,
+};
+
+struct ckfs_torch_like;
+
 /*
- * Parse the zip directory and data.pkl of the torch.save file open as f
- * (borrowed), and turn its top-level dict into entries (in pickle order).
- * Refuses big-endian files, unknown storages and non-tensor values.
+ * How ckfs_torch_open reads a file; fields left out (designated
+ * initializers) are off. Options that do not fit the root (a template
+ * for anything but a state dict, an item's fields for a whole file) are
+ * refused with CKFS_E_INVALID.
+ */
+struct ckfs_torch_open_opts {
+	const char *label;          /* the file in messages (borrowed) */
+	enum ckfs_torch_root root;
+	/*
+	 * The zip opened with CKFS_ZIP_DERIVE_LOCALS (zip.h): storage records
+	 * whose local header was not read are marked derived in tf->zip, and
+	 * the caller takes on their checks (ckfs_zip_check_derived,
+	 * ckfs_zip_check_local_at) before serving any of their bytes.
+	 */
+	bool derive_locals;
+	/* Record what ckfs_torch_like_new needs (below): ints get their own
+	 * pickle nodes, data.pkl's bytes are kept. ROOT_DICT only. */
+	bool as_template;
+	/* Blocks of an arena the parse takes for its own (left empty), from
+	 * ckfs_torch_close_keep of an earlier file; NULL for none. */
+	struct ckfs_arena *spare;
+	/* Read f by rank 0's template (below) when its data.pkl allows, its
+	 * mesh coordinate coord (may be NULL when the template found none).
+	 * ROOT_DICT only; like must outlive tf. */
+	const struct ckfs_torch_like *like;
+	const int64_t *coord;
+	/* ROOT_LIST: keys ending in it (e.g. "_extra_state") are not decoded
+	 * and are counted in tf->n_skipped; NULL for none. */
+	const char *skip_suffix;
+	/* ROOT_ITEM: the zip at [base, base + length) of f; its root is
+	 * decoded as a plain tensor into *out, named key in messages, with
+	 * storage positions as absolute file offsets. */
+	struct {
+		uint64_t base, length;
+		const char *key;
+		struct ckfs_sd_entry *out;
+	} item;
+};
+
+/*
+ * The one way a torch.save file open as f (borrowed) is read: its zip
+ * directory and data.pkl, as o says. On success the caller releases tf
+ * with ckfs_torch_close (or _close_keep); on failure it is already
+ * released.
  */
 enum ckfs_code ckfs_torch_open(struct ckfs_torch_file *tf, struct ckfs_file f,
-			       const char *label,
+			       const struct ckfs_torch_open_opts *o,
 			       struct ckfs_error *err) CKFS_WARN_UNUSED;
 void ckfs_torch_close(struct ckfs_torch_file *tf);
 
-/*
- * ckfs_torch_open, the zip opened with CKFS_ZIP_DERIVE_LOCALS (zip.h):
- * storage records whose local header was not read are marked derived in
- * tf->zip, and the caller takes on their checks (ckfs_zip_check_derived,
- * ckfs_zip_check_local_at) before serving any of their bytes. spare
- * (may be NULL): blocks of an arena the parse takes for its own (left
- * empty), from ckfs_torch_close_keep of an earlier file.
- */
-enum ckfs_code ckfs_torch_open_derived(struct ckfs_torch_file *tf, struct ckfs_file f,
-				       const char *label, struct ckfs_arena *spare,
-				       struct ckfs_error *err) CKFS_WARN_UNUSED;
 /*
  * A rank file read without running its pickle. The ranks of one FSDP2
  * save write the same data.pkl but for a few ints: the mesh coordinate
@@ -172,32 +222,20 @@ enum ckfs_code ckfs_torch_open_derived(struct ckfs_torch_file *tf, struct ckfs_f
  * rank's entries are rank 0's with its coordinate and its own storage
  * records, provided its bytes equal rank 0's everywhere else.
  *
- * ckfs_torch_open_ex with CKFS_TORCH_TEMPLATE records what that needs
- * (ints get their own pickle nodes, the bytes are kept);
+ * Rank 0 opened with .as_template records what that needs;
  * ckfs_torch_like_new then keeps it, with a copy of the entries, and
  * takes tf's bytes; *out is NULL (and the call succeeds) where tf cannot
  * serve as a template (a ShardedTensor; not opened as a template).
- * ckfs_torch_open_like opens f as ckfs_torch_open_derived does, and
- * takes the entries from like when f's data.pkl is like's but for the
- * coordinate ints, which must hold coord (may be NULL when the template
- * found none): same checks of the zip, same binding of every storage to
- * its record, same messages. Anything else runs the pickle.
- * tf->from_like says which; like must outlive tf. Its entries are read
- * with ckfs_torch_entry (there is no tf->entries array then).
+ * Another rank opened with .like (and .derive_locals, as rank 0 was)
+ * takes the entries from like when its data.pkl is like's but for the
+ * coordinate ints, which must hold .coord: same checks of the zip, same
+ * binding of every storage to its record, same messages. Anything else
+ * runs the pickle. tf->from_like says which. Its entries are read with
+ * ckfs_torch_entry (there is no tf->entries array then).
  */
-#define CKFS_TORCH_DERIVE_LOCALS 1u /* the zip with CKFS_ZIP_DERIVE_LOCALS */
-#define CKFS_TORCH_TEMPLATE 2u
-enum ckfs_code ckfs_torch_open_ex(struct ckfs_torch_file *tf, struct ckfs_file f,
-				  const char *label, unsigned flags, struct ckfs_arena *spare,
-				  struct ckfs_error *err) CKFS_WARN_UNUSED;
-struct ckfs_torch_like;
 enum ckfs_code ckfs_torch_like_new(struct ckfs_torch_file *tf, struct ckfs_torch_like **out,
 				   struct ckfs_error *err) CKFS_WARN_UNUSED;
 void ckfs_torch_like_free(struct ckfs_torch_like *like);
-enum ckfs_code ckfs_torch_open_like(struct ckfs_torch_file *tf, struct ckfs_file f,
-				    const char *label, const struct ckfs_torch_like *like,
-				    const int64_t *coord, struct ckfs_arena *spare,
-				    struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /* Entry i of tf: &tf->entries[i], or for a file read by its template the
  * template's entry bound to tf's records, made in *scratch. */
@@ -207,46 +245,6 @@ const struct ckfs_sd_entry *ckfs_torch_entry(const struct ckfs_torch_file *tf, s
 /* ckfs_torch_close, the parse's memory kept in keep's spares (a caller
  * parsing many files in turn; ckfs_arena_release(keep) frees it). */
 void ckfs_torch_close_keep(struct ckfs_torch_file *tf, struct ckfs_arena *keep);
-
-/*
- * The same for a file whose data.pkl is a Python LIST of state dicts (the
- * legacy Megatron model.pt: one state dict per virtual-pipeline chunk).
- * Entries of all items are flattened in order, tf->part_end delimits them.
- * Keys ending in skip_suffix (e.g. "_extra_state"; NULL for none) are not
- * decoded and are counted in tf->n_skipped.
- */
-enum ckfs_code ckfs_torch_open_list(struct ckfs_torch_file *tf, struct ckfs_file f,
-				    const char *label, const char *skip_suffix,
-				    struct ckfs_error *err) CKFS_WARN_UNUSED;
-
-/*
- * The zip directory and data.pkl of a torch.save file whose root is not a
- * state dict (DeepSpeed's checkpoint dicts hold tensors at known places
- * among other values): the value tree in tf->root, nothing decoded; the
- * caller decodes the tensors it needs with ckfs_torch_decode_value.
- */
-enum ckfs_code ckfs_torch_open_tree(struct ckfs_torch_file *tf, struct ckfs_file f,
-				    const char *label,
-				    struct ckfs_error *err) CKFS_WARN_UNUSED;
-
-/* A torch.save zip embedded at [base, base + length) of f (a DCP
- * .distcp item), called label in messages. */
-struct ckfs_torch_item {
-	struct ckfs_file f;
-	uint64_t base, length;
-	const char *label;
-};
-/*
- * Parse the directory and data.pkl of item and decode the root value (a
- * bare _rebuild_tensor_v2 call, not a dict) as a plain tensor into *out,
- * named key in messages. Storage positions in out are absolute file
- * offsets. On success the caller releases tf with ckfs_torch_close; on
- * failure it is already released.
- */
-enum ckfs_code ckfs_torch_open_item(struct ckfs_torch_file *tf,
-				    const struct ckfs_torch_item *item, const char *key,
-				    struct ckfs_sd_entry *out,
-				    struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /* Decode a tensor value (any supported kind) found in the pickle tree of
  * tf; used by ckfs_torch_open for each state-dict value. */

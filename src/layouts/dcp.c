@@ -413,9 +413,11 @@ static enum ckfs_code chunk_of(struct dcp *d, const char *fqn, const struct ckfs
 				 (unsigned long long)s->size);
 	char label[CKFS_MAX_NAME + 64];
 	snprintf(label, sizeof(label), "%s@%lld", s->path, (long long)off);
-	struct ckfs_torch_item item = { .f = s->f, .base = (uint64_t)off,
-					.length = (uint64_t)len, .label = label };
-	CKFS_TRY(ckfs_torch_open_item(&tf, &item, fqn, &e, err));
+	const struct ckfs_torch_open_opts o = {
+		.label = label, .root = CKFS_TORCH_ROOT_ITEM,
+		.item = { .base = (uint64_t)off, .length = (uint64_t)len, .key = fqn, .out = &e },
+	};
+	CKFS_TRY(ckfs_torch_open(&tf, s->f, &o, err));
 	enum ckfs_code rc = CKFS_OK;
 	int same = e.local.ndim == ndim;
 	for (int k = 0; same && k < ndim; k++)

@@ -75,7 +75,7 @@ static enum ckfs_code read_optim0(struct ds_build *b, struct ckfs_error *err)
 				 b->files.step, name);
 	}
 	CKFS_TRY(open_source(b, b->files.optim[0], &src, err));
-	CKFS_TRY(ckfs_torch_open_tree(&b->optim0, m->sources[src].f, ds_src_path(b, src), err));
+	CKFS_TRY(ds_open_tree(b, src, &b->optim0, err));
 	CKFS_TRY(ds_optim_state(&b->optim0, &b->osd0, err));
 	CKFS_TRY(ds_optim_kind(ds_src_path(b, src), b->osd0, &b->stage, &b->ws, err));
 	m->world_size = b->ws;
@@ -434,10 +434,7 @@ static enum ckfs_code open_files(struct ds_build *b, struct ckfs_error *err)
  * aliases), each with its chunks. */
 static enum ckfs_code plan(struct ds_build *b, struct ckfs_error *err)
 {
-	struct ckfs_model *m = b->m;
-
-	CKFS_TRY(ckfs_torch_open_tree(&b->model0, m->sources[b->model_src].f,
-				      ds_src_path(b, b->model_src), err));
+	CKFS_TRY(ds_open_tree(b, b->model_src, &b->model0, err));
 	CKFS_TRY(ds_model_states(&b->model0, &b->mv0, err));
 	CKFS_TRY(add_buffers(b, err));
 	CKFS_TRY(add_frozen(b, err));

@@ -69,6 +69,17 @@ static inline const char *ds_src_path(const struct ds_build *b, uint32_t i)
 	return b->m->sources[i].path;
 }
 
+/* Source i's torch.save file as a value tree (DeepSpeed's dicts are
+ * read where they hold tensors; nothing is decoded up front). */
+static inline enum ckfs_code ds_open_tree(const struct ds_build *b, uint32_t i,
+					  struct ckfs_torch_file *tf, struct ckfs_error *err)
+{
+	const struct ckfs_torch_open_opts o = { .label = ds_src_path(b, i),
+						.root = CKFS_TORCH_ROOT_TREE };
+
+	return ckfs_torch_open(tf, b->m->sources[i].f, &o, err);
+}
+
 static inline struct ckfs_out *ds_out_at(struct ds_build *b, size_t i)
 {
 	return &b->outs.v[i];

@@ -132,8 +132,7 @@ enum ckfs_code ds_plan_zero12(struct ds_build *b, struct ckfs_error *err)
 	for (int r = 1; rc == CKFS_OK && r < b->ws; r++) {
 		struct ckfs_torch_file tf;
 		const struct ckfs_pv *osd;
-		if ((rc = ckfs_torch_open_tree(&tf, b->m->sources[r].f,
-					       ds_src_path(b, (uint32_t)r), err)) != CKFS_OK)
+		if ((rc = ds_open_tree(b, (uint32_t)r, &tf, err)) != CKFS_OK)
 			break;
 		if ((rc = ds_optim_state(&tf, &osd, err)) == CKFS_OK &&
 		    (rc = ds_same_kind(b, tf.label, osd, err)) == CKFS_OK)

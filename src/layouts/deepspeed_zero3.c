@@ -142,20 +142,19 @@ static enum ckfs_code plan_frozen3(struct ds_build *b, struct ckfs_torch_file *t
  * at a time (rank 0's stay open). */
 static enum ckfs_code plan_rank3_files(struct ds_build *b, int r, struct ckfs_error *err)
 {
-	struct ckfs_model *m = b->m;
 	uint32_t msrc = b->model_src + (uint32_t)r;
 	struct ckfs_torch_file tf;
 	const struct ckfs_pv *osd;
 	struct ds_model_view v;
 	enum ckfs_code rc;
 
-	CKFS_TRY(ckfs_torch_open_tree(&tf, m->sources[r].f, ds_src_path(b, (uint32_t)r), err));
+	CKFS_TRY(ds_open_tree(b, (uint32_t)r, &tf, err));
 	if ((rc = ds_optim_state(&tf, &osd, err)) == CKFS_OK &&
 	    (rc = ds_same_kind(b, tf.label, osd, err)) == CKFS_OK)
 		rc = plan_rank3(b, &tf, osd, r, err);
 	ckfs_torch_close(&tf);
 	CKFS_TRY(rc);
-	CKFS_TRY(ckfs_torch_open_tree(&tf, m->sources[msrc].f, ds_src_path(b, msrc), err));
+	CKFS_TRY(ds_open_tree(b, msrc, &tf, err));
 	if ((rc = ds_model_states(&tf, &v, err)) == CKFS_OK &&
 	    (rc = same_model(b, &tf, &v, err)) == CKFS_OK)
 		rc = plan_frozen3(b, &tf, &v, r, msrc, err);

@@ -699,8 +699,9 @@ static enum ckfs_code open_ranks(struct build *b, struct rank_scan *rs, struct c
 	/* Rank 0's storages are read through guards (torch_guards.c); the
 	 * other ranks' too on the fast path (fsdp_plan.c). */
 	/* a template for the other ranks' files (fsdp_plan.c) */
-	CKFS_TRY(ckfs_torch_open_ex(&b->first, m->sources[0].f, m->sources[0].path,
-				    CKFS_TORCH_DERIVE_LOCALS | CKFS_TORCH_TEMPLATE, NULL, err));
+	const struct ckfs_torch_open_opts o = { .label = m->sources[0].path,
+						.derive_locals = true, .as_template = true };
+	CKFS_TRY(ckfs_torch_open(&b->first, m->sources[0].f, &o, err));
 	CKFS_TRY(ckfs_torch_guards(&m->sources[0], &b->first, err));
 	char when[64];
 	if (ckfs_torch_writer(&b->first, when, sizeof(when)) &&
@@ -863,7 +864,8 @@ static enum ckfs_code read_ranks(struct build *b, struct ckfs_error *err)
 			CKFS_TRY(add_rank(b, p, &b->first, err));
 			continue;
 		}
-		CKFS_TRY(ckfs_torch_open(&other, s->f, s->path, err));
+		const struct ckfs_torch_open_opts o = { .label = s->path };
+		CKFS_TRY(ckfs_torch_open(&other, s->f, &o, err));
 		enum ckfs_code rc = add_rank(b, p, &other, err);
 		ckfs_torch_close(&other);
 		CKFS_TRY(rc);

@@ -353,7 +353,11 @@ static enum ckfs_code check_position(struct rank_plan *rp, size_t p, struct ckfs
 
 	if (!seen)
 		return ckfs_nomem(err);
-	rc = ckfs_torch_open_like(&tf, s->f, s->path, rp->like, rp->coords[p], spare, err);
+	const struct ckfs_torch_open_opts o = {
+		.label = s->path, .derive_locals = true, .spare = spare,
+		.like = rp->like, .coord = rp->coords[p],
+	};
+	rc = ckfs_torch_open(&tf, s->f, &o, err);
 	if (rc != CKFS_OK) {
 		free(seen);
 		return rc;

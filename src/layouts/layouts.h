@@ -93,7 +93,7 @@ enum ckfs_code ckfs_chunks_box(struct ckfs_chunk_list *out, const struct ckfs_te
 /* ---- torch_guards.c ---- */
 
 /*
- * The records of tf (opened with ckfs_torch_open_derived) whose local
+ * The records of tf (opened with .derive_locals) whose local
  * headers were derived, as guards of s (include/ckfs/model.h), replacing
  * any it had; those a guard cannot hold are checked now. The checks'
  * function, for tables read back from the plan cache.

@@ -835,8 +835,9 @@ static enum ckfs_code open_rank(struct ctx *c, int r, struct ckfs_error *err)
 	}
 	CKFS_TRY(rc);
 	c->src[r] = (int)m->n_sources++;
-	CKFS_TRY(ckfs_torch_open_list(&c->files[r], m->sources[c->src[r]].f, path,
-				      "_extra_state", err));
+	const struct ckfs_torch_open_opts o = { .label = path, .root = CKFS_TORCH_ROOT_LIST,
+						.skip_suffix = "_extra_state" };
+	CKFS_TRY(ckfs_torch_open(&c->files[r], m->sources[c->src[r]].f, &o, err));
 	c->state[r] = R_OPEN;
 	return CKFS_OK;
 }

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The storages of a rank file whose local zip headers were derived
- * rather than read (ckfs_torch_open_derived, include/ckfs/zip.h), as the
- * guards of its source (include/ckfs/model.h): the range of a storage,
+ * rather than read (ckfs_torch_open's .derive_locals, include/ckfs/zip.h),
+ * as the guards of its source (include/ckfs/model.h): the range of a storage,
  * from its local header to the end of its data, is read only once that
  * header was read and found to start the data where the derivation put
  * it. A guard keeps the storage's key (its record is "<prefix>data/<key>",

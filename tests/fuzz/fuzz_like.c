@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Differential fuzz target for rank files read by rank 0's template
- * (ckfs_torch_open_like): the input is a whole torch.save file, read
+ * (ckfs_torch_open with .like): the input is a whole torch.save file, read
  * through its pickle and by the template of a real rank 0 (torch 2.13
  * FSDP2, world size 4; the seeds are its ranks), with the mesh
  * coordinate its first DTensor declares, so that the template is taken
@@ -26,9 +26,9 @@ static struct ckfs_torch_like *template_once(void)
 		return like;
 	tried = true;
 	int fd = open(RANK0, O_RDONLY | O_CLOEXEC);
-	if (fd < 0 || ckfs_torch_open_ex(&t, ckfs_file_of_fd(fd), RANK0,
-					 CKFS_TORCH_DERIVE_LOCALS | CKFS_TORCH_TEMPLATE, NULL,
-					 &err) != CKFS_OK)
+	const struct ckfs_torch_open_opts o = { .label = RANK0, .derive_locals = true,
+						.as_template = true };
+	if (fd < 0 || ckfs_torch_open(&t, ckfs_file_of_fd(fd), &o, &err) != CKFS_OK)
 		abort();
 	if (ckfs_torch_like_new(&t, &like, &err) != CKFS_OK || !like)
 		abort();
@@ -50,7 +50,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	if (fd < 0)
 		return 0;
-	if (ckfs_torch_open(&tf, ckfs_file_of_fd(fd), "fuzz", &err) == CKFS_OK) {
+	const struct ckfs_torch_open_opts o = { .label = "fuzz" };
+	if (ckfs_torch_open(&tf, ckfs_file_of_fd(fd), &o, &err) == CKFS_OK) {
 		for (size_t i = 0; !coord && i < tf.n_entries; i++)
 			if (tf.entries[i].kind == CKFS_ENTRY_DTENSOR && tf.entries[i].dtensor->have_coord)
 				coord = memcpy(c, tf.entries[i].dtensor->coord, sizeof(c));

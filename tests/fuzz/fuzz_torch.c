@@ -13,7 +13,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (fd < 0)
 		return 0;
 	ckfs_error_clear(&err);
-	if (ckfs_torch_open(&tf, ckfs_file_of_fd(fd), "fuzz", &err) == CKFS_OK)
+	const struct ckfs_torch_open_opts o = { .label = "fuzz" };
+	if (ckfs_torch_open(&tf, ckfs_file_of_fd(fd), &o, &err) == CKFS_OK)
 		ckfs_torch_close(&tf);
 	close(fd);
 	return 0;

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * A rank file read through its pickle and by a template (include/ckfs/
- * torch.h, ckfs_torch_open_like) compared: the one property the template
+ * torch.h, ckfs_torch_open with .like) compared: the one property the template
  * must keep. Shared by test_torch_like and fuzz_like.
  */
 #ifndef CKFS_LIKE_DIFF_H
@@ -73,8 +73,11 @@ static inline bool like_agrees(struct ckfs_file f, const char *label,
 	*taken = false;
 	ckfs_error_clear(&ea);
 	ckfs_error_clear(&eb);
-	enum ckfs_code ra = ckfs_torch_open_derived(&a, f, label, NULL, &ea);
-	enum ckfs_code rb = ckfs_torch_open_like(&b, f, label, like, coord, NULL, &eb);
+	const struct ckfs_torch_open_opts oa = { .label = label, .derive_locals = true };
+	const struct ckfs_torch_open_opts ob = { .label = label, .derive_locals = true,
+						 .like = like, .coord = coord };
+	enum ckfs_code ra = ckfs_torch_open(&a, f, &oa, &ea);
+	enum ckfs_code rb = ckfs_torch_open(&b, f, &ob, &eb);
 	if (ra != CKFS_OK || rb != CKFS_OK) {
 		if (ra != rb || strcmp(ea.msg, eb.msg) != 0) {
 			snprintf(why, size, "pickle: %d '%s'; template: %d '%s'", ra, ea.msg, rb, eb.msg);

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * A rank file read by rank 0's template (ckfs_torch_open_like,
+ * A rank file read by rank 0's template (ckfs_torch_open with .like,
  * include/ckfs/torch.h) against the same file run through the pickle
- * (ckfs_torch_open_derived): equal entries, or the same refusal.
+ * (.derive_locals alone): equal entries, or the same refusal.
  *
  * - Every rank file of tests/fixtures beside its rank 0 (torch 2.4 to
  *   2.15, verl 0.5 to 0.8, 1-d and 2-d meshes, plain tensors, edge
@@ -39,7 +39,7 @@ static const int64_t *coord_of(struct ckfs_file f, const char *label, int64_t *c
 	struct ckfs_error err;
 	const int64_t *coord = NULL;
 
-	if (ckfs_torch_open(&a, f, label, &err) != CKFS_OK)
+	if (ckfs_torch_open(&a, f, &(struct ckfs_torch_open_opts){ .label = label }, &err) != CKFS_OK)
 		return NULL;
 	for (size_t i = 0; !coord && i < a.n_entries; i++)
 		if (a.entries[i].kind == CKFS_ENTRY_DTENSOR && a.entries[i].dtensor->have_coord)
@@ -74,8 +74,9 @@ static struct ckfs_torch_like *template_of(const char *path)
 
 	if (fd < 0)
 		return NULL;
-	if (ckfs_torch_open_ex(&t, ckfs_file_of_fd(fd), path,
-			       CKFS_TORCH_DERIVE_LOCALS | CKFS_TORCH_TEMPLATE, NULL, &err) == CKFS_OK) {
+	const struct ckfs_torch_open_opts o = { .label = path, .derive_locals = true,
+						.as_template = true };
+	if (ckfs_torch_open(&t, ckfs_file_of_fd(fd), &o, &err) == CKFS_OK) {
 		CHECK_EQ_INT(ckfs_torch_like_new(&t, &like, &err), CKFS_OK);
 		ckfs_torch_close(&t);
 	}

@@ -207,7 +207,8 @@ static void test_damaged_header(void)
 		 * time, others served */
 		struct ckfs_torch_file tf;
 		struct ckfs_source s = { .path = path, .f = ckfs_file_of_fd(fd) };
-		CHECK_EQ_INT(ckfs_torch_open_derived(&tf, s.f, path, NULL, &err), CKFS_OK);
+		const struct ckfs_torch_open_opts o = { .label = path, .derive_locals = true };
+		CHECK_EQ_INT(ckfs_torch_open(&tf, s.f, &o, &err), CKFS_OK);
 		CHECK_EQ_INT(ckfs_torch_guards(&s, &tf, &err), CKFS_OK);
 		ckfs_torch_close(&tf);
 		CHECK(s.guards && s.guards->n > 1);
