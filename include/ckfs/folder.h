@@ -126,16 +126,6 @@ struct ckfs_config_edits {
 enum ckfs_code ckfs_render_config(const char *json, size_t len, const struct ckfs_config_edits *e,
 				  char **out, size_t *out_len,
 				  struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* quantization_config for --dtype fp8: block-wise e4m3 with dynamic
- * activations, the modules left unquantized listed (malloc'd). */
-enum ckfs_code ckfs_fp8_quantization_json(const char *const *unconverted, size_t n, char **out,
-					  struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* quantization_config for --dtype w4a16: compressed-tensors' W4A16 scheme
- * (pack-quantized INT4, symmetric, groups of 128) as its ModelCompressor
- * writes it, ignore[0..n) left unquantized; *out malloc'd. */
-enum ckfs_code ckfs_w4a16_quantization_json(const char *const *ignore, size_t n, char **out,
-					    struct ckfs_error *err) CKFS_WARN_UNUSED;
-
 /* lora_adapter/adapter_config.json (adapter.c): peft's LoraConfig as verl
  * writes it. Returns a malloc'd NUL-terminated string. */
 enum ckfs_code ckfs_render_adapter_config(const struct ckfs_lora *l, char **out,

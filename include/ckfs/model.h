@@ -138,6 +138,7 @@ struct ckfs_chunk {
 };
 
 struct ckfs_model;
+struct ckfs_view_config;
 struct ckfs_tensor;
 struct ckfs_read_scratch;
 
@@ -156,6 +157,20 @@ struct ckfs_view {
 	/* The tensors t is computed from beyond its own chunks (what may
 	 * read it: src/folder/perm.c), into in[0..2); how many. */
 	size_t (*inputs)(const struct ckfs_tensor *t, const struct ckfs_tensor *in[2]);
+	/* A view of the whole model (m->view; NULL here for a tensor-only
+	 * view, LoRA): what config.json says of it, and the release of
+	 * m->view_state's locks and buffers (freed with m's arena). */
+	enum ckfs_code (*config)(const struct ckfs_model *m, struct ckfs_view_config *c,
+				 struct ckfs_error *err);
+	void (*release)(struct ckfs_model *m);
+	/* Serves the model quantized: its weight files list tensors by name
+	 * (each weight beside its parts), and the rest is announced bf16. */
+	bool quantizes;
+};
+/* config.json of a model served through a view. */
+struct ckfs_view_config {
+	char *quantization;             /* quantization_config (malloc'd), or NULL */
+	bool drop_quantization;         /* the source's quantization_config goes */
 };
 extern const struct ckfs_view ckfs_view_fp8;          /* --dtype fp8: view_fp8.c */
 extern const struct ckfs_view ckfs_view_fp8_dequant;  /* a block-FP8 release in bf16 */
@@ -218,6 +233,15 @@ struct ckfs_w4a16 {
 	uint64_t served;                /* scales served from them */
 	struct ckfs_w4a16_kept *kept;   /* the model's budget */
 };
+/* --dtype w4a16's model state (m->view_state; src/layouts/w4a16_select.c):
+ * its weights, and the Linear modules left bf16 (its "ignore" list). */
+struct ckfs_w4a16_set {
+	struct ckfs_w4a16 *weights;
+	size_t n;
+	const char **ignore;
+	size_t n_ignore;
+	struct ckfs_w4a16_kept *kept;
+};
 /* The bytes all w4a16 weights of a model keep scales in, at most
  * CKFS_W4A16_KEPT_BYTES: past it, scales are computed again. */
 #define CKFS_W4A16_KEPT_BYTES (256u << 20)
@@ -244,6 +268,7 @@ struct ckfs_fp8 {
 					 * computed, set (view_fp8.c) */
 	pthread_mutex_t lock;           /* guards the states' changes */
 	pthread_cond_t done;            /* a block row was computed */
+	struct ckfs_fp8_kept *kept;     /* the model's */
 };
 
 /* Block rows quantized whole and kept for the reads that want them
@@ -260,6 +285,21 @@ struct ckfs_fp8_kept {
 		unsigned char *bytes;   /* malloc'd; NULL: a free slot */
 		uint64_t size, used;
 	} slot[CKFS_FP8_KEPT];
+};
+/* --dtype fp8's model state (m->view_state; src/layouts/fp8_select.c):
+ * one per quantized weight, and the modules left unquantized, as
+ * transformers names them. */
+struct ckfs_fp8_set {
+	struct ckfs_fp8 *weights;
+	size_t n;
+	const char **unconverted;
+	size_t n_unconverted;
+	struct ckfs_fp8_kept *kept;
+};
+/* A block-FP8 release served in a float dtype (m->view_state of
+ * ckfs_view_fp8_dequant): how many weights are dequantized. */
+struct ckfs_fp8_dequant_set {
+	size_t n;
 };
 
 /*
@@ -333,23 +373,11 @@ struct ckfs_model {
 	const char *model_type;         /* config.json's; NULL when absent */
 	/* A LoRA actor's adapter; NULL for other models. */
 	struct ckfs_lora *lora;
-	/* --dtype fp8: one per quantized weight (src/layouts/fp8_select.c), and the
-	 * modules left unquantized, as transformers names them. */
-	struct ckfs_fp8 *fp8;
-	size_t n_fp8;
-	const char **fp8_unconverted;
-	size_t n_fp8_unconverted;
-	struct ckfs_fp8_kept *fp8_kept;
-	/* A block-FP8 release served in a float dtype (dequant_scale above):
-	 * how many weights, for config.json (quantization_config dropped). */
-	size_t n_fp8_dequantized;
-	/* --dtype w4a16 (src/layouts/w4a16_select.c): how many weights are
-	 * quantized, and the Linear modules left bf16 (its "ignore" list). */
-	size_t n_w4a16;
-	struct ckfs_w4a16 *w4a16;
-	struct ckfs_w4a16_kept *w4a16_kept;
-	const char **w4a16_ignore;
-	size_t n_w4a16_ignore;
+	/* The view the whole model is served through (--dtype fp8 or
+	 * w4a16, a block-FP8 release dequantized) and its state: NULL for
+	 * a model served as planned. */
+	const struct ckfs_view *view;
+	void *view_state;
 	/* --base: the model the base weights were taken from (its sources
 	 * moved into m's); freed with m. */
 	struct ckfs_model *base;

@@ -62,7 +62,7 @@ static int ts_newer(struct timespec a, struct timespec b)
  * --dtype fp8 or w4a16, bf16, the dtype of what is not quantized. */
 static const char *config_dtype(const struct ckfs_model *m)
 {
-	if (m->n_fp8 || m->n_w4a16)
+	if (m->view && m->view->quantizes)
 		return "bfloat16";
 	for (size_t i = 0; i < m->n_tensors; i++)
 		if (ckfs_dtype_is_float(m->tensors[i].out_dtype))
@@ -200,18 +200,14 @@ static enum ckfs_code add_model(struct ckfs_folder *f, const struct ckfs_folder_
 		opt->transformers ? opt->transformers : ckfs_transformers_release(NULL);
 	struct ckfs_config_edits e = { .dtype = config_dtype(m), .model_type = m->model_type,
 				       .vl_drops_token_ids = tr->vl_drops_token_ids };
-	char *quant = NULL;
-	if (m->n_fp8)
-		CKFS_TRY(ckfs_fp8_quantization_json(m->fp8_unconverted, m->n_fp8_unconverted,
-						    &quant, err));
-	if (m->n_w4a16)
-		CKFS_TRY(ckfs_w4a16_quantization_json(m->w4a16_ignore, m->n_w4a16_ignore, &quant,
-						      err));
-	e.quantization = quant;
-	e.drop_quantization = m->n_fp8_dequantized > 0;
+	struct ckfs_view_config vc = { 0 };
+	if (m->view && m->view->config)
+		CKFS_TRY(m->view->config(m, &vc, err));
+	e.quantization = vc.quantization;
+	e.drop_quantization = vc.drop_quantization;
 	enum ckfs_code rc = ckfs_render_config(m->config_json, m->config_len, &e, &text, &len,
 					       err);
-	free(quant);
+	free(vc.quantization);
 	if (rc != CKFS_OK) {
 		ckfs_error_prefix(err, "'%s'", m->config_path);
 		return err->code;

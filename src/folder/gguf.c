@@ -524,9 +524,9 @@ enum ckfs_code ckfs_gguf_build(const struct ckfs_model *m, const struct ckfs_ggu
 	memset(g, 0, sizeof(*g));
 	ckfs_arena_init(&g->arena);
 	g->name = "model.gguf";
-	if (m->lora || m->n_fp8)
+	if (m->lora || (m->view && m->view->quantizes))
 		rc = ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': the GGUF view serves plain "
-			       "models (no LoRA adapter, no --dtype fp8)", m->src_dir);
+			       "models (no LoRA adapter, no --dtype fp8 or w4a16)", m->src_dir);
 	else if (!m->config_json)
 		rc = ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': the GGUF view needs config.json",
 			       m->src_dir);

@@ -83,7 +83,8 @@ static int cmp_name_order(const void *a, const void *b)
 enum build_file_flags {
 	FILE_METADATA = 1u << 0, /* a __metadata__ of format pt, as save_file writes */
 	FILE_BY_NAME = 1u << 1,  /* data in name order rather than save_file's dtype
-				  * order (fp8: each weight beside its scales) */
+				  * order (a quantizing view: each weight beside
+				  * its parts) */
 };
 
 static enum ckfs_code build_file(struct ckfs_st_layout *l, struct ckfs_st_file *f,
@@ -278,7 +279,8 @@ enum ckfs_code ckfs_st_layout_build(const struct ckfs_model *m,
 			snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors",
 				 s + 1, n_shards);
 		rc = build_file(l, &l->files[s], name, buf, k,
-				FILE_METADATA | (m->n_fp8 || m->n_w4a16 ? FILE_BY_NAME : 0), err);
+				FILE_METADATA | (m->view && m->view->quantizes ? FILE_BY_NAME : 0),
+				err);
 	}
 	if (rc == CKFS_OK && n_shards > 1)
 		rc = render_index(l, m, shard_of, err);

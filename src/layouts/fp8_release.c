@@ -65,12 +65,17 @@ static const char *other_form(const struct ckfs_model *m)
 static enum ckfs_code pair_scales(struct ckfs_model *m, struct ckfs_error *err)
 {
 	struct ckfs_tensor **sorted = calloc(m->n_tensors + 1, sizeof(*sorted));
+	struct ckfs_fp8_dequant_set *set = ckfs_arena_calloc(&m->arena, 1, sizeof(*set));
 	enum ckfs_code rc = CKFS_OK;
 	char name[CKFS_MAX_NAME];
 	size_t n_out = 0;
 
-	if (!sorted)
+	if (!sorted || !set) {
+		free(sorted);
 		return ckfs_nomem(err);
+	}
+	m->view = &ckfs_view_fp8_dequant;
+	m->view_state = set;
 	for (size_t i = 0; i < m->n_tensors; i++)
 		sorted[i] = &m->tensors[i];
 	qsort(sorted, m->n_tensors, sizeof(*sorted), cmp_name);
@@ -105,7 +110,7 @@ static enum ckfs_code pair_scales(struct ckfs_model *m, struct ckfs_error *err)
 			*copy = *s; /* m->tensors is compacted below */
 			t->view = &ckfs_view_fp8_dequant;
 			t->view_state = copy;
-			m->n_fp8_dequantized++;
+			set->n++;
 		}
 	}
 	free(sorted);

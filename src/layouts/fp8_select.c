@@ -119,8 +119,9 @@ static enum ckfs_code list_unconverted(struct ckfs_model *m, struct ckfs_error *
 	for (size_t i = 0; i < n; i++)
 		if (!k || strcmp(v[k - 1], v[i]) != 0)
 			v[k++] = v[i];
-	m->fp8_unconverted = v;
-	m->n_fp8_unconverted = k;
+	struct ckfs_fp8_set *set = m->view_state;
+	set->unconverted = v;
+	set->n_unconverted = k;
 	return CKFS_OK;
 }
 
@@ -169,11 +170,13 @@ static enum ckfs_code select_weights(struct ckfs_model *m, const regex_t *skip,
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': --dtype fp8 found no linear "
 				 "weight to quantize (docs/formats.md, \"FP8\")", m->src_dir);
 	struct ckfs_tensor *ts = ckfs_arena_calloc(&m->arena, n + n_q + 1, sizeof(*ts));
-	m->fp8 = ckfs_arena_calloc(&m->arena, n_q, sizeof(*m->fp8));
-	m->fp8_kept = ckfs_arena_calloc(&m->arena, 1, sizeof(*m->fp8_kept));
-	if (!ts || !m->fp8 || !m->fp8_kept)
+	struct ckfs_fp8_set *set = ckfs_arena_calloc(&m->arena, 1, sizeof(*set));
+	if (!ts || !set || !(set->weights = ckfs_arena_calloc(&m->arena, n_q, sizeof(*set->weights))) ||
+	    !(set->kept = ckfs_arena_calloc(&m->arena, 1, sizeof(*set->kept))))
 		return ckfs_nomem(err);
-	pthread_mutex_init(&m->fp8_kept->lock, NULL);
+	pthread_mutex_init(&set->kept->lock, NULL);
+	m->view = &ckfs_view_fp8;
+	m->view_state = set;
 	/* Each weight's scales right after it, in the same shard: a loader
 	 * reading a shard's weights then their scales reads each source once. */
 	for (size_t i = 0; i < n; i++) {
@@ -181,7 +184,8 @@ static enum ckfs_code select_weights(struct ckfs_model *m, const regex_t *skip,
 		*t = m->tensors[i];
 		if (!ckfs_quant_linear(t, skip))
 			continue;
-		struct ckfs_fp8 *q = &m->fp8[m->n_fp8++];
+		struct ckfs_fp8 *q = &set->weights[set->n++];
+		q->kept = set->kept;
 		CKFS_TRY(quantize(m, t, q, &ts[k++], err));
 	}
 	m->tensors = ts;

@@ -231,7 +231,7 @@ enum ckfs_code ckfs_peft_finish(struct ckfs_model *m, const struct ckfs_model_op
 /* ---- fp8_select.c ---- */
 
 /* --dtype fp8: the weights served block-quantized, their scale tensors and
- * the modules left as they are (m->fp8_unconverted); and, with any dtype
+ * the modules left as they are (struct ckfs_fp8_set's unconverted); and, with any dtype
  * but auto, a checkpoint already block-quantized refused. */
 enum ckfs_code ckfs_fp8_select(struct ckfs_model *m, const struct ckfs_model_options *opt,
 			       struct ckfs_error *err) CKFS_WARN_UNUSED;
@@ -258,7 +258,7 @@ enum ckfs_code ckfs_quant_skip(const struct ckfs_model_options *opt, regex_t *sk
 
 /* --dtype w4a16: each weight ckfs_quant_linear picks replaced by its
  * compressed-tensors pack-quantized triple (weight_packed, weight_scale,
- * weight_shape), the Linear modules left bf16 listed (m->w4a16_ignore);
+ * weight_shape), the Linear modules left bf16 listed (struct ckfs_w4a16_set's ignore);
  * a weight whose input dim is not a multiple of the group refused. */
 enum ckfs_code ckfs_w4a16_select(struct ckfs_model *m, const struct ckfs_model_options *opt,
 				 struct ckfs_error *err) CKFS_WARN_UNUSED;

@@ -71,8 +71,9 @@ static enum ckfs_code list_ignored(struct ckfs_model *m, struct ckfs_error *err)
 	for (size_t i = 0; i < n; i++)
 		if (!k || strcmp(v[k - 1], v[i]) != 0)
 			v[k++] = v[i];
-	m->w4a16_ignore = v;
-	m->n_w4a16_ignore = k;
+	struct ckfs_w4a16_set *set = m->view_state;
+	set->ignore = v;
+	set->n_ignore = k;
 	return CKFS_OK;
 }
 
@@ -123,13 +124,13 @@ static enum ckfs_code select_weights(struct ckfs_model *m, const regex_t *skip,
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': --dtype w4a16 found no linear "
 				 "weight to quantize (docs/formats.md, \"W4A16\")", m->src_dir);
 	struct ckfs_tensor *ts = ckfs_arena_calloc(&m->arena, n + 2 * n_q + 1, sizeof(*ts));
-	struct ckfs_w4a16 *ws = ckfs_arena_calloc(&m->arena, n_q, sizeof(*ws));
-	struct ckfs_w4a16_kept *kept = ckfs_arena_calloc(&m->arena, 1, sizeof(*kept));
-	if (!ts || !ws || !kept)
+	struct ckfs_w4a16_set *set = ckfs_arena_calloc(&m->arena, 1, sizeof(*set));
+	if (!ts || !set || !(set->weights = ckfs_arena_calloc(&m->arena, n_q, sizeof(*set->weights))) ||
+	    !(set->kept = ckfs_arena_calloc(&m->arena, 1, sizeof(*set->kept))))
 		return ckfs_nomem(err);
-	pthread_mutex_init(&kept->lock, NULL);
-	m->w4a16 = ws;
-	m->w4a16_kept = kept;
+	pthread_mutex_init(&set->kept->lock, NULL);
+	m->view = &ckfs_view_w4a16;
+	m->view_state = set;
 	/* The triple in the weight's place, in name order (packed, scale,
 	 * shape): a reader going by name reads each weight's source once
 	 * for its values, then again for its scales. */
@@ -138,9 +139,9 @@ static enum ckfs_code select_weights(struct ckfs_model *m, const regex_t *skip,
 			ts[k++] = m->tensors[i];
 			continue;
 		}
-		struct ckfs_w4a16 *w = &ws[m->n_w4a16++];
+		struct ckfs_w4a16 *w = &set->weights[set->n++];
 		pthread_mutex_init(&w->lock, NULL);
-		w->kept = kept;
+		w->kept = set->kept;
 		w->weight = m->tensors[i];
 		w->weight.out_dtype = CKFS_DTYPE_BF16;
 		CKFS_TRY(part(m, w, CKFS_W4A16_PACKED, "weight_packed", &ts[k++], err));

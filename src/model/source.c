@@ -119,22 +119,8 @@ void ckfs_model_free(struct ckfs_model *m)
 		free(atomic_load(&m->lora->pairs[i].ab));
 		pthread_mutex_destroy(&m->lora->pairs[i].lock);
 	}
-	for (size_t i = 0; i < m->n_fp8; i++) {
-		pthread_mutex_destroy(&m->fp8[i].lock);
-		pthread_cond_destroy(&m->fp8[i].done);
-	}
-	if (m->fp8_kept) {
-		for (int i = 0; i < CKFS_FP8_KEPT; i++)
-			free(m->fp8_kept->slot[i].bytes);
-		pthread_mutex_destroy(&m->fp8_kept->lock);
-	}
-	for (size_t i = 0; i < m->n_w4a16; i++) {
-		free(m->w4a16[i].scales);
-		free(m->w4a16[i].known);
-		pthread_mutex_destroy(&m->w4a16[i].lock);
-	}
-	if (m->w4a16_kept)
-		pthread_mutex_destroy(&m->w4a16_kept->lock);
+	if (m->view && m->view->release)
+		m->view->release(m);
 	ckfs_model_free(m->base);
 	ckfs_model_dims_release(m);
 	ckfs_arena_release(&m->arena);

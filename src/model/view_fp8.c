@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "ckfs/model.h"
+#include "ckfs/strbuf.h"
 
 
 /* A block row kept whole while quantizing is at most this many fp32
@@ -291,7 +292,7 @@ static void kept_put(struct ckfs_fp8_kept *k, const struct ckfs_fp8 *q, int64_t 
  * not asked for (the rest belongs to other reads: a slice edge cut the
  * block row, or only its scales were asked for). 0 when out of memory
  * (the caller quantizes its part alone). */
-static int quantize_whole(const struct ckfs_model *m, const struct ckfs_fp8 *q, int64_t br,
+static int quantize_whole(const struct ckfs_fp8 *q, int64_t br,
 			  const float *whole, uint64_t i, uint64_t e, unsigned char *out)
 {
 	uint64_t row_start = (uint64_t)br * CKFS_FP8_BLOCK * (uint64_t)q->cols;
@@ -306,7 +307,7 @@ static int quantize_whole(const struct ckfs_model *m, const struct ckfs_fp8 *q, 
 	if (e > i)
 		memcpy(out, all + (i - row_start), e - i);
 	if (e - i < n)
-		kept_put(m->fp8_kept, q, br, all, n);
+		kept_put(q->kept, q, br, all, n);
 	else
 		free(all);
 	return 1;
@@ -327,11 +328,11 @@ static enum ckfs_code read_values(const struct ckfs_model *m, struct ckfs_fp8 *q
 		const float *whole = NULL;
 		if (claim(q, br))
 			CKFS_TRY(compute_block_row(m, q, br, &whole, scratch, err));
-		else if (kept_get(m->fp8_kept, q, br, i - row_start, e - i, out)) {
+		else if (kept_get(q->kept, q, br, i - row_start, e - i, out)) {
 			i = e;
 			continue;
 		}
-		if (whole && quantize_whole(m, q, br, whole, i, e, out)) {
+		if (whole && quantize_whole(q, br, whole, i, e, out)) {
 			i = e;
 			continue;
 		}
@@ -362,7 +363,7 @@ static enum ckfs_code read_scales(const struct ckfs_model *m, struct ckfs_fp8 *q
 		CKFS_TRY(compute_block_row(m, q, (int64_t)br, &whole, scratch, err));
 		/* the values too, for the read of them that will follow */
 		if (whole)
-			quantize_whole(m, q, (int64_t)br, whole, 0, 0, NULL);
+			quantize_whole(q, (int64_t)br, whole, 0, 0, NULL);
 	}
 	memcpy(dst, q->scales + first, count * sizeof(float));
 	return CKFS_OK;
@@ -386,4 +387,47 @@ static size_t fp8_inputs(const struct ckfs_tensor *t, const struct ckfs_tensor *
 	return 1;
 }
 
-const struct ckfs_view ckfs_view_fp8 = { "fp8", fp8_read, fp8_inputs };
+/* quantization_config: block-wise e4m3 with dynamic activations, as
+ * transformers' FineGrainedFP8Config and vLLM read it, the modules left
+ * unquantized listed. */
+static enum ckfs_code fp8_config(const struct ckfs_model *m, struct ckfs_view_config *c,
+				 struct ckfs_error *err)
+{
+	const struct ckfs_fp8_set *set = m->view_state;
+	struct ckfs_strbuf o = { 0 };
+
+	ckfs_strbuf_str(&o, "{\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", "
+		    "\"modules_to_not_convert\": [");
+	for (size_t i = 0; i < set->n_unconverted; i++) {
+		if (i)
+			ckfs_strbuf_put(&o, ", ", 2);
+		ckfs_strbuf_json(&o, set->unconverted[i]);
+	}
+	ckfs_strbuf_str(&o, "], \"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}");
+	if (o.failed) {
+		free(o.p);
+		return ckfs_nomem(err);
+	}
+	c->quantization = o.p;
+	return CKFS_OK;
+}
+
+static void fp8_release(struct ckfs_model *m)
+{
+	struct ckfs_fp8_set *set = m->view_state;
+
+	for (size_t i = 0; i < set->n; i++) {
+		pthread_mutex_destroy(&set->weights[i].lock);
+		pthread_cond_destroy(&set->weights[i].done);
+	}
+	if (set->kept) {
+		for (size_t i = 0; i < CKFS_FP8_KEPT; i++)
+			free(set->kept->slot[i].bytes);
+		pthread_mutex_destroy(&set->kept->lock);
+	}
+}
+
+const struct ckfs_view ckfs_view_fp8 = {
+	.name = "fp8", .read = fp8_read, .inputs = fp8_inputs,
+	.config = fp8_config, .release = fp8_release, .quantizes = true,
+};

@@ -95,4 +95,17 @@ static size_t dequant_inputs(const struct ckfs_tensor *t, const struct ckfs_tens
 	return 1;
 }
 
-const struct ckfs_view ckfs_view_fp8_dequant = { "fp8-dequant", dequant_read, dequant_inputs };
+/* The release's quantization_config no longer describes what is served. */
+static enum ckfs_code dequant_config(const struct ckfs_model *m, struct ckfs_view_config *c,
+				     struct ckfs_error *err)
+{
+	(void)m;
+	(void)err;
+	c->drop_quantization = true;
+	return CKFS_OK;
+}
+
+const struct ckfs_view ckfs_view_fp8_dequant = {
+	.name = "fp8-dequant", .read = dequant_read, .inputs = dequant_inputs,
+	.config = dequant_config,
+};

@@ -28,6 +28,7 @@
 
 #include "ckfs/dtype.h"
 #include "ckfs/model.h"
+#include "ckfs/strbuf.h"
 
 #define GROUP CKFS_W4A16_GROUP
 /* Groups per window: 512 KiB of bf16, within L2 with its output. */
@@ -275,4 +276,53 @@ static size_t w4a16_inputs(const struct ckfs_tensor *t, const struct ckfs_tensor
 	return 1;
 }
 
-const struct ckfs_view ckfs_view_w4a16 = { "w4a16", w4a16_read, w4a16_inputs };
+/* The scheme's fields, keys sorted, as compressed-tensors 0.20.1's
+ * ModelCompressor.update_config writes them for llm-compressor's W4A16
+ * preset (its QuantizationConfig.model_dump: null fields kept, the
+ * weights' unset optional fields dropped). */
+static enum ckfs_code w4a16_config(const struct ckfs_model *m, struct ckfs_view_config *c,
+				   struct ckfs_error *err)
+{
+	const struct ckfs_w4a16_set *set = m->view_state;
+	struct ckfs_strbuf o = { 0 };
+
+	ckfs_strbuf_str(&o, "{\"config_groups\": {\"group_0\": {\"format\": \"pack-quantized\", "
+		    "\"input_activations\": null, \"output_activations\": null, "
+		    "\"targets\": [\"Linear\"], \"weights\": {\"dynamic\": false, "
+		    "\"group_size\": 128, \"num_bits\": 4, \"strategy\": \"group\", "
+		    "\"symmetric\": true, \"type\": \"int\"}}}, \"format\": \"pack-quantized\", "
+		    "\"global_compression_ratio\": null, \"ignore\": [");
+	for (size_t i = 0; i < set->n_ignore; i++) {
+		if (i)
+			ckfs_strbuf_put(&o, ", ", 2);
+		ckfs_strbuf_json(&o, set->ignore[i]);
+	}
+	ckfs_strbuf_str(&o, "], \"kv_cache_scheme\": null, \"moe_sparsity_config\": null, "
+		    "\"quant_method\": \"compressed-tensors\", \"quantization_status\": "
+		    "\"compressed\", \"sparsity_config\": {}, \"transform_config\": {}, "
+		    "\"version\": \"0.20.1\"}");
+	if (o.failed) {
+		free(o.p);
+		return ckfs_nomem(err);
+	}
+	c->quantization = o.p;
+	return CKFS_OK;
+}
+
+static void w4a16_release(struct ckfs_model *m)
+{
+	struct ckfs_w4a16_set *set = m->view_state;
+
+	for (size_t i = 0; i < set->n; i++) {
+		free(set->weights[i].scales);
+		free(set->weights[i].known);
+		pthread_mutex_destroy(&set->weights[i].lock);
+	}
+	if (set->kept)
+		pthread_mutex_destroy(&set->kept->lock);
+}
+
+const struct ckfs_view ckfs_view_w4a16 = {
+	.name = "w4a16", .read = w4a16_read, .inputs = w4a16_inputs,
+	.config = w4a16_config, .release = w4a16_release, .quantizes = true,
+};

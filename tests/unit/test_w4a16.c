@@ -178,8 +178,10 @@ static void test_layout(void)
 		}
 	}
 	CHECK_EQ_INT(triples, 14); /* 2 layers x 7 projections; lm_head and embeddings bf16 */
-	CHECK_EQ_INT((int)m->n_w4a16_ignore, 1);
-	CHECK(m->n_w4a16_ignore == 1 && strcmp(m->w4a16_ignore[0], "lm_head") == 0);
+	const struct ckfs_w4a16_set *set = m->view_state;
+	CHECK(m->view == &ckfs_view_w4a16);
+	CHECK_EQ_INT((int)set->n_ignore, 1);
+	CHECK(set->n_ignore == 1 && strcmp(set->ignore[0], "lm_head") == 0);
 	ckfs_read_scratch_release(&s);
 	ckfs_model_free(m);
 }
