@@ -200,8 +200,10 @@ static enum ckfs_code pread_all(int fd, unsigned char *buf, size_t len, uint64_t
 	if (r < 0)
 		return ckfs_fail_errno(err, "'%s': cannot read", path);
 	if ((size_t)r < len)
-		return ckfs_fail(err, CKFS_E_CHANGED, "'%s': changed during the export "
-				 "(shorter than when it was opened)", path);
+		return ckfs_fail(err, CKFS_E_CHANGED,
+				 "'%s': changed during the export "
+				 "(shorter than when it was opened)",
+				 path);
 	return CKFS_OK;
 }
 

@@ -459,9 +459,9 @@ static const char *placements_text(const struct ckfs_dtensor_info *di, char *buf
 
 /* CKFS_OK when rank_b's dims (nb, b) are rank_a's (na, a); else a failure
  * naming both, as what, each within the two characters of brackets. */
-static enum ckfs_code same_dims(const char *key, const char *what, const char *brackets,
-				int na, const int64_t *a, int rank_a, int nb, const int64_t *b,
-				int rank_b, struct ckfs_error *err)
+static enum ckfs_code same_dims(const char *key, const char *what, const char *brackets, int na,
+				const int64_t *a, int rank_a, int nb, const int64_t *b, int rank_b,
+				struct ckfs_error *err)
 {
 	const char open[2] = { brackets[0], 0 }, close[2] = { brackets[1], 0 };
 	char x[160], y[160];
