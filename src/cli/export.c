@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "ckfs/folder.h"
+#include "ckfs/io.h"
 #include "ckfs/layouts.h"
 #include "ckfs/log.h"
 #include "ckfs/perm.h"
@@ -67,17 +68,8 @@ struct job {
 static enum ckfs_code write_all(int fd, const void *buf, size_t len, uint64_t off,
 				const char *path, struct ckfs_error *err)
 {
-	size_t done = 0;
-
-	while (done < len) {
-		ssize_t w = pwrite(fd, (const char *)buf + done, len - done,
-				   (off_t)(off + done));
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0)
-			return ckfs_fail_errno(err, "'%s': write failed", path);
-		done += (size_t)w;
-	}
+	if (ckfs_pwrite_full(fd, buf, len, off) != (ssize_t)len)
+		return ckfs_fail_errno(err, "'%s': write failed", path);
 	return CKFS_OK;
 }
 

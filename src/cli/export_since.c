@@ -42,6 +42,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckfs/io.h"
 #include "ckfs/weights.h"
 
 #define SINCE_BLOCK (8u << 20)
@@ -186,35 +187,23 @@ struct job {
 static enum ckfs_code pwrite_all(int fd, const unsigned char *buf, size_t len, uint64_t off,
 				 const char *path, struct ckfs_error *err)
 {
-	while (len > 0) {
-		ssize_t w = pwrite(fd, buf, len, (off_t)off);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return ckfs_fail_errno(err, "'%s': write failed", path);
-		buf += w;
-		off += (uint64_t)w;
-		len -= (size_t)w;
-	}
+	if (ckfs_pwrite_full(fd, buf, len, off) != (ssize_t)len)
+		return ckfs_fail_errno(err, "'%s': write failed", path);
 	return CKFS_OK;
 }
 
 static enum ckfs_code pread_all(int fd, unsigned char *buf, size_t len, uint64_t off,
 				const char *path, struct ckfs_error *err)
 {
-	while (len > 0) {
-		ssize_t r = pread(fd, buf, len, (off_t)off);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0)
-			return ckfs_fail_errno(err, "'%s': cannot read", path);
-		if (r == 0)
-			return ckfs_fail(err, CKFS_E_CHANGED, "'%s': changed during the export "
-					 "(shorter than when it was opened)", path);
-		buf += r;
-		off += (uint64_t)r;
-		len -= (size_t)r;
-	}
+	ssize_t r = ckfs_pread_full(fd, buf, len, off);
+
+	if (r < 0)
+		return ckfs_fail_errno(err, "'%s': cannot read", path);
+	if ((size_t)r < len)
+		return ckfs_fail(err, CKFS_E_CHANGED,
+				 "'%s': changed during the export "
+				 "(shorter than when it was opened)",
+				 path);
 	return CKFS_OK;
 }
 

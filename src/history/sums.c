@@ -45,6 +45,20 @@ struct lanes {
 	int nan;
 };
 
+/* The pair (a, b) into lane j; 1 when their difference is NaN. */
+static inline int sum_pair(struct lanes *restrict l, int j, double a, double b)
+{
+	double d = b - a, ad = fabs(d);
+
+	l->a2[j] += a * a;
+	l->b2[j] += b * b;
+	l->d2[j] += d * d;
+	l->dot[j] += a * b;
+	l->max[j] = ad > l->max[j] ? ad : l->max[j];
+	l->changed[j] += (a != b) & !((a != a) & (b != b));
+	return ad != ad;
+}
+
 /* n a multiple of LANES, except the last block of a window. */
 CKFS_VECTOR_CLONES
 static void sum_block(const double *restrict x, const double *restrict y, size_t n,
@@ -54,26 +68,10 @@ static void sum_block(const double *restrict x, const double *restrict y, size_t
 	int nan = 0;
 
 	for (; i + LANES <= n; i += LANES)
-		for (int j = 0; j < LANES; j++) {
-			double a = x[i + j], b = y[i + j], d = b - a, ad = fabs(d);
-			l->a2[j] += a * a;
-			l->b2[j] += b * b;
-			l->d2[j] += d * d;
-			l->dot[j] += a * b;
-			l->max[j] = ad > l->max[j] ? ad : l->max[j];
-			nan |= ad != ad;
-			l->changed[j] += (a != b) & !((a != a) & (b != b));
-		}
-	for (int j = 0; i < n; i++, j++) {
-		double a = x[i], b = y[i], d = b - a, ad = fabs(d);
-		l->a2[j] += a * a;
-		l->b2[j] += b * b;
-		l->d2[j] += d * d;
-		l->dot[j] += a * b;
-		l->max[j] = ad > l->max[j] ? ad : l->max[j];
-		nan |= ad != ad;
-		l->changed[j] += (a != b) & !((a != a) & (b != b));
-	}
+		for (int j = 0; j < LANES; j++)
+			nan |= sum_pair(l, j, x[i + j], y[i + j]);
+	for (int j = 0; i < n; i++, j++)
+		nan |= sum_pair(l, j, x[i], y[i]);
 	l->nan |= nan;
 }
 

@@ -15,6 +15,17 @@
 #include "ckfs/text.h"
 #include "layouts/layouts.h"
 
+/* The n elements of size at old copied into a new array of the arena
+ * with room for one more (zeroed), or NULL. */
+static void *grown(struct ckfs_arena *a, const void *old, size_t n, size_t size)
+{
+	void *p = ckfs_arena_calloc(a, n + 1, size);
+
+	if (p && n)
+		memcpy(p, old, n * size);
+	return p;
+}
+
 enum ckfs_code ckfs_model_warn(struct ckfs_model *m, struct ckfs_error *err,
 			       const char *fmt, ...)
 {
@@ -25,12 +36,10 @@ enum ckfs_code ckfs_model_warn(struct ckfs_model *m, struct ckfs_error *err,
 	vsnprintf(raw, sizeof(raw), fmt, ap);
 	va_end(ap);
 	ckfs_text_escape(buf, sizeof(buf), raw); /* names from the checkpoint */
-	const char **w = ckfs_arena_calloc(&m->arena, m->n_warnings + 1, sizeof(*w));
+	const char **w = grown(&m->arena, m->warnings, m->n_warnings, sizeof(*w));
 	char *copy = ckfs_arena_strdup(&m->arena, buf);
 	if (!w || !copy)
 		return ckfs_nomem(err);
-	if (m->n_warnings)
-		memcpy(w, m->warnings, m->n_warnings * sizeof(*w));
 	w[m->n_warnings++] = copy;
 	m->warnings = w;
 	return CKFS_OK;
@@ -42,12 +51,10 @@ static enum ckfs_code add_meta_access(struct ckfs_model *m, const char *path,
 {
 	struct ckfs_file_access *list;
 
-	list = ckfs_arena_calloc(&m->arena, m->n_meta_files + 1, sizeof(*list));
+	list = grown(&m->arena, m->meta_files, m->n_meta_files, sizeof(*list));
 	access.path = ckfs_arena_strdup(&m->arena, path);
 	if (!list || !access.path)
 		return ckfs_nomem(err);
-	if (m->n_meta_files)
-		memcpy(list, m->meta_files, m->n_meta_files * sizeof(*list));
 	list[m->n_meta_files++] = access;
 	m->meta_files = list;
 	return CKFS_OK;

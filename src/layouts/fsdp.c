@@ -457,6 +457,22 @@ static const char *placements_text(const struct ckfs_dtensor_info *di, char *buf
 	return buf;
 }
 
+/* CKFS_OK when rank_b's dims (nb, b) are rank_a's (na, a); else a failure
+ * naming both, as what, each within the two characters of brackets. */
+static enum ckfs_code same_dims(const char *key, const char *what, const char *brackets, int na,
+				const int64_t *a, int rank_a, int nb, const int64_t *b, int rank_b,
+				struct ckfs_error *err)
+{
+	const char open[2] = { brackets[0], 0 }, close[2] = { brackets[1], 0 };
+	char x[160], y[160];
+
+	if (same_shape(na, a, nb, b))
+		return CKFS_OK;
+	return ckfs_fail(err, CKFS_E_INVALID, "tensor '%s': %s %s on rank %d but %s on rank %d",
+			 key, what, ckfs_format_dims(na, a, open, close, x, sizeof(x)), rank_a,
+			 ckfs_format_dims(nb, b, open, close, y, sizeof(y)), rank_b);
+}
+
 /* The expectation set by entry f of rank `rank` (pointers into f). */
 struct expect fsdp_expect_of(const struct ckfs_sd_entry *f, int rank)
 {
@@ -505,23 +521,10 @@ enum ckfs_code fsdp_check_entry(const struct expect *f, const struct ckfs_sd_ent
 	} else {
 		const struct ckfs_dtensor_info *di = e->dtensor, *fi = f->di;
 		char x[160], y[160];
-		if (!same_shape(di->ndim, di->global_shape, f->ndim, f->shape))
-			return ckfs_fail(err, CKFS_E_INVALID,
-					 "tensor '%s': global shape %s on rank %d but %s "
-					 "on rank %d", e->key,
-					 ckfs_format_dims(f->ndim, f->shape, "[", "]", x, sizeof(x)),
-					 f->rank,
-					 ckfs_format_dims(di->ndim, di->global_shape, "[", "]", y, sizeof(y)),
-					 rank);
-		if (!same_shape(di->mesh_ndim, di->mesh_shape, fi->mesh_ndim,
-				fi->mesh_shape))
-			return ckfs_fail(err, CKFS_E_INVALID,
-					 "tensor '%s': device mesh %s on rank %d but %s "
-					 "on rank %d", e->key,
-					 ckfs_format_dims(fi->mesh_ndim, fi->mesh_shape, "(", ")", x, sizeof(x)),
-					 f->rank,
-					 ckfs_format_dims(di->mesh_ndim, di->mesh_shape, "(", ")", y, sizeof(y)),
-					 rank);
+		CKFS_TRY(same_dims(e->key, "global shape", "[]", f->ndim, f->shape, f->rank,
+				   di->ndim, di->global_shape, rank, err));
+		CKFS_TRY(same_dims(e->key, "device mesh", "()", fi->mesh_ndim, fi->mesh_shape,
+				   f->rank, di->mesh_ndim, di->mesh_shape, rank, err));
 		if (memcmp(di->placements, fi->placements,
 			   sizeof(di->placements[0]) * (size_t)di->mesh_ndim) != 0)
 			return ckfs_fail(err, CKFS_E_INVALID,

@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "ckfs/hash.h"
+#include "ckfs/io.h"
 #include "ckfs/log.h"
 #include "ckfs/remote.h"
 #include "ckfs/strbuf.h"
@@ -143,34 +144,15 @@ static uint64_t record_sum(const struct ckfs_strbuf *id, const uint64_t *v, size
 	return ckfs_fnv1a(ckfs_fnv1a(CKFS_FNV1A_START, id->p, id->len), v, n * 8);
 }
 
-static int read_all(int fd, void *buf, size_t n)
+/* All n bytes, or false: a failure or an early end of file. */
+static bool read_all(int fd, void *buf, size_t n)
 {
-	unsigned char *p = buf;
-	while (n) {
-		ssize_t r = read(fd, p, n);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			return 0;
-		p += r;
-		n -= (size_t)r;
-	}
-	return 1;
+	return ckfs_read_full(fd, buf, n) == (ssize_t)n;
 }
 
-static int write_all(int fd, const void *buf, size_t n)
+static bool write_all(int fd, const void *buf, size_t n)
 {
-	const unsigned char *p = buf;
-	while (n) {
-		ssize_t r = write(fd, p, n);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			return 0;
-		p += r;
-		n -= (size_t)r;
-	}
-	return 1;
+	return ckfs_write_full(fd, buf, n) == (ssize_t)n;
 }
 
 /* The record of kind for m: n values (exactly want, or any number from

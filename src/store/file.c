@@ -12,6 +12,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include "ckfs/io.h"
 #include "ckfs/remote.h"
 
 bool ckfs_path_under(const char *path, const char *root)
@@ -245,24 +246,11 @@ void ckfs_file_ahead_drop(void)
 
 ssize_t ckfs_file_pread(struct ckfs_file f, void *buf, size_t len, uint64_t off)
 {
-	size_t done = 0;
-	int fd = f.fd;
-
 	if (f.remote) {
 		ckfs_error_note_cause(NULL); /* only this read's failure is told */
 		return ckfs_remote_pread(f.remote, buf, len, off);
 	}
-	while (done < len) {
-		ssize_t r = pread(fd, (char *)buf + done, len - done, (off_t)(off + done));
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0)
-			return -1;
-		if (r == 0)
-			break;
-		done += (size_t)r;
-	}
-	return (ssize_t)done;
+	return ckfs_pread_full(f.fd, buf, len, off);
 }
 
 enum ckfs_code ckfs_file_read_small(const struct ckfs_file_policy *pol, const char *path,

@@ -8,10 +8,10 @@ CKFS_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 # dpkg-dev (dpkg-shlibdeps computes the .deb's Depends), debootstrap (the
 # clean Debian 12 root the .deb is installed into), groff-base (the man
 # page is rendered and checked). curl: the S3 tests fill their bucket
-# with it (tests/s3).
+# with it (tests/s3). clang-format: the format lint (tests/lint).
 CKFS_APT_PACKAGES="build-essential cmake pkg-config libfuse3-dev fuse3 \
 libzip-dev zlib1g-dev libcjson-dev libxxhash-dev libcurl4-openssl-dev python3 python3-venv \
-clang libclang-rt-14-dev dpkg-dev debootstrap groff-base curl"
+clang clang-format libclang-rt-14-dev dpkg-dev debootstrap groff-base curl"
 
 ckfs_install_deps() {
 	local missing=""
