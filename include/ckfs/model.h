@@ -169,8 +169,8 @@ struct ckfs_view {
 };
 /* config.json of a model served through a view. */
 struct ckfs_view_config {
-	char *quantization;             /* quantization_config (malloc'd), or NULL */
-	bool drop_quantization;         /* the source's quantization_config goes */
+	char *quantization;     /* quantization_config (malloc'd), or NULL */
+	bool drop_quantization; /* the source's quantization_config goes */
 };
 extern const struct ckfs_view ckfs_view_fp8;          /* --dtype fp8: view_fp8.c */
 extern const struct ckfs_view ckfs_view_fp8_dequant;  /* a block-FP8 release in bf16 */

@@ -525,8 +525,10 @@ enum ckfs_code ckfs_gguf_build(const struct ckfs_model *m, const struct ckfs_ggu
 	ckfs_arena_init(&g->arena);
 	g->name = "model.gguf";
 	if (m->lora || (m->view && m->view->quantizes))
-		rc = ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': the GGUF view serves plain "
-			       "models (no LoRA adapter, no --dtype fp8 or w4a16)", m->src_dir);
+		rc = ckfs_fail(err, CKFS_E_UNSUPPORTED,
+			       "'%s': the GGUF view serves plain "
+			       "models (no LoRA adapter, no --dtype fp8 or w4a16)",
+			       m->src_dir);
 	else if (!m->config_json)
 		rc = ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': the GGUF view needs config.json",
 			       m->src_dir);

@@ -203,6 +203,9 @@ static enum ckfs_code landlock(const struct ckfs_sandbox_rules *p, struct ckfs_e
 		bad |= allow(rs, dir, READ_RIGHTS, handled);
 	}
 	bad |= allow_symbolizer(rs, handled);
+#ifdef CKFS_COVERAGE_DIR /* a coverage build's counts, written at exit */
+	bad |= allow(rs, CKFS_COVERAGE_DIR, WRITE_RIGHTS, handled);
+#endif
 	if (bad || syscall(SYS_landlock_restrict_self, rs, 0) != 0) {
 		enum ckfs_code rc = ckfs_fail_errno(err, "sandbox: cannot apply the Landlock rules");
 		close(rs);

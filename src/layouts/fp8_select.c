@@ -171,7 +171,8 @@ static enum ckfs_code select_weights(struct ckfs_model *m, const regex_t *skip,
 				 "weight to quantize (docs/formats.md, \"FP8\")", m->src_dir);
 	struct ckfs_tensor *ts = ckfs_arena_calloc(&m->arena, n + n_q + 1, sizeof(*ts));
 	struct ckfs_fp8_set *set = ckfs_arena_calloc(&m->arena, 1, sizeof(*set));
-	if (!ts || !set || !(set->weights = ckfs_arena_calloc(&m->arena, n_q, sizeof(*set->weights))) ||
+	if (!ts || !set ||
+	    !(set->weights = ckfs_arena_calloc(&m->arena, n_q, sizeof(*set->weights))) ||
 	    !(set->kept = ckfs_arena_calloc(&m->arena, 1, sizeof(*set->kept))))
 		return ckfs_nomem(err);
 	pthread_mutex_init(&set->kept->lock, NULL);

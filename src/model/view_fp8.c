@@ -32,7 +32,6 @@
 #include "ckfs/model.h"
 #include "ckfs/strbuf.h"
 
-
 /* A block row kept whole while quantizing is at most this many fp32
  * elements (16 MiB: a down_proj of 28672 columns); wider weights have
  * their block rows streamed for the scales and their rows read again. */
@@ -292,8 +291,8 @@ static void kept_put(struct ckfs_fp8_kept *k, const struct ckfs_fp8 *q, int64_t 
  * not asked for (the rest belongs to other reads: a slice edge cut the
  * block row, or only its scales were asked for). 0 when out of memory
  * (the caller quantizes its part alone). */
-static int quantize_whole(const struct ckfs_fp8 *q, int64_t br,
-			  const float *whole, uint64_t i, uint64_t e, unsigned char *out)
+static int quantize_whole(const struct ckfs_fp8 *q, int64_t br, const float *whole, uint64_t i,
+			  uint64_t e, unsigned char *out)
 {
 	uint64_t row_start = (uint64_t)br * CKFS_FP8_BLOCK * (uint64_t)q->cols;
 	uint64_t rows = (uint64_t)(q->rows - br * CKFS_FP8_BLOCK < CKFS_FP8_BLOCK
@@ -397,7 +396,7 @@ static enum ckfs_code fp8_config(const struct ckfs_model *m, struct ckfs_view_co
 	struct ckfs_strbuf o = { 0 };
 
 	ckfs_strbuf_str(&o, "{\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", "
-		    "\"modules_to_not_convert\": [");
+			    "\"modules_to_not_convert\": [");
 	for (size_t i = 0; i < set->n_unconverted; i++) {
 		if (i)
 			ckfs_strbuf_put(&o, ", ", 2);
@@ -428,6 +427,10 @@ static void fp8_release(struct ckfs_model *m)
 }
 
 const struct ckfs_view ckfs_view_fp8 = {
-	.name = "fp8", .read = fp8_read, .inputs = fp8_inputs,
-	.config = fp8_config, .release = fp8_release, .quantizes = true,
+	.name = "fp8",
+	.read = fp8_read,
+	.inputs = fp8_inputs,
+	.config = fp8_config,
+	.release = fp8_release,
+	.quantizes = true,
 };

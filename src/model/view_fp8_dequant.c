@@ -106,6 +106,8 @@ static enum ckfs_code dequant_config(const struct ckfs_model *m, struct ckfs_vie
 }
 
 const struct ckfs_view ckfs_view_fp8_dequant = {
-	.name = "fp8-dequant", .read = dequant_read, .inputs = dequant_inputs,
+	.name = "fp8-dequant",
+	.read = dequant_read,
+	.inputs = dequant_inputs,
 	.config = dequant_config,
 };

@@ -144,4 +144,6 @@ static size_t lora_inputs(const struct ckfs_tensor *t, const struct ckfs_tensor 
 	return 2;
 }
 
-const struct ckfs_view ckfs_view_lora = { .name = "lora", .read = lora_read, .inputs = lora_inputs };
+const struct ckfs_view ckfs_view_lora = { .name = "lora",
+					  .read = lora_read,
+					  .inputs = lora_inputs };

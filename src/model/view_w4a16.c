@@ -283,24 +283,28 @@ static size_t w4a16_inputs(const struct ckfs_tensor *t, const struct ckfs_tensor
 static enum ckfs_code w4a16_config(const struct ckfs_model *m, struct ckfs_view_config *c,
 				   struct ckfs_error *err)
 {
+	static const char head[] =
+		"{\"config_groups\": {\"group_0\": {\"format\": \"pack-quantized\", "
+		"\"input_activations\": null, \"output_activations\": null, "
+		"\"targets\": [\"Linear\"], \"weights\": {\"dynamic\": false, "
+		"\"group_size\": 128, \"num_bits\": 4, \"strategy\": \"group\", "
+		"\"symmetric\": true, \"type\": \"int\"}}}, \"format\": \"pack-quantized\", "
+		"\"global_compression_ratio\": null, \"ignore\": [";
+	static const char tail[] =
+		"], \"kv_cache_scheme\": null, \"moe_sparsity_config\": null, "
+		"\"quant_method\": \"compressed-tensors\", \"quantization_status\": "
+		"\"compressed\", \"sparsity_config\": {}, \"transform_config\": {}, "
+		"\"version\": \"0.20.1\"}";
 	const struct ckfs_w4a16_set *set = m->view_state;
 	struct ckfs_strbuf o = { 0 };
 
-	ckfs_strbuf_str(&o, "{\"config_groups\": {\"group_0\": {\"format\": \"pack-quantized\", "
-		    "\"input_activations\": null, \"output_activations\": null, "
-		    "\"targets\": [\"Linear\"], \"weights\": {\"dynamic\": false, "
-		    "\"group_size\": 128, \"num_bits\": 4, \"strategy\": \"group\", "
-		    "\"symmetric\": true, \"type\": \"int\"}}}, \"format\": \"pack-quantized\", "
-		    "\"global_compression_ratio\": null, \"ignore\": [");
+	ckfs_strbuf_str(&o, head);
 	for (size_t i = 0; i < set->n_ignore; i++) {
 		if (i)
 			ckfs_strbuf_put(&o, ", ", 2);
 		ckfs_strbuf_json(&o, set->ignore[i]);
 	}
-	ckfs_strbuf_str(&o, "], \"kv_cache_scheme\": null, \"moe_sparsity_config\": null, "
-		    "\"quant_method\": \"compressed-tensors\", \"quantization_status\": "
-		    "\"compressed\", \"sparsity_config\": {}, \"transform_config\": {}, "
-		    "\"version\": \"0.20.1\"}");
+	ckfs_strbuf_str(&o, tail);
 	if (o.failed) {
 		free(o.p);
 		return ckfs_nomem(err);
@@ -323,6 +327,10 @@ static void w4a16_release(struct ckfs_model *m)
 }
 
 const struct ckfs_view ckfs_view_w4a16 = {
-	.name = "w4a16", .read = w4a16_read, .inputs = w4a16_inputs,
-	.config = w4a16_config, .release = w4a16_release, .quantizes = true,
+	.name = "w4a16",
+	.read = w4a16_read,
+	.inputs = w4a16_inputs,
+	.config = w4a16_config,
+	.release = w4a16_release,
+	.quantizes = true,
 };
