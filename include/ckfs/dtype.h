@@ -47,13 +47,6 @@ enum ckfs_dtype {
 	CKFS_DTYPE_F8_E4M3,
 	CKFS_DTYPE_F8_E5M2,
 	CKFS_DTYPE_COUNT,
-	/* Not an element type: what options ask for with --dtype auto (each
-	 * tensor served as its layout serves it: as stored). */
-	CKFS_DTYPE_AUTO,
-	/* Not an element type either: --dtype w4a16 (linear weights as
-	 * compressed-tensors' pack-quantized INT4, the rest bf16:
-	 * src/layouts/w4a16_select.c). */
-	CKFS_DTYPE_W4A16,
 };
 
 /* Bytes per element (0 for INVALID). */

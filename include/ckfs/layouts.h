@@ -25,12 +25,23 @@ enum ckfs_rank_checks {
 	CKFS_RANK_CHECKS_AUTO,
 };
 
+/* A view quantizing the linear weights (--dtype fp8, w4a16): its
+ * selector in src/layouts/ picks the weights, its row in src/model/
+ * serves them. */
+enum ckfs_quant {
+	CKFS_QUANT_NONE,
+	CKFS_QUANT_FP8,   /* block-wise float8_e4m3fn: fp8_select.c */
+	CKFS_QUANT_W4A16, /* compressed-tensors' pack-quantized INT4 */
+};
+
 struct ckfs_model_options {
-	/* Output dtype; CKFS_DTYPE_AUTO keeps each tensor as stored;
-	 * CKFS_DTYPE_F8_E4M3 is --dtype fp8 (block-quantized linear weights,
-	 * bf16 for the rest: src/layouts/fp8_select.c). CKFS_DTYPE_INVALID (options
-	 * left zero) is refused. */
+	/* What --dtype asks: every tensor as out_dtype, or with as_stored
+	 * (--dtype auto) each as its layout serves it; with quant, that view
+	 * of the linear weights and out_dtype (bf16) for the rest. Neither a
+	 * dtype nor as_stored (options left zero) is refused. */
 	enum ckfs_dtype out_dtype;
+	bool as_stored;
+	enum ckfs_quant quant;
 	/* out_dtype is the command's default, not asked for: a block-FP8
 	 * release (DeepSeek-V3's) is then served as stored, scales and all;
 	 * asked, it is dequantized to out_dtype (src/layouts/fp8_release.c). */
@@ -54,10 +65,10 @@ struct ckfs_model_options {
 	const char *base_path;
 	int64_t lora_alpha;
 	bool rslora;
-	/* --fp8-skip: weights --dtype fp8 leaves unquantized, a POSIX extended
-	 * regular expression against the served names; NULL for the default
-	 * (vision towers; src/layouts/fp8_select.c). */
-	const char *fp8_skip;
+	/* --quant-skip: weights a quantizing view leaves unquantized, a POSIX
+	 * extended regular expression against the served names; NULL for the
+	 * default (vision towers; src/layouts/fp8_select.c). */
+	const char *quant_skip;
 	/* Default CKFS_RANK_CHECKS_OPEN. */
 	enum ckfs_rank_checks rank_checks;
 };

@@ -356,10 +356,27 @@ static const struct cli_opt opt_quiet = {
 };
 
 static const struct cli_opt *const export_opts[] = {
-	&cli_opt_dtype, &cli_opt_max_shard_size, &cli_opt_transformers_version, &cli_opt_config, &cli_opt_s3_endpoint, &cli_opt_s3_cache, &opt_force, &opt_threads,
-	&opt_since, &opt_quiet, &cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_lora, &cli_opt_base,
-	&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_fp8_skip, &cli_opt_format, &cli_opt_model_name,
-	&cli_opt_log_level, NULL,
+	&cli_opt_dtype,
+	&cli_opt_max_shard_size,
+	&cli_opt_transformers_version,
+	&cli_opt_config,
+	&cli_opt_s3_endpoint,
+	&cli_opt_s3_cache,
+	&opt_force,
+	&opt_threads,
+	&opt_since,
+	&opt_quiet,
+	&cli_opt_follow_symlinks,
+	&cli_opt_raw_names,
+	&cli_opt_lora,
+	&cli_opt_base,
+	&cli_opt_lora_alpha,
+	&cli_opt_rslora,
+	&cli_opt_quant_skip,
+	&cli_opt_format,
+	&cli_opt_model_name,
+	&cli_opt_log_level,
+	NULL,
 };
 
 static int export_apply(void *ctx, const struct cli_opt *o, const struct cli_value *v);

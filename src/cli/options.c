@@ -16,18 +16,40 @@
 
 /* ---- the words options take ---- */
 
-/* Each also in llama.cpp's spelling (convert_hf_to_gguf.py --outtype f16;
- * GGML's type names are q8_0's pattern: a letter, the bits) and torch's. */
+/* --dtype's table: what each word asks of the model (an element type for
+ * every tensor, each as stored, or a view quantizing the linear weights
+ * with bf16 for the rest) and of a GGUF (--format gguf; gguf_only: a
+ * block type that means nothing else). */
+enum dtype_row {
+	DT_BF16,
+	DT_F16,
+	DT_F32,
+	DT_AUTO,
+	DT_FP8,
+	DT_W4A16,
+	DT_Q8_0,
+	DT_Q4_0
+};
+static const struct cli_dtype cli_dtypes[] = {
+	[DT_BF16] = { "bf16", CKFS_DTYPE_BF16, .gguf = true, .gguf_type = CKFS_GGUF_BF16 },
+	[DT_F16] = { "fp16", CKFS_DTYPE_F16, .gguf = true, .gguf_type = CKFS_GGUF_F16 },
+	[DT_F32] = { "fp32", CKFS_DTYPE_F32 },
+	[DT_AUTO] = { "auto", .as_stored = true },
+	[DT_FP8] = { "fp8", CKFS_DTYPE_BF16, .quant = CKFS_QUANT_FP8 },
+	[DT_W4A16] = { "w4a16", CKFS_DTYPE_BF16, .quant = CKFS_QUANT_W4A16 },
+	[DT_Q8_0] = { "q8_0", CKFS_DTYPE_BF16, .gguf = true, .gguf_only = true,
+		      .gguf_type = CKFS_GGUF_Q8_0 },
+	[DT_Q4_0] = { "q4_0", CKFS_DTYPE_BF16, .gguf = true, .gguf_only = true,
+		      .gguf_type = CKFS_GGUF_Q4_0 },
+};
+/* Each row's word, and llama.cpp's spelling (convert_hf_to_gguf.py
+ * --outtype f16; GGML's type names are q8_0's pattern: a letter, the
+ * bits) and torch's. */
 static const struct cli_choice dtype_words[] = {
-	{ "bf16", CKFS_DTYPE_BF16 },  { "bfloat16", CKFS_DTYPE_BF16 },
-	{ "fp16", CKFS_DTYPE_F16 },   { "f16", CKFS_DTYPE_F16 },
-	{ "float16", CKFS_DTYPE_F16 }, { "half", CKFS_DTYPE_F16 },
-	{ "fp32", CKFS_DTYPE_F32 },   { "f32", CKFS_DTYPE_F32 },
-	{ "float32", CKFS_DTYPE_F32 }, { "float", CKFS_DTYPE_F32 },
-	{ "auto", CKFS_DTYPE_AUTO }, { "fp8", CKFS_DTYPE_F8_E4M3 },
-	{ "w4a16", CKFS_DTYPE_W4A16 },
-	{ "q8_0", CLI_DTYPE_Q8_0 }, { "q4_0", CLI_DTYPE_Q4_0 },
-	{ NULL, 0 }
+	{ "bf16", DT_BF16 },   { "bfloat16", DT_BF16 }, { "fp16", DT_F16 },  { "f16", DT_F16 },
+	{ "float16", DT_F16 }, { "half", DT_F16 },      { "fp32", DT_F32 },  { "f32", DT_F32 },
+	{ "float32", DT_F32 }, { "float", DT_F32 },     { "auto", DT_AUTO }, { "fp8", DT_FP8 },
+	{ "w4a16", DT_W4A16 }, { "q8_0", DT_Q8_0 },     { "q4_0", DT_Q4_0 }, { NULL, 0 }
 };
 static const struct cli_choice format_words[] = {
 	{ "safetensors", 0 }, { "gguf", 1 }, { NULL, 0 }
@@ -142,11 +164,17 @@ const struct cli_opt cli_opt_rslora = {
 	.id = OPT_RSLORA, .name = "rslora", .key = "rslora",
 	.help = "the adapter was trained with rsLoRA: scale alpha / sqrt(r), not alpha / r"
 };
-const struct cli_opt cli_opt_fp8_skip = {
-	.id = OPT_FP8_SKIP, .name = "fp8-skip", .key = "fp8_skip", .arg = "REGEX",
+const struct cli_opt cli_opt_quant_skip = {
+	.id = OPT_QUANT_SKIP,
+	.name = "quant-skip",
+	.key = "quant_skip",
+	.arg = "REGEX",
+	.old_name = "fp8-skip",
+	.old_key = "fp8_skip",
 	.kind = CLI_TEXT,
 	.help = "with --dtype fp8 or w4a16, weights whose names match REGEX (POSIX "
-		"extended) stay bf16; default: the vision tower and multimodal projector"
+		"extended) stay bf16; default: the vision tower and multimodal projector "
+		"(--fp8-skip, its former name, is taken too)"
 };
 const struct cli_opt cli_opt_rank_checks = {
 	.id = OPT_RANK_CHECKS, .key = "rank_checks", .arg = "WHEN", .kind = CLI_CHOICE,
@@ -282,7 +310,7 @@ int cli_parse(const struct cli_command *cmd, int argc, char **argv, cli_apply_fn
 	/* On the stack: an allocation failure must not look like a usage
 	 * error (the allocation-failure tests count every allocation). */
 	enum { LONG_BASE = 1000, MAX_OPTS = 40 };
-	struct option longs[MAX_OPTS + 2];
+	struct option longs[2 * MAX_OPTS + 2];
 	char shorts[2 * MAX_OPTS + 3];
 	size_t n = count(cmd), nl = 0, ns = 0;
 	int rc = 0, c;
@@ -293,10 +321,14 @@ int cli_parse(const struct cli_command *cmd, int argc, char **argv, cli_apply_fn
 	shorts[ns++] = 'h';
 	for (size_t i = 0; i < n; i++) {
 		const struct cli_opt *o = cmd->opts[i];
-		if (o->name)
-			longs[nl++] = (struct option){ o->name, o->arg ? required_argument
-								       : no_argument,
-						       NULL, LONG_BASE + (int)i };
+		for (int k = 0; k < 2; k++) {
+			const char *name = k ? o->old_name : o->name;
+			if (name)
+				longs[nl++] =
+					(struct option){ name,
+							 o->arg ? required_argument : no_argument,
+							 NULL, LONG_BASE + (int)i };
+		}
 		if (o->letter) {
 			shorts[ns++] = o->letter;
 			if (o->arg)
@@ -344,7 +376,8 @@ int cli_parse(const struct cli_command *cmd, int argc, char **argv, cli_apply_fn
 const struct cli_opt *cli_find_key(const struct cli_command *cmd, const char *key)
 {
 	for (const struct cli_opt *const *o = cmd->opts; *o; o++)
-		if ((*o)->key && strcmp((*o)->key, key) == 0)
+		if (((*o)->key && strcmp((*o)->key, key) == 0) ||
+		    ((*o)->old_key && strcmp((*o)->old_key, key) == 0))
 			return *o;
 	return NULL;
 }
@@ -407,7 +440,10 @@ static enum cli_group opt_group(const struct cli_opt *o)
 	case OPT_CONFIG: case OPT_FOLLOW_SYMLINKS: case OPT_RAW_NAMES: case OPT_LORA:
 	case OPT_BASE: case OPT_LORA_ALPHA: case OPT_RSLORA: case OPT_RANK_CHECKS:
 		return GROUP_SOURCE;
-	case OPT_DTYPE: case OPT_FP8_SKIP: case OPT_MAX_SHARD_SIZE: case OPT_TRANSFORMERS_VERSION:
+	case OPT_DTYPE:
+	case OPT_QUANT_SKIP:
+	case OPT_MAX_SHARD_SIZE:
+	case OPT_TRANSFORMERS_VERSION:
 	case OPT_FORMAT: case OPT_MODEL_NAME: case OPT_FORCE: case OPT_EXPORT_THREADS:
 	case OPT_SINCE: case OPT_QUIET: case OPT_JSON: case OPT_SVG: case OPT_PROMETHEUS:
 		return GROUP_OUTPUT;
@@ -519,12 +555,13 @@ int cli_apply_common(const struct cli_command *cmd, struct cli_common *c,
 {
 	switch (o->id) {
 	case OPT_DTYPE:
-		if (v->n >= CLI_DTYPE_Q8_0 && !takes(cmd, OPT_FORMAT))
+		c->dtype = &cli_dtypes[v->n];
+		if (c->dtype->gguf_only && !takes(cmd, OPT_FORMAT))
 			return ckfs_cli_usage_error(cmd->name, "--dtype %s is a GGUF type "
 						    "(export and mount --format gguf)", v->text);
-		c->dtype = (int)v->n;
-		c->model.out_dtype = v->n < CLI_DTYPE_Q8_0 ? (enum ckfs_dtype)v->n
-							 : CKFS_DTYPE_BF16;
+		c->model.out_dtype = c->dtype->dtype;
+		c->model.as_stored = c->dtype->as_stored;
+		c->model.quant = c->dtype->quant;
 		/* the parser applies each default with the table's own text */
 		c->model.dtype_is_default = v->text == o->def;
 		return 0;
@@ -576,8 +613,8 @@ int cli_apply_common(const struct cli_command *cmd, struct cli_common *c,
 	case OPT_RSLORA:
 		c->model.rslora = true;
 		return 0;
-	case OPT_FP8_SKIP:
-		c->model.fp8_skip = v->text;
+	case OPT_QUANT_SKIP:
+		c->model.quant_skip = v->text;
 		return 0;
 	case OPT_RANK_CHECKS:
 		c->model.rank_checks = (enum ckfs_rank_checks)v->n;
@@ -589,32 +626,24 @@ int cli_apply_common(const struct cli_command *cmd, struct cli_common *c,
 
 int cli_common_settle(const struct cli_command *cmd, struct cli_common *c)
 {
-	static const struct {
-		int dtype;
-		enum ckfs_gguf_type type;
-	} gguf_types[] = {
-		{ CKFS_DTYPE_BF16, CKFS_GGUF_BF16 }, { CKFS_DTYPE_F16, CKFS_GGUF_F16 },
-		{ CLI_DTYPE_Q8_0, CKFS_GGUF_Q8_0 }, { CLI_DTYPE_Q4_0, CKFS_GGUF_Q4_0 },
-	};
+	const struct cli_dtype *d = c->dtype;
 
 	if (!c->folder.gguf) {
-		if (c->dtype >= CLI_DTYPE_Q8_0)
+		if (d && d->gguf_only)
 			return ckfs_cli_usage_error(cmd->name, "--dtype %s needs --format gguf",
-						    c->dtype == CLI_DTYPE_Q8_0 ? "q8_0" : "q4_0");
+						    d->word);
 		if (c->folder.gguf_options.model_name)
 			return ckfs_cli_usage_error(cmd->name, "--model-name needs --format gguf");
 		return 0;
 	}
-	for (size_t i = 0; i < sizeof(gguf_types) / sizeof(gguf_types[0]); i++)
-		if (gguf_types[i].dtype == c->dtype) {
-			c->folder.gguf_options.type = gguf_types[i].type;
-			/* the GGUF is made from the bf16 folder, as the converter is run on it */
-			c->model.out_dtype = CKFS_DTYPE_BF16;
-			if (c->folder.max_shard_size)
-				return ckfs_cli_usage_error(cmd->name, "--max-shard-size is for "
-							    "--format safetensors");
-			return 0;
-		}
-	return ckfs_cli_usage_error(cmd->name, "--format gguf takes --dtype bf16, fp16, q8_0 "
-				    "or q4_0");
+	if (!d || !d->gguf)
+		return ckfs_cli_usage_error(cmd->name, "--format gguf takes --dtype bf16, fp16, "
+						       "q8_0 or q4_0");
+	c->folder.gguf_options.type = d->gguf_type;
+	/* the GGUF is made from the bf16 folder, as the converter is run on it */
+	c->model.out_dtype = CKFS_DTYPE_BF16;
+	if (c->folder.max_shard_size)
+		return ckfs_cli_usage_error(cmd->name, "--max-shard-size is for "
+						       "--format safetensors");
+	return 0;
 }

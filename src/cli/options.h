@@ -19,7 +19,11 @@ enum cli_opt_id {
 	/* options of several commands (cli_apply_common) */
 	OPT_DTYPE = 1, OPT_MAX_SHARD_SIZE, OPT_CONFIG, OPT_FOLLOW_SYMLINKS, OPT_RAW_NAMES,
 	OPT_LOG_LEVEL, OPT_JSON, OPT_LORA, OPT_BASE, OPT_LORA_ALPHA, OPT_RSLORA,
-	OPT_FP8_SKIP, OPT_RANK_CHECKS, OPT_TRANSFORMERS_VERSION, OPT_S3_ENDPOINT, OPT_S3_CACHE,
+	OPT_QUANT_SKIP,
+	OPT_RANK_CHECKS,
+	OPT_TRANSFORMERS_VERSION,
+	OPT_S3_ENDPOINT,
+	OPT_S3_CACHE,
 	OPT_FORMAT, OPT_MODEL_NAME,
 	/* export */
 	OPT_FORCE, OPT_EXPORT_THREADS, OPT_QUIET,
@@ -65,6 +69,7 @@ struct cli_opt {
 	const char *name;    /* long option without "--"; NULL: an -o key only */
 	char letter;         /* short option, 0: none */
 	const char *key;     /* the mount's -o key, NULL: none */
+	const char *old_name, *old_key; /* former spellings, still taken */
 	const char *arg;     /* the value's name in help ("T"); NULL: a flag */
 	const char *help;    /* one line; "\n" starts another */
 	enum cli_kind kind;
@@ -98,10 +103,10 @@ extern const struct cli_command *const ckfs_commands[];
 
 /* Options several commands share, declared once. */
 extern const struct cli_opt cli_opt_dtype, cli_opt_max_shard_size, cli_opt_config,
-	cli_opt_follow_symlinks, cli_opt_raw_names, cli_opt_log_level, cli_opt_json,
-	cli_opt_lora, cli_opt_base, cli_opt_lora_alpha, cli_opt_rslora, cli_opt_fp8_skip,
-	cli_opt_rank_checks, cli_opt_transformers_version, cli_opt_s3_endpoint, cli_opt_s3_cache,
-	cli_opt_format, cli_opt_model_name;
+	cli_opt_follow_symlinks, cli_opt_raw_names, cli_opt_log_level, cli_opt_json, cli_opt_lora,
+	cli_opt_base, cli_opt_lora_alpha, cli_opt_rslora, cli_opt_quant_skip, cli_opt_rank_checks,
+	cli_opt_transformers_version, cli_opt_s3_endpoint, cli_opt_s3_cache, cli_opt_format,
+	cli_opt_model_name;
 /* --dtype defaulting to auto (each tensor as stored): what ckfs diff compares. */
 extern const struct cli_opt cli_opt_dtype_as_stored;
 /* -h, --help: implied in every command (after its table). */
@@ -134,15 +139,23 @@ void cli_help(const struct cli_command *cmd, FILE *to);
 /* o's help with its default appended, as --help and the man page show it. */
 void cli_opt_help_text(const struct cli_opt *o, char *buf, size_t size);
 
-/* --dtype's words for GGUF's block types (beyond enum ckfs_dtype). */
-enum { CLI_DTYPE_Q8_0 = 0x1000, CLI_DTYPE_Q4_0 };
+/* A row of --dtype's table (options.c): what its word asks of the model,
+ * and of a GGUF. */
+struct cli_dtype {
+	const char *word;
+	enum ckfs_dtype dtype; /* every tensor's (the rest's, with quant) */
+	bool as_stored;        /* auto: each tensor as stored instead */
+	enum ckfs_quant quant; /* the linear weights' view */
+	bool gguf, gguf_only;  /* a GGUF type (only that) */
+	enum ckfs_gguf_type gguf_type;
+};
 
 /* What the shared options set. */
 struct cli_common {
 	struct ckfs_model_options model;
 	struct ckfs_folder_options folder;
 	bool json;
-	int dtype;              /* --dtype as given: a ckfs_dtype or CLI_DTYPE_Q* */
+	const struct cli_dtype *dtype; /* --dtype's row (NULL: none given) */
 };
 /* Apply a shared option to c: 0, 2 (a bad value, reported), or -1 when o
  * is not one of them. */

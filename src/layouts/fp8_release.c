@@ -123,13 +123,29 @@ static enum ckfs_code pair_scales(struct ckfs_model *m, struct ckfs_error *err)
 	return CKFS_OK;
 }
 
-enum ckfs_code ckfs_fp8_release_select(struct ckfs_model *m,
-				       const struct ckfs_model_options *opt,
-				       const char *scale, struct ckfs_error *err)
+/* Already block-quantized: F8 values beside their scales. */
+static const char *quantized_scale(const struct ckfs_model *m)
 {
-	const char *other;
+	int f8 = 0;
+	const char *scale = NULL;
 
-	if (opt->out_dtype == CKFS_DTYPE_AUTO)
+	for (size_t i = 0; i < m->n_tensors; i++) {
+		const struct ckfs_tensor *t = &m->tensors[i];
+		f8 |= t->stored_dtype == CKFS_DTYPE_F8_E4M3 ||
+		      t->stored_dtype == CKFS_DTYPE_F8_E5M2;
+		if (!scale && (ckfs_ends_with(t->name, "_scale_inv") ||
+			       ckfs_ends_with(t->name, "weight_scale")))
+			scale = t->name;
+	}
+	return f8 ? scale : NULL;
+}
+
+enum ckfs_code ckfs_prequantized_pass(struct ckfs_model *m, const struct ckfs_model_options *opt,
+				      struct ckfs_error *err)
+{
+	const char *scale = quantized_scale(m), *other;
+
+	if (!scale || opt->as_stored)
 		return CKFS_OK;
 	if (opt->dtype_is_default) {
 		/* not asked for a dtype: as stored, as --dtype auto */
@@ -141,8 +157,9 @@ enum ckfs_code ckfs_fp8_release_select(struct ckfs_model *m,
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': already quantized, and '%s' is "
 				 "not of DeepSeek's block FP8 (F8_E4M3 with weight_scale_inv): "
 				 "serve it as stored (--dtype auto)", m->src_dir, other);
-	if (opt->out_dtype != CKFS_DTYPE_BF16 && opt->out_dtype != CKFS_DTYPE_F16 &&
-	    opt->out_dtype != CKFS_DTYPE_F32)
+	if (opt->quant != CKFS_QUANT_NONE ||
+	    (opt->out_dtype != CKFS_DTYPE_BF16 && opt->out_dtype != CKFS_DTYPE_F16 &&
+	     opt->out_dtype != CKFS_DTYPE_F32))
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': already quantized ('%s' holds "
 				 "block scales): serve it as stored (--dtype auto) or "
 				 "dequantized (--dtype bf16, fp16 or fp32)", m->src_dir, scale);

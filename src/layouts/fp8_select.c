@@ -6,7 +6,7 @@
  *
  *  - 2-D, named <module>.weight, of a linear layer by its module's name
  *    (the attention, MLP and expert projections of `projections[]`), and
- *  - not matched by the skip pattern: `--fp8-skip REGEX` (POSIX extended,
+ *  - not matched by the skip pattern: `--quant-skip REGEX` (POSIX extended,
  *    against the served name), by default the vision tower and the
  *    multimodal projector.
  *
@@ -39,7 +39,7 @@ static const char *const projections[] = {
 	"dense_h_to_4h", "dense_4h_to_h",
 };
 
-const char ckfs_fp8_default_skip[] =
+const char ckfs_quant_default_skip[] =
 	"(^|\\.)(visual|vision_tower|vision_model|multi_modal_projector|audio_tower)\\.";
 
 /* The module of a weight: its name less the last component, into out. */
@@ -71,21 +71,6 @@ int ckfs_quant_linear(const struct ckfs_tensor *t, const regex_t *skip)
 	       ckfs_dtype_is_float(t->stored_dtype) && t->stored_dtype != CKFS_DTYPE_F8_E4M3 &&
 	       t->stored_dtype != CKFS_DTYPE_F8_E5M2 && is_projection(t->name) &&
 	       regexec(skip, t->name, 0, NULL, 0) != 0;
-}
-
-/* Already block-quantized: F8 values beside their scales. */
-static const char *quantized_scale(const struct ckfs_model *m)
-{
-	int f8 = 0;
-	const char *scale = NULL;
-
-	for (size_t i = 0; i < m->n_tensors; i++) {
-		const struct ckfs_tensor *t = &m->tensors[i];
-		f8 |= t->stored_dtype == CKFS_DTYPE_F8_E4M3 || t->stored_dtype == CKFS_DTYPE_F8_E5M2;
-		if (!scale && (ckfs_ends_with(t->name, "_scale_inv") || ckfs_ends_with(t->name, "weight_scale")))
-			scale = t->name;
-	}
-	return f8 ? scale : NULL;
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -197,23 +182,22 @@ static enum ckfs_code select_weights(struct ckfs_model *m, const regex_t *skip,
 enum ckfs_code ckfs_quant_skip(const struct ckfs_model_options *opt, regex_t *skip,
 			       struct ckfs_error *err)
 {
-	const char *pattern = opt->fp8_skip ? opt->fp8_skip : ckfs_fp8_default_skip;
+	const char *pattern = opt->quant_skip ? opt->quant_skip : ckfs_quant_default_skip;
 
 	if (regcomp(skip, pattern, REG_EXTENDED | REG_NOSUB) != 0)
-		return ckfs_fail(err, CKFS_E_INVALID, "--fp8-skip: '%s' is not a regular "
-				 "expression", pattern);
+		return ckfs_fail(err, CKFS_E_INVALID,
+				 "--quant-skip: '%s' is not a regular "
+				 "expression",
+				 pattern);
 	return CKFS_OK;
 }
 
 enum ckfs_code ckfs_fp8_select(struct ckfs_model *m, const struct ckfs_model_options *opt,
 			       struct ckfs_error *err)
 {
-	const char *scale = quantized_scale(m);
 	regex_t skip;
 
-	if (scale)
-		return ckfs_fp8_release_select(m, opt, scale, err);
-	if (opt->out_dtype != CKFS_DTYPE_F8_E4M3)
+	if (opt->quant != CKFS_QUANT_FP8)
 		return CKFS_OK;
 	CKFS_TRY(ckfs_quant_skip(opt, &skip, err));
 	enum ckfs_code rc = select_weights(m, &skip, err);

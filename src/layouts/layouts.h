@@ -231,25 +231,25 @@ enum ckfs_code ckfs_peft_finish(struct ckfs_model *m, const struct ckfs_model_op
 /* ---- fp8_select.c ---- */
 
 /* --dtype fp8: the weights served block-quantized, their scale tensors and
- * the modules left as they are (struct ckfs_fp8_set's unconverted); and, with any dtype
- * but auto, a checkpoint already block-quantized refused. */
+ * the modules left as they are (struct ckfs_fp8_set's unconverted). */
 enum ckfs_code ckfs_fp8_select(struct ckfs_model *m, const struct ckfs_model_options *opt,
 			       struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* ---- fp8_release.c ---- */
 
-/* A checkpoint already block-quantized (scale names one of its scale
- * tensors): as stored without an asked --dtype (or auto), DeepSeek's block
- * FP8 dequantized to bf16, fp16 or fp32, anything else refused. */
-enum ckfs_code ckfs_fp8_release_select(struct ckfs_model *m,
-				       const struct ckfs_model_options *opt,
-				       const char *scale, struct ckfs_error *err) CKFS_WARN_UNUSED;
-/* The default of --fp8-skip. */
-extern const char ckfs_fp8_default_skip[];
+/* The pass every model goes through before a quantizing view: a
+ * checkpoint already quantized (F8 values beside scale tensors) is served
+ * as stored without an asked --dtype (or with auto), DeepSeek's block FP8
+ * dequantized to bf16, fp16 or fp32; anything else (quantizing it again
+ * above all) is refused. */
+enum ckfs_code ckfs_prequantized_pass(struct ckfs_model *m, const struct ckfs_model_options *opt,
+				      struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The default of --quant-skip. */
+extern const char ckfs_quant_default_skip[];
 /* Whether t is a weight the quantized views quantize: a 2-D float
  * <module>.weight of a linear projection by its module's last name, not
  * matched by skip (shared by --dtype fp8 and w4a16). */
 int ckfs_quant_linear(const struct ckfs_tensor *t, const regex_t *skip);
-/* The skip pattern of the quantized views (--fp8-skip, or the default)
+/* The skip pattern of the quantized views (--quant-skip, or the default)
  * compiled into *skip (regfree it). */
 enum ckfs_code ckfs_quant_skip(const struct ckfs_model_options *opt, regex_t *skip,
 			       struct ckfs_error *err) CKFS_WARN_UNUSED;

@@ -12,22 +12,17 @@
 
 /* The one dtype rule: a layout serves each tensor as --dtype auto would
  * (as stored, unless its reference tool says otherwise: DeepSpeed's
- * buffers); any other --dtype applies to every tensor, the adapter's too,
- * and --dtype fp8 (w4a16) is bf16 for all but the weights fp8_select.c
- * (w4a16_select.c) quantizes. */
+ * buffers); any other --dtype applies to every tensor, the adapter's too
+ * (with --dtype fp8 or w4a16, bf16: then the quantizing view takes the
+ * weights it quantizes). */
 static void apply_dtype(struct ckfs_model *m, const struct ckfs_model_options *opt)
 {
-	enum ckfs_dtype to = opt->out_dtype == CKFS_DTYPE_F8_E4M3 ||
-					     opt->out_dtype == CKFS_DTYPE_W4A16
-				     ? CKFS_DTYPE_BF16
-				     : opt->out_dtype;
-
-	if (opt->out_dtype == CKFS_DTYPE_AUTO)
+	if (opt->as_stored)
 		return;
 	for (size_t i = 0; i < m->n_tensors; i++)
-		m->tensors[i].out_dtype = to;
+		m->tensors[i].out_dtype = opt->out_dtype;
 	for (size_t i = 0; m->lora && i < m->lora->n_tensors; i++)
-		m->lora->tensors[i].out_dtype = to;
+		m->lora->tensors[i].out_dtype = opt->out_dtype;
 }
 
 /* --base belongs to LoRA checkpoints without base weights (peft.c takes it
@@ -49,6 +44,7 @@ enum ckfs_code ckfs_model_finish(struct ckfs_model *m, const struct ckfs_model_o
 		CKFS_TRY(ckfs_hf_save_names(m, opt, err));
 	CKFS_TRY(check_base_option(m, opt, err));
 	apply_dtype(m, opt);
+	CKFS_TRY(ckfs_prequantized_pass(m, opt, err));
 	CKFS_TRY(ckfs_fp8_select(m, opt, err));
 	CKFS_TRY(ckfs_w4a16_select(m, opt, err));
 	CKFS_TRY(ckfs_plan_validate_model(m, err));
@@ -93,9 +89,7 @@ enum ckfs_code ckfs_model_open(const char *src, const struct ckfs_model_options 
 {
 	struct ckfs_model *m;
 
-	if (opt->out_dtype == CKFS_DTYPE_INVALID ||
-	    (opt->out_dtype >= CKFS_DTYPE_COUNT && opt->out_dtype != CKFS_DTYPE_AUTO &&
-	     opt->out_dtype != CKFS_DTYPE_W4A16))
+	if (!opt->as_stored && ckfs_dtype_size(opt->out_dtype) == 0)
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': no output dtype asked for", src);
 	if (!(m = calloc(1, sizeof(*m))))
 		return ckfs_nomem(err);

@@ -424,7 +424,8 @@ static enum ckfs_code open_base(struct ckfs_model *m, const struct ckfs_model_op
 
 	bo.base_path = NULL;
 	bo.config_path = NULL;
-	bo.out_dtype = CKFS_DTYPE_AUTO; /* m's dtype rule applies to them once */
+	bo.as_stored = true; /* m's dtype rule applies to them once */
+	bo.quant = CKFS_QUANT_NONE;
 	bo.lora = CKFS_LORA_ADAPTER;
 	bo.lora_alpha = 0;
 	bo.rslora = false;

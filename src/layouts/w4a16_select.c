@@ -113,11 +113,12 @@ static enum ckfs_code select_weights(struct ckfs_model *m, const regex_t *skip,
 		if (!ckfs_quant_linear(t, skip))
 			continue;
 		if (t->shape[1] % CKFS_W4A16_GROUP != 0)
-			return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': --dtype w4a16 quantizes "
+			return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+					 "'%s': --dtype w4a16 quantizes "
 					 "in groups of %d along the input dim, which %lld is not "
 					 "a multiple of (serve it as --dtype bf16 or fp8, or "
-					 "leave it out with --fp8-skip)", t->name,
-					 CKFS_W4A16_GROUP, (long long)t->shape[1]);
+					 "leave it out with --quant-skip)",
+					 t->name, CKFS_W4A16_GROUP, (long long)t->shape[1]);
 		n_q++;
 	}
 	if (n_q == 0)
@@ -159,7 +160,7 @@ enum ckfs_code ckfs_w4a16_select(struct ckfs_model *m, const struct ckfs_model_o
 {
 	regex_t skip;
 
-	if (opt->out_dtype != CKFS_DTYPE_W4A16)
+	if (opt->quant != CKFS_QUANT_W4A16)
 		return CKFS_OK;
 	CKFS_TRY(ckfs_quant_skip(opt, &skip, err));
 	enum ckfs_code rc = select_weights(m, &skip, err);

@@ -56,9 +56,10 @@ refused() { # NAME PATTERN SRC [OPTIONS...]
 # hidden size 64: q_proj's input dim is not a multiple of the group
 refused "input dim 64" "'model\.layers\.0\.self_attn\.q_proj\.weight': --dtype w4a16 quantizes in groups of 128 along the input dim, which 64 is not a multiple of" \
 	"$FIXTURES/fsdp/qwen2_fsdp2_w2" --dtype w4a16
-# a skip pattern that leaves nothing to quantize
+# a skip pattern that leaves nothing to quantize (--fp8-skip: the
+# former name of --quant-skip, still taken)
 refused "every weight skipped" "found no linear weight to quantize" "$FIX/qwen2_fsdp2_w2" --dtype w4a16 --fp8-skip 'proj'
-refused "bad skip pattern" "--fp8-skip: '\(' is not a regular expression" "$FIX/qwen2_fsdp2_w2" --dtype w4a16 --fp8-skip '('
+refused "bad skip pattern" "--quant-skip: '\(' is not a regular expression" "$FIX/qwen2_fsdp2_w2" --dtype w4a16 --quant-skip '('
 
 # GGUF has its own types
 "$CKFS" export --format gguf --dtype w4a16 "$FIX/qwen2_fsdp2_w2" "$WORK/never" 2>"$WORK/e"

@@ -20,7 +20,7 @@ static const char *const folders[] = { "qwen2_fsdp2_w2_optim", "qwen2_plain_nodi
 static void try_folder(size_t fi, const uint8_t *data, size_t size)
 {
 	static char real[sizeof(folders) / sizeof(folders[0])][PATH_MAX];
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO };
+	struct ckfs_model_options opt = { .as_stored = true };
 	struct ckfs_model *m = calloc(1, sizeof(*m));
 	struct ckfs_error err;
 	char path[PATH_MAX];

@@ -150,9 +150,9 @@ def test_refusals(tmp_path):
     only_norm = hf_folder(tmp_path / "norm", {"model.norm.weight": torch.ones(8)})
     p = run_ckfs("export", "--dtype", "fp8", only_norm, tmp_path / "y", check=False)
     assert p.returncode == 1 and "found no linear weight" in p.stderr
-    p = run_ckfs("export", "--dtype", "fp8", "--fp8-skip", "(", src, tmp_path / "z", check=False)
+    p = run_ckfs("export", "--dtype", "fp8", "--quant-skip", "(", src, tmp_path / "z", check=False)
     assert p.returncode == 1 and "is not a regular expression" in p.stderr
-    # --fp8-skip leaves what it matches in bf16
+    # --quant-skip leaves what it matches in bf16 (here by its former name)
     run_ckfs("export", "--dtype", "fp8", "--fp8-skip", "down_proj", src, tmp_path / "skip")
     got = load_folder(tmp_path / "skip")
     assert got["model.layers.0.mlp.down_proj.weight"].dtype == torch.bfloat16

@@ -37,6 +37,8 @@
 
 #define DS CKFS_FIXTURES "/deepspeed"
 
+#define AS_STORED CKFS_DTYPE_INVALID /* the helper's --dtype auto */
+
 static const struct {
 	const char *name;
 	int ws, stage;        /* stage 0: BF16_Optimizer */
@@ -194,7 +196,10 @@ static int open_oracle(const char *cas, const char *file, struct ckfs_st_set *re
 
 static struct ckfs_model *open_case(const char *src, const char *config, enum ckfs_dtype dtype)
 {
-	struct ckfs_model_options opt = { .out_dtype = dtype, .config_path = config };
+	/* dtype CKFS_DTYPE_INVALID: --dtype auto */
+	struct ckfs_model_options opt = { .out_dtype = dtype,
+					  .as_stored = dtype == CKFS_DTYPE_INVALID,
+					  .config_path = config };
 	struct ckfs_model *m = NULL;
 	struct ckfs_error err;
 
@@ -281,8 +286,10 @@ static void test_trainer_bf16(void)
 /* --dtype auto: the masters as stored (fp32), like zero_to_fp32's dict. */
 static void test_auto(void)
 {
-	struct ckfs_model *m = open_case(DS "/z2_w3_tied_bf16", DS "/z2_w3_tied_bf16/oracle/"
-					 "config.json", CKFS_DTYPE_AUTO);
+	struct ckfs_model *m = open_case(DS "/z2_w3_tied_bf16",
+					 DS "/z2_w3_tied_bf16/oracle/"
+					    "config.json",
+					 AS_STORED);
 	struct ckfs_st_set z2f;
 
 	CHECK(m != NULL);

@@ -47,7 +47,7 @@ static const struct fp8_case cases[] = {
 
 static struct ckfs_model *open_fp8(const struct fp8_case *c)
 {
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_F8_E4M3 };
+	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_BF16, .quant = CKFS_QUANT_FP8 };
 	struct ckfs_model *m = NULL;
 	struct ckfs_error err;
 	char src[512];
@@ -330,7 +330,7 @@ static void test_release(void)
 	CHECK_EQ_INT(scales, 26);
 	ckfs_model_free(m);
 
-	opt = (struct ckfs_model_options){ .out_dtype = CKFS_DTYPE_F8_E4M3 };
+	opt = (struct ckfs_model_options){ .out_dtype = CKFS_DTYPE_BF16, .quant = CKFS_QUANT_FP8 };
 	m = NULL;
 	CHECK_EQ_INT(ckfs_model_open(RELEASE "/release", &opt, &m, &err), CKFS_E_UNSUPPORTED);
 	CHECK(strstr(err.msg, "already quantized") != NULL);

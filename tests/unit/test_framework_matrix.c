@@ -163,7 +163,7 @@ static const struct {
 static void check_mg_case(size_t i)
 {
 	char src[512], orig[600], file[600];
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO };
+	struct ckfs_model_options opt = { .as_stored = true };
 	struct ckfs_model *m = NULL;
 	struct ckfs_st_set ref;
 	struct ckfs_error err;

@@ -145,7 +145,7 @@ static struct ckfs_model *open_step(const char *run, int step, const struct ckfs
 /* The frozen run: the embeddings and layer 0 were frozen by the generator. */
 static void test_frozen_steps(void)
 {
-	const struct ckfs_model_options o = { .out_dtype = CKFS_DTYPE_AUTO };
+	const struct ckfs_model_options o = { .as_stored = true };
 	struct ckfs_model *a = open_step("frozen_run", 1, &o), *b = open_step("frozen_run", 3, &o);
 	struct ckfs_diff *d1 = NULL, *d4 = NULL;
 	struct ckfs_error err;
@@ -188,7 +188,7 @@ out:
  * on one side; never compared across. */
 static void test_one_side(void)
 {
-	const struct ckfs_model_options o = { .out_dtype = CKFS_DTYPE_AUTO };
+	const struct ckfs_model_options o = { .as_stored = true };
 	struct ckfs_model *a = open_step("lora_run", 2, &o), *b = open_step("frozen_run", 2, &o);
 	struct ckfs_diff *d = NULL;
 	struct ckfs_error err;

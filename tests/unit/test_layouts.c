@@ -35,6 +35,8 @@
 #define DCP CKFS_FIXTURES "/dcp"
 #define HF CKFS_FIXTURES "/hf"
 
+#define AS_STORED CKFS_DTYPE_INVALID /* the helper's --dtype auto */
+
 static const struct ckfs_node *find_node(const struct ckfs_folder *f, const char *name)
 {
 	for (size_t i = 0; i < f->n_nodes; i++)
@@ -69,7 +71,8 @@ static unsigned char *read_node(const struct ckfs_folder *f, const char *name, s
 
 static struct ckfs_model *open_model(const char *src, enum ckfs_dtype dt)
 {
-	struct ckfs_model_options opt = { .out_dtype = dt };
+	/* dt CKFS_DTYPE_INVALID: --dtype auto */
+	struct ckfs_model_options opt = { .out_dtype = dt, .as_stored = dt == CKFS_DTYPE_INVALID };
 	struct ckfs_model *m = NULL;
 	struct ckfs_error err;
 
@@ -128,7 +131,7 @@ static void test_dcp_matches_dcp_to_torch_save(void)
 		snprintf(src, sizeof(src), DCP "/%s", dcp_names[i]);
 		snprintf(oracle, sizeof(oracle), DCP "/%s.dcp_to_torch_save.safetensors",
 			 dcp_names[i]);
-		struct ckfs_model *m = open_model(src, CKFS_DTYPE_AUTO);
+		struct ckfs_model *m = open_model(src, AS_STORED);
 		CHECK(m != NULL);
 		if (!m)
 			continue;
@@ -188,7 +191,7 @@ static void test_dcp_names(void)
 	ckfs_model_free(m);
 
 	/* A plain save: FQNs are the keys. */
-	m = open_model(DCP "/qwen2_plain_nodist", CKFS_DTYPE_AUTO);
+	m = open_model(DCP "/qwen2_plain_nodist", AS_STORED);
 	CHECK(m != NULL);
 	if (m) {
 		CHECK_EQ_INT(m->n_tensors, 27);
@@ -200,7 +203,7 @@ static void test_dcp_names(void)
 	ckfs_model_free(m);
 
 	/* Uneven pieces at world size 3: 101 + 101 + 99 rows. */
-	m = open_model(DCP "/qwen2_tied_fsdp2_w3", CKFS_DTYPE_AUTO);
+	m = open_model(DCP "/qwen2_tied_fsdp2_w3", AS_STORED);
 	CHECK(m != NULL);
 	if (m) {
 		CHECK_EQ_INT(m->tensors[0].n_chunks, 3);
@@ -250,7 +253,7 @@ static void test_dcp_bf16_equals_converted_oracle(void)
 
 static void test_hf_single_identical(void)
 {
-	struct ckfs_model *m = open_model(HF "/qwen2_single", CKFS_DTYPE_AUTO);
+	struct ckfs_model *m = open_model(HF "/qwen2_single", AS_STORED);
 	struct ckfs_folder_options fopt = { 0 };
 	struct ckfs_folder *f = NULL;
 	struct ckfs_error err;
@@ -280,7 +283,7 @@ static void test_hf_single_identical(void)
 
 static void test_hf_sharded(void)
 {
-	struct ckfs_model *m = open_model(HF "/qwen2_sharded", CKFS_DTYPE_AUTO);
+	struct ckfs_model *m = open_model(HF "/qwen2_sharded", AS_STORED);
 	struct ckfs_folder_options one = { 0 }, many = { .max_shard_size = 50000 };
 	struct ckfs_folder *f = NULL, *fn = NULL;
 	struct ckfs_read_scratch s = { 0 };

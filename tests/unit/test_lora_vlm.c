@@ -293,7 +293,8 @@ static void test_adapter_saved_alone(void)
 	}
 	/* --dtype fp8 quantizes the base's weights once (the base is read as
 	 * stored, the dtype rule applied to the whole model) */
-	opt.out_dtype = CKFS_DTYPE_F8_E4M3;
+	opt.out_dtype = CKFS_DTYPE_BF16;
+	opt.quant = CKFS_QUANT_FP8;
 	if (open_folder("lora/lora_qwen2_fsdp2_w2_loraonly", &opt, &m, &f)) {
 		CHECK(m->view == &ckfs_view_fp8);
 		CHECK_EQ_INT(m->view ? ((struct ckfs_fp8_set *)m->view_state)->n : 0, 14);

@@ -51,8 +51,7 @@ static const struct {
 static void check_case(size_t i)
 {
 	char src[1024], orig[1024];
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO,
-					  .config_path = cases[i].config };
+	struct ckfs_model_options opt = { .as_stored = true, .config_path = cases[i].config };
 	struct ckfs_model *m = NULL;
 	struct ckfs_st_set ref;
 	struct ckfs_error err;
@@ -105,7 +104,7 @@ static void expect_broken_in(const char *cas, const char *sub, const char *setup
 {
 	const char *dir = test_tmp_dir("mcore-dist", "broken");
 	char src[1024];
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO };
+	struct ckfs_model_options opt = { .as_stored = true };
 	struct ckfs_model *m = NULL;
 	struct ckfs_error err;
 
@@ -216,7 +215,7 @@ static void test_broken(void)
 static void expect_layout(const char *cas, const char *setup, const char *layout, size_t n)
 {
 	const char *dir = test_tmp_dir("mcore-dist", "variant");
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO };
+	struct ckfs_model_options opt = { .as_stored = true };
 	struct ckfs_model *m = NULL;
 	struct ckfs_error err;
 
@@ -266,7 +265,7 @@ static void test_raw_names(void)
 		  { "mlp.shared_expert_gate.weight", NULL } },
 	};
 	const char *dir = test_tmp_dir("mcore-dist", "raw");
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO, .raw_names = true };
+	struct ckfs_model_options opt = { .as_stored = true, .raw_names = true };
 	struct ckfs_model *m = NULL;
 	struct ckfs_st_set ref;
 	struct ckfs_read_scratch s = { 0 };

@@ -74,7 +74,7 @@ static void test_equals_original(void)
 {
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		char src[1024], orig[1024];
-		struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO };
+		struct ckfs_model_options opt = { .as_stored = true };
 		struct ckfs_model *m = NULL;
 		struct ckfs_st_set ref;
 		struct ckfs_error err;
@@ -143,7 +143,7 @@ static void expect_broken_in(const char *cas, const char *setup, enum ckfs_code 
 			  const char *needle2)
 {
 	const char *dir = test_tmp_dir("megatron", "broken");
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO };
+	struct ckfs_model_options opt = { .as_stored = true };
 	struct ckfs_model *m = NULL;
 	struct ckfs_error err;
 
@@ -317,7 +317,7 @@ static void test_broken(void)
 static void test_raw_names(void)
 {
 	const char *dir = test_tmp_dir("megatron", "raw");
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO, .raw_names = true };
+	struct ckfs_model_options opt = { .as_stored = true, .raw_names = true };
 	struct ckfs_model *m = NULL;
 	struct ckfs_read_scratch s = { 0 };
 	struct ckfs_error err;
@@ -364,7 +364,7 @@ static void test_raw_names(void)
 static void test_config_keys(void)
 {
 	const char *dir = test_tmp_dir("megatron", "routed");
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO };
+	struct ckfs_model_options opt = { .as_stored = true };
 	struct ckfs_model *m = NULL;
 	struct ckfs_st_set ref;
 	struct ckfs_error err;

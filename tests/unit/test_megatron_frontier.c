@@ -55,7 +55,7 @@ static void test_equals_original(void)
 {
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		char src[512], orig[512];
-		struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO };
+		struct ckfs_model_options opt = { .as_stored = true };
 		struct ckfs_model *m = NULL;
 		struct ckfs_st_set ref;
 		struct ckfs_error err;
@@ -88,7 +88,7 @@ static void test_equals_original(void)
 static struct ckfs_model *open_changed(const char *cas, const char *setup, struct ckfs_error *err)
 {
 	const char *dir = test_tmp_dir("megatron-frontier", "case");
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO };
+	struct ckfs_model_options opt = { .as_stored = true };
 	struct ckfs_model *m = NULL;
 
 	CHECK(test_sh("rm -rf '%s' && cp -r " FR "/%s '%s'", dir, cas, dir) == 0);

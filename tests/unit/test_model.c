@@ -281,7 +281,7 @@ static void test_edge_fixtures(void)
 	const char *names[] = { "plain_views_w1", "strided_2x2", "plain_copies_w2" };
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
 		char src[1024], exp[1024];
-		struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO };
+		struct ckfs_model_options opt = { .as_stored = true };
 		struct ckfs_folder_options fopt = { 0 };
 		struct ckfs_model *m = NULL;
 		struct ckfs_folder *f = NULL;

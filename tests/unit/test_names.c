@@ -132,7 +132,7 @@ static void test_rule(void)
 static void check_fixture(const char *name, const char *want_warning, struct ckfs_st_set *orig)
 {
 	char src[512];
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO };
+	struct ckfs_model_options opt = { .as_stored = true };
 	struct ckfs_model *m = NULL;
 	struct ckfs_error err;
 

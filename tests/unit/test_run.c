@@ -292,7 +292,7 @@ static int n_agree;
  * message for a folder no layout claims). */
 static bool no_layout(const char *dir)
 {
-	const struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO };
+	const struct ckfs_model_options opt = { .as_stored = true };
 	struct ckfs_model *m = NULL;
 	struct ckfs_error err, none;
 	char real[PATH_MAX];

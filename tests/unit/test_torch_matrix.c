@@ -91,7 +91,7 @@ static void check_written_by(const char *version, const char *said)
 static void check_cell(struct release *r, size_t c, const char *dir, const char *truth)
 {
 	struct ckfs_st_set refs = { 0 }, *ref = &refs;
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_AUTO };
+	struct ckfs_model_options opt = { .as_stored = true };
 	struct ckfs_model *m = NULL;
 	struct ckfs_error err;
 

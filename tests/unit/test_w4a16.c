@@ -26,7 +26,7 @@ static const char *const cases[] = { "w4a16/qwen2_fsdp2_w2", "w4a16/edge_bf16" }
 
 static struct ckfs_model *open_w4a16(const char *c)
 {
-	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_W4A16 };
+	struct ckfs_model_options opt = { .out_dtype = CKFS_DTYPE_BF16, .quant = CKFS_QUANT_W4A16 };
 	struct ckfs_model *m = NULL;
 	struct ckfs_error err;
 	char src[512];
