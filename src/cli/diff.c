@@ -49,22 +49,8 @@ static const struct cli_opt opt_threads = {
 };
 
 static const struct cli_opt *const diff_opts[] = {
-	&cli_opt_dtype_as_stored,
-	&cli_opt_json,
-	&opt_svg,
-	&opt_threads,
-	&cli_opt_config,
-	&cli_opt_s3_endpoint,
-	&cli_opt_s3_cache,
-	&cli_opt_follow_symlinks,
-	&cli_opt_raw_names,
-	&cli_opt_lora,
-	&cli_opt_base,
-	&cli_opt_lora_alpha,
-	&cli_opt_rslora,
-	&cli_opt_quant_skip,
-	&cli_opt_log_level,
-	NULL,
+	&cli_opt_dtype_as_stored, &cli_opt_json,  &opt_svg,           &opt_threads,
+	CLI_SOURCE_OPTS,          CLI_MODEL_OPTS, &cli_opt_log_level, NULL,
 };
 
 static int diff_apply(void *ctx, const struct cli_opt *o, const struct cli_value *v);

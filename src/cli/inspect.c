@@ -180,14 +180,8 @@ static void print_text(const struct ckfs_model *m, const struct ckfs_facts *fact
 }
 
 static const struct cli_opt *const inspect_opts[] = {
-	&cli_opt_json,           &cli_opt_dtype,
-	&cli_opt_max_shard_size, &cli_opt_transformers_version,
-	&cli_opt_config,         &cli_opt_s3_endpoint,
-	&cli_opt_s3_cache,       &cli_opt_follow_symlinks,
-	&cli_opt_raw_names,      &cli_opt_lora,
-	&cli_opt_base,           &cli_opt_lora_alpha,
-	&cli_opt_rslora,         &cli_opt_quant_skip,
-	&cli_opt_log_level,      NULL,
+	&cli_opt_json,   &cli_opt_dtype, &cli_opt_max_shard_size, &cli_opt_transformers_version,
+	CLI_SOURCE_OPTS, CLI_MODEL_OPTS, &cli_opt_log_level,      NULL,
 };
 
 const struct cli_command ckfs_cmd_inspect_def = {

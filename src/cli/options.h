@@ -107,6 +107,13 @@ extern const struct cli_opt cli_opt_dtype, cli_opt_max_shard_size, cli_opt_confi
 	cli_opt_base, cli_opt_lora_alpha, cli_opt_rslora, cli_opt_quant_skip, cli_opt_rank_checks,
 	cli_opt_transformers_version, cli_opt_s3_endpoint, cli_opt_s3_cache, cli_opt_format,
 	cli_opt_model_name;
+/* The runs of shared options every command that reads a checkpoint
+ * lists, in its help's order: where the files are, and how the model is
+ * read. A new shared option goes into one of these once. */
+#define CLI_SOURCE_OPTS &cli_opt_config, &cli_opt_s3_endpoint, &cli_opt_s3_cache
+#define CLI_MODEL_OPTS                                                                             \
+	&cli_opt_follow_symlinks, &cli_opt_raw_names, &cli_opt_lora, &cli_opt_base,                \
+		&cli_opt_lora_alpha, &cli_opt_rslora, &cli_opt_quant_skip
 /* --dtype defaulting to auto (each tensor as stored): what ckfs diff compares. */
 extern const struct cli_opt cli_opt_dtype_as_stored;
 /* -h, --help: implied in every command (after its table). */

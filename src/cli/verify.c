@@ -236,10 +236,8 @@ static const struct cli_opt opt_rtol = {
 };
 
 static const struct cli_opt *const verify_opts[] = {
-	&opt_against,       &cli_opt_dtype,       &opt_atol,          &opt_rtol,
-	&cli_opt_config,    &cli_opt_s3_endpoint, &cli_opt_s3_cache,  &cli_opt_follow_symlinks,
-	&cli_opt_raw_names, &cli_opt_lora,        &cli_opt_base,      &cli_opt_lora_alpha,
-	&cli_opt_rslora,    &cli_opt_quant_skip,  &cli_opt_log_level, NULL,
+	&opt_against,    &cli_opt_dtype, &opt_atol,          &opt_rtol,
+	CLI_SOURCE_OPTS, CLI_MODEL_OPTS, &cli_opt_log_level, NULL,
 };
 
 const struct cli_command ckfs_cmd_verify_def = {
