@@ -51,25 +51,29 @@ void slice_mem_destroy(struct slice_mem *m)
 
 void *slice_mem_get(struct slice_mem *m, size_t len)
 {
+	size_t size = page_round(len);
 	void *p = NULL;
 
-	if (len == m->slice_size) {
-		pthread_mutex_lock(&m->lock);
-		if ((p = m->kept)) {
-			UNPOISON(p, sizeof(void *));
-			m->kept = *(void **)p;
-		}
-		pthread_mutex_unlock(&m->lock);
-		if (p) {
-			UNPOISON(p, len);
-			return p;
-		}
+	pthread_mutex_lock(&m->lock);
+	if (len == m->slice_size && (p = m->kept)) {
+		UNPOISON(p, sizeof(void *));
+		m->kept = *(void **)p;
+	} else {
+		/* Counted before it is mapped, under the lock: a put deciding
+		 * whether to keep its buffer must see the buffers about to be
+		 * mapped, or puts racing with gets keep more than the bound. */
+		atomic_fetch_add(&m->mapped, size);
 	}
-	p = mmap(NULL, page_round(len), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-		 -1, 0);
-	if (p == MAP_FAILED)
+	pthread_mutex_unlock(&m->lock);
+	if (p) {
+		UNPOISON(p, len);
+		return p;
+	}
+	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED) {
+		atomic_fetch_sub(&m->mapped, size);
 		return NULL;
-	atomic_fetch_add(&m->mapped, page_round(len));
+	}
 	return p;
 }
 
