@@ -495,6 +495,11 @@ struct ckfs_read_scratch {
 /* The buffer of the view being read, at least bytes long; NULL when out
  * of memory. */
 void *ckfs_view_scratch(struct ckfs_read_scratch *s, size_t bytes);
+/* A quantizing view's quantization_config into c: head, the module
+ * names as a JSON list (", " between them), tail. */
+enum ckfs_code ckfs_view_quantization(struct ckfs_view_config *c, const char *head,
+				      const char *const *names, size_t n, const char *tail,
+				      struct ckfs_error *err) CKFS_WARN_UNUSED;
 void ckfs_read_scratch_release(struct ckfs_read_scratch *s);
 
 /*

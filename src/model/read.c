@@ -15,6 +15,7 @@
  * bytes in bounded windows and gather.
  */
 #include "ckfs/model.h"
+#include "ckfs/strbuf.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -48,6 +49,27 @@ void *ckfs_view_scratch(struct ckfs_read_scratch *s, size_t bytes)
 		s->view[d].cap = bytes;
 	}
 	return s->view[d].p;
+}
+
+enum ckfs_code ckfs_view_quantization(struct ckfs_view_config *c, const char *head,
+				      const char *const *names, size_t n, const char *tail,
+				      struct ckfs_error *err)
+{
+	struct ckfs_strbuf o = { 0 };
+
+	ckfs_strbuf_str(&o, head);
+	for (size_t i = 0; i < n; i++) {
+		if (i)
+			ckfs_strbuf_put(&o, ", ", 2);
+		ckfs_strbuf_json(&o, names[i]);
+	}
+	ckfs_strbuf_str(&o, tail);
+	if (o.failed) {
+		free(o.p);
+		return ckfs_nomem(err);
+	}
+	c->quantization = o.p;
+	return CKFS_OK;
 }
 
 static void *scratch_get(struct ckfs_read_scratch *s, size_t n)

@@ -30,7 +30,6 @@
 #include <string.h>
 
 #include "ckfs/model.h"
-#include "ckfs/strbuf.h"
 
 /* A block row kept whole while quantizing is at most this many fp32
  * elements (16 MiB: a down_proj of 28672 columns); wider weights have
@@ -392,23 +391,13 @@ static size_t fp8_inputs(const struct ckfs_tensor *t, const struct ckfs_tensor *
 static enum ckfs_code fp8_config(const struct ckfs_model *m, struct ckfs_view_config *c,
 				 struct ckfs_error *err)
 {
+	static const char head[] = "{\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", "
+				   "\"modules_to_not_convert\": [";
+	static const char tail[] =
+		"], \"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}";
 	const struct ckfs_fp8_set *set = m->view_state;
-	struct ckfs_strbuf o = { 0 };
 
-	ckfs_strbuf_str(&o, "{\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", "
-			    "\"modules_to_not_convert\": [");
-	for (size_t i = 0; i < set->n_unconverted; i++) {
-		if (i)
-			ckfs_strbuf_put(&o, ", ", 2);
-		ckfs_strbuf_json(&o, set->unconverted[i]);
-	}
-	ckfs_strbuf_str(&o, "], \"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}");
-	if (o.failed) {
-		free(o.p);
-		return ckfs_nomem(err);
-	}
-	c->quantization = o.p;
-	return CKFS_OK;
+	return ckfs_view_quantization(c, head, set->unconverted, set->n_unconverted, tail, err);
 }
 
 static void fp8_release(struct ckfs_model *m)

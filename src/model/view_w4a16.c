@@ -28,7 +28,6 @@
 
 #include "ckfs/dtype.h"
 #include "ckfs/model.h"
-#include "ckfs/strbuf.h"
 
 #define GROUP CKFS_W4A16_GROUP
 /* Groups per window: 512 KiB of bf16, within L2 with its output. */
@@ -296,21 +295,8 @@ static enum ckfs_code w4a16_config(const struct ckfs_model *m, struct ckfs_view_
 		"\"compressed\", \"sparsity_config\": {}, \"transform_config\": {}, "
 		"\"version\": \"0.20.1\"}";
 	const struct ckfs_w4a16_set *set = m->view_state;
-	struct ckfs_strbuf o = { 0 };
 
-	ckfs_strbuf_str(&o, head);
-	for (size_t i = 0; i < set->n_ignore; i++) {
-		if (i)
-			ckfs_strbuf_put(&o, ", ", 2);
-		ckfs_strbuf_json(&o, set->ignore[i]);
-	}
-	ckfs_strbuf_str(&o, tail);
-	if (o.failed) {
-		free(o.p);
-		return ckfs_nomem(err);
-	}
-	c->quantization = o.p;
-	return CKFS_OK;
+	return ckfs_view_quantization(c, head, set->ignore, set->n_ignore, tail, err);
 }
 
 static void w4a16_release(struct ckfs_model *m)
