@@ -119,7 +119,7 @@ tier3() {
 	local rc=0
 	new_sanlog || return
 	TSAN_OPTIONS=halt_on_error=1:log_path=$SANLOG/tsan \
-		ctest --test-dir build-tsan -R '^(test_cache|test_cache_stress|test_fp8|test_w4a16|test_lora_vlm|faults_load|mount_files|mount_rank_checks|mount_run|mount_preload)$' \
+		ctest --test-dir build-tsan -R '^(test_cache|test_cache_stress|test_fp8|test_ct_views|test_lora_vlm|faults_load|mount_files|mount_rank_checks|mount_run|mount_preload)$' \
 		--output-on-failure || rc=$?
 	sanitizer_reports "tier 3" "$rc"
 }

@@ -25,13 +25,14 @@ enum ckfs_rank_checks {
 	CKFS_RANK_CHECKS_AUTO,
 };
 
-/* A view quantizing the linear weights (--dtype fp8, w4a16): its
+/* A view quantizing the linear weights (--dtype fp8, w4a16, nvfp4): its
  * selector in src/layouts/ picks the weights, its row in src/model/
  * serves them. */
 enum ckfs_quant {
 	CKFS_QUANT_NONE,
 	CKFS_QUANT_FP8,   /* block-wise float8_e4m3fn: fp8_select.c */
-	CKFS_QUANT_W4A16, /* compressed-tensors' pack-quantized INT4 */
+	CKFS_QUANT_W4A16, /* compressed-tensors' pack-quantized INT4: ct_select.c */
+	CKFS_QUANT_NVFP4, /* compressed-tensors' nvfp4-pack-quantized */
 };
 
 struct ckfs_model_options {

@@ -166,6 +166,9 @@ struct ckfs_view {
 	/* Serves the model quantized: its weight files list tensors by name
 	 * (each weight beside its parts), and the rest is announced bf16. */
 	bool quantizes;
+	/* A compressed-tensors scheme's tensors in each weight's place (the
+	 * selector src/layouts/ct_select.c makes them); NULL for others. */
+	const struct ckfs_ct_scheme *ct;
 };
 /* config.json of a model served through a view. */
 struct ckfs_view_config {
@@ -175,6 +178,7 @@ struct ckfs_view_config {
 extern const struct ckfs_view ckfs_view_fp8;          /* --dtype fp8: view_fp8.c */
 extern const struct ckfs_view ckfs_view_fp8_dequant;  /* a block-FP8 release in bf16 */
 extern const struct ckfs_view ckfs_view_w4a16;        /* --dtype w4a16: view_w4a16.c */
+extern const struct ckfs_view ckfs_view_nvfp4;        /* --dtype nvfp4: view_nvfp4.c */
 extern const struct ckfs_view ckfs_view_lora;         /* --lora=fuse: view_lora.c */
 
 struct ckfs_tensor {
@@ -194,61 +198,94 @@ struct ckfs_tensor {
 	const char *placement;          /* e.g. "Shard(0)", for inspect */
 	/* A served view (struct ckfs_view): NULL for a tensor served from
 	 * its chunks. view_state is the view's own: --lora=fuse's struct
-	 * ckfs_lora_pair, --dtype fp8's struct ckfs_fp8, w4a16's struct
-	 * ckfs_w4a16, a release's scale tensor. view_part 0 is the tensor the
-	 * view is named by; a later part (FP8 scales, a w4a16 weight's
-	 * scales and shape) is served right after it, in its shard. */
+	 * ckfs_lora_pair, --dtype fp8's struct ckfs_fp8, a compressed-tensors
+	 * view's struct ckfs_ct_weight, a release's scale tensor. view_part 0
+	 * is the tensor the view is named by; a later part (FP8 scales, a
+	 * compressed-tensors weight's other tensors) is served right after
+	 * it, in its shard. */
 	const struct ckfs_view *view;
 	void *view_state;
 	int view_part;
 };
 
-/* view_part of an --dtype fp8 weight's scales, and of w4a16's triple. */
+/* view_part of an --dtype fp8 weight's scales. */
 #define CKFS_FP8_SCALES 1
-enum ckfs_w4a16_part {
-	CKFS_W4A16_PACKED,              /* I32 [rows, cols / 8]: 8 nibbles q + 8 */
-	CKFS_W4A16_SCALE,               /* BF16 [rows, cols / 128] */
-	CKFS_W4A16_SHAPE,               /* I64 [2]: rows, cols */
-};
 
 /*
- * compressed-tensors' pack-quantized W4A16 of a 2-D weight W [rows, cols]
- * (src/model/view_w4a16.c; docs/formats.md "W4A16"): per group of
- * CKFS_W4A16_GROUP consecutive elements of a row, from W as bf16,
+ * A compressed-tensors scheme (--dtype w4a16, nvfp4; docs/formats.md): the
+ * tensors <module>.<suffix> each quantized 2-D weight W [rows, cols]
+ * becomes, in name order (view_part is the index), scales per group of
+ * `group` consecutive elements of a row.
+ */
+struct ckfs_ct_part {
+	const char *suffix;
+	enum ckfs_dtype dtype;
+	uint32_t per; /* [rows, cols / per]; 0: 1-D [len] */
+	uint32_t len;
+};
+struct ckfs_ct_scheme {
+	const char *word; /* the --dtype word, for messages */
+	uint32_t group;
+	uint32_t scale_part; /* the part holding the group scales */
+	uint32_t n_parts;
+	struct ckfs_ct_part parts[3];
+};
+/* W4A16 (view_w4a16.c): per group of 128, from W as bf16,
  * s = bf16(max|w| / 7.5) (the bf16 eps when that is 0) and
  * q = round_half_even(clamp(bf16(w / s), -8, 7)), packed 8 to an int32
- * along the row, element k in bits 4k..4k+3 as q + 8.
- */
+ * along the row, element k in bits 4k..4k+3 as q + 8. NVFP4
+ * (view_nvfp4.c): FP4 E2M1 values two to a byte, FP8 E4M3 scales per 16,
+ * one float32 global scale. */
 #define CKFS_W4A16_GROUP 128
-struct ckfs_w4a16 {
+#define CKFS_NVFP4_GROUP 16
+struct ckfs_ct_weight {
 	struct ckfs_tensor weight;      /* the weight as planned, served as bf16 */
+	const struct ckfs_ct_scheme *scheme;
 	/* Scales computed by reads of the packed values, kept for the read
 	 * of the scales that follows (so it need not read the weight again):
-	 * one bf16 and one "known" byte per group, allocated by the first
+	 * one scale and one "known" byte per group, allocated by the first
 	 * such read within the model's budget, freed once every scale was
-	 * served from it (view_w4a16.c). Guarded by lock. */
+	 * served from it (view_ct.c). Guarded by lock, as global is. */
 	pthread_mutex_t lock;
-	uint16_t *scales;
+	unsigned char *scales;
 	unsigned char *known;
 	uint64_t served;                /* scales served from them */
-	struct ckfs_w4a16_kept *kept;   /* the model's budget */
+	struct ckfs_ct_kept *kept;      /* the model's budget */
+	/* NVFP4's per-tensor global scale, once computed (global_known). */
+	float global;
+	bool global_known;
 };
-/* --dtype w4a16's model state (m->view_state; src/layouts/w4a16_select.c):
+/* A compressed-tensors view's model state (m->view_state; ct_select.c):
  * its weights, and the Linear modules left bf16 (its "ignore" list). */
-struct ckfs_w4a16_set {
-	struct ckfs_w4a16 *weights;
+struct ckfs_ct_set {
+	struct ckfs_ct_weight *weights;
 	size_t n;
 	const char **ignore;
 	size_t n_ignore;
-	struct ckfs_w4a16_kept *kept;
+	struct ckfs_ct_kept *kept;
 };
-/* The bytes all w4a16 weights of a model keep scales in, at most
- * CKFS_W4A16_KEPT_BYTES: past it, scales are computed again. */
-#define CKFS_W4A16_KEPT_BYTES (256u << 20)
-struct ckfs_w4a16_kept {
+/* The bytes all weights of a model keep scales in, at most
+ * CKFS_CT_KEPT_BYTES: past it, scales are computed again. */
+#define CKFS_CT_KEPT_BYTES (256u << 20)
+struct ckfs_ct_kept {
 	pthread_mutex_t lock;
 	uint64_t bytes;
 };
+/* view_ct.c, shared by the compressed-tensors views: scales [g, g + n)
+ * of w kept; scales [first, first + count) copied into dst when all are
+ * kept (1, else 0); the set's kept scales and locks released (their
+ * release); groups [g, g + n) of w's weight as bf16 into the scratch
+ * buffer; their inputs (the weight); their quantization_config, `head`
+ * up to the "ignore" list's "[" (keys sorted). */
+void ckfs_ct_keep(struct ckfs_ct_weight *w, uint64_t g, uint64_t n, const void *sc);
+int ckfs_ct_take(struct ckfs_ct_weight *w, uint64_t first, uint64_t count, void *dst);
+void ckfs_ct_release(struct ckfs_model *m);
+enum ckfs_code ckfs_ct_read_groups(const struct ckfs_model *m, const struct ckfs_ct_weight *w,
+				   uint64_t g, uint64_t n, const uint16_t **out,
+				   struct ckfs_read_scratch *scratch, struct ckfs_error *err);
+size_t ckfs_ct_inputs(const struct ckfs_tensor *t, const struct ckfs_tensor *in[2]);
+enum ckfs_code ckfs_ct_config(const struct ckfs_model *m, const char *head,
+			      struct ckfs_view_config *c, struct ckfs_error *err);
 
 /*
  * Block-wise FP8 of a 2-D weight W [rows, cols] (src/model/view_fp8.c): per

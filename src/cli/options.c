@@ -27,6 +27,7 @@ enum dtype_row {
 	DT_AUTO,
 	DT_FP8,
 	DT_W4A16,
+	DT_NVFP4,
 	DT_Q8_0,
 	DT_Q4_0
 };
@@ -37,6 +38,7 @@ static const struct cli_dtype cli_dtypes[] = {
 	[DT_AUTO] = { "auto", .as_stored = true },
 	[DT_FP8] = { "fp8", CKFS_DTYPE_BF16, .quant = CKFS_QUANT_FP8 },
 	[DT_W4A16] = { "w4a16", CKFS_DTYPE_BF16, .quant = CKFS_QUANT_W4A16 },
+	[DT_NVFP4] = { "nvfp4", CKFS_DTYPE_BF16, .quant = CKFS_QUANT_NVFP4 },
 	[DT_Q8_0] = { "q8_0", CKFS_DTYPE_BF16, .gguf = true, .gguf_only = true,
 		      .gguf_type = CKFS_GGUF_Q8_0 },
 	[DT_Q4_0] = { "q4_0", CKFS_DTYPE_BF16, .gguf = true, .gguf_only = true,
@@ -45,12 +47,23 @@ static const struct cli_dtype cli_dtypes[] = {
 /* Each row's word, and llama.cpp's spelling (convert_hf_to_gguf.py
  * --outtype f16; GGML's type names are q8_0's pattern: a letter, the
  * bits) and torch's. */
-static const struct cli_choice dtype_words[] = {
-	{ "bf16", DT_BF16 },   { "bfloat16", DT_BF16 }, { "fp16", DT_F16 },  { "f16", DT_F16 },
-	{ "float16", DT_F16 }, { "half", DT_F16 },      { "fp32", DT_F32 },  { "f32", DT_F32 },
-	{ "float32", DT_F32 }, { "float", DT_F32 },     { "auto", DT_AUTO }, { "fp8", DT_FP8 },
-	{ "w4a16", DT_W4A16 }, { "q8_0", DT_Q8_0 },     { "q4_0", DT_Q4_0 }, { NULL, 0 }
-};
+static const struct cli_choice dtype_words[] = { { "bf16", DT_BF16 },
+						 { "bfloat16", DT_BF16 },
+						 { "fp16", DT_F16 },
+						 { "f16", DT_F16 },
+						 { "float16", DT_F16 },
+						 { "half", DT_F16 },
+						 { "fp32", DT_F32 },
+						 { "f32", DT_F32 },
+						 { "float32", DT_F32 },
+						 { "float", DT_F32 },
+						 { "auto", DT_AUTO },
+						 { "fp8", DT_FP8 },
+						 { "w4a16", DT_W4A16 },
+						 { "nvfp4", DT_NVFP4 },
+						 { "q8_0", DT_Q8_0 },
+						 { "q4_0", DT_Q4_0 },
+						 { NULL, 0 } };
 static const struct cli_choice format_words[] = {
 	{ "safetensors", 0 }, { "gguf", 1 }, { NULL, 0 }
 };
@@ -75,12 +88,18 @@ static const struct cli_choice transformers_words[] = {
 };
 
 const struct cli_opt cli_opt_dtype = {
-	.id = OPT_DTYPE, .name = "dtype", .key = "dtype", .arg = "T",
-	.kind = CLI_CHOICE, .choices = dtype_words, .def = "bf16",
+	.id = OPT_DTYPE,
+	.name = "dtype",
+	.key = "dtype",
+	.arg = "T",
+	.kind = CLI_CHOICE,
+	.choices = dtype_words,
+	.def = "bf16",
 	.help = "output dtype: bf16 (as verl's merger), fp16, fp32, auto (each "
-		"tensor as stored), fp8 (linear weights block-quantized to "
-		"float8_e4m3fn with their scales, the rest bf16) or w4a16 (linear weights as "
-		"compressed-tensors' pack-quantized INT4 in groups of 128, the rest bf16); "
+		"tensor as stored); or the linear weights quantized, the rest bf16: fp8 "
+		"(block-wise float8_e4m3fn with scales), w4a16 (compressed-tensors' "
+		"pack-quantized INT4, groups of 128) or nvfp4 (its nvfp4-pack-quantized "
+		"FP4, groups of 16); "
 		"with --format gguf: bf16, fp16, q8_0 or q4_0. A block-FP8 release "
 		"(DeepSeek-V3's) is served as stored unless T is given: bf16, fp16 or "
 		"fp32 dequantize it"
@@ -98,10 +117,14 @@ const struct cli_opt cli_opt_model_name = {
 		"the checkpoint folder's name"
 };
 const struct cli_opt cli_opt_dtype_as_stored = {
-	.id = OPT_DTYPE, .name = "dtype", .arg = "T", .kind = CLI_CHOICE, .choices = dtype_words,
+	.id = OPT_DTYPE,
+	.name = "dtype",
+	.arg = "T",
+	.kind = CLI_CHOICE,
+	.choices = dtype_words,
 	.def = "auto",
 	.help = "compare values as served in dtype T: auto (each tensor as stored), bf16, "
-		"fp16, fp32, fp8 or w4a16"
+		"fp16, fp32, fp8, w4a16 or nvfp4"
 };
 const struct cli_opt cli_opt_max_shard_size = {
 	.id = OPT_MAX_SHARD_SIZE, .name = "max-shard-size", .key = "max_shard_size",
@@ -172,7 +195,7 @@ const struct cli_opt cli_opt_quant_skip = {
 	.old_name = "fp8-skip",
 	.old_key = "fp8_skip",
 	.kind = CLI_TEXT,
-	.help = "with --dtype fp8 or w4a16, weights whose names match REGEX (POSIX "
+	.help = "with --dtype fp8, w4a16 or nvfp4, weights whose names match REGEX (POSIX "
 		"extended) stay bf16; default: the vision tower and multimodal projector "
 		"(--fp8-skip, its former name, is taken too)"
 };

@@ -17,8 +17,8 @@
  *  - a block-FP8 release served dequantized loses "quantization_config";
  *  - with --dtype fp8, "quantization_config" says so (its value replaced
  *    in place, or the key added first), as transformers'
- *    FineGrainedFP8Config and vLLM read it; with --dtype w4a16 the same
- *    way, as compressed-tensors writes it.
+ *    FineGrainedFP8Config and vLLM read it; with --dtype w4a16 or nvfp4
+ *    the same way, as compressed-tensors writes it (the view's config).
  *
  * Everything else is kept byte for byte. Keys are compared as JSON reads
  * them ("dt\u0079pe" is "dtype"), so no key escapes an edit by its spelling.

@@ -59,7 +59,8 @@ static int ts_newer(struct timespec a, struct timespec b)
 
 /* The dtype config.json should announce: the output dtype, or with
  * --dtype auto the stored dtype of the first floating tensor; with
- * --dtype fp8 or w4a16, bf16, the dtype of what is not quantized. */
+ * a quantizing --dtype (fp8, w4a16, nvfp4), bf16, the dtype of what is
+ * not quantized. */
 static const char *config_dtype(const struct ckfs_model *m)
 {
 	if (m->view && m->view->quantizes)

@@ -527,7 +527,7 @@ enum ckfs_code ckfs_gguf_build(const struct ckfs_model *m, const struct ckfs_ggu
 	if (m->lora || (m->view && m->view->quantizes))
 		rc = ckfs_fail(err, CKFS_E_UNSUPPORTED,
 			       "'%s': the GGUF view serves plain "
-			       "models (no LoRA adapter, no --dtype fp8 or w4a16)",
+			       "models (no LoRA adapter, no --dtype fp8, w4a16 or nvfp4)",
 			       m->src_dir);
 	else if (!m->config_json)
 		rc = ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': the GGUF view needs config.json",

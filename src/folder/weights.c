@@ -237,9 +237,9 @@ enum ckfs_code ckfs_st_layout_build(const struct ckfs_model *m,
 			n_shards = 1;
 			continue;
 		}
-		/* A view's later parts (fp8 scales, a w4a16 weight's scales and
-		 * shape) follow its weight into its shard, even past the limit
-		 * by their few bytes. */
+		/* A view's later parts (fp8 scales, a compressed-tensors
+		 * weight's other tensors) follow its first into its shard, even
+		 * past the limit by their few bytes. */
 		if (m->tensors[i].view_part > 0 && i > 0) {
 			shard_of[i] = shard_of[i - 1];
 			if (shard_of[i] == current)

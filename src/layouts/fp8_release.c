@@ -12,7 +12,7 @@
  *  - --dtype bf16, fp16 or fp32: each such weight dequantized on read
  *    (src/model/view_fp8_dequant.c: what DeepSeek's fp8_cast_bf16.py writes),
  *    its scale not served, quantization_config dropped from config.json;
- *  - --dtype fp8 or w4a16: refused (quantizing quantized values again).
+ *  - --dtype fp8, w4a16 or nvfp4: refused (quantizing quantized values again).
  *
  * Fail closed: an F8 tensor without its scale, a scale without its F8
  * weight, a scale grid of another shape, and other FP8 forms (F8_E5M2,

@@ -247,21 +247,22 @@ enum ckfs_code ckfs_prequantized_pass(struct ckfs_model *m, const struct ckfs_mo
 extern const char ckfs_quant_default_skip[];
 /* Whether t is a weight the quantized views quantize: a 2-D float
  * <module>.weight of a linear projection by its module's last name, not
- * matched by skip (shared by --dtype fp8 and w4a16). */
+ * matched by skip (shared by the quantizing views). */
 int ckfs_quant_linear(const struct ckfs_tensor *t, const regex_t *skip);
 /* The skip pattern of the quantized views (--quant-skip, or the default)
  * compiled into *skip (regfree it). */
 enum ckfs_code ckfs_quant_skip(const struct ckfs_model_options *opt, regex_t *skip,
 			       struct ckfs_error *err) CKFS_WARN_UNUSED;
 
-/* ---- w4a16_select.c ---- */
+/* ---- ct_select.c ---- */
 
-/* --dtype w4a16: each weight ckfs_quant_linear picks replaced by its
- * compressed-tensors pack-quantized triple (weight_packed, weight_scale,
- * weight_shape), the Linear modules left bf16 listed (struct ckfs_w4a16_set's ignore);
- * a weight whose input dim is not a multiple of the group refused. */
-enum ckfs_code ckfs_w4a16_select(struct ckfs_model *m, const struct ckfs_model_options *opt,
-				 struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* --dtype w4a16, nvfp4: each weight ckfs_quant_linear picks replaced by
+ * its compressed-tensors scheme's tensors (the view's struct
+ * ckfs_ct_scheme), the Linear modules left bf16 listed (struct
+ * ckfs_ct_set's ignore); a weight whose input dim is not a multiple of
+ * the group refused. */
+enum ckfs_code ckfs_ct_select(struct ckfs_model *m, const struct ckfs_model_options *opt,
+			      struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 /* ---- outputs.c: output tensors under construction ---- */
 

@@ -3,8 +3,8 @@
  * A model's opening (include/ckfs/layouts.h): the layout the table finds
  * (table.c), its build, then what every layout's model goes through once,
  * here and nowhere else: the names by the layout's flags, --base, the dtype
- * rule, --dtype fp8 and w4a16, the model's validation and the start of any deferred
- * checks, in that order.
+ * rule, the quantizing views (--dtype fp8, w4a16, nvfp4), the model's
+ * validation and the start of any deferred checks, in that order.
  */
 #include <stdlib.h>
 
@@ -46,7 +46,7 @@ enum ckfs_code ckfs_model_finish(struct ckfs_model *m, const struct ckfs_model_o
 	apply_dtype(m, opt);
 	CKFS_TRY(ckfs_prequantized_pass(m, opt, err));
 	CKFS_TRY(ckfs_fp8_select(m, opt, err));
-	CKFS_TRY(ckfs_w4a16_select(m, opt, err));
+	CKFS_TRY(ckfs_ct_select(m, opt, err));
 	CKFS_TRY(ckfs_plan_validate_model(m, err));
 	for (size_t i = 0; i < m->n_sources; i++) {
 		ckfs_file_metadata_done(m->sources[i].f);

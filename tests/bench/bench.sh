@@ -26,7 +26,7 @@
 #                serving (bench_serving.sh), cold (bench_cold.sh), headline
 #                (bench_headline.sh, needs BENCH_VERL=1), preload
 #                (bench_preload.sh: first loads with -o preload), lora
-#                (bench_lora.sh), fp8 (bench_fp8.sh, 0.5b), w4a16 (bench_w4a16.sh, 0.5b), clients
+#                (bench_lora.sh), fp8 (bench_fp8.sh, 0.5b), w4a16 and nvfp4 (bench_ct_views.sh, 0.5b), clients
 #                (bench_clients.sh: vLLM CPU, the Run:ai streamer and
 #                fastsafetensors, in the client tier's venvs), run
 #                (bench_run.sh: 10- and 100-step hole-backed runs) and moe
@@ -362,7 +362,7 @@ if [ -n "$REAL_SIZES" ]; then
 	only preload && { echo; "$ROOT/tests/bench/bench_preload.sh"; }
 	only lora && { echo; "$ROOT/tests/bench/bench_lora.sh" "$CKFS"; }
 	only fp8 && { echo; "$ROOT/tests/bench/bench_fp8.sh" "$CKFS"; }
-	only w4a16 && { echo; "$ROOT/tests/bench/bench_w4a16.sh" "$CKFS"; }
+	only w4a16 && { echo; "$ROOT/tests/bench/bench_ct_views.sh" "$CKFS"; }
 	only clients && { echo; "$ROOT/tests/bench/bench_clients.sh" "$CKFS"; }
 	only gguf && { echo; "$ROOT/tests/bench/bench_gguf.sh" "$CKFS"; }
 	only memory && { echo; "$ROOT/tests/bench/bench_memory.sh" "$CKFS"; }

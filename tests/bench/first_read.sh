@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-# Shared by bench_lora.sh, bench_fp8.sh and bench_w4a16.sh (sourced): the
+# Shared by bench_lora.sh, bench_fp8.sh and bench_ct_views.sh (sourced): the
 # first read of a file through a fresh mount, a loader's read of it, and
 # medians. Needs CKFS, PY, SRC, MNT.
 

@@ -46,7 +46,7 @@ expect "unknown option" 2 "^ckfs: unknown option '--frob'" -- "$CKFS" --frob
 "$CKFS" inspect --dtype f16 "$SAMPLE" | grep -q 'F32>F16' && ok "--dtype f16 is fp16" || bad "--dtype f16 is fp16"
 "$CKFS" inspect --dtype BF16 "$SAMPLE" | grep -q 'F32>BF16' && ok "--dtype BF16 is bf16" || bad "--dtype BF16 is bf16"
 expect "export without DIR" 2 "expected SRC and DIR" -- "$CKFS" export "$SAMPLE"
-expect "bad dtype" 2 "unknown --dtype 'int7' \\(bf16, fp16, fp32, auto, fp8, w4a16, q8_0 or q4_0\\)" -- "$CKFS" export --dtype int7 "$SAMPLE" "$WORK/x"
+expect "bad dtype" 2 "unknown --dtype 'int7' \\(bf16, fp16, fp32, auto, fp8, w4a16, nvfp4, q8_0 or q4_0\\)" -- "$CKFS" export --dtype int7 "$SAMPLE" "$WORK/x"
 expect "bad size" 2 "bad --max-shard-size '12XB' \\(a size such as" -- "$CKFS" export --max-shard-size 12XB "$SAMPLE" "$WORK/x"
 
 # export: success, then refuse to overwrite, then --force

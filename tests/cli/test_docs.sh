@@ -142,7 +142,7 @@ takes() { # OPTION-ARGS-PREFIX COMPLETION-LINE WORDS...
 	"$CKFS" mount $opt"no-such-value" --help >/dev/null 2>&1
 	[ $? = 2 ] && ok "'${opt}no-such-value' is refused" || bad "'${opt}no-such-value' is taken"
 }
-takes "--dtype=" "ckfs mount --dtype " bf16 bfloat16 fp16 f16 float16 half fp32 f32 float32 float auto fp8 w4a16 q8_0 q4_0
+takes "--dtype=" "ckfs mount --dtype " bf16 bfloat16 fp16 f16 float16 half fp32 f32 float32 float auto fp8 w4a16 nvfp4 q8_0 q4_0
 takes "--lora=" "ckfs mount --lora " adapter fuse base
 takes "--log-level=" "ckfs mount --log-level " err error warning warn notice info debug
 takes "--transformers-version=" "ckfs mount --transformers-version " 5.10 5.23

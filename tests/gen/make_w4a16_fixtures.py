@@ -15,10 +15,15 @@ refusal's cases). Written here, in the main venv:
                       quantizer's edges: an all-zero group (scale 0 -> the bf16 eps), subnormal
                       groups (scale underflowing to 0), quotients that are exact .5 ties, -absmax
                       (-7.5 -> -8), huge values, a single non-zero per group
+    edge_nvfp4_bf16/  the same for --dtype nvfp4 (groups of 16, a global scale per weight): values
+                      on each E2M1 rounding boundary (.25, .75, 1.25, 1.75, 2.5, 3.5, 5) and beside
+                      them, small negatives rounding to -0, an all-zero weight (global scale
+                      overflowing to Inf -> 1), a subnormal weight, groups whose e4m3 scale
+                      underflows to 0 (-> 0.125), a weight near the bf16 maximum
 
     ~/.cache/ckfs/venv/bin/python tests/gen/make_w4a16_fixtures.py       # ~30 s
 
-The expected bytes are not written here: tests/py/test_w4a16.py quantizes and packs `ckfs export
+The expected bytes are not written here: tests/py/test_ct_views.py quantizes and packs `ckfs export
 --dtype bf16`'s weights with compressed-tensors itself.
 """
 
@@ -66,10 +71,35 @@ def edge_weights():
     return {k: v.to(torch.bfloat16).contiguous() for k, v in sd.items()}
 
 
-def write_edge():
+def nvfp4_edge_weights():
+    import torch
+
+    g = torch.Generator().manual_seed(31)
+    grid = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0])
+    down = torch.randn(128, 256, generator=g) * 0.05
+    # absmax 6 per group: scale g * 1 exactly, so each value lands on its boundary (and beside it)
+    for r, off in enumerate((0.0, 2.0 ** -7, -(2.0 ** -7))):
+        row = torch.cat([grid + off, -(grid + off)])
+        row[7], row[15] = 6.0, -6.0
+        down[r, :] = row.repeat(16)
+    down[3, :] = torch.randn(256, generator=g) * 1e-3
+    down[3, 0:16] = -1e-6                                # small negatives: -0 nibbles (8)
+    down[3, 16:32] = 0                                   # an all-zero group: scale 0 -> 0.125
+    down[4, :] = 0
+    down[4, 3] = 1e-30                                   # a group whose e4m3 scale underflows
+    up = torch.zeros(256, 128)                           # all zero: global scale Inf -> 1
+    gate = torch.randn(256, 128, generator=g) * 2.0 ** -130  # subnormal: max clamped to 2^-126
+    q = torch.randn(128, 128, generator=g) * 1e37        # near bf16's max: a tiny global scale
+    sd = {"model.layers.0.mlp.down_proj.weight": down, "model.layers.0.mlp.up_proj.weight": up,
+          "model.layers.0.mlp.gate_proj.weight": gate, "model.layers.0.self_attn.q_proj.weight": q,
+          "model.norm.weight": torch.ones(128), "lm_head.weight": torch.randn(64, 128, generator=g)}
+    return {k: v.to(torch.bfloat16).contiguous() for k, v in sd.items()}
+
+
+def write_edge(name="edge_bf16", weights=None):
     from safetensors.torch import save_file
 
-    d = os.path.join(OUT, "edge_bf16")
+    d = os.path.join(OUT, name)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     cfg = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=128, intermediate_size=256,
@@ -78,7 +108,7 @@ def write_edge():
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
         f.write("\n")
-    save_file(edge_weights(), os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    save_file((weights or edge_weights)(), os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
 
 
 def main():
@@ -87,6 +117,7 @@ def main():
     mf.SPECIAL_F32_BITS = []
     os.makedirs(OUT, exist_ok=True)
     write_edge()
+    write_edge("edge_nvfp4_bf16", nvfp4_edge_weights)
     name = "qwen2_fsdp2_w2"
     spec = mf.cfg(name, SHAPE, 2, 2, desc="qwen2 FSDP2 W=2 with 128-multiple dims (W4A16 view)")
     ckpt = os.path.join(OUT, name)

@@ -232,7 +232,7 @@ def test_mount_errors(venv, tmp_path):
     missing, bogus, dtype = json.loads(p.stdout)
     assert missing == [f"'{tmp_path}/nonexistent': not found", 1]
     assert bogus == ["unknown mount option 'bogus=1'", 2]
-    assert dtype == ["unknown --dtype 'int7' (bf16, fp16, fp32, auto, fp8, w4a16, q8_0 or q4_0)", 2]
+    assert dtype == ["unknown --dtype 'int7' (bf16, fp16, fp32, auto, fp8, w4a16, nvfp4, q8_0 or q4_0)", 2]
     assert not os.listdir(venv.tmp), f"temporary mount points left: {os.listdir(venv.tmp)}"
 
 

@@ -1,22 +1,37 @@
 # SPDX-License-Identifier: MIT
-"""transformers (5.19, with compressed-tensors 0.20.1) loads a W4A16 folder: run in the W4A16 venv.
+"""transformers (5.19, with compressed-tensors 0.20.1) loads a W4A16 or NVFP4A16 folder: run in the
+W4A16 venv.
 
-    python load_check.py W4A16_DIR BF16_DIR
+    python load_check.py QUANT_DIR BF16_DIR
 
-Loads W4A16_DIR as transformers does a compressed-tensors checkpoint (its quantization_config
+Loads QUANT_DIR as transformers does a compressed-tensors checkpoint (its quantization_config
 read by the CompressedTensorsHfQuantizer, the packed weights decompressed on the CPU), with no key
 missing or unexpected, and BF16_DIR as the plain model; runs both on the same ids and prints one
 JSON line: the logits' relative error (Frobenius), their max |diff|, the max |logit|, how many
-decompressed weights equal the library's dequantize of the served packed values and scales, and
-the largest relative error (Frobenius) of a dequantized weight against the bf16 one.
+decompressed weights equal the library's dequantize of the served tensors (W4A16's q * s; NVFP4's
+own decompress), and the largest relative error (Frobenius) of a dequantized weight against the
+bf16 one.
 """
 import json
 import sys
 
 import torch
 import transformers
+from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
 from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+from compressed_tensors.quantization import QuantizationScheme
+from compressed_tensors.quantization.quant_scheme import NVFP4A16
 from safetensors.torch import load_file
+
+
+def dequantized(served, mod):
+    """The library's dequantized weight of a served module."""
+    if mod + ".weight_global_scale" in served:
+        parts = {k: served[f"{mod}.{k}"] for k in ("weight_packed", "weight_scale", "weight_global_scale")}
+        return NVFP4PackedCompressor.decompress(parts, QuantizationScheme(targets=["Linear"], **NVFP4A16))["weight"]
+    q = unpack_from_int32(served[mod + ".weight_packed"], 4, torch.Size(served[mod + ".weight_shape"].tolist()))
+    s = served[mod + ".weight_scale"]
+    return (q.to(torch.bfloat16).unflatten(-1, (-1, 128)) * s.unsqueeze(-1)).flatten(-2)
 
 
 def main():
@@ -37,10 +52,7 @@ def main():
         if not name.endswith(".weight_packed"):
             continue
         mod = name[:-len(".weight_packed")]
-        shape = served[mod + ".weight_shape"].tolist()
-        q = unpack_from_int32(packed, 4, torch.Size(shape))
-        s = served[mod + ".weight_scale"]
-        want = (q.to(torch.bfloat16).unflatten(-1, (-1, 128)) * s.unsqueeze(-1)).flatten(-2)
+        want = dequantized(served, mod)
         key = mod + ".weight"
         held += key in sd and torch.equal(sd[key], want)
         w = plain[key].float()
