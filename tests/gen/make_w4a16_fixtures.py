@@ -19,7 +19,7 @@ refusal's cases). Written here, in the main venv:
                       on each E2M1 rounding boundary (.25, .75, 1.25, 1.75, 2.5, 3.5, 5) and beside
                       them, small negatives rounding to -0, an all-zero weight (global scale
                       overflowing to Inf -> 1), a subnormal weight, groups whose e4m3 scale
-                      underflows to 0 (-> 0.125), a weight near the bf16 maximum
+                      is subnormal or underflows to 0 (-> 0.125), a weight near the bf16 maximum
 
     ~/.cache/ckfs/venv/bin/python tests/gen/make_w4a16_fixtures.py       # ~30 s
 
@@ -87,6 +87,8 @@ def nvfp4_edge_weights():
     down[3, 16:32] = 0                                   # an all-zero group: scale 0 -> 0.125
     down[4, :] = 0
     down[4, 3] = 1e-30                                   # a group whose e4m3 scale underflows
+    for k in range(16):                                  # e4m3 subnormal scales (below 2^-6)
+        down[5, 16 * k:16 * k + 16] = torch.linspace(-1, 1, 16) * (2.0 ** -17) * (k + 1)
     up = torch.zeros(256, 128)                           # all zero: global scale Inf -> 1
     gate = torch.randn(256, 128, generator=g) * 2.0 ** -130  # subnormal: max clamped to 2^-126
     q = torch.randn(128, 128, generator=g) * 1e37        # near bf16's max: a tiny global scale
