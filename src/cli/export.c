@@ -22,6 +22,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <sys/file.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,7 @@
 #include "ckfs/s3.h"
 #include "cli/cli.h"
 #include "cli/export_dest.h"
+#include "cli/export_part.h"
 #include "cli/export_since.h"
 #include "cli/options.h"
 
@@ -333,6 +335,7 @@ struct export_args {
 	bool force, quiet;
 	int threads;
 	const char *since;
+	struct export_part part;
 };
 
 static const struct cli_opt opt_force = {
@@ -351,6 +354,16 @@ static const struct cli_opt opt_since = {
 		"compare every weight file with it and write only what changed (files "
 		"unchanged hard-linked or reflinked from PREV); DIR is the same folder"
 };
+static const struct cli_opt opt_part = {
+	.id = OPT_PART,
+	.name = "part",
+	.arg = "I/N",
+	.kind = CLI_TEXT,
+	.help = "write part I of N (0 <= I < N) of the export, each process its share of the "
+		"weight files by bytes to read, into DIR.ckfs-parts; part 0 then writes the rest "
+		"and puts DIR in place. auto: I and N from RANK and WORLD_SIZE or "
+		"SLURM_ARRAY_TASK_ID and _COUNT; auto/N: I alone, or JOB_COMPLETION_INDEX"
+};
 static const struct cli_opt opt_quiet = {
 	.id = OPT_QUIET, .name = "quiet", .letter = 'q', .help = "no progress, warnings or summary"
 };
@@ -363,6 +376,7 @@ static const struct cli_opt *const export_opts[] = {
 	&opt_force,
 	&opt_threads,
 	&opt_since,
+	&opt_part,
 	&opt_quiet,
 	CLI_MODEL_OPTS,
 	&cli_opt_format,
@@ -398,12 +412,35 @@ static int export_apply(void *ctx, const struct cli_opt *o, const struct cli_val
 	case OPT_FORCE: a->force = true; return 0;
 	case OPT_QUIET: a->quiet = true; return 0;
 	case OPT_SINCE: a->since = v->text; return 0;
+	case OPT_PART: {
+		const char *why = NULL;
+		if (!export_part_parse(v->text, &a->part, &why))
+			return ckfs_cli_usage_error("export", "bad --part '%s' (%s)", v->text, why);
+		return 0;
+	}
 	case OPT_EXPORT_THREADS:
 		a->threads = (int)v->n;
 		return 0;
 	default:
 		return 0;
 	}
+}
+
+/* The written folder tmp given its mode, it and its folders synced. */
+static enum ckfs_code seal_folder(const struct ckfs_folder *f, const char *tmp, mode_t mode,
+				  struct ckfs_error *err)
+{
+	if (chmod(tmp, mode) != 0)
+		return ckfs_fail_errno(err, "'%s': cannot set its mode", tmp);
+	for (size_t i = 0; i < f->n_nodes; i++) {
+		char path[PATH_MAX];
+		if (f->nodes[i].kind == CKFS_NODE_DIR &&
+		    snprintf(path, sizeof(path), "%s/%s", tmp, f->nodes[i].name) <
+			    (int)sizeof(path) &&
+		    sync_dir(path) != 0)
+			return ckfs_fail_errno(err, "'%s': fsync failed", path);
+	}
+	return sync_dir(tmp) != 0 ? ckfs_fail_errno(err, "'%s': fsync failed", tmp) : CKFS_OK;
 }
 
 /* Every file of f into the folder tmp, with the carried modes, synced. */
@@ -425,17 +462,8 @@ static enum ckfs_code write_folder(const struct export_args *a, const struct ckf
 		rc = write_node(f, &f->nodes[i], tmp, &em, a->threads, prev, prog, err);
 	if (prog->enabled)
 		fputc('\n', stderr);
-	if (rc == CKFS_OK && chmod(tmp, em.dir & ~process_umask) != 0)
-		rc = ckfs_fail_errno(err, "'%s': cannot set its mode", tmp);
-	for (size_t i = 0; i < f->n_nodes && rc == CKFS_OK; i++) {
-		char path[PATH_MAX];
-		if (f->nodes[i].kind == CKFS_NODE_DIR &&
-		    snprintf(path, sizeof(path), "%s/%s", tmp, f->nodes[i].name) < (int)sizeof(path)
-		    && sync_dir(path) != 0)
-			rc = ckfs_fail_errno(err, "'%s': fsync failed", path);
-	}
-	if (rc == CKFS_OK && sync_dir(tmp) != 0)
-		rc = ckfs_fail_errno(err, "'%s': fsync failed", tmp);
+	if (rc == CKFS_OK)
+		rc = seal_folder(f, tmp, em.dir & ~process_umask, err);
 	free(em.files);
 	return rc;
 }
@@ -534,6 +562,192 @@ static enum ckfs_code export_folder(const struct export_args *a, const struct ck
 	return rc;
 }
 
+/* ---- --part I/N (export_part.h) ---- */
+
+/* Whether node i is a weight file a part writes (top-level only: the
+ * folders are part 0's). */
+static bool part_file(const struct ckfs_folder *f, size_t i)
+{
+	return f->nodes[i].kind == CKFS_NODE_WEIGHTS && !f->nodes[i].parent;
+}
+
+/* This part's weight files into stage, each written in its own folder
+ * `own` and renamed in once synced: a file in stage is complete, so a
+ * part run again after a crash writes only what is missing. */
+static enum ckfs_code write_share(const struct export_args *a, const struct ckfs_folder *f,
+				  const char *stage, const unsigned *owner,
+				  const struct export_modes *em, struct progress *prog,
+				  struct ckfs_error *err)
+{
+	char own[PATH_MAX + 64], from[2 * PATH_MAX], to[2 * PATH_MAX];
+	enum ckfs_code rc = CKFS_OK;
+	struct stat st;
+
+	snprintf(own, sizeof(own), "%s/.ckfs-part-%u.tmp", stage, a->part.index);
+	ckfs_export_dest_remove(own); /* what a killed run of this part left */
+	if (mkdir(own, 0700) != 0)
+		return ckfs_fail_errno(err, "'%s': cannot create", own);
+	for (size_t i = 0; i < f->n_nodes && rc == CKFS_OK; i++) {
+		const struct ckfs_node *n = &f->nodes[i];
+		if (!part_file(f, i) || owner[i] != a->part.index)
+			continue;
+		snprintf(to, sizeof(to), "%s/%s", stage, n->name);
+		if (lstat(to, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size == n->size) {
+			prog->base += n->size;
+			continue;
+		}
+		snprintf(from, sizeof(from), "%s/%s", own, n->name);
+		rc = write_node(f, n, own, em, a->threads, NULL, prog, err);
+		if (rc == CKFS_OK && rename(from, to) != 0)
+			rc = ckfs_fail_errno(err, "'%s': cannot rename into place", to);
+	}
+	if (prog->enabled)
+		fputc('\n', stderr);
+	if (rc == CKFS_OK && sync_dir(stage) != 0)
+		rc = ckfs_fail_errno(err, "'%s': fsync failed", stage);
+	ckfs_export_dest_remove(own);
+	return rc;
+}
+
+/* Part 0, its share written: wait for every part's marker, check their
+ * files, write the rest (folders, config.json, the index, side files). */
+static enum ckfs_code write_rest(const struct export_args *a, const struct ckfs_folder *f,
+				 const char *stage, const struct export_modes *em,
+				 struct progress *prog, struct ckfs_error *err)
+{
+	char path[2 * PATH_MAX];
+	struct stat st;
+	bool said = false;
+
+	for (unsigned p = 0; p < a->part.count; p++)
+		while (!export_part_is_done(stage, p, a->part.count)) {
+			if (interrupted)
+				return ckfs_fail(err, CKFS_E_IO, "interrupted");
+			if (!said && !a->quiet)
+				ckfs_cli_say(
+					"part 0/%u: waiting for the other parts' files in '%s'",
+					a->part.count, stage);
+			said = true;
+			struct timespec ts = { 0, 250 * 1000 * 1000 };
+			nanosleep(&ts, NULL);
+		}
+	for (size_t i = 0; i < f->n_nodes; i++) {
+		const struct ckfs_node *n = &f->nodes[i];
+		snprintf(path, sizeof(path), "%s/%s", stage, n->name);
+		if (part_file(f, i)) {
+			if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) ||
+			    (uint64_t)st.st_size != n->size)
+				return ckfs_fail(err, CKFS_E_IO,
+						 "'%s': missing or cut short, though "
+						 "its part is marked done",
+						 path);
+			continue;
+		}
+		/* what a killed run of part 0 wrote of the rest, written again */
+		if (n->kind == CKFS_NODE_DIR ? rmdir(path) != 0 && errno == ENOTEMPTY
+					     : unlink(path) != 0 && errno != ENOENT)
+			ckfs_export_dest_remove(path);
+		CKFS_TRY(write_node(f, n, stage, em, 1, NULL, prog, err));
+	}
+	return CKFS_OK;
+}
+
+/* The staging folder DIR.ckfs-parts, shared by the parts: made by the
+ * first, this user's, a folder. */
+static enum ckfs_code open_stage(const char *stage, struct ckfs_error *err)
+{
+	struct stat st;
+
+	if (mkdir(stage, 0700) != 0 && errno != EEXIST)
+		return ckfs_fail_errno(err, "'%s': cannot create", stage);
+	if (lstat(stage, &st) != 0)
+		return ckfs_fail_errno(err, "'%s': cannot stat", stage);
+	if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid())
+		return ckfs_fail(err, CKFS_E_INVALID,
+				 "'%s': not a folder of this user's: "
+				 "not used as the staging folder of --part",
+				 stage);
+	return CKFS_OK;
+}
+
+/* Part I of N: its weight files; part 0 then the rest, and DIR in place. */
+static enum ckfs_code export_parts(const struct export_args *a, const struct ckfs_folder *f,
+				   const char *dst, struct ckfs_error *err)
+{
+	char stage[PATH_MAX + 32], lock[PATH_MAX + 64], old[PATH_MAX + 32];
+	unsigned *owner = calloc(f->n_nodes + 1, sizeof(*owner));
+	uint64_t *bytes = calloc(a->part.count, sizeof(*bytes));
+	struct export_modes em = { 0 };
+	struct progress prog = { 0 };
+	mode_t process_umask = umask(0);
+	bool placed = false;
+	int lock_fd = -1;
+	enum ckfs_code rc;
+
+	umask(process_umask);
+	snprintf(stage, sizeof(stage), "%s.ckfs-parts", dst);
+	snprintf(lock, sizeof(lock), "%s/.ckfs-part-%u.lock", stage, a->part.index);
+	snprintf(old, sizeof(old), "%s.ckfs-old-%ld", dst, (long)getpid());
+	if (!owner || !bytes) {
+		rc = ckfs_nomem(err);
+		goto out;
+	}
+	if ((rc = open_stage(stage, err)) != CKFS_OK ||
+	    (rc = export_part_plan(stage, f, a->part.count, err)) != CKFS_OK)
+		goto out;
+	lock_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (lock_fd < 0 || flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+		rc = ckfs_fail_errno(err, "'%s': part %u is being written by another process",
+				     stage, a->part.index);
+		goto out;
+	}
+	export_part_assign(f, a->part.count, owner, bytes);
+	size_t mine = 0, all = 0;
+	for (size_t i = 0; i < f->n_nodes; i++) {
+		all += part_file(f, i);
+		mine += part_file(f, i) && owner[i] == a->part.index;
+	}
+	if (!mine && !a->quiet)
+		ckfs_cli_say("note: part %u/%u has no weight file to write (the export has %zu; a "
+			     "smaller --max-shard-size makes more)",
+			     a->part.index, a->part.count, all);
+	prog.enabled = !a->quiet && isatty(STDERR_FILENO);
+	clock_gettime(CLOCK_MONOTONIC, &prog.start);
+	for (size_t i = 0; i < f->n_nodes; i++)
+		if (part_file(f, i) ? owner[i] == a->part.index : a->part.index == 0)
+			prog.total += f->nodes[i].size;
+	if ((rc = carry_modes(f, stage, &em, err)) != CKFS_OK ||
+	    (rc = write_share(a, f, stage, owner, &em, &prog, err)) != CKFS_OK ||
+	    (rc = export_part_mark_done(stage, &a->part, err)) != CKFS_OK)
+		goto out;
+	if (a->part.index != 0) {
+		char size[32], read[32];
+		ckfs_format_bytes((double)prog.total, size, sizeof(size));
+		ckfs_format_bytes((double)bytes[a->part.index], read, sizeof(read));
+		if (!a->quiet)
+			ckfs_cli_say("part %u/%u: wrote its weight files (%s, %s of sources) into "
+				     "'%s' in %.2f s; part 0 puts '%s' in place",
+				     a->part.index, a->part.count, size, read, stage,
+				     since(&prog.start), dst);
+		goto out;
+	}
+	if ((rc = write_rest(a, f, stage, &em, &prog, err)) != CKFS_OK ||
+	    (rc = seal_folder(f, stage, em.dir & ~process_umask, err)) != CKFS_OK)
+		goto out;
+	export_part_forget(stage, a->part.count);
+	rc = put_in_place(stage, dst, old, a->force, &placed, err);
+	if (rc == CKFS_OK && !a->quiet)
+		ckfs_cli_say("wrote '%s' from %u parts (%.2f s in this one)", dst, a->part.count,
+			     since(&prog.start));
+out:
+	if (lock_fd >= 0)
+		close(lock_fd);
+	free(em.files);
+	free(owner);
+	free(bytes);
+	return rc;
+}
+
 int ckfs_cmd_export(int argc, char **argv)
 {
 	struct export_args a = { 0 }; /* the defaults are in the option rows */
@@ -553,6 +767,8 @@ int ckfs_cmd_export(int argc, char **argv)
 		return rc;
 	if (a.since && a.c.folder.gguf)
 		return ckfs_cli_usage_error("export", "--since is for --format safetensors");
+	if (a.since && a.part.count)
+		return ckfs_cli_usage_error("export", "--since and --part do not go together");
 	if ((rc = cli_attach_stores(&a.c, (const char *const *)argv + first, 1)) != 0)
 		return rc;
 	const char *src = argv[first];
@@ -591,7 +807,10 @@ int ckfs_cmd_export(int argc, char **argv)
 			sigaction(SIGINT, &sa, NULL);
 			sigaction(SIGTERM, &sa, NULL);
 			sigaction(SIGHUP, &sa, NULL);
-			export_folder(&a, f, dst, prev, &err);
+			if (a.part.count)
+				export_parts(&a, f, dst, &err);
+			else
+				export_folder(&a, f, dst, prev, &err);
 		}
 	}
 	export_since_close(prev);

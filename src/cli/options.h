@@ -39,7 +39,9 @@ enum cli_opt_id {
 	/* stats */
 	OPT_PROMETHEUS,
 	/* diff, export --since */
-	OPT_SVG, OPT_SINCE,
+	OPT_SVG,
+	OPT_SINCE,
+	OPT_PART,
 	OPT_ID_END /* one past the last */
 };
 
