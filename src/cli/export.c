@@ -708,9 +708,9 @@ static enum ckfs_code export_parts(const struct export_args *a, const struct ckf
 		mine += part_file(f, i) && owner[i] == a->part.index;
 	}
 	if (!mine && !a->quiet)
-		ckfs_cli_say("note: part %u/%u has no weight file to write (the export has %zu; a "
-			     "smaller --max-shard-size makes more)",
-			     a->part.index, a->part.count, all);
+		ckfs_cli_say("note: part %u/%u has no weight file to write (the export has %zu%s)",
+			     a->part.index, a->part.count, all,
+			     a->c.folder.gguf ? "" : "; a smaller --max-shard-size makes more");
 	prog.enabled = !a->quiet && isatty(STDERR_FILENO);
 	clock_gettime(CLOCK_MONOTONIC, &prog.start);
 	for (size_t i = 0; i < f->n_nodes; i++)
