@@ -1,6 +1,6 @@
 """The GGUF view (--format gguf) against llama.cpp's own converter and quantizer.
 
-For each fixture (tests/fixtures/gguf/: Llama, tied Llama, Mistral, Qwen2, Qwen3, saved by verl's FSDP2
+For each fixture (tests/fixtures/gguf/: Llama, tied Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Qwen2-MoE, saved by verl's FSDP2
 manager with a SentencePiece tokenizer; chat templates in tokenizer_config.json or chat_template.jinja), `ckfs export` writes the Hugging Face folder, the unmodified
 convert_hf_to_gguf.py of the llama-cpp-python 0.3.36 source package converts it, and ckfs's
 model.gguf (from `export --format gguf` and from a mount) must be the same bytes. q4_0, which the
@@ -22,10 +22,23 @@ import pytest
 from conftest import FIXTURES, REPO, ckfs_bin, run_ckfs
 
 CASES = ["llama_fsdp2_w2", "qwen2_fsdp2_w2", "llama_tied_fsdp2_w2", "mistral_fsdp2_w2", "qwen3_fsdp2_w2"]
+# The MoE actors (tests/gen/make_gguf_moe_fixtures.py): the converter reads their tokenizer as BPE only,
+# so both sides take the SentencePiece path by a test switch (tests/gguf/convert_spm.py,
+# CKFS_GGUF_TEST_MOE_SPM); the experts, router, shared expert and key-values are the converter's own.
+MOE_CASES = ["qwen3_moe_fsdp2_w2", "qwen2_moe_fsdp2_w2"]
+MOE_SPM = "CKFS_GGUF_TEST_MOE_SPM"
 OUTTYPES = {"bf16": "bf16", "f16": "fp16", "q8_0": "q8_0"}  # converter's --outtype: ckfs's --dtype
 CACHE = Path(os.environ.get("CKFS_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ckfs"))
 VENV = Path(os.environ.get("CKFS_GGUF_VENV", CACHE / "gguf-venv"))
 EXPECTED = FIXTURES / "gguf" / "expected.json"
+
+
+@pytest.fixture(autouse=True)
+def moe_spm(request, monkeypatch):
+    """ckfs takes the MoE cases' SentencePiece path as the converter wrapper does."""
+    case = request.node.callspec.params.get("case") if hasattr(request.node, "callspec") else None
+    if case in MOE_CASES:
+        monkeypatch.setenv(MOE_SPM, "1")
 
 
 def oracle_python() -> str:
@@ -48,7 +61,9 @@ def converted(tmp_path_factory):
             if not hf.exists():
                 run_ckfs("export", "-q", FIXTURES / "gguf" / case, hf)
             out = root / f"{case}-{outtype}.gguf"
-            r = subprocess.run([oracle_python(), VENV / "llama.cpp" / "convert_hf_to_gguf.py", hf,
+            script = REPO / "tests" / "gguf" / "convert_spm.py" if case in MOE_CASES else \
+                VENV / "llama.cpp" / "convert_hf_to_gguf.py"
+            r = subprocess.run([oracle_python(), script, hf,
                                 "--outtype", outtype, "--outfile", out, "--model-name", "tiny"],
                                capture_output=True, text=True, timeout=600)
             assert r.returncode == 0, r.stderr[-3000:]
@@ -63,7 +78,7 @@ def sha256(p: Path) -> str:
 
 
 @pytest.mark.parametrize("outtype", list(OUTTYPES))
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CASES + MOE_CASES)
 def test_export_byte_identical(case, outtype, converted, tmp_path):
     ref = converted(case, outtype)
     run_ckfs("export", "-q", "--format", "gguf", "--dtype", OUTTYPES[outtype], "--model-name", "tiny",
@@ -82,7 +97,8 @@ def test_export_byte_identical(case, outtype, converted, tmp_path):
     assert expected.get(f"{case}/{outtype}") == sha256(ref), "tests/fixtures/gguf/expected.json"
 
 
-@pytest.mark.parametrize("case,outtype", [("llama_fsdp2_w2", "q8_0"), ("qwen3_fsdp2_w2", "bf16")])
+@pytest.mark.parametrize("case,outtype", [("llama_fsdp2_w2", "q8_0"), ("qwen3_fsdp2_w2", "bf16"),
+                                          ("qwen3_moe_fsdp2_w2", "q8_0"), ("qwen2_moe_fsdp2_w2", "f16")])
 def test_mount_byte_identical(case, outtype, converted, tmp_path):
     """The mount's model.gguf: whole, and read in random small ranges (rows, blocks and padding
     cut anywhere)."""
@@ -105,7 +121,7 @@ def test_mount_byte_identical(case, outtype, converted, tmp_path):
         subprocess.run([ckfs_bin(), "umount", "-z", str(mnt)], capture_output=True, timeout=60)
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CASES + MOE_CASES)
 def test_q4_0_matches_gguf_py(case, converted, tmp_path):
     """q4_0: every tensor is gguf.quants.quantize of the exported folder's values (the converter's
     bf16 file holds them exactly), with the types docs/gguf.md gives; and the checker can fail: a
@@ -171,6 +187,44 @@ def test_refusals(tmp_path):
     assert r.returncode == 2 and "--format gguf" in r.stderr
     r = run_ckfs("inspect", "--dtype", "q4_0", FIXTURES / "gguf" / "llama_fsdp2_w2", check=False)
     assert r.returncode == 2 and "GGUF" in r.stderr
+
+
+def test_moe_refusals(tmp_path, monkeypatch):
+    """MoE: every architecture but Qwen2-MoE and Qwen3-MoE refused by name; what llama.cpp would run
+    otherwise than transformers (norm_topk_prob, dense layers) and incomplete experts refused in one
+    line; without the test switch, the BPE-only tokenizer path."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    moe = FIXTURES / "moe_fsdp"
+    for case in ["deepseek_v3_fsdp2_w2", "mixtral_fsdp2_w2", "olmoe_fsdp2_w2", "qwen3_next_fsdp2_w2"]:
+        arch = json.loads((moe / case / "huggingface" / "config.json").read_text())["architectures"][0]
+        assert f"architecture {arch}" in refused(moe / case)
+    assert "BPE (tokenizer.json)" in refused(FIXTURES / "gguf" / "qwen3_moe_fsdp2_w2")
+    monkeypatch.setenv(MOE_SPM, "1")
+    assert "norm_topk_prob false" in refused(moe / "qwen3_moe_fsdp2_w2")  # as verl's test model has it
+    for case, key, value, word in [
+            ("qwen3_moe_fsdp2_w2", "decoder_sparse_step", 2, "decoder_sparse_step"),
+            ("qwen3_moe_fsdp2_w2", "mlp_only_layers", [0], "mlp_only_layers"),
+            ("qwen3_moe_fsdp2_w2", "moe_intermediate_size", None, "moe_intermediate_size is missing"),
+            ("qwen2_moe_fsdp2_w2", "norm_topk_prob", True, "norm_topk_prob true"),
+            ("qwen2_moe_fsdp2_w2", "shared_expert_intermediate_size", None, "shared_expert_intermediate_size"),
+            ("qwen2_moe_fsdp2_w2", "n_group", 1, "key n_group")]:
+        d = tmp_path / f"{case}-{key}"
+        shutil.copytree(FIXTURES / "gguf" / case, d)
+        cfg_path = d / "huggingface" / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg[key] = value
+        cfg_path.write_text(json.dumps({k: v for k, v in cfg.items() if v is not None}))
+        assert word in refused(d), (case, key)
+    # one expert's weight missing from a Hugging Face folder
+    hf = tmp_path / "hf"
+    run_ckfs("export", "-q", FIXTURES / "gguf" / "qwen3_moe_fsdp2_w2", hf)
+    sd = load_file(hf / "model.safetensors")
+    del sd["model.layers.1.mlp.experts.2.up_proj.weight"]
+    save_file(sd, hf / "model.safetensors", metadata={"format": "pt"})
+    assert "layer 1 has 8 of its 9 expert weights" in refused(hf)
 
 
 RUNTIME = Path(os.environ.get("CKFS_GGUF_RUNTIME_VENV", CACHE / "gguf-runtime-venv"))
