@@ -221,10 +221,15 @@ def test_moe_refusals(tmp_path, monkeypatch):
     # one expert's weight missing from a Hugging Face folder
     hf = tmp_path / "hf"
     run_ckfs("export", "-q", FIXTURES / "gguf" / "qwen3_moe_fsdp2_w2", hf)
-    sd = load_file(hf / "model.safetensors")
-    del sd["model.layers.1.mlp.experts.2.up_proj.weight"]
+    sd = {k: v.clone() for k, v in load_file(hf / "model.safetensors").items()}  # not the mapped file's
+    name = "model.layers.1.mlp.experts.2.up_proj.weight"
+    up = sd.pop(name)
     save_file(sd, hf / "model.safetensors", metadata={"format": "pt"})
     assert "layer 1 has 8 of its 9 expert weights" in refused(hf)
+    # and of another shape than expert 0's
+    sd[name] = up[: up.shape[0] // 2].contiguous()
+    save_file(sd, hf / "model.safetensors", metadata={"format": "pt"})
+    assert f"tensor {name}: not the 2-D shape of its layer's expert 0" in refused(hf)
 
 
 RUNTIME = Path(os.environ.get("CKFS_GGUF_RUNTIME_VENV", CACHE / "gguf-runtime-venv"))
