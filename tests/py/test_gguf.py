@@ -242,17 +242,26 @@ def test_llama_cpp_generates_from_mount(case, outtype, converted, tmp_path):
     greedy-decodes the same tokens as from the converter's file. Building the runtime compiles
     llama.cpp (tests/gguf/setup-gguf-venv.sh --runtime, 13 minutes on 2 busy CPUs): without it this FAILS,
     unless CKFS_GGUF_NO_RUNTIME=1 says to skip it (reported as skipped, never as passed)."""
+    ref = converted(case, outtype)
+    same_generation(ref, FIXTURES / "gguf" / case, outtype, tmp_path)
+
+
+def runtime_python() -> Path:
     py = RUNTIME / "bin" / "python"
     if not (RUNTIME / ".ckfs-stamp").exists():  # (written once the build has finished)
         if os.environ.get("CKFS_GGUF_NO_RUNTIME") == "1":
             pytest.skip(f"llama.cpp runtime venv missing ({RUNTIME}); CKFS_GGUF_NO_RUNTIME=1")
         pytest.fail(f"the llama.cpp runtime venv is missing ({RUNTIME}): run "
                     "tests/gguf/setup-gguf-venv.sh --runtime, or set CKFS_GGUF_NO_RUNTIME=1", pytrace=False)
-    ref = converted(case, outtype)
+    return py
+
+
+def same_generation(ref, src, outtype, tmp_path):
+    """llama.cpp decodes the same 24 tokens from src's mounted model.gguf as from ref."""
+    py = runtime_python()
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    run_ckfs("mount", "--format", "gguf", "--dtype", OUTTYPES[outtype], "--model-name", "tiny",
-             FIXTURES / "gguf" / case, mnt)
+    run_ckfs("mount", "--format", "gguf", "--dtype", OUTTYPES[outtype], "--model-name", "tiny", src, mnt)
     try:
         r = subprocess.run([str(py), REPO / "tests" / "gguf" / "generate.py", ref, mnt / "model.gguf"],
                            capture_output=True, text=True, timeout=600)
@@ -308,3 +317,43 @@ def test_nan_and_inf_blocks_match_llama_cpp(converted, tmp_path):
                         tmp_path / "q4" / "model.gguf"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "Q4_0  bit-exact" in r.stdout, r.stdout + r.stderr
     assert torch.isnan(w).any()
+
+
+@pytest.mark.parametrize("case", ["qwen3_moe", "qwen2_moe"])
+def test_llama_cpp_runs_moe_from_mount(case, tmp_path, monkeypatch):
+    """llama.cpp runs a Qwen MoE from the mount: the fixtures' 53 pieces hold no byte tokens, which
+    llama.cpp's SentencePiece vocabulary needs, so a 320-token model is made here by transformers
+    (hidden 64, expert width 32: every stack Q8_0; Qwen3-MoE with 8 experts, Qwen2-MoE 4 and a shared
+    expert), seeded, with the fixtures' tokenizer; export and converter byte for byte in q8_0, then
+    the same greedy tokens from the mount's file as from the converter's."""
+    import torch
+    import transformers
+
+    monkeypatch.setenv(MOE_SPM, "1")
+    torch.manual_seed(39)
+    dims = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, moe_intermediate_size=32,
+                num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False,
+                bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if case == "qwen3_moe":
+        config = transformers.Qwen3MoeConfig(head_dim=16, num_experts=8, norm_topk_prob=True, **dims)
+        config.architectures = ["Qwen3MoeForCausalLM"]
+    else:
+        config = transformers.Qwen2MoeConfig(num_experts=4, shared_expert_intermediate_size=64, **dims)
+        config.architectures = ["Qwen2MoeForCausalLM"]
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1.0 + 0.1 * torch.randn_like(p) if "norm" in name else 0.05 * torch.randn_like(p))
+    hf = tmp_path / case
+    model.to(torch.bfloat16).save_pretrained(hf)
+    src = FIXTURES / "gguf" / "qwen3_moe_fsdp2_w2" / "huggingface"
+    for f in ["tokenizer.model", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"]:
+        (hf / f).write_bytes((src / f).read_bytes())
+    ref = tmp_path / "ref.gguf"
+    r = subprocess.run([oracle_python(), REPO / "tests" / "gguf" / "convert_spm.py", hf, "--outtype", "q8_0",
+                        "--outfile", ref, "--model-name", "tiny"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run_ckfs("export", "-q", "--format", "gguf", "--dtype", "q8_0", "--model-name", "tiny", hf, tmp_path / "out")
+    assert (tmp_path / "out" / "model.gguf").read_bytes() == ref.read_bytes()
+    same_generation(ref, hf, "q8_0", tmp_path)
