@@ -293,10 +293,10 @@ unknown:
 	return NULL;
 }
 
-/* The view serves 1-D and 2-D bf16 tensors (experts: 2-D). */
-static enum ckfs_code servable(struct build *b, const struct ckfs_tensor *t, int max_dims)
+/* The view serves 1-D and 2-D bf16 tensors (an expert's weight: 2-D). */
+static enum ckfs_code servable(struct build *b, const struct ckfs_tensor *t)
 {
-	if (t->out_dtype != CKFS_DTYPE_BF16 || t->ndim < 1 || t->ndim > max_dims || t->numel == 0)
+	if (t->out_dtype != CKFS_DTYPE_BF16 || t->ndim < 1 || t->ndim > 2 || t->numel == 0)
 		return ckfs_fail(b->err, CKFS_E_UNSUPPORTED,
 				 "tensor %s: a %d-D %s tensor (the "
 				 "GGUF view serves 1-D and 2-D bf16 ones)",
@@ -341,7 +341,7 @@ static enum ckfs_code place(struct build *b, struct ckfs_gguf_tensor *o, const c
 static enum ckfs_code expert(struct build *b, const struct ckfs_tensor *t, int took, int64_t layer,
 			     uint64_t *params)
 {
-	CKFS_TRY(servable(b, t, 2));
+	CKFS_TRY(servable(b, t));
 	if (t->ndim != 2)
 		return ckfs_fail(b->err, CKFS_E_UNSUPPORTED,
 				 "tensor %s: an expert's weight that "
@@ -393,7 +393,7 @@ static enum ckfs_code map_tensors(struct build *b, uint64_t *params)
 			rc = b->err->code;
 			break;
 		}
-		if ((rc = servable(b, t, 2)) != CKFS_OK)
+		if ((rc = servable(b, t)) != CKFS_OK)
 			break;
 		o->src = t;
 		o->ne0 = t->shape[t->ndim - 1];
