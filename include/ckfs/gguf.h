@@ -36,6 +36,11 @@ struct ckfs_gguf_options {
 struct ckfs_gguf_tensor {
 	const char *name;                 /* "blk.0.attn_q.weight" */
 	const struct ckfs_tensor *src;    /* its values (the bf16 view) */
+	/* A MoE layer's stacked experts ([n_expert, rows, cols], as the
+	 * converter stacks them): src is experts[0], row r of expert e is
+	 * row r of experts[e]; NULL (n_expert 0) for a tensor of its own. */
+	const struct ckfs_tensor *const *experts;
+	int64_t n_expert;
 	enum ckfs_gguf_type type;
 	int64_t ne0, rows;                /* row length, rows (all leading dims) */
 	int64_t perm_heads;               /* > 0: Llama's Q/K row order over

@@ -29,6 +29,14 @@
  * which ckfs does not guess. */
 enum head_dim_rule { HEAD_DIM_OR_QUOTIENT, HEAD_DIM_IF_GIVEN, HEAD_DIM_REQUIRED };
 
+/* Dense, or experts (Qwen3-MoE: llama.cpp renormalizes the top-k
+ * weights), or experts and a gated shared expert (Qwen2-MoE: it does not). */
+enum moe {
+	DENSE,
+	MOE,
+	MOE_SHARED
+};
+
 /* The architectures served: the converter's model class and what it adds. */
 struct arch {
 	const char *hf;          /* config.json's architectures[0] */
@@ -37,13 +45,19 @@ struct arch {
 				  * dimension count written */
 	bool qk_norm;            /* Qwen3's q_norm and k_norm */
 	enum head_dim_rule head_dim;
+	enum moe moe;
 };
 static const struct arch archs[] = {
-	{ "LlamaForCausalLM", "llama", true, false, HEAD_DIM_OR_QUOTIENT },
-	{ "MistralForCausalLM", "llama", true, false, HEAD_DIM_OR_QUOTIENT },
-	{ "Qwen2ForCausalLM", "qwen2", false, false, HEAD_DIM_IF_GIVEN },
-	{ "Qwen3ForCausalLM", "qwen3", false, true, HEAD_DIM_REQUIRED },
+	{ "LlamaForCausalLM", "llama", true, false, HEAD_DIM_OR_QUOTIENT, DENSE },
+	{ "MistralForCausalLM", "llama", true, false, HEAD_DIM_OR_QUOTIENT, DENSE },
+	{ "Qwen2ForCausalLM", "qwen2", false, false, HEAD_DIM_IF_GIVEN, DENSE },
+	{ "Qwen3ForCausalLM", "qwen3", false, true, HEAD_DIM_REQUIRED, DENSE },
+	{ "Qwen2MoeForCausalLM", "qwen2moe", false, false, HEAD_DIM_IF_GIVEN, MOE_SHARED },
+	{ "Qwen3MoeForCausalLM", "qwen3moe", false, true, HEAD_DIM_REQUIRED, MOE },
 };
+
+/* The expert keys of refused_keys the MoE architectures read. */
+static const char *const moe_keys[] = { "num_local_experts", "num_experts", "num_experts_per_tok" };
 
 /* config.json keys that make the converter write or do something this
  * view does not (experts, other norms, non-causal attention, nested
@@ -63,26 +77,46 @@ static const char *const refused_keys[] = {
 	"norm_eps", "rotary_emb_base", "mrope_section",
 };
 
-/* HF names inside model.layers.N. and what they become in blk.N. */
+/* Which architectures have a layer tensor. */
+enum only {
+	ALL,
+	QK_NORM,
+	DENSE_MLP,
+	ROUTER,
+	SHARED_EXPERT
+};
+
+/* HF names inside model.layers.N. and what they become in blk.N (the
+ * experts' own weights: gguf_moe.c). */
 static const struct {
 	const char *hf, *gguf;
-	bool qk_norm;            /* only where the architecture has them */
+	enum only only;
 } layer_names[] = {
-	{ "input_layernorm.weight", "attn_norm.weight", false },
-	{ "post_attention_layernorm.weight", "ffn_norm.weight", false },
-	{ "self_attn.q_proj.weight", "attn_q.weight", false },
-	{ "self_attn.k_proj.weight", "attn_k.weight", false },
-	{ "self_attn.v_proj.weight", "attn_v.weight", false },
-	{ "self_attn.o_proj.weight", "attn_output.weight", false },
-	{ "self_attn.q_proj.bias", "attn_q.bias", false },
-	{ "self_attn.k_proj.bias", "attn_k.bias", false },
-	{ "self_attn.v_proj.bias", "attn_v.bias", false },
-	{ "mlp.gate_proj.weight", "ffn_gate.weight", false },
-	{ "mlp.up_proj.weight", "ffn_up.weight", false },
-	{ "mlp.down_proj.weight", "ffn_down.weight", false },
-	{ "self_attn.q_norm.weight", "attn_q_norm.weight", true },
-	{ "self_attn.k_norm.weight", "attn_k_norm.weight", true },
+	{ "input_layernorm.weight", "attn_norm.weight", ALL },
+	{ "post_attention_layernorm.weight", "ffn_norm.weight", ALL },
+	{ "self_attn.q_proj.weight", "attn_q.weight", ALL },
+	{ "self_attn.k_proj.weight", "attn_k.weight", ALL },
+	{ "self_attn.v_proj.weight", "attn_v.weight", ALL },
+	{ "self_attn.o_proj.weight", "attn_output.weight", ALL },
+	{ "self_attn.q_proj.bias", "attn_q.bias", ALL },
+	{ "self_attn.k_proj.bias", "attn_k.bias", ALL },
+	{ "self_attn.v_proj.bias", "attn_v.bias", ALL },
+	{ "mlp.gate_proj.weight", "ffn_gate.weight", DENSE_MLP },
+	{ "mlp.up_proj.weight", "ffn_up.weight", DENSE_MLP },
+	{ "mlp.down_proj.weight", "ffn_down.weight", DENSE_MLP },
+	{ "self_attn.q_norm.weight", "attn_q_norm.weight", QK_NORM },
+	{ "self_attn.k_norm.weight", "attn_k_norm.weight", QK_NORM },
+	{ "mlp.gate.weight", "ffn_gate_inp.weight", ROUTER },
+	{ "mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight", SHARED_EXPERT },
+	{ "mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight", SHARED_EXPERT },
+	{ "mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight", SHARED_EXPERT },
+	{ "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight", SHARED_EXPERT },
 };
+
+/* Tests only (tests/py/test_gguf.py, tests/cli/test_gguf.sh): the MoE
+ * architectures' tokenizer read by the SentencePiece path, as the tests'
+ * converter wrapper (tests/gguf/convert_spm.py) makes the converter do. */
+#define SPM_TEST_ENV "CKFS_GGUF_TEST_MOE_SPM"
 
 struct build {
 	const struct ckfs_model *m;
@@ -90,6 +124,7 @@ struct build {
 	const struct arch *arch;
 	cJSON *config, *gen;
 	int64_t n_head, n_kv_head, n_layers;
+	struct gguf_moe moe;
 	struct ckfs_gguf_file *g;
 	struct ckfs_error *err;
 };
@@ -130,21 +165,27 @@ static enum ckfs_code check_config(struct build *b)
 {
 	const cJSON *a = get(b->config, "architectures");
 	const cJSON *a0 = cJSON_IsArray(a) && cJSON_GetArraySize(a) == 1 ? a->child : NULL;
-	char what[160];
+	char what[256];
 
 	for (size_t i = 0; cJSON_IsString(a0) && i < sizeof(archs) / sizeof(archs[0]); i++)
 		if (strcmp(a0->valuestring, archs[i].hf) == 0)
 			b->arch = &archs[i];
 	if (!b->arch) {
-		snprintf(what, sizeof(what), "architecture %s (the GGUF view serves Llama, Mistral, "
-			 "Qwen2 and Qwen3)", cJSON_IsString(a0) ? a0->valuestring : "unknown");
+		snprintf(what, sizeof(what),
+			 "architecture %s (the GGUF view serves Llama, Mistral, "
+			 "Qwen2, Qwen3 and, of MoE models, Qwen2-MoE and Qwen3-MoE)",
+			 cJSON_IsString(a0) ? a0->valuestring : "unknown");
 		return refuse(b, what);
 	}
-	for (size_t i = 0; i < sizeof(refused_keys) / sizeof(refused_keys[0]); i++)
-		if (get(b->config, refused_keys[i])) {
+	for (size_t i = 0; i < sizeof(refused_keys) / sizeof(refused_keys[0]); i++) {
+		bool read = false;
+		for (size_t j = 0; b->arch->moe && j < sizeof(moe_keys) / sizeof(moe_keys[0]); j++)
+			read |= strcmp(refused_keys[i], moe_keys[j]) == 0;
+		if (!read && get(b->config, refused_keys[i])) {
 			snprintf(what, sizeof(what), "key %s", refused_keys[i]);
 			return refuse(b, what);
 		}
+	}
 	const cJSON *causal = get(b->config, "is_causal");
 	if (causal && !cJSON_IsTrue(causal))
 		return refuse(b, "is_causal false");
@@ -169,6 +210,23 @@ static enum ckfs_code check_config(struct build *b)
 	CKFS_TRY(whole(b, "num_hidden_layers", true, &b->n_layers));
 	if (b->n_head == 0 || b->n_kv_head == 0)
 		return refuse(b, "no attention heads");
+	if (!b->arch->moe)
+		return CKFS_OK;
+	b->moe.arch = b->arch->name;
+	b->moe.norm_topk = b->arch->moe == MOE;
+	b->moe.shared = b->arch->moe == MOE_SHARED;
+	CKFS_TRY(gguf_moe_config(&b->moe, b->config, b->m->config_path, b->n_layers, &b->g->arena,
+				 b->err));
+	/* The converter's Qwen MoE classes read the tokenizer as GPT-2 BPE
+	 * (tokenizer.json, known by the hash of its output) only. */
+	const char *spm = getenv(SPM_TEST_ENV);
+	if (!(spm && strcmp(spm, "1") == 0)) {
+		snprintf(what, sizeof(what),
+			 "%s's tokenizer, read by the converter as BPE "
+			 "(tokenizer.json) only",
+			 b->arch->hf);
+		return refuse(b, what);
+	}
 	return CKFS_OK;
 }
 
@@ -178,6 +236,23 @@ static int cmp_tensor_name(const void *x, const void *y)
 {
 	return strcmp((*(const struct ckfs_tensor *const *)x)->name,
 		      (*(const struct ckfs_tensor *const *)y)->name);
+}
+
+static bool has(const struct arch *a, enum only only)
+{
+	switch (only) {
+	case ALL:
+		return true;
+	case QK_NORM:
+		return a->qk_norm;
+	case DENSE_MLP:
+		return a->moe == DENSE;
+	case ROUTER:
+		return a->moe != DENSE;
+	case SHARED_EXPERT:
+		return a->moe == MOE_SHARED;
+	}
+	return false;
 }
 
 /* The GGUF name of HF tensor name; NULL with err set when unknown. */
@@ -202,7 +277,7 @@ static const char *gguf_name(struct build *b, const char *name, bool *q, bool *k
 			goto unknown; /* "model.layers.01." */
 		for (size_t i = 0; i < sizeof(layer_names) / sizeof(layer_names[0]); i++)
 			if (strcmp(name + used, layer_names[i].hf) == 0 &&
-			    (b->arch->qk_norm || !layer_names[i].qk_norm)) {
+			    has(b->arch, layer_names[i].only)) {
 				*q = strcmp(layer_names[i].hf, "self_attn.q_proj.weight") == 0;
 				*k = strcmp(layer_names[i].hf, "self_attn.k_proj.weight") == 0;
 				const char *s = ckfs_arena_printf(ar, "blk.%lld.%s", layer,
@@ -216,6 +291,69 @@ unknown:
 	ckfs_fail(b->err, CKFS_E_UNSUPPORTED, "tensor %s: not a %s tensor the GGUF view "
 		  "knows", name, b->arch->name);
 	return NULL;
+}
+
+/* The view serves 1-D and 2-D bf16 tensors (an expert's weight: 2-D). */
+static enum ckfs_code servable(struct build *b, const struct ckfs_tensor *t)
+{
+	if (t->out_dtype != CKFS_DTYPE_BF16 || t->ndim < 1 || t->ndim > 2 || t->numel == 0)
+		return ckfs_fail(b->err, CKFS_E_UNSUPPORTED,
+				 "tensor %s: a %d-D %s tensor (the "
+				 "GGUF view serves 1-D and 2-D bf16 ones)",
+				 t->name, t->ndim, ckfs_dtype_st_name(t->out_dtype));
+	return CKFS_OK;
+}
+
+/* o's type and Llama row order, its name, sources and rows set: what the
+ * converter makes of it. */
+static enum ckfs_code place(struct build *b, struct ckfs_gguf_tensor *o, const char *output, bool q,
+			    bool k)
+{
+	size_t nl = strlen(o->name);
+	bool norm = nl >= 12 && strcmp(o->name + nl - 12, "_norm.weight") == 0;
+	/* routers: F32 in the converter, kept so by llama-quantize */
+	bool router = strstr(o->name, ".ffn_gate_inp") != NULL;
+
+	if (o->src->ndim == 1 || norm || router)
+		o->type = CKFS_GGUF_F32;
+	else if (b->opt->type == CKFS_GGUF_Q4_0 && strcmp(o->name, output) == 0)
+		o->type = CKFS_GGUF_Q8_0;
+	else
+		o->type = b->opt->type;
+	if ((o->type == CKFS_GGUF_Q8_0 || o->type == CKFS_GGUF_Q4_0) && o->ne0 % 32)
+		o->type = CKFS_GGUF_F16; /* the converter's fallback */
+	if (b->arch->llama && (q || k)) {
+		int64_t heads = q ? b->n_head : b->n_kv_head;
+		if (o->rows % (2 * heads))
+			return ckfs_fail(b->err, CKFS_E_UNSUPPORTED,
+					 "tensor %s: %lld rows do not "
+					 "split into %lld heads of pairs",
+					 o->src->name, (long long)o->rows, (long long)heads);
+		o->perm_heads = heads;
+	}
+	o->row_bytes = ckfs_gguf_row_bytes(o->type, o->ne0);
+	b->g->n_tensors++;
+	return CKFS_OK;
+}
+
+/* An expert's weight; its layer's three stacks once all are seen. The
+ * size label counts one expert of each stack (gguf-py's size_label). */
+static enum ckfs_code expert(struct build *b, const struct ckfs_tensor *t, int took, int64_t layer,
+			     uint64_t *params)
+{
+	CKFS_TRY(servable(b, t));
+	if (t->ndim != 2)
+		return ckfs_fail(b->err, CKFS_E_UNSUPPORTED,
+				 "tensor %s: an expert's weight that "
+				 "is not 2-D (GGUF view)",
+				 t->name);
+	for (int w = 0; took == 2 && w < 3; w++) {
+		struct ckfs_gguf_tensor *o = &b->g->tensors[b->g->n_tensors];
+		CKFS_TRY(gguf_moe_stack(&b->moe, layer, w, o, &b->g->arena, b->err));
+		CKFS_TRY(place(b, o, "", false, false));
+		*params += (uint64_t)(o->rows / o->n_expert) * (uint64_t)o->ne0;
+	}
+	return CKFS_OK;
 }
 
 static enum ckfs_code map_tensors(struct build *b, uint64_t *params)
@@ -235,61 +373,47 @@ static enum ckfs_code map_tensors(struct build *b, uint64_t *params)
 		if (strcmp(ts[i]->name, "lm_head.weight") == 0)
 			output = "output.weight";
 	}
-	/* the converter writes them in the exported folder's (name) order */
+	/* the converter writes them in the exported folder's (name) order,
+	 * a MoE layer's stacks where its last expert weight comes */
 	qsort(ts, m->n_tensors, sizeof(*ts), cmp_tensor_name);
 	g->tensors = ckfs_arena_calloc(&g->arena, m->n_tensors + 1, sizeof(*g->tensors));
 	enum ckfs_code rc = g->tensors ? CKFS_OK : ckfs_nomem(b->err);
 	*params = 0;
 	for (size_t i = 0; i < m->n_tensors && rc == CKFS_OK; i++) {
 		const struct ckfs_tensor *t = ts[i];
-		struct ckfs_gguf_tensor *o = &g->tensors[i];
+		struct ckfs_gguf_tensor *o = &g->tensors[g->n_tensors];
+		int64_t layer;
+		int took = gguf_moe_take(&b->moe, t, &layer);
 		bool q, k;
+		if (took) {
+			rc = expert(b, t, took, layer, params);
+			continue;
+		}
 		if (!(o->name = gguf_name(b, t->name, &q, &k))) {
 			rc = b->err->code;
 			break;
 		}
-		if (t->out_dtype != CKFS_DTYPE_BF16 || t->ndim < 1 || t->ndim > 2 || t->numel == 0) {
-			rc = ckfs_fail(b->err, CKFS_E_UNSUPPORTED, "tensor %s: a %d-D %s tensor "
-				       "(the GGUF view serves 1-D and 2-D bf16 ones)", t->name,
-				       t->ndim, ckfs_dtype_st_name(t->out_dtype));
+		if ((rc = servable(b, t)) != CKFS_OK)
 			break;
-		}
 		o->src = t;
 		o->ne0 = t->shape[t->ndim - 1];
 		o->rows = t->ndim == 2 ? t->shape[0] : 1;
-		size_t nl = strlen(o->name);
-		bool norm = nl >= 12 && strcmp(o->name + nl - 12, "_norm.weight") == 0;
-		if (t->ndim == 1 || norm)
-			o->type = CKFS_GGUF_F32;
-		else if (b->opt->type == CKFS_GGUF_Q4_0 && strcmp(o->name, output) == 0)
-			o->type = CKFS_GGUF_Q8_0;
-		else
-			o->type = b->opt->type;
-		if ((o->type == CKFS_GGUF_Q8_0 || o->type == CKFS_GGUF_Q4_0) && o->ne0 % 32)
-			o->type = CKFS_GGUF_F16; /* the converter's fallback */
-		if (b->arch->llama && (q || k)) {
-			int64_t heads = q ? b->n_head : b->n_kv_head;
-			if (o->rows % (2 * heads)) {
-				rc = ckfs_fail(b->err, CKFS_E_UNSUPPORTED, "tensor %s: %lld rows do "
-					       "not split into %lld heads of pairs", t->name,
-					       (long long)o->rows, (long long)heads);
-				break;
-			}
-			o->perm_heads = heads;
-		}
-		o->row_bytes = ckfs_gguf_row_bytes(o->type, o->ne0);
+		rc = place(b, o, output, q, k);
 		*params += t->numel;
-		g->n_tensors++;
 	}
 	free(ts);
+	if (rc == CKFS_OK && b->arch->moe)
+		rc = gguf_moe_complete(&b->moe, b->err);
 	return rc;
 }
 
 /* ---- key-values ---- */
 
-/* gguf.size_label for a dense model: K, M, B or T with at least two
- * significant digits ("115K", "1.5B", "72B"), rounded as Python formats. */
-static void size_label(uint64_t params, char *out, size_t size)
+/* gguf.size_label: K, M, B or T with at least two significant digits
+ * ("115K", "1.5B", "72B"), rounded as Python formats; a MoE model's is
+ * "<experts>x" and the parameters of all but the experts plus one of
+ * each expert stack ("128x3.3B"). */
+static void size_label(uint64_t params, int64_t n_expert, char *out, size_t size)
 {
 	double n = (double)params, s;
 	char unit;
@@ -302,7 +426,8 @@ static void size_label(uint64_t params, char *out, size_t size)
 	snprintf(digits, sizeof(digits), "%.0f", nearbyint(s)); /* Python's round(): to even */
 	size_t len = strlen(digits) - strspn(digits, "0");
 	int fix = len >= 2 ? 0 : 2 - (int)len;
-	snprintf(out, size, "%.*f%c", fix, s, unit);
+	int x = n_expert ? snprintf(out, size, "%lldx", (long long)n_expert) : 0;
+	snprintf(out + x, size - (size_t)x, "%.*f%c", fix, s, unit);
 }
 
 /* generation_config.json's sampling values, as gguf.Metadata reads them. */
@@ -402,6 +527,8 @@ static enum ckfs_code hparams(struct build *b, struct gguf_kv *kv, uint32_t file
 		snprintf(k, sizeof(k), "%s.attention.layer_norm_rms_epsilon", a);
 		gguf_kv_f32(kv, k, f);
 	}
+	if (b->arch->moe)
+		gguf_moe_counts(&b->moe, kv);
 	int64_t head_dim, hidden;
 	CKFS_TRY(whole(b, "head_dim", b->arch->head_dim == HEAD_DIM_REQUIRED, &head_dim));
 	CKFS_TRY(whole(b, "hidden_size", b->arch->llama, &hidden));
@@ -414,6 +541,8 @@ static enum ckfs_code hparams(struct build *b, struct gguf_kv *kv, uint32_t file
 		gguf_kv_u32(kv, k, (uint32_t)head_dim);
 	}
 	gguf_kv_u32(kv, "general.file_type", file_type);
+	if (b->arch->moe)
+		gguf_moe_lengths(&b->moe, kv);
 	if (b->arch->llama) {
 		snprintf(k, sizeof(k), "%s.vocab_size", a);
 		gguf_kv_u32(kv, k, (uint32_t)n_vocab);
@@ -456,7 +585,7 @@ static enum ckfs_code key_values(struct build *b, struct gguf_kv *kv, uint64_t p
 	gguf_kv_str(kv, "general.type", "model");
 	CKFS_TRY(sampling(b, kv));
 	gguf_kv_str(kv, "general.name", name);
-	size_label(params, label, sizeof(label));
+	size_label(params, b->moe.n_expert, label, sizeof(label));
 	gguf_kv_str(kv, "general.size_label", label);
 	CKFS_TRY(hparams(b, kv, file_type(b->opt->type), n_vocab));
 	gguf_kv_u32(kv, "general.quantization_version", 2);
@@ -479,9 +608,11 @@ static enum ckfs_code render(struct build *b, struct gguf_kv *kv)
 	for (size_t i = 0; i < g->n_tensors; i++) {
 		struct ckfs_gguf_tensor *t = &g->tensors[i];
 		gguf_put_str(&h, t->name, strlen(t->name));
-		gguf_put_u32(&h, t->src->ndim);
+		gguf_put_u32(&h, t->src->ndim + (t->n_expert ? 1 : 0));
 		for (int d = t->src->ndim - 1; d >= 0; d--) /* ggml's order: fastest first */
 			gguf_put_u64(&h, (uint64_t)t->src->shape[d]);
+		if (t->n_expert)
+			gguf_put_u64(&h, (uint64_t)t->n_expert);
 		gguf_put_u32(&h, t->type);
 		gguf_put_u64(&h, off);
 		t->offset = off;
@@ -585,9 +716,18 @@ static enum ckfs_code read_rows(const struct ckfs_model *m, const struct ckfs_gg
 		per = 1;
 	while (r0 < r1) {
 		int64_t n = t->perm_heads ? 1 : (r1 - r0 < per ? r1 - r0 : per);
-		uint64_t first = (uint64_t)source_row(t, r0) * (uint64_t)t->ne0;
+		const struct ckfs_tensor *src = t->src;
+		int64_t sr = source_row(t, r0);
+		if (t->n_expert) { /* within one expert's tensor */
+			int64_t each = t->rows / t->n_expert;
+			src = t->experts[r0 / each];
+			sr = r0 % each;
+			if (n > each - sr)
+				n = each - sr;
+		}
+		uint64_t first = (uint64_t)sr * (uint64_t)t->ne0;
 		uint64_t count = (uint64_t)n * (uint64_t)t->ne0;
-		CKFS_TRY(ckfs_tensor_read(m, t->src, first, count, bf, scratch, err));
+		CKFS_TRY(ckfs_tensor_read(m, src, first, count, bf, scratch, err));
 		for (uint64_t i = 0; i < count; i++) {
 			uint32_t u = ckfs_bf16_to_f32(bf[i]);
 			memcpy(&f[i], &u, 4);

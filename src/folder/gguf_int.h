@@ -53,4 +53,35 @@ enum ckfs_code gguf_vocab(const struct ckfs_model *m, struct ckfs_gguf_file *g,
 			  int64_t n_vocab, bool llama, struct gguf_kv *kv,
 			  struct ckfs_error *err);
 
+/* A MoE architecture's experts (gguf_moe.c). */
+struct gguf_moe {
+	const char *arch; /* general.architecture */
+	bool norm_topk;   /* llama.cpp renormalizes top-k weights */
+	bool shared;      /* Qwen2-MoE's gated shared expert */
+	int64_t n_expert, n_used, ff, shexp_ff, n_layers;
+	const struct ckfs_tensor **slot; /* [layer][down, gate, up][expert] */
+	int64_t *seen;                   /* expert weights seen per layer */
+};
+
+/* config.json's expert keys (all given, as the converter would otherwise
+ * write transformers' defaults), the dense-layer and norm_topk_prob
+ * refusals; x's arch, norm_topk and shared are set by the caller. */
+enum ckfs_code gguf_moe_config(struct gguf_moe *x, const struct cJSON *config, const char *path,
+			       int64_t n_layers, struct ckfs_arena *ar, struct ckfs_error *err);
+/* t, when it is one expert's weight: recorded, 1; 2 when its layer's are
+ * now all seen (*layer says which); 0 for any other tensor. */
+int gguf_moe_take(struct gguf_moe *x, const struct ckfs_tensor *t, int64_t *layer);
+/* A complete layer's stack w (0 down, 1 gate, 2 up) into o: name, sources
+ * and row layout; the experts' shapes must agree. */
+enum ckfs_code gguf_moe_stack(const struct gguf_moe *x, int64_t layer, int w,
+			      struct ckfs_gguf_tensor *o, struct ckfs_arena *ar,
+			      struct ckfs_error *err);
+/* Every layer's expert weights were all seen. */
+enum ckfs_code gguf_moe_complete(const struct gguf_moe *x, struct ckfs_error *err);
+/* The key-values in the converter's order: expert_count and
+ * expert_used_count (after the rms epsilon), then the expert and shared
+ * expert feed-forward lengths (after general.file_type). */
+void gguf_moe_counts(const struct gguf_moe *x, struct gguf_kv *kv);
+void gguf_moe_lengths(const struct gguf_moe *x, struct gguf_kv *kv);
+
 #endif

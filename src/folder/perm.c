@@ -367,8 +367,12 @@ static enum ckfs_code gguf_classes(struct walk *w, const struct ckfs_model *m,
 {
 	unsigned c;
 
-	for (size_t t = 0; t < g->n_tensors && *out; t++)
-		CKFS_TRY(tensor_classes(w, m, g->tensors[t].src, cache, out));
+	for (size_t t = 0; t < g->n_tensors && *out; t++) {
+		const struct ckfs_gguf_tensor *gt = &g->tensors[t];
+		CKFS_TRY(tensor_classes(w, m, gt->src, cache, out));
+		for (int64_t e = 1; e < gt->n_expert && *out; e++) /* a stack's other experts */
+			CKFS_TRY(tensor_classes(w, m, gt->experts[e], cache, out));
+	}
 	for (size_t i = 0; i < g->n_from && *out; i++) {
 		CKFS_TRY(reach_recorded(w, &g->from[i], &c));
 		*out &= c;

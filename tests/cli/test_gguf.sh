@@ -7,6 +7,9 @@
 # q4_0 is checked there. Plus: the file is the same read through a
 # mount-free second export with 1 thread, refusals are one line with
 # exit 1 and leave nothing, and broken tokenizer files never crash ckfs.
+# The MoE actors (Qwen3-MoE, Qwen2-MoE) are compared with the test switch
+# CKFS_GGUF_TEST_MOE_SPM=1, as tests/py/test_gguf.py records them: the
+# converter reads their tokenizer as BPE only (docs/gguf.md).
 # Usage: test_gguf.sh CKFS_BINARY FIXTURES_DIR
 set -uo pipefail
 CKFS=$1
@@ -22,14 +25,18 @@ expected() { # CASE/TYPE -> its sha256 in expected.json
 }
 
 n=0
-for c in llama_fsdp2_w2 llama_tied_fsdp2_w2 mistral_fsdp2_w2 qwen2_fsdp2_w2 qwen3_fsdp2_w2; do
+for c in llama_fsdp2_w2 llama_tied_fsdp2_w2 mistral_fsdp2_w2 qwen2_fsdp2_w2 qwen3_fsdp2_w2 \
+	qwen3_moe_fsdp2_w2 qwen2_moe_fsdp2_w2; do
+	spm=
+	case $c in *_moe_*) spm=1 ;; esac
 	for t in bf16 f16 q8_0; do
 		want=$(expected "$c/$t")
 		[ -n "$want" ] || { bad "$c/$t: no hash in expected.json"; continue; }
 		dt=$t
 		[ "$t" = f16 ] && dt=fp16
 		rm -rf "$WORK/out"
-		if ! "$CKFS" export -q --format gguf --dtype "$dt" --model-name tiny "$FIX/$c" "$WORK/out"; then
+		if ! CKFS_GGUF_TEST_MOE_SPM=$spm "$CKFS" export -q --format gguf --dtype "$dt" \
+			--model-name tiny "$FIX/$c" "$WORK/out"; then
 			bad "$c $t: export failed"
 			continue
 		fi
@@ -42,7 +49,7 @@ for c in llama_fsdp2_w2 llama_tied_fsdp2_w2 mistral_fsdp2_w2 qwen2_fsdp2_w2 qwen
 		n=$((n + 1))
 	done
 done
-[ "$n" = 15 ] && ok "15 files compared" || bad "compared $n files, not 15"
+[ "$n" = 21 ] && ok "21 files compared" || bad "compared $n files, not 21"
 
 # refusals: one line (besides the model's warnings), exit 1, nothing left behind
 refused() { # NAME PATTERN SRC [OPTIONS...]
@@ -89,6 +96,11 @@ refused "another architecture" "architecture GPT2LMHeadModel" "$WORK/src"
 sed -i 's/"GPT2LMHeadModel"/"LlamaForCausalLM"/; s/"rope_type": "default"/"rope_type": "yarn"/' "$HF/config.json"
 refused "yarn rope" "rope scaling" "$WORK/src"
 refused "a LoRA actor" "plain models" "$2/lora/lora_qwen2_fsdp2_w2" --lora=fuse
+refused "another MoE architecture" "architecture DeepseekV3ForCausalLM" \
+	"$2/moe_fsdp/deepseek_v3_fsdp2_w2"
+refused "Qwen3-MoE's BPE-only tokenizer path" "BPE (tokenizer.json)" "$FIX/qwen3_moe_fsdp2_w2"
+CKFS_GGUF_TEST_MOE_SPM=1 refused "norm_topk_prob false" "norm_topk_prob false" \
+	"$2/moe_fsdp/qwen3_moe_fsdp2_w2"
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
