@@ -53,4 +53,21 @@ enum ckfs_code gguf_vocab(const struct ckfs_model *m, struct ckfs_gguf_file *g,
 			  int64_t n_vocab, bool llama, struct gguf_kv *kv,
 			  struct ckfs_error *err);
 
+/* The byte-level BPE path (gguf_bpe.c): tokenizer.json (text, len, read
+ * from path) as _set_vocab_gpt2 and SpecialVocab write it. */
+enum ckfs_code gguf_bpe_vocab(const struct ckfs_model *m, struct ckfs_gguf_file *g,
+			      const struct cJSON *config, int64_t n_vocab, const char *path,
+			      const char *text, size_t len, struct gguf_kv *kv,
+			      struct ckfs_error *err);
+/* tokenizer.ggml.pre of tokenizer.json as the converter names it, by the
+ * hash of its ids for chktxt (gguf_pre.c); refused, naming path, when
+ * the pipeline is not one ckfs runs or the hash is not in its table. */
+enum ckfs_code gguf_bpe_pre(const char *path, const struct cJSON *tok, const char **pre,
+			    struct ckfs_error *err);
+void gguf_sha256_hex(const void *data, size_t len, char hex[65]);
+/* Added tokens the converter makes CONTROL although not special, and
+ * SentencePiece's U+2581 made spaces (in ar) (gguf_vocab.c). */
+bool gguf_looks_special(const char *t);
+const char *gguf_spaces(struct ckfs_arena *ar, const char *text, size_t *len);
+
 #endif
