@@ -3,12 +3,13 @@
 BPE pre-tokenizer regexes use (\\p{L}, \\p{N}, \\s), from Python's unicodedata, for the GGUF view's
 hand-written matchers (src/folder/gguf_pre.c).
 
-    python3 tests/gen/make_unicode_tables.py      # any Python 3; writes the header in place
+    python3 tests/gen/make_unicode_tables.py      # any Python 3 and clang-format; writes the header
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import unicodedata
 
@@ -75,6 +76,7 @@ struct gguf_cp_range {{
 """
     with open(OUT, "w") as f:
         f.write(text)
+    subprocess.run(["clang-format", "-i", OUT], check=True)  # the tree's style (.clang-format)
     print(f"{OUT}: {len(letter)} letter, {len(number)} number ranges", file=sys.stderr)
 
 
