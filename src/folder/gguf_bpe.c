@@ -309,7 +309,7 @@ static enum ckfs_code special_vocab(const struct ckfs_model *m, struct ckfs_gguf
 		int64_t id;
 		if (!v || cJSON_IsNull(v) || cJSON_IsArray(v))
 			continue;
-		if (!ckfs_json_whole(v, INT64_MAX, &id) || cJSON_IsBool(v)) {
+		if (!ckfs_json_whole(v, UINT32_MAX, &id) || cJSON_IsBool(v)) {
 			free(tmpl);
 			return ckfs_fail(err, CKFS_E_UNSUPPORTED,
 					 "'%s': %s is not a token id "

@@ -55,18 +55,22 @@ def convert(hf: Path, outtype: str, out: Path) -> subprocess.CompletedProcess:
                            "--outfile", out, "--model-name", "tiny"], capture_output=True, text=True, timeout=600)
 
 
-@pytest.fixture(scope="module")
-def qwen2_bpe(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gguf-bpe")
-    hf = root / "qwen2_bpe"
-    run_ckfs("export", "-q", FIXTURES / "gguf" / "qwen2_fsdp2_w2", hf)
+def grafted(root: Path, case: str, outtypes) -> tuple[Path, dict]:
+    """The case's exported folder with the real tokenizer, and the converter's files of it."""
+    hf = root / case
+    run_ckfs("export", "-q", FIXTURES / "gguf" / case, hf)
     graft_qwen2_tokenizer(hf)
     refs = {}
-    for outtype in OUTTYPES:
-        refs[outtype] = root / f"{outtype}.gguf"
+    for outtype in outtypes:
+        refs[outtype] = root / f"{case}-{outtype}.gguf"
         r = convert(hf, outtype, refs[outtype])
         assert r.returncode == 0, r.stderr[-3000:]
     return hf, refs
+
+
+@pytest.fixture(scope="module")
+def qwen2_bpe(tmp_path_factory):
+    return grafted(tmp_path_factory.mktemp("gguf-bpe"), "qwen2_fsdp2_w2", OUTTYPES)
 
 
 def test_converter_names_fixture_qwen2(qwen2_bpe):
@@ -90,6 +94,13 @@ def test_bpe_export_byte_identical(outtype, qwen2_bpe, tmp_path):
     want = refs[outtype].read_bytes()
     assert len(got) == len(want)
     assert got == want, f"first difference at byte {next(i for i in range(len(got)) if got[i] != want[i])}"
+
+
+def test_bpe_qwen3_byte_identical(tmp_path):
+    """Qwen3 ships the same tokenizer (Qwen3Model takes Qwen2Model's vocabulary path)."""
+    hf, refs = grafted(tmp_path, "qwen3_fsdp2_w2", ["bf16"])
+    run_ckfs("export", "-q", "--format", "gguf", "--model-name", "tiny", hf, tmp_path / "out")
+    assert (tmp_path / "out" / "model.gguf").read_bytes() == refs["bf16"].read_bytes()
 
 
 def test_bpe_mount_byte_identical(qwen2_bpe, tmp_path):
