@@ -57,20 +57,29 @@ static const cJSON *added_by_content(const cJSON *added, const char *content)
  * default to <|endoftext|>) and any extra ones as tokens when they are not
  * already added tokens; that changes the table, so it is refused. Its
  * added_tokens_decoder must say what tokenizer.json says. */
-static const char *config_checks(const cJSON *tc, const cJSON *added)
+static const char *config_checks(const cJSON *tc, const cJSON *added,
+				 const struct gguf_bpe_seen *seen)
 {
 	static const char *const types[] = { "bos", "eos", "unk", "sep", "pad", "cls", "mask" };
 	const char *cls = str(tc, "tokenizer_class");
+	bool qwen2 = cls &&
+		     (strcmp(cls, "Qwen2Tokenizer") == 0 || strcmp(cls, "Qwen2TokenizerFast") == 0);
 
-	if (!cls || (strcmp(cls, "Qwen2Tokenizer") != 0 && strcmp(cls, "Qwen2TokenizerFast") != 0))
-		return "tokenizer_config.json's tokenizer_class is not Qwen2Tokenizer";
+	/* PreTrainedTokenizerFast runs tokenizer.json as it is; Qwen2Tokenizer
+	 * builds Qwen2's pipeline, which the file must then be */
+	if (!qwen2 && !(cls && strcmp(cls, "PreTrainedTokenizerFast") == 0))
+		return "tokenizer_config.json's tokenizer_class is not Qwen2Tokenizer or "
+		       "PreTrainedTokenizerFast";
+	if (qwen2 && (!seen->qwen2_regex || seen->bos || seen->ignore_merges))
+		return "a pipeline other than the one Qwen2Tokenizer builds";
 	for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
 		char k[32];
 		snprintf(k, sizeof(k), "%s_token", types[i]);
 		const cJSON *e = cJSON_GetObjectItemCaseSensitive(tc, k);
 		const char *c = e ? entry_content(e) : NULL;
-		if (!e && (strcmp(types[i], "eos") == 0 || strcmp(types[i], "unk") == 0 ||
-			   strcmp(types[i], "pad") == 0))
+		if (!e && qwen2 &&
+		    (strcmp(types[i], "eos") == 0 || strcmp(types[i], "unk") == 0 ||
+		     strcmp(types[i], "pad") == 0))
 			c = "<|endoftext|>";
 		if (e && !cJSON_IsNull(e) && !c)
 			return "a special token entry that is not a string";
@@ -228,12 +237,21 @@ static void set_id(struct special_state *s, size_t i, int64_t id)
 	s->id_order[s->n_id++] = (int)i;
 }
 
-static void set_add(struct special_state *s, size_t i, bool v)
+static void set_add(struct special_state *s, size_t i, bool v, bool force)
 {
-	if (s->add[i] >= 0)
+	if (s->add[i] >= 0) {
+		if (force)
+			s->add[i] = v; /* a dict's key keeps its place */
 		return;
+	}
 	s->add[i] = v;
 	s->add_order[s->n_add++] = (int)i;
+}
+
+static const char *template_id(const cJSON *t)
+{
+	const cJSON *single = cJSON_GetObjectItemCaseSensitive(t, "single");
+	return str(cJSON_GetObjectItemCaseSensitive(single->child, "SpecialToken"), "id");
 }
 
 /* SpecialVocab from tokenizer.json, tokenizer_config.json and config.json
@@ -263,9 +281,29 @@ static enum ckfs_code special_vocab(const struct ckfs_model *m, struct ckfs_gguf
 		content[0] = content[5];
 	if (tc && tc->child && !content[1] && content[3])
 		content[1] = content[3];
-	if (cJSON_IsObject(post)) { /* ByteLevel: gguf_pre.c refused the others */
-		set_add(&s, 0, false);
-		set_add(&s, 1, false);
+	/* the post-processors, as gguf_pre.c accepted them: ByteLevel, and
+	 * Llama 3's template, which SpecialVocab reads as adding BOS, not SEP */
+	const cJSON *procs = cJSON_GetObjectItemCaseSensitive(post, "processors");
+	for (const cJSON *p = procs ? procs->child : post; cJSON_IsObject(p);
+	     p = procs ? p->next : NULL) {
+		const char *type = str(p, "type");
+		if (type && strcmp(type, "ByteLevel") == 0) {
+			set_add(&s, 0, false, false);
+			set_add(&s, 1, false, false);
+		} else if (type && strcmp(type, "TemplateProcessing") == 0) {
+			const char *first = template_id(p);
+			if (tc && tc->child &&
+			    (!content[0] || strcmp(first, content[0]) != 0 ||
+			     (content[3] && strcmp(first, content[3]) == 0) ||
+			     (content[1] && strcmp(first, content[1]) == 0)))
+				return ckfs_fail(
+					err, CKFS_E_UNSUPPORTED,
+					"tokenizer_config.json: a "
+					"bos_token other than the template's first token is "
+					"not reproduced by the GGUF view");
+			set_add(&s, 0, true, true);
+			set_add(&s, 3, false, true);
+		}
 	}
 	if (tc && tc->child) {
 		const cJSON *t = cJSON_GetObjectItemCaseSensitive(tc, "chat_template");
@@ -294,7 +332,7 @@ static enum ckfs_code special_vocab(const struct ckfs_model *m, struct ckfs_gguf
 			snprintf(k, sizeof(k), "add_%s_token", specials[i].type);
 			const cJSON *v = cJSON_GetObjectItemCaseSensitive(tc, k);
 			if (cJSON_IsBool(v))
-				set_add(&s, i, cJSON_IsTrue(v));
+				set_add(&s, i, cJSON_IsTrue(v), false);
 			const cJSON *a = content[i] ? added_by_content(added, content[i]) : NULL;
 			int64_t id;
 			if (a && ckfs_json_whole(cJSON_GetObjectItemCaseSensitive(a, "id"),
@@ -351,10 +389,12 @@ enum ckfs_code gguf_bpe_vocab(const struct ckfs_model *m, struct ckfs_gguf_file 
 	}
 	ckfs_arena_init(&ar);
 	rc = gguf_side_json(m, g, "tokenizer_config.json", &tc, err);
+	struct gguf_bpe_seen seen;
 	if (rc == CKFS_OK)
-		rc = gguf_bpe_pre(path, tokjson, &pre, err);
+		rc = gguf_bpe_pre(path, tokjson, &pre, &seen, err);
 	if (rc == CKFS_OK) {
-		why = config_checks(tc, cJSON_GetObjectItemCaseSensitive(tokjson, "added_tokens"));
+		why = config_checks(tc, cJSON_GetObjectItemCaseSensitive(tokjson, "added_tokens"),
+				    &seen);
 		if (!why)
 			why = table(tokjson, n_vocab, &ar, &t);
 		if (why)

@@ -62,8 +62,14 @@ enum ckfs_code gguf_bpe_vocab(const struct ckfs_model *m, struct ckfs_gguf_file 
 /* tokenizer.ggml.pre of tokenizer.json as the converter names it, by the
  * hash of its ids for chktxt (gguf_pre.c); refused, naming path, when
  * the pipeline is not one ckfs runs or the hash is not in its table. */
+struct gguf_bpe_seen {
+	bool qwen2_regex; /* Qwen2's Split regex (else Llama 3's) */
+	bool nfc;         /* an NFC normalizer (else none) */
+	bool bos;         /* a template putting a BOS first */
+	bool ignore_merges;
+};
 enum ckfs_code gguf_bpe_pre(const char *path, const struct cJSON *tok, const char **pre,
-			    struct ckfs_error *err);
+			    struct gguf_bpe_seen *seen, struct ckfs_error *err);
 void gguf_sha256_hex(const void *data, size_t len, char hex[65]);
 /* Added tokens the converter makes CONTROL although not special, and
  * SentencePiece's U+2581 made spaces (in ar) (gguf_vocab.c). */

@@ -147,11 +147,21 @@ static const struct {
 	{ "653660222fb704f61cbf2b618a8ae6502b7f8b20c980f9a5de07ed78e13319cd", "ufakzeka" },
 };
 
-/* The Split regex of Qwen1.5/2/2.5/3's tokenizer.json (and of
- * transformers' Qwen2Tokenizer, which builds the same pipeline). */
-static const char qwen2_regex[] =
-	"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
-	"|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+/* The Split regexes run here: Qwen1.5/2/2.5/3's (and transformers'
+ * Qwen2Tokenizer's), and Llama 3's, the same but for digits by up to
+ * three; the matcher takes that count. */
+static const struct {
+	const char *regex;
+	size_t digits;
+	bool qwen2;
+} regexes[] = {
+	{ "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+	  "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+	  1, true },
+	{ "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+	  "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+	  3, false },
+};
 
 /* ---- sha256 (FIPS 180-4) ---- */
 
@@ -287,10 +297,11 @@ static bool ci(uint32_t c, char lower)
 	return c == (uint32_t)lower || c == (uint32_t)lower - 32 || (lower == 's' && c == 0x17f);
 }
 
-/* The length of the match of qwen2_regex at cp[i] (every position
+/* The length of the match of those regexes at cp[i] (every position
  * matches: each code point is \s, \p{L}, \p{N} or else), taking the
- * alternatives in order, each with its greedy backtracking worked out. */
-static size_t qwen2_match(const uint32_t *cp, size_t n, size_t i)
+ * alternatives in order, each with its greedy backtracking worked out;
+ * digits: \p{N}'s count, 1 or {1,3}. */
+static size_t split_match(const uint32_t *cp, size_t n, size_t i, size_t digits)
 {
 	uint32_t c = cp[i], d = i + 1 < n ? cp[i + 1] : 0;
 	size_t j;
@@ -313,9 +324,12 @@ static size_t qwen2_match(const uint32_t *cp, size_t n, size_t i)
 			j++;
 		return j - i;
 	}
-	/* \p{N} */
-	if (is_n(c))
-		return 1;
+	/* \p{N} or \p{N}{1,3} */
+	if (is_n(c)) {
+		for (j = i; j < n && j - i < digits && is_n(cp[j]);)
+			j++;
+		return j - i;
+	}
 		/* ' ?[^\s\p{L}\p{N}]+[\r\n]*' */
 #define OTHER(x) (!is_s(x) && !is_l(x) && !is_n(x))
 	j = c == ' ' && i + 1 < n && OTHER(d) ? i + 1 : i;
@@ -427,6 +441,7 @@ static bool smap_get(const struct smap *m, const char *s, size_t n, int64_t *val
 
 struct bpe {
 	struct smap vocab, ranks;
+	bool ignore_merges;   /* a word in the vocab is taken whole */
 	struct ckfs_arena ar; /* merges given as pairs, joined */
 };
 
@@ -441,6 +456,12 @@ static const char *bpe_word(const struct bpe *b, const char *buf, size_t len,
 
 	if (!at || !ln) {
 		why = "out of memory";
+		goto out;
+	}
+	int64_t whole;
+	if (b->ignore_merges && smap_get(&b->vocab, buf, len, &whole)) {
+		ckfs_strbuf_fmt(ids, "%s%lld", *first ? "" : ", ", (long long)whole);
+		*first = false;
 		goto out;
 	}
 	for (size_t i = 0; i < len; n++) {
@@ -539,20 +560,71 @@ static const char *split_regex(const cJSON *pre, const char **why)
 	return str(pat, "Regex");
 }
 
+/* TemplateProcessing that puts one special token before the text (Llama
+ * 3's BOS): its single template [SpecialToken S, Sequence A], S's one id
+ * into *bos; Llama 3's pair template [S, A, S, B] (what SpecialVocab's
+ * reading of it, gguf_bpe.c, is written for). */
+static bool bos_template(const cJSON *t, int64_t *bos)
+{
+	const cJSON *single = cJSON_GetObjectItemCaseSensitive(t, "single");
+	const cJSON *pair = cJSON_GetObjectItemCaseSensitive(t, "pair");
+	const cJSON *s0 =
+		cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(single, 0), "SpecialToken");
+	const cJSON *a =
+		cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(single, 1), "Sequence");
+	const char *id = str(s0, "id");
+	static const char *const pair_shape[] = { "SpecialToken", "Sequence", "SpecialToken",
+						  "Sequence" };
+	static const char *const pair_ids[] = { NULL, "A", NULL, "B" };
+
+	if (!is(t, "type", "TemplateProcessing") || cJSON_GetArraySize(single) != 2 || !id ||
+	    !is(a, "id", "A") || cJSON_GetArraySize(pair) != 4)
+		return false;
+	for (int i = 0; i < 4; i++) {
+		const cJSON *e = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(pair, i),
+								  pair_shape[i]);
+		if (!e || !is(e, "id", pair_ids[i] ? pair_ids[i] : id))
+			return false;
+	}
+	const cJSON *sp = cJSON_GetObjectItemCaseSensitive(
+		cJSON_GetObjectItemCaseSensitive(t, "special_tokens"), id);
+	const cJSON *ids = cJSON_GetObjectItemCaseSensitive(sp, "ids");
+	return cJSON_GetArraySize(ids) == 1 && ckfs_json_whole(ids->child, INT32_MAX, bos);
+}
+
+/* The post-processor's effect on the ids: none (absent, ByteLevel, which
+ * only trims offsets), or a BOS put first (*bos >= 0), alone or after a
+ * ByteLevel in a Sequence. */
+static bool post_bos(const cJSON *post, int64_t *bos)
+{
+	*bos = -1;
+	if (!post || cJSON_IsNull(post) || is(post, "type", "ByteLevel"))
+		return true;
+	if (is(post, "type", "Sequence")) {
+		const cJSON *p = cJSON_GetObjectItemCaseSensitive(post, "processors");
+		if (cJSON_GetArraySize(p) != 2 || !is(p->child, "type", "ByteLevel"))
+			return false;
+		post = p->child->next;
+	}
+	return bos_template(post, bos);
+}
+
 static const char *model_checks(const cJSON *tok)
 {
 	const cJSON *model = cJSON_GetObjectItemCaseSensitive(tok, "model");
 	const cJSON *norm = cJSON_GetObjectItemCaseSensitive(tok, "normalizer");
 	const cJSON *post = cJSON_GetObjectItemCaseSensitive(tok, "post_processor");
+	const cJSON *ignore = cJSON_GetObjectItemCaseSensitive(model, "ignore_merges");
 
 	if (!is(model, "type", "BPE") || !off(model, "dropout") || !off(model, "byte_fallback") ||
-	    !off(model, "fuse_unk") || !off(model, "ignore_merges") ||
+	    !off(model, "fuse_unk") || (ignore && !cJSON_IsBool(ignore)) ||
 	    !empty(model, "continuing_subword_prefix") || !empty(model, "end_of_word_suffix"))
 		return "a model other than plain byte-level BPE";
 	if (norm && !cJSON_IsNull(norm) && !is(norm, "type", "NFC"))
 		return "a normalizer other than NFC";
-	if (post && !cJSON_IsNull(post) && !plain_byte_level(post))
-		return "a post-processor other than ByteLevel (special tokens added to the text)";
+	int64_t bos;
+	if (!post_bos(post, &bos))
+		return "a post-processor other than ByteLevel and a template putting one token first";
 	return NULL;
 }
 
@@ -565,6 +637,7 @@ static const char *load(struct bpe *b, const cJSON *tok)
 
 	if (!cJSON_IsObject(vocab) || !cJSON_IsArray(merges))
 		return "no vocab object or merges list";
+	b->ignore_merges = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges"));
 	if (!smap_init(&b->vocab, (size_t)cJSON_GetArraySize(vocab)) ||
 	    !smap_init(&b->ranks, (size_t)cJSON_GetArraySize(merges)))
 		return "out of memory";
@@ -615,8 +688,9 @@ static const char *added_checks(const cJSON *tok)
 	return NULL;
 }
 
-/* Python's str() of the ids of chktxt under the Qwen2 pipeline. */
-static const char *qwen2_ids(const struct bpe *b, struct ckfs_strbuf *ids)
+/* Python's str() of the ids of chktxt: the post-processor's BOS, then
+ * each piece of the split, byte-level mapped, through BPE. */
+static const char *chk_ids(const struct bpe *b, size_t digits, int64_t bos, struct ckfs_strbuf *ids)
 {
 	size_t n;
 	uint32_t *cp = decode(chktxt, sizeof(chktxt) - 1, &n);
@@ -631,8 +705,12 @@ static const char *qwen2_ids(const struct bpe *b, struct ckfs_strbuf *ids)
 		return "out of memory";
 	}
 	ckfs_strbuf_str(ids, "[");
+	if (bos >= 0) {
+		ckfs_strbuf_fmt(ids, "%lld", (long long)bos);
+		first = false;
+	}
 	for (size_t i = 0; i < n && !why;) {
-		size_t m = qwen2_match(cp, n, i), len = 0;
+		size_t m = split_match(cp, n, i, digits), len = 0;
 		for (size_t k = i; k < i + m; k++) {
 			int bytes = cp[k] < 0x80 ? 1 : cp[k] < 0x800 ? 2 : cp[k] < 0x10000 ? 3 : 4;
 			for (int x = 0; x < bytes; x++)
@@ -648,8 +726,10 @@ static const char *qwen2_ids(const struct bpe *b, struct ckfs_strbuf *ids)
 }
 
 enum ckfs_code gguf_bpe_pre(const char *path, const cJSON *tok, const char **pre,
-			    struct ckfs_error *err)
+			    struct gguf_bpe_seen *seen, struct ckfs_error *err)
 {
+	size_t r = sizeof(regexes) / sizeof(regexes[0]);
+	int64_t bos = -1;
 	struct bpe b = { 0 };
 	struct ckfs_strbuf ids = { 0 };
 	const char *regex = NULL;
@@ -660,14 +740,20 @@ enum ckfs_code gguf_bpe_pre(const char *path, const cJSON *tok, const char **pre
 	*pre = NULL;
 	if (!why)
 		regex = split_regex(cJSON_GetObjectItemCaseSensitive(tok, "pre_tokenizer"), &why);
-	if (!why && strcmp(regex, qwen2_regex) != 0)
-		why = "a pre-tokenizer regex the GGUF view does not implement (it runs Qwen2's)";
+	for (size_t i = 0; !why && i < sizeof(regexes) / sizeof(regexes[0]); i++)
+		if (strcmp(regex, regexes[i].regex) == 0)
+			r = i;
+	if (!why && r == sizeof(regexes) / sizeof(regexes[0]))
+		why = "a pre-tokenizer regex the GGUF view does not implement (it runs Qwen2's "
+		      "and Llama 3's)";
+	if (!why)
+		post_bos(cJSON_GetObjectItemCaseSensitive(tok, "post_processor"), &bos);
 	if (!why)
 		why = added_checks(tok);
 	if (!why)
 		why = load(&b, tok);
 	if (!why)
-		why = qwen2_ids(&b, &ids);
+		why = chk_ids(&b, regexes[r].digits, bos, &ids);
 	if (!why && (ids.failed || !ids.p))
 		why = "out of memory";
 	if (!why) {
@@ -678,6 +764,15 @@ enum ckfs_code gguf_bpe_pre(const char *path, const cJSON *tok, const char **pre
 		if (!*pre)
 			why = "a pre-tokenizer the converter does not recognize (its check text hashes "
 			      "to none of its table)";
+	}
+	if (!why) {
+		const cJSON *norm = cJSON_GetObjectItemCaseSensitive(tok, "normalizer");
+		*seen = (struct gguf_bpe_seen){
+			.qwen2_regex = regexes[r].qwen2,
+			.nfc = norm && !cJSON_IsNull(norm),
+			.bos = bos >= 0,
+			.ignore_merges = b.ignore_merges,
+		};
 	}
 	smap_free(&b.vocab);
 	smap_free(&b.ranks);

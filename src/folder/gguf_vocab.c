@@ -378,9 +378,27 @@ static bool has_tokenizer_json(const struct ckfs_model *m)
 	return ckfs_path_exists(path);
 }
 
-/* No tokenizer.model: Qwen2 and Qwen3 take the converter's GPT-2 path
- * (gguf_bpe.c) from tokenizer.json; Llama's tries LlamaHfVocab first,
- * which ckfs does not follow. */
+/* LlamaModel.set_vocab writes add_prefix_space before the vocabulary. */
+static enum ckfs_code space_prefix(const struct ckfs_model *m, struct ckfs_gguf_file *g,
+				   struct gguf_kv *kv, struct ckfs_error *err)
+{
+	cJSON *tc;
+
+	CKFS_TRY(gguf_side_json(m, g, "tokenizer_config.json", &tc, err));
+	const cJSON *v = tc ? cJSON_GetObjectItemCaseSensitive(tc, "add_prefix_space") : NULL;
+	bool ok = !v || cJSON_IsNull(v) || cJSON_IsBool(v);
+	if (cJSON_IsBool(v))
+		gguf_kv_bool(kv, "tokenizer.ggml.add_space_prefix", cJSON_IsTrue(v));
+	cJSON_Delete(tc);
+	return ok ? CKFS_OK
+		  : ckfs_fail(err, CKFS_E_UNSUPPORTED,
+			      "tokenizer_config.json: "
+			      "add_prefix_space is not true or false");
+}
+
+/* No tokenizer.model: the converter's GPT-2 path (gguf_bpe.c) from
+ * tokenizer.json. Llama's tries LlamaHfVocab first, which takes only
+ * BPE with byte fallback; gguf_pre.c refuses that. */
 static enum ckfs_code bpe(const struct ckfs_model *m, struct ckfs_gguf_file *g, const cJSON *config,
 			  int64_t n_vocab, bool llama, struct gguf_kv *kv, struct ckfs_error *err)
 {
@@ -388,19 +406,20 @@ static enum ckfs_code bpe(const struct ckfs_model *m, struct ckfs_gguf_file *g, 
 	size_t len;
 	const char *where = m->hf_dir ? m->hf_dir : m->src_dir;
 
-	if (!llama)
-		CKFS_TRY(gguf_side_file(m, g, "tokenizer.json", CKFS_MAX_JSON_BYTES, &text, &len,
-					err));
-	if (llama || !text)
-		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
-				 "'%s': no tokenizer.model: the GGUF "
-				 "view serves SentencePiece tokenizers%s",
-				 where,
-				 llama ? " only, for Llama and Mistral"
-				       : " and Qwen2's byte-level BPE tokenizer.json only");
+	CKFS_TRY(gguf_side_file(m, g, "tokenizer.json", CKFS_MAX_JSON_BYTES, &text, &len, err));
+	if (!text)
+		return ckfs_fail(
+			err, CKFS_E_UNSUPPORTED,
+			"'%s': no tokenizer.model or "
+			"tokenizer.json: the GGUF view serves SentencePiece and byte-level "
+			"BPE tokenizers only",
+			where);
 	char *path = ckfs_arena_printf(&g->arena, "%s/tokenizer.json", where);
-	enum ckfs_code rc = path ? gguf_bpe_vocab(m, g, config, n_vocab, path, text, len, kv, err)
-				 : ckfs_nomem(err);
+	enum ckfs_code rc = path ? CKFS_OK : ckfs_nomem(err);
+	if (rc == CKFS_OK && llama)
+		rc = space_prefix(m, g, kv, err);
+	if (rc == CKFS_OK)
+		rc = gguf_bpe_vocab(m, g, config, n_vocab, path, text, len, kv, err);
 	free(text);
 	return rc;
 }

@@ -32,6 +32,9 @@ OUT = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests", "fixtures", 
 # The pre-tokenizer of Qwen1.5/Qwen2/Qwen2.5's tokenizer.json.
 QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Llama 3's: digits by up to three.
+LLAMA3_REGEX = QWEN2_REGEX.replace(r"\p{N}|", r"\p{N}{1,3}|")
+BOS = "<|begin_of_text|>"
 BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
 CASES = {
     "qwen2": dict(
@@ -44,6 +47,23 @@ CASES = {
                 "clean_up_tokenization_spaces": False, "eos_token": "<|im_end|>", "errors": "replace",
                 "model_max_length": 32768, "pad_token": "<|endoftext|>", "split_special_tokens": False,
                 "tokenizer_class": "Qwen2Tokenizer", "unk_token": None}),
+    "llama-bpe": dict(
+        normalizer=None,
+        pre_tokenizer={"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": LLAMA3_REGEX}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+        post_processor={"type": "Sequence", "processors": [
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+            {"type": "TemplateProcessing",
+             "single": [{"SpecialToken": {"id": BOS, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+             "pair": [{"SpecialToken": {"id": BOS, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                      {"SpecialToken": {"id": BOS, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+             "special_tokens": {BOS: {"id": BOS, "ids": [128000], "tokens": [BOS]}}}]},
+        decoder={"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        ignore_merges=True,
+        config={"bos_token": BOS, "clean_up_tokenization_spaces": True, "eos_token": "<|end_of_text|>",
+                "model_input_names": ["input_ids", "attention_mask"], "model_max_length": 131072,
+                "tokenizer_class": "PreTrainedTokenizerFast"}),
 }
 
 
@@ -68,7 +88,7 @@ def build(gguf_path: str, spec: dict) -> tuple[dict, dict]:
            "post_processor": spec["post_processor"], "decoder": spec["decoder"],
            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
                      "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False,
-                     "ignore_merges": False, "vocab": vocab, "merges": merges}}
+                     "ignore_merges": spec.get("ignore_merges", False), "vocab": vocab, "merges": merges}}
     cfg = {"added_tokens_decoder": {str(a["id"]): {k: a[k] for k in ("content", "lstrip", "normalized", "rstrip",
                                                                       "single_word", "special")} for a in added}}
     cfg.update(spec["config"])

@@ -6,7 +6,8 @@ ggml-vocab-qwen2.gguf by tests/gen/make_bpe_tokenizers.py): its embedding and ou
 tokenizer's vocab_size (151936; the first 320 rows are the actor's, the rest seeded random), its
 tokenizer.model replaced by tokenizer.json and Qwen's tokenizer_config.json. The converter, run on that
 folder, must name the tokenizer qwen2 (its own hash check), and `ckfs export --format gguf` and a mount
-of the same folder must give its bytes. A tokenizer whose hash the converter does not know is refused by
+of the same folder must give its bytes. The same for Qwen3 and, with Llama 3's tokenizer (128256 ids),
+Llama. A tokenizer whose hash the converter does not know is refused by
 both, by ckfs in one line naming the file.
 """
 
@@ -25,29 +26,30 @@ from conftest import FIXTURES, ckfs_bin, run_ckfs
 from test_gguf import VENV, oracle_python, refused
 
 BPE = FIXTURES / "gguf" / "bpe"
-VOCAB = 151936  # Qwen1.5/2's config.json vocab_size (ggml-vocab-qwen2.gguf's token count)
+# config.json's vocab_size for each tokenizer (its GGUF's token count)
+VOCAB = {"qwen2": 151936, "llama-bpe": 128256}
 OUTTYPES = {"bf16": "bf16", "q8_0": "q8_0"}
 
 
-def graft_qwen2_tokenizer(hf: Path) -> None:
-    """hf (an exported Qwen2 folder) with Qwen2's vocab size and real tokenizer."""
+def graft_tokenizer(hf: Path, name: str) -> None:
+    """hf (an exported folder) with the vocab size and real tokenizer `name`."""
     import torch
     from safetensors.torch import load_file, save_file
 
     sd = load_file(hf / "model.safetensors")
     g = torch.Generator().manual_seed(39)
     for k in ("model.embed_tokens.weight", "lm_head.weight"):
-        t = (torch.randn(VOCAB, sd[k].shape[1], generator=g) * 0.02).to(sd[k].dtype)
+        t = (torch.randn(VOCAB[name], sd[k].shape[1], generator=g) * 0.02).to(sd[k].dtype)
         t[: sd[k].shape[0]] = sd[k]
         sd[k] = t
     os.chmod(hf / "model.safetensors", 0o644)
     save_file(sd, hf / "model.safetensors", metadata={"format": "pt"})
     cfg = json.loads((hf / "config.json").read_text())
-    (hf / "config.json").write_text(json.dumps(dict(cfg, vocab_size=VOCAB), indent=2))
+    (hf / "config.json").write_text(json.dumps(dict(cfg, vocab_size=VOCAB[name]), indent=2))
     for f in ("tokenizer.model", "special_tokens_map.json"):
         (hf / f).unlink(missing_ok=True)
-    (hf / "tokenizer.json").write_bytes(gzip.decompress((BPE / "qwen2.tokenizer.json.gz").read_bytes()))
-    shutil.copy(BPE / "qwen2.tokenizer_config.json", hf / "tokenizer_config.json")
+    (hf / "tokenizer.json").write_bytes(gzip.decompress((BPE / f"{name}.tokenizer.json.gz").read_bytes()))
+    shutil.copy(BPE / f"{name}.tokenizer_config.json", hf / "tokenizer_config.json")
 
 
 def convert(hf: Path, outtype: str, out: Path) -> subprocess.CompletedProcess:
@@ -55,11 +57,11 @@ def convert(hf: Path, outtype: str, out: Path) -> subprocess.CompletedProcess:
                            "--outfile", out, "--model-name", "tiny"], capture_output=True, text=True, timeout=600)
 
 
-def grafted(root: Path, case: str, outtypes) -> tuple[Path, dict]:
+def grafted(root: Path, case: str, outtypes, name="qwen2") -> tuple[Path, dict]:
     """The case's exported folder with the real tokenizer, and the converter's files of it."""
     hf = root / case
     run_ckfs("export", "-q", FIXTURES / "gguf" / case, hf)
-    graft_qwen2_tokenizer(hf)
+    graft_tokenizer(hf, name)
     refs = {}
     for outtype in outtypes:
         refs[outtype] = root / f"{case}-{outtype}.gguf"
@@ -73,16 +75,19 @@ def qwen2_bpe(tmp_path_factory):
     return grafted(tmp_path_factory.mktemp("gguf-bpe"), "qwen2_fsdp2_w2", OUTTYPES)
 
 
-def test_converter_names_fixture_qwen2(qwen2_bpe):
-    """The fixture is a tokenizer the converter recognizes: its get_vocab_base_pre says qwen2."""
-    hf, _ = qwen2_bpe
+def converter_names(hf: Path) -> str:
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from transformers import AutoTokenizer; "
             "from conversion.base import TextModel; "
             "print(TextModel.get_vocab_base_pre(None, AutoTokenizer.from_pretrained(sys.argv[2])))")
     r = subprocess.run([oracle_python(), "-c", code, VENV / "llama.cpp", hf], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip().splitlines()[-1] == "qwen2"
+    return r.stdout.strip().splitlines()[-1]
+
+
+def test_converter_names_fixture_qwen2(qwen2_bpe):
+    """The fixture is a tokenizer the converter recognizes: its get_vocab_base_pre says qwen2."""
+    assert converter_names(qwen2_bpe[0]) == "qwen2"
 
 
 @pytest.mark.parametrize("outtype", list(OUTTYPES))
@@ -101,6 +106,17 @@ def test_bpe_qwen3_byte_identical(tmp_path):
     hf, refs = grafted(tmp_path, "qwen3_fsdp2_w2", ["bf16"])
     run_ckfs("export", "-q", "--format", "gguf", "--model-name", "tiny", hf, tmp_path / "out")
     assert (tmp_path / "out" / "model.gguf").read_bytes() == refs["bf16"].read_bytes()
+
+
+def test_bpe_llama3_byte_identical(tmp_path):
+    """Llama 3's tokenizer on the Llama fixture (LlamaHfVocab declines it, the converter takes the
+    GPT-2 path): named llama-bpe by the converter; add_bos_token from its template; bf16 and q8_0."""
+    hf, refs = grafted(tmp_path, "llama_fsdp2_w2", OUTTYPES, "llama-bpe")
+    assert converter_names(hf) == "llama-bpe"
+    for outtype in OUTTYPES:
+        run_ckfs("export", "-q", "--format", "gguf", "--dtype", OUTTYPES[outtype], "--model-name", "tiny", hf,
+                 tmp_path / outtype)
+        assert (tmp_path / outtype / "model.gguf").read_bytes() == refs[outtype].read_bytes(), outtype
 
 
 def test_bpe_mount_byte_identical(qwen2_bpe, tmp_path):
