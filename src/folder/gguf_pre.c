@@ -330,7 +330,7 @@ static size_t split_match(const uint32_t *cp, size_t n, size_t i, size_t digits)
 			j++;
 		return j - i;
 	}
-		/* ' ?[^\s\p{L}\p{N}]+[\r\n]*' */
+	/* ' ?[^\s\p{L}\p{N}]+[\r\n]*' */
 #define OTHER(x) (!is_s(x) && !is_l(x) && !is_n(x))
 	j = c == ' ' && i + 1 < n && OTHER(d) ? i + 1 : i;
 	if (OTHER(cp[j])) {

@@ -13,7 +13,7 @@
 #include "folder/gguf_int.h"
 #include "test.h"
 
-#define QWEN2 CKFS_FIXTURES "/gguf/bpe/qwen2.tokenizer.json.gz"
+#define QWEN2  CKFS_FIXTURES "/gguf/bpe/qwen2.tokenizer.json.gz"
 #define LLAMA3 CKFS_FIXTURES "/gguf/bpe/llama-bpe.tokenizer.json.gz"
 /* GPT-2's own regex, which ckfs does not run */
 #define GPT2_REGEX                                                                                 \
