@@ -147,7 +147,9 @@ def test_bpe_refusals(qwen2_bpe, tmp_path):
     r = convert(d, "bf16", tmp_path / "never.gguf")
     assert r.returncode != 0 and "BPE pre-tokenizer was not recognized" in r.stderr
     for key, value, word in [("normalizer", {"type": "Lowercase"}, "normalizer"),
-                             ("post_processor", {"type": "TemplateProcessing"}, "post-processor")]:
+                             ("post_processor", {"type": "TemplateProcessing"}, "post-processor"),
+                             ("model", dict(tok["model"], byte_fallback=True), "plain byte-level BPE"),
+                             ("added_tokens", tok["added_tokens"] + [{"id": 151646, "content": "a\0b"}], "NUL")]:
         write(dict(tok, **{key: value}))
         assert word in refused(d)
     write(tok)
