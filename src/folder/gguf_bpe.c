@@ -379,8 +379,10 @@ enum ckfs_code gguf_bpe_vocab(const struct ckfs_model *m, struct ckfs_gguf_file 
 {
 	/* cJSON ends a string at \u0000, where Python keeps the rest */
 	if (memmem(text, len, "\\u0000", 6))
-		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': a NUL character (\\u0000), which "
-				 "the GGUF view does not reproduce", path);
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+				 "'%s': a NUL character (\\u0000), which "
+				 "the GGUF view does not reproduce",
+				 path);
 	cJSON *tokjson = cJSON_ParseWithLength(text, len), *tc = NULL;
 	const char *pre = NULL, *why = NULL;
 	struct tok *t = NULL;
