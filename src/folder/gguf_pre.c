@@ -665,7 +665,21 @@ static const char *load(struct bpe *b, const cJSON *tok)
 		}
 		if (!key)
 			return "a merge that is not two tokens";
-		smap_put(&b->ranks, key, rank); /* a repeated merge keeps its first rank */
+		/* tokenizers refuses to load merges of or into tokens it lacks */
+		size_t left = (size_t)(strchr(key, ' ') - key), all = strlen(key);
+		char joined[1024];
+		int64_t id;
+		if (all > sizeof(joined))
+			return "a merge longer than 1 KiB";
+		memcpy(joined, key, left);
+		memcpy(joined + left, key + left + 1, all - left - 1);
+		if (!smap_get(&b->vocab, key, left, &id) ||
+		    !smap_get(&b->vocab, key + left + 1, all - left - 1, &id) ||
+		    !smap_get(&b->vocab, joined, all - 1, &id))
+			return "a merge of or into a token not in the vocab";
+		/* tokenizers keeps a repeated merge's last rank; none is expected */
+		if (!smap_put(&b->ranks, key, rank))
+			return "a merge listed twice";
 	}
 	return NULL;
 }

@@ -144,6 +144,20 @@ static void test_unimplemented_refused(void)
 		CHECK(strstr(msg, cases[i].why) != NULL);
 		cJSON_Delete(j);
 	}
+	/* merges tokenizers would not load: of tokens the vocab lacks, twice */
+	static const char *const bad_merges[][2] = {
+		{ "qqqx zzzy", "not in the vocab" },
+		{ "\xc4\xa0 \xc4\xa0", "a merge listed twice" }, /* U+0120 U+0120, Qwen2's first */
+	};
+	for (size_t i = 0; i < 2; i++) {
+		cJSON *j = qwen2();
+		cJSON *merges = cJSON_GetObjectItemCaseSensitive(
+			cJSON_GetObjectItemCaseSensitive(j, "model"), "merges");
+		cJSON_AddItemToArray(merges, cJSON_CreateString(bad_merges[i][0]));
+		CHECK(pre_of(j, msg, sizeof(msg)) == NULL);
+		CHECK(strstr(msg, bad_merges[i][1]) != NULL);
+		cJSON_Delete(j);
+	}
 	/* a regex not run here, refused by name */
 	cJSON *j = qwen2();
 	cJSON *split = cJSON_GetArrayItem(
