@@ -90,5 +90,20 @@ sed -i 's/"GPT2LMHeadModel"/"LlamaForCausalLM"/; s/"rope_type": "default"/"rope_
 refused "yarn rope" "rope scaling" "$WORK/src"
 refused "a LoRA actor" "plain models" "$2/lora/lora_qwen2_fsdp2_w2" --lora=fuse
 
+# byte-level BPE (tests/py/test_gguf_bpe.py serves it, on actors grown to its
+# 151936 ids): the real Qwen2 tokenizer.json is named (its hash is in the
+# converter's table) and then refused for the 320-id actor; with one merge
+# less its hash is unknown, with another regex it is not run
+rm -rf "$WORK/src"
+cp -r "$FIX/qwen2_fsdp2_w2" "$WORK/src"
+rm "$HF/tokenizer.model"
+zcat "$FIX/bpe/qwen2.tokenizer.json.gz" >"$HF/tokenizer.json"
+cp "$FIX/bpe/qwen2.tokenizer_config.json" "$HF/tokenizer_config.json"
+refused "Qwen2's tokenizer.json on 320 ids" "tokenizer.json': .* past config.json's vocab_size" "$WORK/src"
+sed -i '0,/^      "\xc4\xa0 \xc4\xa0",$/{//d}' "$HF/tokenizer.json"
+refused "one merge less" "tokenizer.json': .*the converter does not recognize" "$WORK/src"
+zcat "$FIX/bpe/qwen2.tokenizer.json.gz" | sed 's/|\\\\p{N}|/|\\\\p{N}+|/' >"$HF/tokenizer.json"
+refused "another regex" "regex the GGUF view does not implement" "$WORK/src"
+
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
