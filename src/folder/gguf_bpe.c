@@ -373,8 +373,8 @@ static enum ckfs_code special_vocab(const struct ckfs_model *m, struct ckfs_gguf
 }
 
 enum ckfs_code gguf_bpe_vocab(const struct ckfs_model *m, struct ckfs_gguf_file *g,
-			      const cJSON *config, int64_t n_vocab, const char *path,
-			      const char *text, size_t len, struct gguf_kv *kv,
+			      const cJSON *config, const cJSON *tc, int64_t n_vocab,
+			      const char *path, const char *text, size_t len, struct gguf_kv *kv,
 			      struct ckfs_error *err)
 {
 	/* cJSON ends a string at \u0000, where Python keeps the rest */
@@ -383,7 +383,7 @@ enum ckfs_code gguf_bpe_vocab(const struct ckfs_model *m, struct ckfs_gguf_file 
 				 "'%s': a NUL character (\\u0000), which "
 				 "the GGUF view does not reproduce",
 				 path);
-	cJSON *tokjson = cJSON_ParseWithLength(text, len), *tc = NULL;
+	cJSON *tokjson = cJSON_ParseWithLength(text, len);
 	const char *pre = NULL, *why = NULL;
 	struct tok *t = NULL;
 	struct ckfs_arena ar;
@@ -394,10 +394,8 @@ enum ckfs_code gguf_bpe_vocab(const struct ckfs_model *m, struct ckfs_gguf_file 
 		return ckfs_fail(err, CKFS_E_FORMAT, "'%s': not a JSON object", path);
 	}
 	ckfs_arena_init(&ar);
-	rc = gguf_side_json(m, g, "tokenizer_config.json", &tc, err);
 	struct gguf_bpe_seen seen;
-	if (rc == CKFS_OK)
-		rc = gguf_bpe_pre(path, tokjson, &pre, &seen, err);
+	rc = gguf_bpe_pre(path, tokjson, &pre, &seen, err);
 	if (rc == CKFS_OK) {
 		why = config_checks(tc, cJSON_GetObjectItemCaseSensitive(tokjson, "added_tokens"),
 				    &seen);
@@ -417,7 +415,6 @@ enum ckfs_code gguf_bpe_vocab(const struct ckfs_model *m, struct ckfs_gguf_file 
 		rc = special_vocab(m, g, tokjson, tc, config, kv, err);
 	}
 	ckfs_arena_release(&ar);
-	cJSON_Delete(tc);
 	cJSON_Delete(tokjson);
 	return rc;
 }

@@ -54,10 +54,11 @@ enum ckfs_code gguf_vocab(const struct ckfs_model *m, struct ckfs_gguf_file *g,
 			  struct ckfs_error *err);
 
 /* The byte-level BPE path (gguf_bpe.c): tokenizer.json (text, len, read
- * from path) as _set_vocab_gpt2 and SpecialVocab write it. */
+ * from path) with tokenizer_config.json (tc, NULL if absent) as
+ * _set_vocab_gpt2 and SpecialVocab write it. */
 enum ckfs_code gguf_bpe_vocab(const struct ckfs_model *m, struct ckfs_gguf_file *g,
-			      const struct cJSON *config, int64_t n_vocab, const char *path,
-			      const char *text, size_t len, struct gguf_kv *kv,
+			      const struct cJSON *config, const struct cJSON *tc, int64_t n_vocab,
+			      const char *path, const char *text, size_t len, struct gguf_kv *kv,
 			      struct ckfs_error *err);
 /* tokenizer.ggml.pre of tokenizer.json as the converter names it, by the
  * hash of its ids for chktxt (gguf_pre.c); refused, naming path, when

@@ -379,21 +379,17 @@ static bool has_tokenizer_json(const struct ckfs_model *m)
 }
 
 /* LlamaModel.set_vocab writes add_prefix_space before the vocabulary. */
-static enum ckfs_code space_prefix(const struct ckfs_model *m, struct ckfs_gguf_file *g,
-				   struct gguf_kv *kv, struct ckfs_error *err)
+static enum ckfs_code space_prefix(const cJSON *tc, struct gguf_kv *kv, struct ckfs_error *err)
 {
-	cJSON *tc;
-
-	CKFS_TRY(gguf_side_json(m, g, "tokenizer_config.json", &tc, err));
 	const cJSON *v = tc ? cJSON_GetObjectItemCaseSensitive(tc, "add_prefix_space") : NULL;
-	bool ok = !v || cJSON_IsNull(v) || cJSON_IsBool(v);
+
 	if (cJSON_IsBool(v))
 		gguf_kv_bool(kv, "tokenizer.ggml.add_space_prefix", cJSON_IsTrue(v));
-	cJSON_Delete(tc);
-	return ok ? CKFS_OK
-		  : ckfs_fail(err, CKFS_E_UNSUPPORTED,
-			      "tokenizer_config.json: "
-			      "add_prefix_space is not true or false");
+	else if (v && !cJSON_IsNull(v))
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+				 "tokenizer_config.json: "
+				 "add_prefix_space is not true or false");
+	return CKFS_OK;
 }
 
 /* No tokenizer.model: the converter's GPT-2 path (gguf_bpe.c) from
@@ -404,6 +400,7 @@ static enum ckfs_code bpe(const struct ckfs_model *m, struct ckfs_gguf_file *g, 
 {
 	char *text;
 	size_t len;
+	cJSON *tc = NULL;
 	const char *where = m->hf_dir ? m->hf_dir : m->src_dir;
 
 	CKFS_TRY(gguf_side_file(m, g, "tokenizer.json", CKFS_MAX_JSON_BYTES, &text, &len, err));
@@ -416,10 +413,13 @@ static enum ckfs_code bpe(const struct ckfs_model *m, struct ckfs_gguf_file *g, 
 			where);
 	char *path = ckfs_arena_printf(&g->arena, "%s/tokenizer.json", where);
 	enum ckfs_code rc = path ? CKFS_OK : ckfs_nomem(err);
-	if (rc == CKFS_OK && llama)
-		rc = space_prefix(m, g, kv, err);
 	if (rc == CKFS_OK)
-		rc = gguf_bpe_vocab(m, g, config, n_vocab, path, text, len, kv, err);
+		rc = gguf_side_json(m, g, "tokenizer_config.json", &tc, err);
+	if (rc == CKFS_OK && llama)
+		rc = space_prefix(tc, kv, err);
+	if (rc == CKFS_OK)
+		rc = gguf_bpe_vocab(m, g, config, tc, n_vocab, path, text, len, kv, err);
+	cJSON_Delete(tc);
 	free(text);
 	return rc;
 }

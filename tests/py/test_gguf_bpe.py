@@ -38,7 +38,7 @@ def graft_tokenizer(hf: Path, name: str) -> None:
 
     sd = load_file(hf / "model.safetensors")
     g = torch.Generator().manual_seed(39)
-    for k in ("model.embed_tokens.weight", "lm_head.weight"):
+    for k in [k for k in ("model.embed_tokens.weight", "lm_head.weight") if k in sd]:
         t = (torch.randn(VOCAB[name], sd[k].shape[1], generator=g) * 0.02).to(sd[k].dtype)
         t[: sd[k].shape[0]] = sd[k]
         sd[k] = t
@@ -117,6 +117,15 @@ def test_bpe_llama3_byte_identical(tmp_path):
         run_ckfs("export", "-q", "--format", "gguf", "--dtype", OUTTYPES[outtype], "--model-name", "tiny", hf,
                  tmp_path / outtype)
         assert (tmp_path / outtype / "model.gguf").read_bytes() == refs[outtype].read_bytes(), outtype
+
+
+def test_bpe_llama3_tied_jinja_byte_identical(tmp_path):
+    """The tied Llama, whose chat template is chat_template.jinja (four side files read: generation
+    config, tokenizer.json, tokenizer_config.json, the template), with Llama 3's tokenizer."""
+    hf, refs = grafted(tmp_path, "llama_tied_fsdp2_w2", ["bf16"], "llama-bpe")
+    assert (hf / "chat_template.jinja").exists()
+    run_ckfs("export", "-q", "--format", "gguf", "--model-name", "tiny", hf, tmp_path / "out")
+    assert (tmp_path / "out" / "model.gguf").read_bytes() == refs["bf16"].read_bytes()
 
 
 def test_bpe_mount_byte_identical(qwen2_bpe, tmp_path):
