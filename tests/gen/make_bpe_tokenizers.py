@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Rebuild real byte-level BPE tokenizers (tests/fixtures/gguf/bpe/) from the vocab-only GGUF files
+"""Rebuild real byte-level BPE tokenizers (tests/fixtures/gguf_bpe/) from the vocab-only GGUF files
 that llama.cpp vendors in the llama-cpp-python 0.3.36 source package (models/ggml-vocab-*.gguf,
 written by convert_hf_to_gguf.py from the models' own tokenizer.json).
 
@@ -12,7 +12,7 @@ text is the original's.
     pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36    # the sdist, 77 MB
     ~/.cache/ckfs/gguf-venv/bin/python tests/gen/make_bpe_tokenizers.py llama_cpp_python-0.3.36.tar.gz
 
-Outputs tests/fixtures/gguf/bpe/<name>.tokenizer.json.gz (gzip -n, 9) and
+Outputs tests/fixtures/gguf_bpe/<name>.tokenizer.json.gz (gzip -n, 9) and
 <name>.tokenizer_config.json.
 """
 
@@ -27,7 +27,7 @@ import tarfile
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests", "fixtures", "gguf", "bpe")
+OUT = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests", "fixtures", "gguf_bpe")
 
 # The pre-tokenizer of Qwen1.5/Qwen2/Qwen2.5's tokenizer.json.
 QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"

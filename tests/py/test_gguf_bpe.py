@@ -1,7 +1,7 @@
 """The GGUF view with a real byte-level BPE tokenizer.json, against llama.cpp's own converter.
 
 The Qwen2 fixture's actor (tests/fixtures/gguf/qwen2_fsdp2_w2, verl FSDP2) is exported by `ckfs
-export` and given the real Qwen1.5/2 tokenizer (tests/fixtures/gguf/bpe/, rebuilt from llama.cpp's
+export` and given the real Qwen1.5/2 tokenizer (tests/fixtures/gguf_bpe/, rebuilt from llama.cpp's
 ggml-vocab-qwen2.gguf by tests/gen/make_bpe_tokenizers.py): its embedding and output rows grown to the
 tokenizer's vocab_size (151936; the first 320 rows are the actor's, the rest seeded random), its
 tokenizer.model replaced by tokenizer.json and Qwen's tokenizer_config.json. The converter, run on that
@@ -25,7 +25,7 @@ import pytest
 from conftest import FIXTURES, ckfs_bin, run_ckfs
 from test_gguf import VENV, oracle_python, refused
 
-BPE = FIXTURES / "gguf" / "bpe"
+BPE = FIXTURES / "gguf_bpe"
 # config.json's vocab_size for each tokenizer (its GGUF's token count)
 VOCAB = {"qwen2": 151936, "llama-bpe": 128256}
 OUTTYPES = {"bf16": "bf16", "q8_0": "q8_0"}

@@ -2,7 +2,7 @@
 /*
  * src/folder/gguf_pre.c: sha256 against FIPS 180-4's vectors, and
  * tokenizer.ggml.pre of the real Qwen2 and Llama 3 tokenizers
- * (tests/fixtures/gguf/bpe/, which the converter itself names qwen2 and
+ * (tests/fixtures/gguf_bpe/, which the converter itself names qwen2 and
  * llama-bpe) and of changed copies, which
  * must be refused in one line naming the file and why.
  */
@@ -13,8 +13,8 @@
 #include "folder/gguf_int.h"
 #include "test.h"
 
-#define QWEN2  CKFS_FIXTURES "/gguf/bpe/qwen2.tokenizer.json.gz"
-#define LLAMA3 CKFS_FIXTURES "/gguf/bpe/llama-bpe.tokenizer.json.gz"
+#define QWEN2  CKFS_FIXTURES "/gguf_bpe/qwen2.tokenizer.json.gz"
+#define LLAMA3 CKFS_FIXTURES "/gguf_bpe/llama-bpe.tokenizer.json.gz"
 /* GPT-2's own regex, which ckfs does not run */
 #define GPT2_REGEX                                                                                 \
 	"'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
