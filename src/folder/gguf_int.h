@@ -84,4 +84,28 @@ enum ckfs_code gguf_moe_complete(const struct gguf_moe *x, struct ckfs_error *er
 void gguf_moe_counts(const struct gguf_moe *x, struct gguf_kv *kv);
 void gguf_moe_lengths(const struct gguf_moe *x, struct gguf_kv *kv);
 
+/* The byte-level BPE path (gguf_bpe.c): tokenizer.json (text, len, read
+ * from path) with tokenizer_config.json (tc, NULL if absent) as
+ * _set_vocab_gpt2 and SpecialVocab write it. */
+enum ckfs_code gguf_bpe_vocab(const struct ckfs_model *m, struct ckfs_gguf_file *g,
+			      const struct cJSON *config, const struct cJSON *tc, int64_t n_vocab,
+			      const char *path, const char *text, size_t len, struct gguf_kv *kv,
+			      struct ckfs_error *err);
+/* tokenizer.ggml.pre of tokenizer.json as the converter names it, by the
+ * hash of its ids for chktxt (gguf_pre.c); refused, naming path, when
+ * the pipeline is not one ckfs runs or the hash is not in its table. */
+struct gguf_bpe_seen {
+	bool qwen2_regex; /* Qwen2's Split regex (else Llama 3's) */
+	bool nfc;         /* an NFC normalizer (else none) */
+	bool bos;         /* a template putting a BOS first */
+	bool ignore_merges;
+};
+enum ckfs_code gguf_bpe_pre(const char *path, const struct cJSON *tok, const char **pre,
+			    struct gguf_bpe_seen *seen, struct ckfs_error *err);
+void gguf_sha256_hex(const void *data, size_t len, char hex[65]);
+/* Added tokens the converter makes CONTROL although not special, and
+ * SentencePiece's U+2581 made spaces (in ar) (gguf_vocab.c). */
+bool gguf_looks_special(const char *t);
+const char *gguf_spaces(struct ckfs_arena *ar, const char *text, size_t *len);
+
 #endif

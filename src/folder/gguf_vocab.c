@@ -155,8 +155,8 @@ static enum ckfs_code parse_model(const char *path, const unsigned char *data, s
 /* Files whose presence changes what the converter writes in ways this
  * view does not follow. */
 static const char *const refused_files[] = {
-	"tokenizer.json", "added_tokens.json", "chat_template.json", "additional_chat_templates",
-	"modules.json", "tekken.json",
+	"added_tokens.json", "chat_template.json", "additional_chat_templates",
+	"modules.json",      "tekken.json",
 };
 
 /* The special token types SpecialVocab reads from config.json, in its
@@ -246,7 +246,7 @@ static enum ckfs_code tokenizer_config(const struct ckfs_model *m, struct ckfs_g
 
 /* Added tokens that the converter makes CONTROL although not marked
  * special (does_token_look_special). */
-static bool looks_special(const char *t)
+bool gguf_looks_special(const char *t)
 {
 	static const char *const exact[] = { "<pad>", "<mask>", "<2mass>", "[@BOS@]" };
 	static const char *const around[][2] = {
@@ -267,7 +267,7 @@ static bool looks_special(const char *t)
 }
 
 /* text with SentencePiece's U+2581 made spaces, in the arena. */
-static const char *spaces(struct ckfs_arena *ar, const char *text, size_t *len)
+const char *gguf_spaces(struct ckfs_arena *ar, const char *text, size_t *len)
 {
 	size_t n = strlen(text), k = 0;
 	char *out = ckfs_arena_alloc(ar, n + 1);
@@ -311,13 +311,13 @@ static enum ckfs_code added_tokens(const cJSON *tc, struct piece *tok, int64_t n
 			continue;
 		struct piece *p = &tok[id];
 		p->score = -1000.0f;
-		if (cJSON_IsTrue(special) || looks_special(content->valuestring)) {
+		if (cJSON_IsTrue(special) || gguf_looks_special(content->valuestring)) {
 			p->type = SP_CONTROL;
 			p->text = content->valuestring;
 			p->len = strlen(p->text);
 		} else {
 			p->type = SP_USER;
-			if (!(p->text = spaces(ar, content->valuestring, &p->len)))
+			if (!(p->text = gguf_spaces(ar, content->valuestring, &p->len)))
 				return ckfs_nomem(err);
 		}
 	}
@@ -368,6 +368,62 @@ static void put_tokens(struct gguf_kv *kv, const struct piece *tok, int64_t n)
 	}
 }
 
+static bool has_tokenizer_json(const struct ckfs_model *m)
+{
+	char path[4096];
+
+	if (!m->hf_dir)
+		return false;
+	snprintf(path, sizeof(path), "%s/tokenizer.json", m->hf_dir);
+	return ckfs_path_exists(path);
+}
+
+/* LlamaModel.set_vocab writes add_prefix_space before the vocabulary. */
+static enum ckfs_code space_prefix(const cJSON *tc, struct gguf_kv *kv, struct ckfs_error *err)
+{
+	const cJSON *v = tc ? cJSON_GetObjectItemCaseSensitive(tc, "add_prefix_space") : NULL;
+
+	if (cJSON_IsBool(v))
+		gguf_kv_bool(kv, "tokenizer.ggml.add_space_prefix", cJSON_IsTrue(v));
+	else if (v && !cJSON_IsNull(v))
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+				 "tokenizer_config.json: "
+				 "add_prefix_space is not true or false");
+	return CKFS_OK;
+}
+
+/* No tokenizer.model: the converter's GPT-2 path (gguf_bpe.c) from
+ * tokenizer.json. Llama's tries LlamaHfVocab first, which takes only
+ * BPE with byte fallback; gguf_pre.c refuses that. */
+static enum ckfs_code bpe(const struct ckfs_model *m, struct ckfs_gguf_file *g, const cJSON *config,
+			  int64_t n_vocab, bool llama, struct gguf_kv *kv, struct ckfs_error *err)
+{
+	char *text;
+	size_t len;
+	cJSON *tc = NULL;
+	const char *where = m->hf_dir ? m->hf_dir : m->src_dir;
+
+	CKFS_TRY(gguf_side_file(m, g, "tokenizer.json", CKFS_MAX_JSON_BYTES, &text, &len, err));
+	if (!text)
+		return ckfs_fail(
+			err, CKFS_E_UNSUPPORTED,
+			"'%s': no tokenizer.model or "
+			"tokenizer.json: the GGUF view serves SentencePiece and byte-level "
+			"BPE tokenizers only",
+			where);
+	char *path = ckfs_arena_printf(&g->arena, "%s/tokenizer.json", where);
+	enum ckfs_code rc = path ? CKFS_OK : ckfs_nomem(err);
+	if (rc == CKFS_OK)
+		rc = gguf_side_json(m, g, "tokenizer_config.json", &tc, err);
+	if (rc == CKFS_OK && llama)
+		rc = space_prefix(tc, kv, err);
+	if (rc == CKFS_OK)
+		rc = gguf_bpe_vocab(m, g, config, tc, n_vocab, path, text, len, kv, err);
+	cJSON_Delete(tc);
+	free(text);
+	return rc;
+}
+
 enum ckfs_code gguf_vocab(const struct ckfs_model *m, struct ckfs_gguf_file *g,
 			  const cJSON *config, int64_t n_vocab, bool llama, struct gguf_kv *kv,
 			  struct ckfs_error *err)
@@ -388,11 +444,16 @@ enum ckfs_code gguf_vocab(const struct ckfs_model *m, struct ckfs_gguf_file *g,
 	}
 	CKFS_TRY(gguf_side_file(m, g, "tokenizer.model", SP_MAX_BYTES, &data, &len, err));
 	if (!data)
-		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "'%s': no tokenizer.model: the GGUF "
-				 "view serves SentencePiece tokenizers only",
-				 m->hf_dir ? m->hf_dir : m->src_dir);
-	rc = parse_model(g->from[g->n_from - 1].path, (const unsigned char *)data, len, &pc, &n,
-			 err);
+		return bpe(m, g, config, n_vocab, llama, kv, err);
+	if (has_tokenizer_json(m))
+		rc = ckfs_fail(err, CKFS_E_UNSUPPORTED,
+			       "'%s/tokenizer.json': the GGUF view does "
+			       "not reproduce what the converter makes of it beside a "
+			       "tokenizer.model",
+			       m->hf_dir);
+	else
+		rc = parse_model(g->from[g->n_from - 1].path, (const unsigned char *)data, len, &pc,
+				 &n, err);
 	if (rc == CKFS_OK)
 		rc = gguf_side_json(m, g, "tokenizer_config.json", &tc, err);
 	if (rc == CKFS_OK && llama) {

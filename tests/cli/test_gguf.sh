@@ -102,5 +102,20 @@ refused "Qwen3-MoE's BPE-only tokenizer path" "BPE (tokenizer.json)" "$FIX/qwen3
 CKFS_GGUF_TEST_MOE_SPM=1 refused "norm_topk_prob false" "norm_topk_prob false" \
 	"$2/moe_fsdp/qwen3_moe_fsdp2_w2"
 
+# byte-level BPE (tests/py/test_gguf_bpe.py serves it, on actors grown to its
+# 151936 ids): the real Qwen2 tokenizer.json is named (its hash is in the
+# converter's table) and then refused for the 320-id actor; with one merge
+# less its hash is unknown, with another regex it is not run
+rm -rf "$WORK/src"
+cp -r "$FIX/qwen2_fsdp2_w2" "$WORK/src"
+rm "$HF/tokenizer.model"
+zcat "$2/gguf_bpe/qwen2.tokenizer.json.gz" >"$HF/tokenizer.json"
+cp "$2/gguf_bpe/qwen2.tokenizer_config.json" "$HF/tokenizer_config.json"
+refused "Qwen2's tokenizer.json on 320 ids" "tokenizer.json': .* past config.json's vocab_size" "$WORK/src"
+sed -i '0,/^      "\xc4\xa0 \xc4\xa0",$/{//d}' "$HF/tokenizer.json"
+refused "one merge less" "tokenizer.json': .*the converter does not recognize" "$WORK/src"
+zcat "$2/gguf_bpe/qwen2.tokenizer.json.gz" | sed 's/|\\\\p{N}|/|\\\\p{N}+|/' >"$HF/tokenizer.json"
+refused "another regex" "regex the GGUF view does not implement" "$WORK/src"
+
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
