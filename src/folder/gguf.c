@@ -217,16 +217,6 @@ static enum ckfs_code check_config(struct build *b)
 	b->moe.shared = b->arch->moe == MOE_SHARED;
 	CKFS_TRY(gguf_moe_config(&b->moe, b->config, b->m->config_path, b->n_layers, &b->g->arena,
 				 b->err));
-	/* The converter's Qwen MoE classes read the tokenizer as GPT-2 BPE
-	 * (tokenizer.json, known by the hash of its output) only. */
-	const char *spm = getenv(SPM_TEST_ENV);
-	if (!(spm && strcmp(spm, "1") == 0)) {
-		snprintf(what, sizeof(what),
-			 "%s's tokenizer, read by the converter as BPE "
-			 "(tokenizer.json) only",
-			 b->arch->hf);
-		return refuse(b, what);
-	}
 	return CKFS_OK;
 }
 
@@ -589,7 +579,11 @@ static enum ckfs_code key_values(struct build *b, struct gguf_kv *kv, uint64_t p
 	gguf_kv_str(kv, "general.size_label", label);
 	CKFS_TRY(hparams(b, kv, file_type(b->opt->type), n_vocab));
 	gguf_kv_u32(kv, "general.quantization_version", 2);
-	return gguf_vocab(b->m, b->g, b->config, n_vocab, b->arch->llama, kv, b->err);
+	/* The converter's Qwen MoE classes read the tokenizer as GPT-2 BPE
+	 * (tokenizer.json, known by the hash of its output) only. */
+	const char *spm = getenv(SPM_TEST_ENV);
+	bool bpe_only = b->arch->moe && !(spm && strcmp(spm, "1") == 0);
+	return gguf_vocab(b->m, b->g, b->config, n_vocab, b->arch->llama, bpe_only, kv, b->err);
 }
 
 /* ---- the header ---- */

@@ -45,13 +45,14 @@ enum ckfs_code gguf_side_json(const struct ckfs_model *m, struct ckfs_gguf_file 
 			      const char *name, struct cJSON **obj, struct ckfs_error *err);
 
 /* The tokenizer's key-values (gguf_vocab.c): SentencePiece's
- * tokenizer.model, the special token ids of config.json and the add_*
- * flags and chat template of tokenizer_config.json, as the converter's
- * SentencePiece path writes them for n_vocab tokens. */
+ * tokenizer.model, or without one (or with bpe_only: an architecture the
+ * converter reads as GPT-2 BPE alone) tokenizer.json (gguf_bpe.c); the
+ * special token ids of config.json and the add_* flags and chat template
+ * of tokenizer_config.json, as the converter writes them for n_vocab
+ * tokens. */
 enum ckfs_code gguf_vocab(const struct ckfs_model *m, struct ckfs_gguf_file *g,
-			  const struct cJSON *config,
-			  int64_t n_vocab, bool llama, struct gguf_kv *kv,
-			  struct ckfs_error *err);
+			  const struct cJSON *config, int64_t n_vocab, bool llama, bool bpe_only,
+			  struct gguf_kv *kv, struct ckfs_error *err);
 
 /* A MoE architecture's experts (gguf_moe.c). */
 struct gguf_moe {

@@ -424,8 +424,8 @@ static enum ckfs_code bpe(const struct ckfs_model *m, struct ckfs_gguf_file *g, 
 	return rc;
 }
 
-enum ckfs_code gguf_vocab(const struct ckfs_model *m, struct ckfs_gguf_file *g,
-			  const cJSON *config, int64_t n_vocab, bool llama, struct gguf_kv *kv,
+enum ckfs_code gguf_vocab(const struct ckfs_model *m, struct ckfs_gguf_file *g, const cJSON *config,
+			  int64_t n_vocab, bool llama, bool bpe_only, struct gguf_kv *kv,
 			  struct ckfs_error *err)
 {
 	char *data = NULL;
@@ -445,6 +445,13 @@ enum ckfs_code gguf_vocab(const struct ckfs_model *m, struct ckfs_gguf_file *g,
 	CKFS_TRY(gguf_side_file(m, g, "tokenizer.model", SP_MAX_BYTES, &data, &len, err));
 	if (!data)
 		return bpe(m, g, config, n_vocab, llama, kv, err);
+	if (bpe_only) {
+		free(data);
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+				 "'%s': the converter reads this architecture's tokenizer "
+				 "from tokenizer.json (byte-level BPE) only",
+				 g->from[g->n_from - 1].path);
+	}
 	if (has_tokenizer_json(m))
 		rc = ckfs_fail(err, CKFS_E_UNSUPPORTED,
 			       "'%s/tokenizer.json': the GGUF view does "

@@ -98,7 +98,7 @@ refused "yarn rope" "rope scaling" "$WORK/src"
 refused "a LoRA actor" "plain models" "$2/lora/lora_qwen2_fsdp2_w2" --lora=fuse
 refused "another MoE architecture" "architecture DeepseekV3ForCausalLM" \
 	"$2/moe_fsdp/deepseek_v3_fsdp2_w2"
-refused "Qwen3-MoE's BPE-only tokenizer path" "BPE (tokenizer.json)" "$FIX/qwen3_moe_fsdp2_w2"
+refused "Qwen3-MoE's tokenizer.model" "tokenizer.model': the converter reads this architecture's tokenizer from tokenizer.json (byte-level BPE) only" "$FIX/qwen3_moe_fsdp2_w2"
 CKFS_GGUF_TEST_MOE_SPM=1 refused "norm_topk_prob false" "norm_topk_prob false" \
 	"$2/moe_fsdp/qwen3_moe_fsdp2_w2"
 

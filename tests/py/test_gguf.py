@@ -201,7 +201,7 @@ def test_moe_refusals(tmp_path, monkeypatch):
     for case in ["deepseek_v3_fsdp2_w2", "mixtral_fsdp2_w2", "olmoe_fsdp2_w2", "qwen3_next_fsdp2_w2"]:
         arch = json.loads((moe / case / "huggingface" / "config.json").read_text())["architectures"][0]
         assert f"architecture {arch}" in refused(moe / case)
-    assert "BPE (tokenizer.json)" in refused(FIXTURES / "gguf" / "qwen3_moe_fsdp2_w2")
+    assert "tokenizer from tokenizer.json (byte-level BPE) only" in refused(FIXTURES / "gguf" / "qwen3_moe_fsdp2_w2")
     monkeypatch.setenv(MOE_SPM, "1")
     assert "norm_topk_prob false" in refused(moe / "qwen3_moe_fsdp2_w2")  # as verl's test model has it
     for case, key, value, word in [

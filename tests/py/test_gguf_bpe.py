@@ -6,8 +6,8 @@ ggml-vocab-qwen2.gguf by tests/gen/make_bpe_tokenizers.py): its embedding and ou
 tokenizer's vocab_size (151936; the first 320 rows are the actor's, the rest seeded random), its
 tokenizer.model replaced by tokenizer.json and Qwen's tokenizer_config.json. The converter, run on that
 folder, must name the tokenizer qwen2 (its own hash check), and `ckfs export --format gguf` and a mount
-of the same folder must give its bytes. The same for Qwen3 and, with Llama 3's tokenizer (128256 ids),
-Llama. A tokenizer whose hash the converter does not know is refused by
+of the same folder must give its bytes. The same for Qwen3, Qwen3-MoE and Qwen2-MoE (whose tokenizer the
+converter reads only this way) and, with Llama 3's tokenizer (128256 ids), Llama. A tokenizer whose hash the converter does not know is refused by
 both, by ckfs in one line naming the file.
 """
 
@@ -126,6 +126,24 @@ def test_bpe_llama3_tied_jinja_byte_identical(tmp_path):
     assert (hf / "chat_template.jinja").exists()
     run_ckfs("export", "-q", "--format", "gguf", "--model-name", "tiny", hf, tmp_path / "out")
     assert (tmp_path / "out" / "model.gguf").read_bytes() == refs["bf16"].read_bytes()
+
+
+@pytest.mark.parametrize("case", ["qwen3_moe_fsdp2_w2", "qwen2_moe_fsdp2_w2"])
+def test_bpe_moe_byte_identical(case, tmp_path):
+    """Qwen3-MoE and Qwen2-MoE with the real Qwen2 tokenizer, through the unmodified converter (its
+    Qwen MoE classes read the tokenizer as GPT-2 BPE only): bf16 and q8_0, export, and a q8_0 mount."""
+    hf, refs = grafted(tmp_path, case, OUTTYPES)
+    for outtype in OUTTYPES:
+        run_ckfs("export", "-q", "--format", "gguf", "--dtype", OUTTYPES[outtype], "--model-name", "tiny", hf,
+                 tmp_path / outtype)
+        assert (tmp_path / outtype / "model.gguf").read_bytes() == refs[outtype].read_bytes(), outtype
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    run_ckfs("mount", "--format", "gguf", "--dtype", "q8_0", "--model-name", "tiny", hf, mnt)
+    try:
+        assert (mnt / "model.gguf").read_bytes() == refs["q8_0"].read_bytes()
+    finally:
+        subprocess.run([ckfs_bin(), "umount", "-z", str(mnt)], capture_output=True, timeout=60)
 
 
 def test_bpe_mount_byte_identical(qwen2_bpe, tmp_path):
