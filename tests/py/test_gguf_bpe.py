@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, ckfs_bin, run_ckfs
-from test_gguf import VENV, oracle_python, refused
+from test_gguf import VENV, oracle_python, refused, same_generation
 
 BPE = FIXTURES / "gguf_bpe"
 # config.json's vocab_size for each tokenizer (its GGUF's token count)
@@ -144,6 +144,15 @@ def test_bpe_moe_byte_identical(case, tmp_path):
         assert (mnt / "model.gguf").read_bytes() == refs["q8_0"].read_bytes()
     finally:
         subprocess.run([ckfs_bin(), "umount", "-z", str(mnt)], capture_output=True, timeout=60)
+
+
+def test_llama_cpp_generates_from_bpe_mount(qwen2_bpe, tmp_path):
+    """llama.cpp loads the mounted q8_0 model.gguf of the Qwen2 actor with the real Qwen2 tokenizer,
+    tokenizes the prompt with it (its qwen2 pre-tokenizer, the merges ckfs wrote) and greedy-decodes
+    the same 24 tokens as from the converter's file (test_gguf.same_generation: FAILS without the
+    runtime venv unless CKFS_GGUF_NO_RUNTIME=1 skips it, reported as skipped)."""
+    hf, refs = qwen2_bpe
+    same_generation(refs["q8_0"], hf, "q8_0", tmp_path)
 
 
 def test_bpe_mount_byte_identical(qwen2_bpe, tmp_path):
