@@ -23,9 +23,10 @@
 #
 # The actors' huggingface/ folder has config.json only; the converter needs a
 # tokenizer, so each runs on a copy ($BENCH_DIR/gguf-SHAPE/ckpt: rank files
-# hardlinked) whose huggingface/ also holds the GGUF fixtures' SentencePiece
-# tokenizer.model (320 pieces; the converter and ckfs both pad the other ids
-# with [PADn]). Figures only, no assertions on speed.
+# hardlinked) whose huggingface/ also holds the real Qwen2 byte-level BPE
+# tokenizer (tests/fixtures/gguf_bpe/: tokenizer.json and its
+# tokenizer_config.json; 151936 ids, the actors' vocab_size), which both
+# name `qwen2` by the hash of its ids. Figures only, no assertions on speed.
 #
 #   tests/bench/bench_gguf.sh [CKFS]
 #     env: RUNS (3), BENCH_SIZES ("0.5b"; "0.5b 1.5b" for both), BENCH_DIR,
@@ -40,7 +41,7 @@ CACHE=${CKFS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ckfs}
 GVENV=${GGUF_VENV:-$CACHE/gguf-venv}
 RTVENV=${GGUF_RUNTIME_VENV:-$CACHE/gguf-runtime-venv}
 CONVERT=$GVENV/llama.cpp/convert_hf_to_gguf.py
-TOK=$ROOT/tests/fixtures/gguf/qwen2_fsdp2_w2/huggingface/tokenizer.model
+TOK=$ROOT/tests/fixtures/gguf_bpe/qwen2
 NAME=bench
 [ -x "$CKFS" ] || die "no ckfs binary at $CKFS"
 [ -f "$CONVERT" ] || die "no converter ($CONVERT): run tests/gguf/setup-gguf-venv.sh"
@@ -48,7 +49,7 @@ NAME=bench
 	die "no llama-cpp-python in $RTVENV: run tests/gguf/setup-gguf-venv.sh --runtime"
 CLK=$(getconf CLK_TCK)
 
-# gguf_src SIZE: a copy of the bench actor with the fixtures' tokenizer.model
+# gguf_src SIZE: a copy of the bench actor with the real Qwen2 tokenizer
 gguf_src() {
 	local base shape g f
 	shape=qwen2.5-$1
@@ -56,14 +57,15 @@ gguf_src() {
 	# generated once by bench.sh (shape_dir also exports it: not needed here)
 	[ -e "$base/ckpt/.bench-complete" ] || base=$(shape_dir "$1")
 	g=$BENCH_DIR/gguf-$shape
-	if [ ! -e "$g/ckpt/.gguf-complete" ]; then
+	if [ ! -e "$g/ckpt/.gguf-bpe-complete" ]; then
 		rm -rf "$g/ckpt" && mkdir -p "$g/ckpt/huggingface"
 		for f in "$base/ckpt"/*; do
 			if [ -f "$f" ]; then ln "$f" "$g/ckpt/" 2>/dev/null || cp "$f" "$g/ckpt/"; fi
 		done
 		cp "$base/ckpt/huggingface"/* "$g/ckpt/huggingface/"
-		cp "$TOK" "$g/ckpt/huggingface/tokenizer.model"
-		touch "$g/ckpt/.gguf-complete"
+		gzip -dc "$TOK.tokenizer.json.gz" >"$g/ckpt/huggingface/tokenizer.json"
+		cp "$TOK.tokenizer_config.json" "$g/ckpt/huggingface/tokenizer_config.json"
+		touch "$g/ckpt/.gguf-bpe-complete"
 	fi
 	echo "$g"
 }

@@ -131,10 +131,12 @@ def test_bpe_llama3_tied_jinja_byte_identical(tmp_path):
 @pytest.mark.parametrize("case", ["qwen3_moe_fsdp2_w2", "qwen2_moe_fsdp2_w2"])
 def test_bpe_moe_byte_identical(case, tmp_path):
     """Qwen3-MoE and Qwen2-MoE with the real Qwen2 tokenizer, through the unmodified converter (its
-    Qwen MoE classes read the tokenizer as GPT-2 BPE only): bf16 and q8_0, export, and a q8_0 mount."""
-    hf, refs = grafted(tmp_path, case, OUTTYPES)
-    for outtype in OUTTYPES:
-        run_ckfs("export", "-q", "--format", "gguf", "--dtype", OUTTYPES[outtype], "--model-name", "tiny", hf,
+    Qwen MoE classes read the tokenizer as GPT-2 BPE only): bf16, f16 and q8_0, export, and a q8_0
+    mount."""
+    outtypes = dict(OUTTYPES, f16="fp16")
+    hf, refs = grafted(tmp_path, case, outtypes)
+    for outtype in outtypes:
+        run_ckfs("export", "-q", "--format", "gguf", "--dtype", outtypes[outtype], "--model-name", "tiny", hf,
                  tmp_path / outtype)
         assert (tmp_path / outtype / "model.gguf").read_bytes() == refs[outtype].read_bytes(), outtype
     mnt = tmp_path / "mnt"
