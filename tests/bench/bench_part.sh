@@ -14,19 +14,13 @@
 #   tests/bench/bench_part.sh [CKFS]    (env: RUNS=5, BENCH_DIR)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-CKFS=${1:-$ROOT/build/ckfs}
-PY=${PY:-${CKFS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ckfs}/venv/bin/python}
+CKFS=${1:-${CKFS:-$ROOT/build/ckfs}}
 RUNS=${RUNS:-5}
-DIR=${BENCH_DIR:-/tmp/ckfs-bench}
-SRC=$DIR/qwen2.5-0.5b/ckpt # bench.sh's 0.5b checkpoint
+. "$ROOT/tests/bench/bench_common.sh" # CKFS PY BENCH_DIR, shape_dir
+DIR=$BENCH_DIR
+SRC=$(shape_dir 0.5b)/ckpt # bench.sh's 0.5b checkpoint
 OUT=$DIR/part-out
 CPUS=$(nproc)
-mkdir -p "$DIR/qwen2.5-0.5b"
-if [ ! -e "$SRC/.bench-complete" ]; then
-	rm -rf "$SRC.tmp"
-	"$PY" "$ROOT/tests/gen/make_bench_checkpoint.py" "$SRC.tmp" --shape qwen2.5-0.5b
-	mv "$SRC.tmp" "$SRC" && touch "$SRC/.bench-complete"
-fi
 cat "$SRC"/model_world_size_8_rank_*.pt >/dev/null # sources in the page cache
 
 # run N: "wall_s cpu_s" of one export (N 0) or N parts at once
