@@ -647,7 +647,7 @@ static enum ckfs_code write_rest(const struct export_args *a, const struct ckfs_
 		if (n->kind == CKFS_NODE_DIR ? rmdir(path) != 0 && errno == ENOTEMPTY
 					     : unlink(path) != 0 && errno != ENOENT)
 			ckfs_export_dest_remove(path);
-		CKFS_TRY(write_node(f, n, stage, em, 1, NULL, prog, err));
+		CKFS_TRY(write_node(f, n, stage, em, a->threads, NULL, prog, err));
 	}
 	return CKFS_OK;
 }

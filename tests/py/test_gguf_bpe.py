@@ -157,6 +157,12 @@ def test_llama_cpp_generates_from_bpe_mount(qwen2_bpe, tmp_path):
     same_generation(refs["q8_0"], hf, "q8_0", tmp_path)
 
 
+def test_llama_cpp_generates_from_llama3_bpe_mount(tmp_path):
+    """The same with Llama 3's tokenizer (llama-bpe, its BOS template) on the Llama actor, bf16."""
+    hf, refs = grafted(tmp_path, "llama_fsdp2_w2", ["bf16"], "llama-bpe")
+    same_generation(refs["bf16"], hf, "bf16", tmp_path)
+
+
 def test_bpe_mount_byte_identical(qwen2_bpe, tmp_path):
     hf, refs = qwen2_bpe
     mnt = tmp_path / "mnt"
