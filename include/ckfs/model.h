@@ -275,8 +275,8 @@ struct ckfs_ct_kept {
  * of w kept; scales [first, first + count) copied into dst when all are
  * kept (1, else 0); the set's kept scales and locks released (their
  * release); groups [g, g + n) of w's weight as bf16 into the scratch
- * buffer; their inputs (the weight); their quantization_config, `head`
- * up to the "ignore" list's "[" (keys sorted). */
+ * buffer; their inputs (the weight); max |w|; their quantization_config,
+ * `head` up to the "ignore" list's "[" (keys sorted). */
 void ckfs_ct_keep(struct ckfs_ct_weight *w, uint64_t g, uint64_t n, const void *sc);
 int ckfs_ct_take(struct ckfs_ct_weight *w, uint64_t first, uint64_t count, void *dst);
 void ckfs_ct_release(struct ckfs_model *m);
@@ -284,6 +284,8 @@ enum ckfs_code ckfs_ct_read_groups(const struct ckfs_model *m, const struct ckfs
 				   uint64_t g, uint64_t n, const uint16_t **out,
 				   struct ckfs_read_scratch *scratch, struct ckfs_error *err);
 size_t ckfs_ct_inputs(const struct ckfs_tensor *t, const struct ckfs_tensor *in[2]);
+/* max |w| over n bf16 values, NaN when one is (a group's, a weight's). */
+float ckfs_ct_amax(const uint16_t *w, size_t n);
 enum ckfs_code ckfs_ct_config(const struct ckfs_model *m, const char *head,
 			      struct ckfs_view_config *c, struct ckfs_error *err);
 

@@ -76,21 +76,6 @@ static inline float round_bf16(float f)
 	return from_bf16(ckfs_f32_to_bf16(u));
 }
 
-/* max |w| over n bf16 values, NaN when one is: on the bits, as |w|
- * orders as its magnitude bits do, NaNs above Inf. */
-CKFS_VECTOR_CLONES
-static float amax(const uint16_t *restrict w, size_t n)
-{
-	uint32_t m = 0, nan = 0;
-
-	for (size_t k = 0; k < n; k++) {
-		uint32_t a = w[k] & 0x7FFFu;
-		nan |= a > 0x7F80u;
-		m = a > m ? a : m;
-	}
-	return nan ? __builtin_nanf("") : from_bf16((uint16_t)m);
-}
-
 /* The weight's global scale, from a whole read of it the first time. */
 static enum ckfs_code global_scale(const struct ckfs_model *m, struct ckfs_ct_weight *w, float *out,
 				   struct ckfs_read_scratch *scratch, struct ckfs_error *err)
@@ -108,7 +93,7 @@ static enum ckfs_code global_scale(const struct ckfs_model *m, struct ckfs_ct_we
 		uint64_t n = groups - g < WINDOW_GROUPS ? groups - g : WINDOW_GROUPS;
 		const uint16_t *buf = NULL;
 		CKFS_TRY(ckfs_ct_read_groups(m, w, g, n, &buf, scratch, err));
-		float b = amax(buf, (size_t)(n * GROUP));
+		float b = ckfs_ct_amax(buf, (size_t)(n * GROUP));
 		a = b != b || b > a ? b : a; /* NaN sticks */
 	}
 	float d = a != a ? a : a < 0x1p-126f ? 0x1p-126f : a;
@@ -126,7 +111,7 @@ static enum ckfs_code global_scale(const struct ckfs_model *m, struct ckfs_ct_we
 /* The e4m3 scale of one group under global scale g. */
 static uint8_t group_scale(const uint16_t *w, float g)
 {
-	float s = g * round_bf16(amax(w, GROUP) / 6.0f);
+	float s = g * round_bf16(ckfs_ct_amax(w, GROUP) / 6.0f);
 	uint32_t bits;
 
 	s = s < -448.0f ? -448.0f : s > 448.0f ? 448.0f : s;

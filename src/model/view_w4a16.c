@@ -59,26 +59,10 @@ static inline float round_bf16(float f)
 	return f;
 }
 
-/* max |w| over one group, NaN when one is: vectorised (the loop is most
- * of the cost with the quantizing below). */
-CKFS_VECTOR_CLONES
-static float group_amax(const uint16_t *restrict w)
-{
-	uint32_t m = 0, nan = 0;
-
-	/* on the bits: |w| orders as its magnitude bits do, NaNs above Inf */
-	for (int k = 0; k < GROUP; k++) {
-		uint32_t a = w[k] & 0x7FFFu;
-		nan |= a > 0x7F80u;
-		m = a > m ? a : m;
-	}
-	return nan ? __builtin_nanf("") : from_bf16((uint16_t)m);
-}
-
 /* The scale of one group, as bf16 bits. */
 static uint16_t group_scale(const uint16_t *w)
 {
-	float s = group_amax(w) / 7.5f;
+	float s = ckfs_ct_amax(w, GROUP) / 7.5f;
 	uint32_t bits;
 
 	memcpy(&bits, &s, 4);
