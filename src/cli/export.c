@@ -720,6 +720,10 @@ static enum ckfs_code export_parts(const struct export_args *a, const struct ckf
 	    (rc = write_share(a, f, stage, owner, &em, &prog, err)) != CKFS_OK ||
 	    (rc = export_part_mark_done(stage, &a->part, err)) != CKFS_OK)
 		goto out;
+	if (sync_dir(stage) != 0) {
+		rc = ckfs_fail_errno(err, "'%s': fsync failed", stage);
+		goto out;
+	}
 	if (a->part.index != 0) {
 		char size[32], read[32];
 		ckfs_format_bytes((double)prog.total, size, sizeof(size));

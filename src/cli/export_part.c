@@ -256,12 +256,7 @@ enum ckfs_code export_part_mark_done(const char *stage, const struct export_part
 		return ckfs_fail_errno(err, "'%s': cannot create", path);
 	}
 	close(fd);
-	/* the marker's name is in the folder once the folder is synced */
-	int dfd = open(stage, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	int bad = dfd < 0 || fsync(dfd) != 0;
-	if (dfd >= 0)
-		close(dfd);
-	return bad ? ckfs_fail_errno(err, "'%s': fsync failed", stage) : CKFS_OK;
+	return CKFS_OK;
 }
 
 bool export_part_is_done(const char *stage, unsigned index, unsigned count)

@@ -33,7 +33,8 @@ void export_part_assign(const struct ckfs_folder *f, unsigned count, unsigned *o
 enum ckfs_code export_part_plan(const char *stage, const struct ckfs_folder *f, unsigned count,
 				struct ckfs_error *err) CKFS_WARN_UNUSED;
 
-/* The marker of part index done (created, synced), whether it exists. */
+/* The marker of part index done (created and synced; its name is the
+ * folder's to sync), whether it exists. */
 enum ckfs_code export_part_mark_done(const char *stage, const struct export_part *p,
 				     struct ckfs_error *err) CKFS_WARN_UNUSED;
 bool export_part_is_done(const char *stage, unsigned index, unsigned count);
