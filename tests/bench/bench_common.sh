@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # SPDX-License-Identifier: MIT
-# Shared by bench_serving.sh, bench_cold.sh, bench_headline.sh, bench_gguf.sh
-# and bench_part.sh (sourced):
+# Shared by bench_serving.sh, bench_cold.sh, bench_headline.sh, bench_gguf.sh,
+# bench_part.sh and bench_ct_views.sh (sourced):
 # the bench checkpoints of tests/bench/bench.sh (generated once into
 # $BENCH_DIR/SHAPE/ckpt, exported once into $BENCH_DIR/SHAPE/export.ckfs)
 # and small helpers. Needs ROOT; sets CKFS, PY, BENCH_DIR, RUNS, SIZES,

@@ -18,19 +18,14 @@
 #   tests/bench/bench_ct_views.sh [CKFS]    (env: RUNS=5, BENCH_DIR, QUANTS="w4a16 nvfp4")
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-CKFS=${1:-$ROOT/build/ckfs}
-PY=${PY:-${CKFS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ckfs}/venv/bin/python}
+CKFS=${1:-${CKFS:-$ROOT/build/ckfs}}
 RUNS=${RUNS:-5}
-DIR=${BENCH_DIR:-/tmp/ckfs-bench}
-SRC=$DIR/qwen2.5-0.5b/ckpt # bench.sh's 0.5b checkpoint
+. "$ROOT/tests/bench/bench_common.sh" # CKFS PY BENCH_DIR, shape_dir
+DIR=$BENCH_DIR
+SRC=$(shape_dir 0.5b)/ckpt # bench.sh's 0.5b checkpoint
 MNT=$DIR/mnt-ct-views
 QUANTS=${QUANTS:-w4a16 nvfp4}
-mkdir -p "$DIR/qwen2.5-0.5b" "$MNT"
-if [ ! -e "$SRC/.bench-complete" ]; then
-	rm -rf "$SRC.tmp"
-	"$PY" "$ROOT/tests/gen/make_bench_checkpoint.py" "$SRC.tmp" --shape qwen2.5-0.5b
-	mv "$SRC.tmp" "$SRC" && touch "$SRC/.bench-complete"
-fi
+mkdir -p "$MNT"
 cat "$SRC"/model_world_size_8_rank_*.pt >/dev/null # sources in the page cache
 
 . "$ROOT/tests/bench/first_read.sh"
@@ -44,7 +39,7 @@ for i in $(seq "$RUNS"); do
 done
 # MB of source per daemon CPU-second, per run, then the median
 per_core() { awk '{ if ($2 > 0) printf "%.1f\n", $3 / 1e6 / $2 }' "$1" | median; }
-ratio() { echo "$(col_median "$1" "$2") / $(col_median "$1" "$3")" | bc -l; }
+col_ratio() { echo "$(col_median "$1" "$2") / $(col_median "$1" "$3")" | bc -l; }
 printf 'compressed-tensors views on read (%s runs each, interleaved; medians)\n' "$RUNS"
 printf '  %-16s %9s %10s %12s %16s\n' "" "wall s" "CPU-s" "source MB" "MB/s per core"
 for k in cat load; do
@@ -57,8 +52,8 @@ done
 for k in cat load; do
 	for q in $QUANTS; do
 		printf '  %s: %s / bf16 = %.2fx wall, %.2fx CPU, %.2fx source bytes\n' "$k" "$q" \
-			"$(ratio 1 "$DIR/ct-$k-$q.txt" "$DIR/ct-$k-bf16.txt")" \
-			"$(ratio 2 "$DIR/ct-$k-$q.txt" "$DIR/ct-$k-bf16.txt")" \
-			"$(ratio 3 "$DIR/ct-$k-$q.txt" "$DIR/ct-$k-bf16.txt")"
+			"$(col_ratio 1 "$DIR/ct-$k-$q.txt" "$DIR/ct-$k-bf16.txt")" \
+			"$(col_ratio 2 "$DIR/ct-$k-$q.txt" "$DIR/ct-$k-bf16.txt")" \
+			"$(col_ratio 3 "$DIR/ct-$k-$q.txt" "$DIR/ct-$k-bf16.txt")"
 	done
 done

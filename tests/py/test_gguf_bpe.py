@@ -75,6 +75,17 @@ def qwen2_bpe(tmp_path_factory):
     return grafted(tmp_path_factory.mktemp("gguf-bpe"), "qwen2_fsdp2_w2", OUTTYPES)
 
 
+def assert_mount_q8_0(hf: Path, ref: Path, tmp_path: Path) -> None:
+    """A q8_0 GGUF mount of hf serves ref's bytes."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    run_ckfs("mount", "--format", "gguf", "--dtype", "q8_0", "--model-name", "tiny", hf, mnt)
+    try:
+        assert (mnt / "model.gguf").read_bytes() == ref.read_bytes()
+    finally:
+        subprocess.run([ckfs_bin(), "umount", "-z", str(mnt)], capture_output=True, timeout=60)
+
+
 def converter_names(hf: Path) -> str:
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from transformers import AutoTokenizer; "
             "from conversion.base import TextModel; "
@@ -139,13 +150,7 @@ def test_bpe_moe_byte_identical(case, tmp_path):
         run_ckfs("export", "-q", "--format", "gguf", "--dtype", outtypes[outtype], "--model-name", "tiny", hf,
                  tmp_path / outtype)
         assert (tmp_path / outtype / "model.gguf").read_bytes() == refs[outtype].read_bytes(), outtype
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    run_ckfs("mount", "--format", "gguf", "--dtype", "q8_0", "--model-name", "tiny", hf, mnt)
-    try:
-        assert (mnt / "model.gguf").read_bytes() == refs["q8_0"].read_bytes()
-    finally:
-        subprocess.run([ckfs_bin(), "umount", "-z", str(mnt)], capture_output=True, timeout=60)
+    assert_mount_q8_0(hf, refs["q8_0"], tmp_path)
 
 
 def test_llama_cpp_generates_from_bpe_mount(qwen2_bpe, tmp_path):
@@ -165,13 +170,7 @@ def test_llama_cpp_generates_from_llama3_bpe_mount(tmp_path):
 
 def test_bpe_mount_byte_identical(qwen2_bpe, tmp_path):
     hf, refs = qwen2_bpe
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    run_ckfs("mount", "--format", "gguf", "--dtype", "q8_0", "--model-name", "tiny", hf, mnt)
-    try:
-        assert (mnt / "model.gguf").read_bytes() == refs["q8_0"].read_bytes()
-    finally:
-        subprocess.run([ckfs_bin(), "umount", "-z", str(mnt)], capture_output=True, timeout=60)
+    assert_mount_q8_0(hf, refs["q8_0"], tmp_path)
 
 
 def test_bpe_refusals(qwen2_bpe, tmp_path):
