@@ -55,6 +55,10 @@ enum ckfs_code ckfs_remote_attach(const char *url, struct ckfs_error *err) CKFS_
 enum ckfs_code ckfs_remote_attach_urls(const char *const *paths, size_t n,
 				       struct ckfs_error *err) CKFS_WARN_UNUSED;
 
+/* The store's client (made on first use from the settings; owned by
+ * this module): for what writes to the store (`export` to s3://). */
+enum ckfs_code ckfs_remote_client(struct ckfs_s3 **out, struct ckfs_error *err) CKFS_WARN_UNUSED;
+
 /* List the attached root holding url again (runs on a store: new steps). */
 enum ckfs_code ckfs_remote_refresh(const char *url, struct ckfs_error *err) CKFS_WARN_UNUSED;
 

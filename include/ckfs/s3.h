@@ -79,7 +79,9 @@ struct ckfs_s3_object {
 	const char *key;      /* a listing's: malloc'd, freed with it; HEAD's: the caller's */
 	uint64_t size;
 	char etag[80];        /* quoted, as the store sends it */
-	struct timespec mtime; /* LastModified (listings only; 0 unknown) */
+	struct timespec mtime; /* LastModified (listings only; 0 unknown); an upload's Initiated */
+	char *upload_id;       /* ckfs_s3_uploads' listings only (malloc'd) */
+	char meta[96];         /* HEAD: x-amz-meta-ckfs (ckfs_s3_put's meta), "" if none */
 };
 
 /* The object's size and ETag (HEAD), out->key = key (not copied):
@@ -112,6 +114,47 @@ enum ckfs_code ckfs_s3_list(struct ckfs_s3 *s3, const char *bucket, const char *
 			    struct ckfs_error *err) CKFS_WARN_UNUSED;
 void ckfs_s3_listing_free(struct ckfs_s3_listing *l);
 
+/* ---- Writing (s3_write.c) ----
+ * Every body goes with its Content-MD5, which the store checks; a part's
+ * and a whole multipart object's ETag are checked against the MD5s sent
+ * where the store makes them of MD5s (AWS without KMS, SeaweedFS, MinIO).
+ * meta, where a call takes it, is stored as the object's x-amz-meta-ckfs
+ * (ASCII, under 90 bytes; NULL: none). */
+
+/* An object of len bytes (one request: up to 5 GiB). */
+enum ckfs_code ckfs_s3_put(struct ckfs_s3 *s3, const char *bucket, const char *key,
+			   const void *data, size_t len, const char *meta,
+			   struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* Remove an object (gone already: success). */
+enum ckfs_code ckfs_s3_delete(struct ckfs_s3 *s3, const char *bucket, const char *key,
+			      struct ckfs_error *err) CKFS_WARN_UNUSED;
+
+/* A multipart upload: start it (*id malloc'd), send parts 1..n (each but
+ * the last at least 5 MiB; any order, from any thread), then finish it
+ * (the object appears whole) or abort it (the parts are dropped). */
+struct ckfs_s3_part {
+	char etag[80]; /* as the store answered */
+	unsigned char md5[16];
+};
+enum ckfs_code ckfs_s3_upload_start(struct ckfs_s3 *s3, const char *bucket, const char *key,
+				    const char *meta, char **id,
+				    struct ckfs_error *err) CKFS_WARN_UNUSED;
+enum ckfs_code ckfs_s3_upload_part(struct ckfs_s3 *s3, const char *bucket, const char *key,
+				   const char *id, unsigned number, const void *data, size_t len,
+				   struct ckfs_s3_part *out,
+				   struct ckfs_error *err) CKFS_WARN_UNUSED;
+enum ckfs_code ckfs_s3_upload_finish(struct ckfs_s3 *s3, const char *bucket, const char *key,
+				     const char *id, const struct ckfs_s3_part *parts, unsigned n,
+				     struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* Gone already (finished or aborted): success. */
+enum ckfs_code ckfs_s3_upload_abort(struct ckfs_s3 *s3, const char *bucket, const char *key,
+				    const char *id, struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The multipart uploads open under prefix: objects with key, upload_id
+ * and mtime (when it was started); freed with ckfs_s3_listing_free. */
+enum ckfs_code ckfs_s3_uploads(struct ckfs_s3 *s3, const char *bucket, const char *prefix,
+			       struct ckfs_s3_listing *out,
+			       struct ckfs_error *err) CKFS_WARN_UNUSED;
+
 /* Requests sent and retried, bytes received: for stats and tests. */
 struct ckfs_s3_counts {
 	uint64_t requests, retries, bytes;
@@ -124,5 +167,9 @@ void ckfs_s3_counts(const struct ckfs_s3 *s3, struct ckfs_s3_counts *out);
 enum ckfs_code ckfs_s3_parse_listing(const char *xml, size_t len,
 				     struct ckfs_s3_listing *out, char **next,
 				     struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The same for a ListMultipartUploads response; *next gets
+ * "KEY-MARKER\nUPLOAD-ID-MARKER" when it goes on. */
+enum ckfs_code ckfs_s3_parse_uploads(const char *xml, size_t len, struct ckfs_s3_listing *out,
+				     char **next, struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 #endif

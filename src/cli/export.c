@@ -42,6 +42,7 @@
 #include "cli/cli.h"
 #include "cli/export_dest.h"
 #include "cli/export_part.h"
+#include "cli/export_s3.h"
 #include "cli/export_since.h"
 #include "cli/options.h"
 
@@ -53,6 +54,16 @@ static void on_signal(int sig)
 {
 	(void)sig;
 	interrupted = 1;
+}
+
+/* Ctrl-C, a kill or a hang-up: stop, clean up, exit 130. */
+static void catch_signals(void)
+{
+	struct sigaction sa = { .sa_handler = on_signal };
+
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGHUP, &sa, NULL);
 }
 
 struct job {
@@ -396,7 +407,8 @@ const struct cli_command ckfs_cmd_export_def = {
 		 "files the mount shows, byte for byte. DIR appears only once every\n"
 		 "file is written and synced. Group and others may read a file only\n"
 		 "where they may read every source it is made from (0644 and 0755 at\n"
-		 "most, less the umask).",
+		 "most, less the umask). DIR may be s3://bucket/prefix: the files go\n"
+		 "to the store as multipart uploads, config.json last.",
 	.opts = export_opts,
 	.run = ckfs_cmd_export,
 };
@@ -781,13 +793,17 @@ int ckfs_cmd_export(int argc, char **argv)
 	/* "out/" is "out": the temporary folder goes beside it, not in it. */
 	for (size_t n = strlen(dst); n > 1 && dst[n - 1] == '/'; n--)
 		dst[n - 1] = '\0';
+	bool to_store = ckfs_s3_is_url(dst);
+	if (to_store && (a.since || a.part.count))
+		return ckfs_cli_usage_error("export", "%s is for a local DIR (not yet s3://)",
+					    a.since ? "--since" : "--part");
 	if (!a.threads) {
-		/* A store's reads wait on the network, not the CPUs: 16 in
-		 * flight, as object-store tools keep several. */
-		long n = ckfs_s3_is_url(src) ? 16 : sysconf(_SC_NPROCESSORS_ONLN);
+		/* A store's reads and writes wait on the network, not the
+		 * CPUs: 16 in flight, as object-store tools keep several. */
+		long n = ckfs_s3_is_url(src) || to_store ? 16 : sysconf(_SC_NPROCESSORS_ONLN);
 		a.threads = n < 1 ? 1 : n > 16 ? 16 : (int)n;
 	}
-	int exists = lstat(dst, &st) == 0;
+	int exists = !to_store && lstat(dst, &st) == 0;
 	if (exists && !a.force)
 		ckfs_fail(&err, CKFS_E_EXISTS, "'%s': already exists; use --force to "
 			  "replace it", dst);
@@ -803,14 +819,19 @@ int ckfs_cmd_export(int argc, char **argv)
 	else if (ckfs_model_open(src, &a.c.model, &m, &err) == CKFS_OK) {
 		for (size_t i = 0; i < m->n_warnings && !a.quiet; i++)
 			ckfs_cli_say("warning: %s", m->warnings[i]);
-		if (ckfs_folder_build(m, &a.c.folder, &f, &err) == CKFS_OK &&
-		    ckfs_export_dest_check(dst, exists, m, f, &err) == CKFS_OK &&
-		    (!a.since || export_since_open(a.since, src, f, &prev, &err) == CKFS_OK)) {
+		if (ckfs_folder_build(m, &a.c.folder, &f, &err) == CKFS_OK && to_store) {
+			struct export_store_opts so = { .force = a.force,
+							.quiet = a.quiet,
+							.threads = a.threads,
+							.src = src,
+							.interrupted = &interrupted };
+			catch_signals();
+			export_store(&so, m, f, dst, &err);
+		} else if (f && ckfs_export_dest_check(dst, exists, m, f, &err) == CKFS_OK &&
+			   (!a.since ||
+			    export_since_open(a.since, src, f, &prev, &err) == CKFS_OK)) {
 			ckfs_export_dest_clean(dst);
-			struct sigaction sa = { .sa_handler = on_signal };
-			sigaction(SIGINT, &sa, NULL);
-			sigaction(SIGTERM, &sa, NULL);
-			sigaction(SIGHUP, &sa, NULL);
+			catch_signals();
 			if (a.part.count)
 				export_parts(&a, f, dst, &err);
 			else

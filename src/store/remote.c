@@ -211,6 +211,15 @@ static enum ckfs_code client(struct ckfs_error *err)
 	return ckfs_s3_new(&cfg, &store.s3, err);
 }
 
+enum ckfs_code ckfs_remote_client(struct ckfs_s3 **out, struct ckfs_error *err)
+{
+	pthread_mutex_lock(&store.lock);
+	enum ckfs_code rc = client(err);
+	*out = store.s3;
+	pthread_mutex_unlock(&store.lock);
+	return rc;
+}
+
 static enum ckfs_code attach_locked(const char *url, struct ckfs_error *err)
 {
 	char bucket[64];

@@ -6,7 +6,7 @@
  * query string as written, so queries are written already in SigV4's
  * canonical form: names sorted, values percent-encoded.
  */
-#include "ckfs/s3.h"
+#include "store/s3_int.h"
 
 #include <curl/curl.h>
 #include <pthread.h>
@@ -19,17 +19,8 @@
 #include "ckfs/hash.h"
 #include "ckfs/strbuf.h"
 
-enum { POOL = 64, MAX_LISTING = 16 << 20 };
-
-struct ckfs_s3 {
-	struct ckfs_s3_config cfg;
-	char sigv4[128];
-	char identity[700];
-	long timeout_floor_ms;   /* CKFS_S3_TIMEOUT, read once (deadline_ms) */
-	pthread_mutex_t lock;
-	CURL *idle[POOL];
-	int n_idle;
-	_Atomic uint64_t requests, retries, bytes;
+enum {
+	MAX_LISTING = 16 << 20
 };
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
@@ -121,7 +112,7 @@ static CURL *take(struct ckfs_s3 *s3)
 static void give_back(struct ckfs_s3 *s3, CURL *h)
 {
 	pthread_mutex_lock(&s3->lock);
-	if (s3->n_idle < POOL) {
+	if (s3->n_idle < S3_POOL) {
 		s3->idle[s3->n_idle++] = h;
 		h = NULL;
 	}
@@ -132,7 +123,7 @@ static void give_back(struct ckfs_s3 *s3, CURL *h)
 
 /* s percent-encoded as SigV4 wants: unreserved characters kept, and '/'
  * too when keep_slash (a key's path), everything else %XX. */
-static void encode(struct ckfs_strbuf *b, const char *s, bool keep_slash)
+void s3_encode(struct ckfs_strbuf *b, const char *s, bool keep_slash)
 {
 	for (; *s; s++) {
 		unsigned char c = (unsigned char)*s;
@@ -145,8 +136,8 @@ static void encode(struct ckfs_strbuf *b, const char *s, bool keep_slash)
 }
 
 /* The object's (or with key "" the bucket's) URL by the addressing style. */
-static void object_url(const struct ckfs_s3 *s3, struct ckfs_strbuf *b, const char *bucket,
-		       const char *key)
+void s3_object_url(const struct ckfs_s3 *s3, struct ckfs_strbuf *b, const char *bucket,
+		   const char *key)
 {
 	const char *ep = s3->cfg.endpoint, *host = strstr(ep, "://") + 3;
 
@@ -154,22 +145,8 @@ static void object_url(const struct ckfs_s3 *s3, struct ckfs_strbuf *b, const ch
 		ckfs_strbuf_fmt(b, "%.*s%s.%s/", (int)(host - ep), ep, bucket, host);
 	else
 		ckfs_strbuf_fmt(b, "%s/%s%s", ep, bucket, *key ? "/" : "");
-	encode(b, key, true);
+	s3_encode(b, key, true);
 }
-
-/* One request's answer. */
-struct reply {
-	CURL *h;
-	char *buf;           /* where a successful body goes */
-	size_t cap, len;
-	bool grow;           /* buf is malloc'd and may grow up to cap */
-	bool overflow;
-	char etag[80];
-	char content_range[96];
-	char content_length[24];
-	char error[1024];    /* an error's body (its start), never in buf */
-	size_t error_len;
-};
 
 static size_t on_body(char *data, size_t size, size_t n, void *arg)
 {
@@ -231,7 +208,59 @@ static size_t on_header(char *data, size_t size, size_t n, void *arg)
 	header_value(data, size * n, "Content-Range", r->content_range, sizeof(r->content_range));
 	header_value(data, size * n, "Content-Length", r->content_length,
 		     sizeof(r->content_length));
+	header_value(data, size * n, "x-amz-meta-ckfs", r->meta, sizeof(r->meta));
 	return size * n;
+}
+
+/* A request body sent from memory, from its start at each attempt. */
+struct body {
+	const char *p;
+	size_t len, off;
+};
+
+static size_t on_read(char *out, size_t size, size_t n, void *arg)
+{
+	struct body *b = arg;
+	size_t k = size * n < b->len - b->off ? size * n : b->len - b->off;
+
+	memcpy(out, b->p + b->off, k);
+	b->off += k;
+	return k;
+}
+
+static int on_seek(void *arg, curl_off_t off, int origin)
+{
+	struct body *b = arg;
+
+	if (origin != SEEK_SET || off < 0 || (uint64_t)off > b->len)
+		return CURL_SEEKFUNC_CANTSEEK;
+	b->off = (size_t)off;
+	return CURL_SEEKFUNC_OK;
+}
+
+/* The method, body and headers of a request that writes. */
+static struct curl_slist *set_body(CURL *h, const struct request *req, struct body *b,
+				   struct curl_slist *hdr)
+{
+	for (const char *const *x = req->headers; x && *x; x++)
+		hdr = curl_slist_append(hdr, *x);
+	if (req->body) {
+		*b = (struct body){ .p = req->body, .len = req->body_len };
+		curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
+		curl_easy_setopt(h, CURLOPT_READFUNCTION, on_read);
+		curl_easy_setopt(h, CURLOPT_READDATA, b);
+		curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, on_seek);
+		curl_easy_setopt(h, CURLOPT_SEEKDATA, b);
+		curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)req->body_len);
+		/* the body is checked by its Content-MD5, not signed (as the
+		 * AWS CLI sends parts); no 100-continue round trip */
+	} else if (req->method && strcmp(req->method, "POST") == 0) {
+		curl_easy_setopt(h, CURLOPT_POSTFIELDS, "");
+		curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, 0L);
+	}
+	if (req->method)
+		curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, req->method);
+	return hdr;
 }
 
 static bool retryable(CURLcode cc, long status)
@@ -264,7 +293,7 @@ static void backoff(const struct ckfs_s3 *s3, int attempt)
 }
 
 /* The S3 error code of an error body ("<Code>NoSuchKey</Code>"). */
-static void error_code(const struct reply *r, char *out, size_t size)
+void s3_error_code(const struct reply *r, char *out, size_t size)
 {
 	const char *c, *e;
 
@@ -275,14 +304,6 @@ static void error_code(const struct reply *r, char *out, size_t size)
 		out[e - c - 6] = '\0';
 	}
 }
-
-struct request {
-	const char *bucket, *key; /* for messages */
-	const char *url;
-	bool head;
-	const char *range, *if_match;
-	size_t expect;            /* bytes the answer should carry, for its deadline */
-};
 
 /* A request's deadline (see timeout_floor_ms). */
 static long deadline_ms(const struct ckfs_s3 *s3, size_t expect)
@@ -302,10 +323,11 @@ static enum ckfs_code ignored_range(const struct request *req, struct ckfs_error
 /* Send req until it succeeds or may not be retried: the HTTP status, or
  * a failure recorded in err. An error's body goes to a buffer of its own
  * so that it never lands in the caller's. */
-static enum ckfs_code perform(struct ckfs_s3 *s3, const struct request *req, struct reply *r,
-			      long *status, struct ckfs_error *err)
+enum ckfs_code s3_perform(struct ckfs_s3 *s3, const struct request *req, struct reply *r,
+			  long *status, struct ckfs_error *err)
 {
 	char range[96], if_match[128], token[2100], why[CURL_ERROR_SIZE];
+	struct body body;
 	CURLcode cc = CURLE_OK;
 	size_t start = r->len;
 
@@ -322,7 +344,8 @@ static enum ckfs_code perform(struct ckfs_s3 *s3, const struct request *req, str
 		curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
 		curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
 		curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 10L);
-		curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, deadline_ms(s3, req->expect));
+		curl_easy_setopt(h, CURLOPT_TIMEOUT_MS,
+				 deadline_ms(s3, req->expect + req->body_len));
 		curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L); /* a stalled read fails */
 		curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 20L);
 		curl_easy_setopt(h, CURLOPT_NOBODY, req->head ? 1L : 0L);
@@ -348,11 +371,13 @@ static enum ckfs_code perform(struct ckfs_s3 *s3, const struct request *req, str
 				 s3->cfg.session_token);
 			hdr = curl_slist_append(hdr, token);
 		}
+		hdr = set_body(h, req, &body, hdr);
 		curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
 		r->h = h;
 		r->len = start;
 		r->overflow = false;
-		r->etag[0] = r->content_range[0] = r->content_length[0] = r->error[0] = '\0';
+		r->etag[0] = r->content_range[0] = r->content_length[0] = r->error[0] = r->meta[0] =
+			'\0';
 		r->error_len = 0;
 		*status = 0;
 		atomic_fetch_add(&s3->requests, 1);
@@ -383,8 +408,8 @@ static enum ckfs_code perform(struct ckfs_s3 *s3, const struct request *req, str
 }
 
 /* A status other than success as a failure. */
-static enum ckfs_code status_error(const struct request *req, long status, const char *code,
-				   struct ckfs_error *err)
+enum ckfs_code s3_status_error(const struct request *req, long status, const char *code,
+			       struct ckfs_error *err)
 {
 	const char *b = req->bucket, *k = req->key;
 
@@ -414,15 +439,15 @@ enum ckfs_code ckfs_s3_head(struct ckfs_s3 *s3, const char *bucket, const char *
 	long status;
 	enum ckfs_code rc;
 
-	object_url(s3, &url, bucket, key);
+	s3_object_url(s3, &url, bucket, key);
 	if (url.failed)
 		return ckfs_nomem(err);
 	req.url = url.p;
-	rc = perform(s3, &req, &r, &status, err);
+	rc = s3_perform(s3, &req, &r, &status, err);
 	free(url.p);
 	CKFS_TRY(rc);
 	if (status != 200)
-		return status_error(&req, status, "", err);
+		return s3_status_error(&req, status, "", err);
 	memset(out, 0, sizeof(*out));
 	out->key = key;
 	out->size = strtoull(r.content_length, &end, 10);
@@ -433,6 +458,7 @@ enum ckfs_code ckfs_s3_head(struct ckfs_s3 *s3, const char *bucket, const char *
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED, "s3://%s/%s: the store sent no "
 				 "ETag, so a changed object could not be told", bucket, key);
 	memcpy(out->etag, r.etag, sizeof(out->etag));
+	memcpy(out->meta, r.meta, sizeof(out->meta));
 	return CKFS_OK;
 }
 
@@ -453,17 +479,17 @@ enum ckfs_code ckfs_s3_get(struct ckfs_s3 *s3, const char *bucket,
 		return CKFS_OK;
 	snprintf(range, sizeof(range), "bytes=%llu-%llu", (unsigned long long)off,
 		 (unsigned long long)(off + len - 1));
-	object_url(s3, &url, bucket, key);
+	s3_object_url(s3, &url, bucket, key);
 	if (url.failed)
 		return ckfs_nomem(err);
 	req.url = url.p;
-	rc = perform(s3, &req, &r, &status, err);
+	rc = s3_perform(s3, &req, &r, &status, err);
 	if (rc == CKFS_OK && status == 200)
 		rc = ignored_range(&req, err);
 	else if (rc == CKFS_OK && status != 206) {
 		char code[64];
-		error_code(&r, code, sizeof(code));
-		rc = status_error(&req, status, code, err);
+		s3_error_code(&r, code, sizeof(code));
+		rc = s3_status_error(&req, status, code, err);
 	}
 	free(url.p);
 	CKFS_TRY(rc);
@@ -510,17 +536,17 @@ enum ckfs_code ckfs_s3_list(struct ckfs_s3 *s3, const char *bucket, const char *
 		struct request req = { .bucket = bucket, .key = prefix, .expect = 1 << 20 };
 		long status;
 		/* SigV4's canonical query: names in order, values encoded. */
-		object_url(s3, &url, bucket, "");
+		s3_object_url(s3, &url, bucket, "");
 		ckfs_strbuf_str(&url, "?");
 		if (token) {
 			ckfs_strbuf_str(&url, "continuation-token=");
-			encode(&url, token, false);
+			s3_encode(&url, token, false);
 			ckfs_strbuf_str(&url, "&");
 		}
 		if (folders)
 			ckfs_strbuf_str(&url, "delimiter=%2F&");
 		ckfs_strbuf_str(&url, "list-type=2&prefix=");
-		encode(&url, prefix, false);
+		s3_encode(&url, prefix, false);
 		free(token);
 		token = NULL;
 		if (url.failed) {
@@ -528,11 +554,11 @@ enum ckfs_code ckfs_s3_list(struct ckfs_s3 *s3, const char *bucket, const char *
 			break;
 		}
 		req.url = url.p;
-		rc = perform(s3, &req, &r, &status, err);
+		rc = s3_perform(s3, &req, &r, &status, err);
 		if (rc == CKFS_OK && status != 200) {
 			char code[64];
-			error_code(&r, code, sizeof(code));
-			rc = status_error(&req, status, code, err);
+			s3_error_code(&r, code, sizeof(code));
+			rc = s3_status_error(&req, status, code, err);
 		}
 		if (rc == CKFS_OK) {
 			struct ckfs_error why;

@@ -8,6 +8,7 @@
 #include "ckfs/s3.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +21,9 @@ struct xml {
 	const char *path[MAX_DEPTH]; /* open elements' names (not terminated) */
 	size_t path_len[MAX_DEPTH];
 	int depth;
+	bool uploads;     /* a ListMultipartUploads response */
+	char *key_marker; /* its NextKeyMarker and NextUploadIdMarker */
+	char *id_marker;
 	struct ckfs_error *err;
 };
 
@@ -167,7 +171,29 @@ static enum ckfs_code leaf(struct xml *x, const char *t, size_t n, struct ckfs_s
 {
 	char *end;
 
-	if (x->depth == 3 && in(x, 1, "Contents")) {
+	if (x->uploads && x->depth == 3 && in(x, 1, "Upload")) {
+		struct ckfs_s3_object *o = &l->objects[l->n_objects - 1];
+		char **to = in(x, 2, "Key")        ? (char **)&o->key
+			    : in(x, 2, "UploadId") ? &o->upload_id
+						   : NULL;
+		if (to) {
+			if (*to || !(*to = strdup(t)))
+				return *to ? bad(x, "an upload with two keys or ids")
+					   : ckfs_nomem(x->err);
+		} else if (in(x, 2, "Initiated") && parse_time(t, &o->mtime) != 0) {
+			return bad(x, "a bad Initiated time");
+		}
+	} else if (x->uploads && x->depth == 2 &&
+		   (in(x, 1, "NextKeyMarker") || in(x, 1, "NextUploadIdMarker"))) {
+		char **to = in(x, 1, "NextKeyMarker") ? &x->key_marker : &x->id_marker;
+		free(*to);
+		if (!(*to = strdup(t)))
+			return ckfs_nomem(x->err);
+	} else if (x->uploads && x->depth == 2 && in(x, 1, "IsTruncated")) {
+		*truncated = strcmp(t, "true") == 0;
+	} else if (x->uploads) {
+		return CKFS_OK;
+	} else if (x->depth == 3 && in(x, 1, "Contents")) {
 		struct ckfs_s3_object *o = &l->objects[l->n_objects - 1];
 		if (in(x, 2, "Key")) {
 			if (o->key || !(o->key = strdup(t)))
@@ -210,11 +236,13 @@ static enum ckfs_code open_element(struct xml *x, const char *name, size_t len,
 {
 	if (x->depth == MAX_DEPTH)
 		return bad(x, "elements nested too deep");
-	if (x->depth == 0 && (len != 16 || memcmp(name, "ListBucketResult", 16) != 0))
-		return bad(x, "not a ListBucketResult");
+	const char *root = x->uploads ? "ListMultipartUploadsResult" : "ListBucketResult";
+	if (x->depth == 0 && (len != strlen(root) || memcmp(name, root, len) != 0))
+		return x->uploads ? bad(x, "not a ListMultipartUploadsResult")
+				  : bad(x, "not a ListBucketResult");
 	x->path[x->depth] = name;
 	x->path_len[x->depth++] = len;
-	if (x->depth == 2 && in(x, 1, "Contents"))
+	if (x->depth == 2 && in(x, 1, x->uploads ? "Upload" : "Contents"))
 		return add_object(x, l);
 	return CKFS_OK;
 }
@@ -290,10 +318,35 @@ enum ckfs_code ckfs_s3_parse_listing(const char *xml, size_t len, struct ckfs_s3
 	return rc;
 }
 
+enum ckfs_code ckfs_s3_parse_uploads(const char *xml, size_t len, struct ckfs_s3_listing *out,
+				     char **next, struct ckfs_error *err)
+{
+	struct xml x = { .p = xml, .end = xml + len, .uploads = true, .err = err };
+	bool truncated = false;
+	size_t before = out->n_objects;
+
+	*next = NULL;
+	enum ckfs_code rc = parse(&x, out, next, &truncated);
+	for (size_t i = before; rc == CKFS_OK && i < out->n_objects; i++)
+		if (!out->objects[i].key || !out->objects[i].upload_id)
+			rc = bad(&x, "an upload without a key or an id");
+	if (rc == CKFS_OK && truncated) {
+		if (!x.key_marker || !x.id_marker)
+			rc = bad(&x, "truncated without its markers");
+		else if (asprintf(next, "%s\n%s", x.key_marker, x.id_marker) < 0)
+			rc = ckfs_nomem(err), *next = NULL;
+	}
+	free(x.key_marker);
+	free(x.id_marker);
+	return rc;
+}
+
 void ckfs_s3_listing_free(struct ckfs_s3_listing *l)
 {
-	for (size_t i = 0; i < l->n_objects; i++)
+	for (size_t i = 0; i < l->n_objects; i++) {
 		free((char *)l->objects[i].key);
+		free(l->objects[i].upload_id);
+	}
 	for (size_t i = 0; i < l->n_prefixes; i++)
 		free(l->prefixes[i]);
 	free(l->objects);

@@ -11,7 +11,7 @@ cd "$ROOT" || exit 1
 # Which module a public header belongs to.
 header_module() {
 	case $1 in
-	arena | err | log | text | json | dtype | limits | units | strbuf | hash | io) echo util ;;
+	arena | err | log | text | json | dtype | limits | units | strbuf | hash | md5 | io) echo util ;;
 	zip | pickle | torch | safetensors) echo fmt ;;
 	model) echo model ;;
 	layouts | run) echo layouts ;;

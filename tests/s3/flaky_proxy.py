@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 """An unreliable S3 endpoint in front of a real one, for the retry tests.
 
-Usage: flaky_proxy.py UPSTREAM_PORT  (prints the port it listens on)
+Usage: flaky_proxy.py UPSTREAM_PORT [SECONDS]  (prints the port it listens on)
 
 For each distinct request (method, path with query, and Range) the first
 attempt gets its connection closed without an answer, the second 503
@@ -9,6 +9,9 @@ SlowDown; a ranged GET's third gets the store's answer cut in half (all
 headers, then half the body, then the connection closed); the rest go to
 the store unchanged (the Host header included, so the SigV4 signature
 still holds). A path holding "always-503" always gets 503.
+With a second argument, SECONDS, it is a slow endpoint instead: every
+request reaches the store unchanged, SECONDS late (for tests that stop an
+export part-way).
 Every connection serves one request (a dropped one is then always a fresh
 connection, which libcurl does not retry by itself as it does a reused one
 that died).
@@ -17,9 +20,11 @@ import http.client
 import socketserver
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler
 
 UPSTREAM = int(sys.argv[1])
+DELAY = float(sys.argv[2]) if len(sys.argv) > 2 else None
 seen = {}
 lock = threading.Lock()
 
@@ -59,8 +64,11 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Connection", "close")
         self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data[: len(data) // 2] if truncate else data)
+        try:
+            if self.command != "HEAD":
+                self.wfile.write(data[: len(data) // 2] if truncate else data)
+        except BrokenPipeError:
+            pass  # the client was stopped (a test kills it mid-request)
         up.close()
 
     def handle_any(self):
@@ -70,14 +78,17 @@ class Handler(BaseHTTPRequestHandler):
             n = seen.get(key, 0)
             seen[key] = n + 1
         self.close_connection = True
-        if "always-503" in self.path or n == 1:
+        if DELAY is not None:
+            time.sleep(DELAY)
+            self.forward()
+        elif "always-503" in self.path or n == 1:
             self.answer_503()
         elif n == 0:
             self.connection.shutdown(2)  # no answer at all
         else:
             self.forward(truncate=ranged and n == 2)
 
-    do_GET = do_HEAD = do_PUT = handle_any
+    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = handle_any
 
 
 class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ckfs/md5.h"
 #include "ckfs/s3.h"
 #include "test.h"
 
@@ -200,8 +201,106 @@ static void test_config(void)
 	clear_env();
 }
 
+/* RFC 1321's test suite (appendix A.5), and lengths around a block's
+ * padding boundary checked against Python's hashlib. */
+static void test_md5(void)
+{
+	static const char *const cases[][2] = {
+		{ "", "d41d8cd98f00b204e9800998ecf8427e" },
+		{ "a", "0cc175b9c0f1b6a831c399e269772661" },
+		{ "abc", "900150983cd24fb0d6963f7d28e17f72" },
+		{ "message digest", "f96b697d7cb7938d525a2f31aaf161d0" },
+		{ "abcdefghijklmnopqrstuvwxyz", "c3fcd3d76192e4007dfb496cca67e13b" },
+		{ "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789",
+		  "d174ab98d277d9f5a5611c2c9f419d9f" },
+		{ "1234567890123456789012345678901234567890123456789012345678901234567890123456"
+		  "7890",
+		  "57edf4a22be3c955ac49da2e2107b67a" },
+	};
+	unsigned char d[16];
+	char hex[33];
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		ckfs_md5(cases[i][0], strlen(cases[i][0]), d);
+		for (int k = 0; k < 16; k++)
+			snprintf(hex + 2 * k, 3, "%02x", d[k]);
+		CHECK_EQ_STR(hex, cases[i][1]);
+	}
+	/* 55, 56 and 64 bytes of 'x', fed one byte at a time: the padding
+	 * edge cases, and update's carry between calls */
+	static const char *const xs[] = { "04364420e25c512fd958a70738aa8f72",
+					  "668a72d5ba17f08e62dabcafad6db14b",
+					  "c1bb4f81d892b2d57947682aeb252456" };
+	const size_t lens[] = { 55, 56, 64 };
+	for (size_t i = 0; i < 3; i++) {
+		struct ckfs_md5 m;
+		ckfs_md5_init(&m);
+		for (size_t k = 0; k < lens[i]; k++)
+			ckfs_md5_update(&m, "x", 1);
+		ckfs_md5_final(&m, d);
+		for (int k = 0; k < 16; k++)
+			snprintf(hex + 2 * k, 3, "%02x", d[k]);
+		CHECK_EQ_STR(hex, xs[i]);
+	}
+}
+
+/* ListMultipartUploads as SeaweedFS 4.48 answers it (ids changed), a
+ * page that goes on, and broken ones. */
+static void test_uploads(void)
+{
+	static const char uploads_page[] =
+		"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+		"<ListMultipartUploadsResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">"
+		"<Bucket>out</Bucket><KeyMarker></KeyMarker><UploadIdMarker></UploadIdMarker>"
+		"<NextKeyMarker>m/b.safetensors</NextKeyMarker><NextUploadIdMarker>id-2"
+		"</NextUploadIdMarker><MaxUploads>2</MaxUploads><IsTruncated>true</IsTruncated>"
+		"<Upload><Key>m/a.safetensors</Key><UploadId>id-1</UploadId><Initiator><ID>ckfs</ID>"
+		"</Initiator><StorageClass>STANDARD</StorageClass>"
+		"<Initiated>2026-12-07T03:01:02Z</Initiated></Upload>"
+		"<Upload><Key>m/b.safetensors</Key><UploadId>id-2</UploadId>"
+		"<Initiated>2026-12-07T03:01:03Z</Initiated></Upload></ListMultipartUploadsResult>";
+	struct ckfs_s3_listing l = { 0 };
+	struct ckfs_error err;
+	char *next = NULL;
+
+	ckfs_error_clear(&err);
+	CHECK_EQ_INT(ckfs_s3_parse_uploads(uploads_page, sizeof(uploads_page) - 1, &l, &next, &err),
+		     CKFS_OK);
+	CHECK_EQ_INT((int)l.n_objects, 2);
+	if (l.n_objects == 2) {
+		CHECK_EQ_STR(l.objects[0].key, "m/a.safetensors");
+		CHECK_EQ_STR(l.objects[0].upload_id, "id-1");
+		CHECK(l.objects[1].mtime.tv_sec == 1796612463);
+	}
+	CHECK_EQ_STR(next, "m/b.safetensors\nid-2");
+	free(next);
+	ckfs_s3_listing_free(&l);
+
+	static const char *const broken[][2] = {
+		{ "<ListBucketResult></ListBucketResult>",
+		  "S3 listing: not a ListMultipartUploadsResult" },
+		{ "<ListMultipartUploadsResult><Upload><Key>k</Key></Upload>"
+		  "</ListMultipartUploadsResult>",
+		  "S3 listing: an upload without a key or an id" },
+		{ "<ListMultipartUploadsResult><IsTruncated>true</IsTruncated>"
+		  "</ListMultipartUploadsResult>",
+		  "S3 listing: truncated without its markers" },
+	};
+	for (size_t i = 0; i < 3; i++) {
+		memset(&l, 0, sizeof(l));
+		ckfs_error_clear(&err);
+		CHECK_EQ_INT(ckfs_s3_parse_uploads(broken[i][0], strlen(broken[i][0]), &l, &next,
+						   &err),
+			     CKFS_E_FORMAT);
+		CHECK_EQ_STR(err.msg, broken[i][1]);
+		ckfs_s3_listing_free(&l);
+	}
+}
+
 int main(void)
 {
+	RUN(test_md5);
+	RUN(test_uploads);
 	RUN(test_listing);
 	RUN(test_broken_listings);
 	RUN(test_urls);

@@ -1,0 +1,474 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ckfs export SRC s3://bucket/prefix (export_s3.h). Nothing is staged on
+ * disk: each weight file goes to the store as a multipart upload straight
+ * from the read path, its parts assembled and sent by the worker threads
+ * (memory: threads x part size), every part with its MD5.
+ *
+ * A prefix has no rename, so it is made visible in an order instead: the
+ * weight files first, the side files next, then
+ * model.safetensors.index.json and config.json last: readers (and ckfs's
+ * own run watcher) take a folder without config.json as incomplete. With
+ * --force over an earlier export, its config.json and index are removed
+ * first, for the same reason, and its other objects not written again
+ * once the new folder is complete.
+ *
+ * Every object carries x-amz-meta-ckfs, a digest of what decides its
+ * bytes (the sources' identities, its header or text). An export killed
+ * part-way leaves objects that say so and no config.json: the same
+ * command run again keeps the objects whose digest is its own, writes the
+ * rest, and aborts the multipart uploads left open under the prefix
+ * (uploads of a crash are otherwise kept, and billed, by the store).
+ * Nothing is written or removed outside prefix/.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ckfs/hash.h"
+#include "ckfs/remote.h"
+#include "ckfs/s3.h"
+#include "ckfs/units.h"
+#include "cli/cli.h"
+#include "cli/export_s3.h"
+
+#define MIN_PART   (8u << 20)
+#define MAX_PARTS  10000u
+#define DIGEST_TAG "ckfs-export-1"
+
+struct dest {
+	struct ckfs_s3 *s3;
+	char bucket[64];
+	char root[1024]; /* "prefix/" */
+	const struct export_store_opts *o;
+};
+
+/* The part size asked for: CKFS_S3_PART_SIZE bytes (S3's limits: 5 MiB
+ * to 5 GiB), else 8 MiB, the AWS CLI's default. */
+static uint64_t part_wanted(void)
+{
+	const char *e = getenv("CKFS_S3_PART_SIZE");
+	char *end;
+
+	if (e && *e) {
+		unsigned long long v = strtoull(e, &end, 10);
+		if (!*end && v >= (5u << 20) && v <= (5ull << 30))
+			return v;
+	}
+	return MIN_PART;
+}
+
+/* The part size for a file of size bytes: as asked, more where 10,000
+ * parts would not hold it (S3's limit; then in whole MiB). */
+static size_t part_size(uint64_t size)
+{
+	uint64_t want = part_wanted();
+
+	if ((size + want - 1) / want <= MAX_PARTS)
+		return (size_t)want;
+	uint64_t p = (size + MAX_PARTS - 1) / MAX_PARTS;
+	return (size_t)((p + (1u << 20) - 1) & ~(uint64_t)((1u << 20) - 1));
+}
+
+/* ---- the digest stored with each object ---- */
+
+static uint64_t mix(uint64_t h, const void *p, size_t n)
+{
+	return ckfs_fnv1a(h, p, n);
+}
+
+static uint64_t mix_source(uint64_t h, const struct ckfs_source *s)
+{
+	int64_t t[2] = { s->mtime.tv_sec, s->mtime.tv_nsec };
+
+	if (s->name)
+		h = mix(h, s->name, strlen(s->name) + 1);
+	h = mix(h, &s->size, sizeof(s->size));
+	return mix(h, t, sizeof(t));
+}
+
+/* "ckfs-export-1 <16 hex>": SRC, every source's name, size and mtime,
+ * the node's name, size and what decides its bytes. */
+static void digest(const struct export_store_opts *o, const struct ckfs_model *m,
+		   const struct ckfs_node *n, char out[64])
+{
+	uint64_t h = mix(CKFS_FNV1A_START, o->src, strlen(o->src) + 1);
+
+	for (const struct ckfs_model *x = m; x; x = x == m ? m->base : NULL)
+		for (size_t i = 0; i < x->n_sources; i++)
+			h = mix_source(h, &x->sources[i]);
+	h = mix(h, n->name, strlen(n->name) + 1);
+	h = mix(h, &n->size, sizeof(n->size));
+	if (n->st)
+		h = mix(h, n->st->header, n->st->header_len);
+	else if (n->gguf)
+		h = mix(h, n->gguf->header, n->gguf->header_len);
+	else if (n->kind == CKFS_NODE_RENDERED)
+		h = mix(h, n->data, n->size);
+	else if (n->kind == CKFS_NODE_PASSTHROUGH)
+		h = mix_source(h, &n->src);
+	snprintf(out, 64, DIGEST_TAG " %016llx", (unsigned long long)h);
+}
+
+/* ---- one file ---- */
+
+struct upload {
+	const struct dest *d;
+	const struct ckfs_folder *f;
+	const struct ckfs_node *n;
+	const char *key, *id;
+	size_t part;
+	unsigned n_parts;
+	struct ckfs_s3_part *parts;
+	atomic_uint next;
+	struct ckfs_first_error fail;
+};
+
+static enum ckfs_code read_range(const struct ckfs_folder *f, const struct ckfs_node *n,
+				 uint64_t off, size_t len, char *buf,
+				 struct ckfs_read_scratch *scratch, struct ckfs_error *err)
+{
+	for (size_t done = 0, got; done < len; done += got) {
+		CKFS_TRY(ckfs_folder_read(f, n, off + done, len - done, buf + done, &got, scratch,
+					  err));
+		if (got == 0)
+			return ckfs_fail(err, CKFS_E_TRUNCATED, "'%s': ends before its size",
+					 n->name);
+	}
+	return CKFS_OK;
+}
+
+static void *send_parts(void *arg)
+{
+	struct upload *u = arg;
+	struct ckfs_read_scratch scratch = { 0 };
+	struct ckfs_error err;
+	char *buf = malloc(u->part);
+
+	ckfs_error_clear(&err);
+	if (!buf) {
+		ckfs_nomem(&err);
+		ckfs_first_error_set(&u->fail, &err);
+	}
+	while (buf && !atomic_load(&u->fail.failed) && !*u->d->o->interrupted) {
+		unsigned i = atomic_fetch_add(&u->next, 1);
+		if (i >= u->n_parts)
+			break;
+		uint64_t off = (uint64_t)i * u->part;
+		size_t len = u->n->size - off < u->part ? (size_t)(u->n->size - off) : u->part;
+		if (read_range(u->f, u->n, off, len, buf, &scratch, &err) != CKFS_OK ||
+		    ckfs_s3_upload_part(u->d->s3, u->d->bucket, u->key, u->id, i + 1, buf, len,
+					&u->parts[i], &err) != CKFS_OK) {
+			ckfs_first_error_set(&u->fail, &err);
+			break;
+		}
+	}
+	free(buf);
+	ckfs_read_scratch_release(&scratch);
+	return NULL;
+}
+
+/* A weight file of several parts: started, sent by the workers, finished;
+ * aborted on any failure, so that no upload stays open. */
+static enum ckfs_code put_multipart(const struct dest *d, const struct ckfs_folder *f,
+				    const struct ckfs_node *n, const char *key, const char *meta,
+				    struct ckfs_error *err)
+{
+	struct upload u = { .d = d, .f = f, .n = n, .key = key, .part = part_size(n->size) };
+	char *id = NULL;
+	pthread_t tids[256];
+	int started = 0;
+	enum ckfs_code rc;
+
+	u.n_parts = (unsigned)((n->size + u.part - 1) / u.part);
+	if (!(u.parts = calloc(u.n_parts, sizeof(*u.parts))))
+		return ckfs_nomem(err);
+	CKFS_TRY(ckfs_s3_upload_start(d->s3, d->bucket, key, meta, &id, err));
+	u.id = id;
+	ckfs_first_error_init(&u.fail);
+	int nt = d->o->threads < (int)u.n_parts ? d->o->threads : (int)u.n_parts;
+	for (int i = 0; i < nt && i < 256; i++) {
+		if (pthread_create(&tids[i], NULL, send_parts, &u) != 0) {
+			ckfs_first_error_no_thread(&u.fail);
+			break;
+		}
+		started++;
+	}
+	for (int i = 0; i < started; i++)
+		pthread_join(tids[i], NULL);
+	if (u.fail.err.code != CKFS_OK) {
+		*err = u.fail.err;
+		rc = err->code;
+	} else if (*d->o->interrupted || !started) {
+		rc = ckfs_fail(err, CKFS_E_IO, "interrupted");
+	} else {
+		rc = ckfs_s3_upload_finish(d->s3, d->bucket, key, id, u.parts, u.n_parts, err);
+	}
+	if (rc != CKFS_OK) {
+		struct ckfs_error why;
+		ckfs_error_clear(&why);
+		if (ckfs_s3_upload_abort(d->s3, d->bucket, key, id, &why) != CKFS_OK)
+			ckfs_cli_say("warning: %s (the upload stays open; the next export to "
+				     "this prefix aborts it)",
+				     why.msg);
+	}
+	ckfs_first_error_destroy(&u.fail);
+	free(u.parts);
+	free(id);
+	return rc;
+}
+
+static enum ckfs_code put_file(const struct dest *d, const struct ckfs_folder *f,
+			       const struct ckfs_node *n, const char *key, const char *meta,
+			       struct ckfs_error *err)
+{
+	struct ckfs_read_scratch scratch = { 0 };
+	enum ckfs_code rc;
+
+	if (n->size > part_size(n->size))
+		return put_multipart(d, f, n, key, meta, err);
+	if (n->kind == CKFS_NODE_RENDERED)
+		return ckfs_s3_put(d->s3, d->bucket, key, n->data, n->size, meta, err);
+	char *buf = malloc(n->size ? n->size : 1);
+	if (!buf)
+		return ckfs_nomem(err);
+	rc = read_range(f, n, 0, n->size, buf, &scratch, err);
+	if (rc == CKFS_OK)
+		rc = ckfs_s3_put(d->s3, d->bucket, key, buf, n->size, meta, err);
+	ckfs_read_scratch_release(&scratch);
+	free(buf);
+	return rc;
+}
+
+/* ---- the prefix ---- */
+
+/* The order objects become visible in: weight files, side files, the
+ * index, config.json (a folder without it reads as incomplete). */
+static int rank(const struct ckfs_node *n)
+{
+	if (n->kind == CKFS_NODE_WEIGHTS)
+		return 0;
+	if (strcmp(n->name, "config.json") == 0)
+		return 3;
+	if (strcmp(n->name, "model.safetensors.index.json") == 0)
+		return 2;
+	return 1;
+}
+
+/* The file written last: the one whose presence says "complete". */
+static const struct ckfs_node *last_node(const struct ckfs_folder *f)
+{
+	const struct ckfs_node *last = NULL;
+
+	for (size_t i = 0; i < f->n_nodes; i++)
+		if (f->nodes[i].kind != CKFS_NODE_DIR &&
+		    (!last || rank(&f->nodes[i]) >= rank(last)))
+			last = &f->nodes[i];
+	return last;
+}
+
+static const struct ckfs_s3_object *find(const struct ckfs_s3_listing *l, const char *key)
+{
+	for (size_t i = 0; i < l->n_objects; i++)
+		if (strcmp(l->objects[i].key, key) == 0)
+			return &l->objects[i];
+	return NULL;
+}
+
+/* Whether f has a file of that name. */
+static bool holds(const struct ckfs_folder *f, const char *name)
+{
+	for (size_t i = 0; i < f->n_nodes; i++)
+		if (f->nodes[i].kind != CKFS_NODE_DIR && strcmp(f->nodes[i].name, name) == 0)
+			return true;
+	return false;
+}
+
+static bool ours(const char *meta)
+{
+	return strncmp(meta, DIGEST_TAG " ", strlen(DIGEST_TAG) + 1) == 0;
+}
+
+/* What is under the prefix already: nothing; an export ckfs did not
+ * finish (every object carries a digest, config.json is missing), which
+ * this one resumes; else a folder only --force replaces, whose marking
+ * files go first. */
+static enum ckfs_code look_at_prefix(const struct dest *d, const struct ckfs_folder *f,
+				     const struct ckfs_s3_listing *old, const char *url,
+				     struct ckfs_error *err)
+{
+	char key[2048];
+	const struct ckfs_node *last = last_node(f);
+	bool foreign = false;
+
+	if (!old->n_objects)
+		return CKFS_OK;
+	snprintf(key, sizeof(key), "%s%s", d->root, last ? last->name : "config.json");
+	bool complete = find(old, key) != NULL;
+	for (size_t i = 0; i < old->n_objects && !complete && !foreign; i++) {
+		struct ckfs_s3_object o;
+		CKFS_TRY(ckfs_s3_head(d->s3, d->bucket, old->objects[i].key, &o, err));
+		foreign = !ours(o.meta);
+	}
+	if (!complete && !foreign) {
+		if (!d->o->quiet)
+			ckfs_cli_say("'%s': resuming an export that did not finish (%zu objects "
+				     "there)",
+				     url, old->n_objects);
+		return CKFS_OK;
+	}
+	if (!d->o->force)
+		return ckfs_fail(err, CKFS_E_EXISTS,
+				 "'%s': already holds %zu objects%s; use "
+				 "--force to replace them",
+				 url, old->n_objects, complete ? "" : ", not all of them ckfs's");
+	/* --force: it reads as incomplete from here on */
+	static const char *const marking[] = { "config.json", "model.safetensors.index.json" };
+	for (size_t i = 0; i < 2; i++) {
+		snprintf(key, sizeof(key), "%s%s", d->root, marking[i]);
+		if (find(old, key))
+			CKFS_TRY(ckfs_s3_delete(d->s3, d->bucket, key, err));
+	}
+	return CKFS_OK;
+}
+
+/* Abort the multipart uploads open under the prefix: an earlier export's,
+ * killed before it could. */
+static void abort_stale(const struct dest *d)
+{
+	struct ckfs_s3_listing l;
+	struct ckfs_error err;
+	size_t n = 0;
+
+	ckfs_error_clear(&err);
+	if (ckfs_s3_uploads(d->s3, d->bucket, d->root, &l, &err) != CKFS_OK) {
+		ckfs_cli_say("warning: %s", err.msg);
+		return;
+	}
+	for (size_t i = 0; i < l.n_objects; i++) {
+		ckfs_error_clear(&err);
+		if (ckfs_s3_upload_abort(d->s3, d->bucket, l.objects[i].key, l.objects[i].upload_id,
+					 &err) == CKFS_OK)
+			n++;
+		else
+			ckfs_cli_say("warning: %s", err.msg);
+	}
+	if (n && !d->o->quiet)
+		ckfs_cli_say("aborted %zu multipart upload%s an earlier export left open", n,
+			     n == 1 ? "" : "s");
+	ckfs_s3_listing_free(&l);
+}
+
+/* Whether the S3 prefixes a and b (of one bucket) are the same or one
+ * holds the other. */
+static bool nested(const char *a, const char *b)
+{
+	size_t la = strlen(a), lb = strlen(b), k = la < lb ? la : lb;
+
+	while (la && a[la - 1] == '/')
+		la--;
+	while (lb && b[lb - 1] == '/')
+		lb--;
+	k = la < lb ? la : lb;
+	return strncmp(a, b, k) == 0 &&
+	       (la == lb || (la > lb ? a[k] == '/' || k == 0 : b[k] == '/' || k == 0));
+}
+
+/* The export may not write where it reads: SRC, or a --base model. */
+static enum ckfs_code check_apart(const struct dest *d, const struct ckfs_model *m, const char *url,
+				  struct ckfs_error *err)
+{
+	for (const struct ckfs_model *x = m; x; x = x == m ? m->base : NULL) {
+		char bucket[64];
+		const char *key;
+		if (!x->src_dir || ckfs_s3_parse_url(x->src_dir, bucket, sizeof(bucket), &key) != 0)
+			continue;
+		if (strcmp(bucket, d->bucket) == 0 && nested(key, d->root))
+			return ckfs_fail(err, CKFS_E_INVALID,
+					 "'%s': the checkpoint '%s' is there "
+					 "or above it; export to a prefix of its own",
+					 url, x->src_dir);
+	}
+	return CKFS_OK;
+}
+
+enum ckfs_code export_store(const struct export_store_opts *o, const struct ckfs_model *m,
+			    const struct ckfs_folder *f, const char *url, struct ckfs_error *err)
+{
+	struct dest d = { .o = o };
+	struct ckfs_s3_listing old = { 0 };
+	struct timespec t0, t1;
+	const char *key;
+	char k[2048], meta[64];
+	uint64_t written = 0;
+	size_t files = 0, kept = 0;
+	enum ckfs_code rc;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	if (ckfs_s3_parse_url(url, d.bucket, sizeof(d.bucket), &key) != 0)
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': not an s3://bucket/prefix URL", url);
+	size_t klen = strlen(key);
+	while (klen && key[klen - 1] == '/')
+		klen--;
+	if (!klen)
+		return ckfs_fail(err, CKFS_E_INVALID,
+				 "'%s': name a prefix for the folder "
+				 "(s3://%s/PREFIX), not the bucket",
+				 url, d.bucket);
+	if (klen + 2 > sizeof(d.root))
+		return ckfs_fail(err, CKFS_E_INVALID, "'%s': the prefix is too long", url);
+	snprintf(d.root, sizeof(d.root), "%.*s/", (int)klen, key);
+	CKFS_TRY(check_apart(&d, m, url, err));
+	CKFS_TRY(ckfs_remote_client(&d.s3, err));
+	CKFS_TRY(ckfs_s3_list(d.s3, d.bucket, d.root, false, &old, err));
+	rc = look_at_prefix(&d, f, &old, url, err);
+	if (rc == CKFS_OK)
+		abort_stale(&d);
+	/* in the order they become visible */
+	for (int r = 0; r <= 3 && rc == CKFS_OK; r++)
+		for (size_t i = 0; i < f->n_nodes && rc == CKFS_OK; i++) {
+			const struct ckfs_node *n = &f->nodes[i];
+			if (n->kind == CKFS_NODE_DIR || rank(n) != r)
+				continue;
+			if (*o->interrupted) {
+				rc = ckfs_fail(err, CKFS_E_IO, "interrupted");
+				break;
+			}
+			snprintf(k, sizeof(k), "%s%s", d.root, n->name);
+			digest(o, m, n, meta);
+			files++;
+			const struct ckfs_s3_object *had = find(&old, k);
+			struct ckfs_s3_object h;
+			struct ckfs_error why;
+			ckfs_error_clear(&why);
+			if (had && had->size == n->size &&
+			    ckfs_s3_head(d.s3, d.bucket, k, &h, &why) == CKFS_OK &&
+			    strcmp(h.meta, meta) == 0) {
+				kept++; /* written by an earlier run of this export */
+				continue;
+			}
+			rc = put_file(&d, f, n, k, meta, err);
+			written += n->size;
+		}
+	/* --force: what the folder replaced held and this one does not */
+	for (size_t i = 0; rc == CKFS_OK && i < old.n_objects; i++) {
+		const char *name = old.objects[i].key + strlen(d.root);
+		if (!holds(f, name))
+			rc = ckfs_s3_delete(d.s3, d.bucket, old.objects[i].key, err);
+	}
+	ckfs_s3_listing_free(&old);
+	if (rc != CKFS_OK || o->quiet)
+		return rc;
+	char size[32];
+	struct ckfs_s3_counts c;
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	ckfs_s3_counts(d.s3, &c);
+	ckfs_format_bytes((double)written, size, sizeof(size));
+	ckfs_cli_say("wrote %zu files (%s) to '%s' in %.2f s (%llu requests%s)", files - kept, size,
+		     url, (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9,
+		     (unsigned long long)c.requests, kept ? ", files of the earlier run kept" : "");
+	return CKFS_OK;
+}
