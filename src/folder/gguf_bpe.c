@@ -2,7 +2,7 @@
 /*
  * The byte-level BPE tokenizer of the GGUF view: what convert_hf_to_gguf.py's
  * _set_vocab_gpt2 (get_vocab_base, then gguf-py's SpecialVocab with merges)
- * writes from tokenizer.json for a Qwen2-family model, made from the
+ * writes from tokenizer.json (Qwen2's, Llama 3's, DeepSeek-V3's), made from the
  * checkpoint's own files. transformers' Qwen2Tokenizer, which the converter
  * loads, builds its pipeline itself from the vocab and merges; ckfs takes
  * only tokenizer.json files whose pipeline is that one (gguf_pre.c) and
@@ -64,12 +64,14 @@ static const char *config_checks(const cJSON *tc, const cJSON *added,
 	const char *cls = str(tc, "tokenizer_class");
 	bool qwen2 = cls &&
 		     (strcmp(cls, "Qwen2Tokenizer") == 0 || strcmp(cls, "Qwen2TokenizerFast") == 0);
+	bool llama = cls && strcmp(cls, "LlamaTokenizerFast") == 0;
 
 	/* PreTrainedTokenizerFast runs tokenizer.json as it is; Qwen2Tokenizer
-	 * builds Qwen2's pipeline, which the file must then be */
-	if (!qwen2 && !(cls && strcmp(cls, "PreTrainedTokenizerFast") == 0))
-		return "tokenizer_config.json's tokenizer_class is not Qwen2Tokenizer or "
-		       "PreTrainedTokenizerFast";
+	 * builds Qwen2's pipeline, which the file must then be;
+	 * LlamaTokenizerFast its own post-processor (gguf_pre.c runs it) */
+	if (!qwen2 && !llama && !(cls && strcmp(cls, "PreTrainedTokenizerFast") == 0))
+		return "tokenizer_config.json's tokenizer_class is not Qwen2Tokenizer, "
+		       "LlamaTokenizerFast or PreTrainedTokenizerFast";
 	if (qwen2 && (!seen->qwen2_regex || seen->bos || seen->ignore_merges))
 		return "a pipeline other than the one Qwen2Tokenizer builds";
 	for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
@@ -81,6 +83,9 @@ static const char *config_checks(const cJSON *tc, const cJSON *added,
 		    (strcmp(types[i], "eos") == 0 || strcmp(types[i], "unk") == 0 ||
 		     strcmp(types[i], "pad") == 0))
 			c = "<|endoftext|>";
+		/* LlamaTokenizerFast's defaults */
+		if (!e && llama && i < 3)
+			c = (const char *const[]){ "<s>", "</s>", "<unk>" }[i];
 		if (e && !cJSON_IsNull(e) && !c)
 			return "a special token entry that is not a string";
 		if (c && !added_by_content(added, c))
@@ -395,7 +400,7 @@ enum ckfs_code gguf_bpe_vocab(const struct ckfs_model *m, struct ckfs_gguf_file 
 	}
 	ckfs_arena_init(&ar);
 	struct gguf_bpe_seen seen;
-	rc = gguf_bpe_pre(path, tokjson, &pre, &seen, err);
+	rc = gguf_bpe_pre(path, tokjson, tc, &pre, &seen, err);
 	if (rc == CKFS_OK) {
 		why = config_checks(tc, cJSON_GetObjectItemCaseSensitive(tokjson, "added_tokens"),
 				    &seen);

@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "ckfs/gguf.h"
 #include "ckfs/strbuf.h"
@@ -96,14 +97,19 @@ enum ckfs_code gguf_bpe_vocab(const struct ckfs_model *m, struct ckfs_gguf_file 
  * hash of its ids for chktxt (gguf_pre.c); refused, naming path, when
  * the pipeline is not one ckfs runs or the hash is not in its table. */
 struct gguf_bpe_seen {
-	bool qwen2_regex; /* Qwen2's Split regex (else Llama 3's) */
+	bool qwen2_regex; /* Qwen2's Split regex (else Llama 3's or DeepSeek-V3's) */
 	bool nfc;         /* an NFC normalizer (else none) */
 	bool bos;         /* a template putting a BOS first */
 	bool ignore_merges;
 };
-enum ckfs_code gguf_bpe_pre(const char *path, const struct cJSON *tok, const char **pre,
-			    struct gguf_bpe_seen *seen, struct ckfs_error *err);
+/* tc: tokenizer_config.json (NULL: none), whose tokenizer_class can
+ * change the post-processor. */
+enum ckfs_code gguf_bpe_pre(const char *path, const struct cJSON *tok, const struct cJSON *tc,
+			    const char **pre, struct gguf_bpe_seen *seen, struct ckfs_error *err);
 void gguf_sha256_hex(const void *data, size_t len, char hex[65]);
+/* The pre-tokenizer's pieces of text (code point counts into lens, which
+ * holds one per code point); -1 for a regex not run (tests). */
+ssize_t gguf_bpe_split(const char *regex, const char *text, size_t *lens);
 /* Added tokens the converter makes CONTROL although not special, and
  * SentencePiece's U+2581 made spaces (in ar) (gguf_vocab.c). */
 bool gguf_looks_special(const char *t);

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 
 #include "ckfs/arena.h"
 #include "ckfs/json.h"
@@ -147,22 +148,6 @@ static const struct {
 	{ "653660222fb704f61cbf2b618a8ae6502b7f8b20c980f9a5de07ed78e13319cd", "ufakzeka" },
 };
 
-/* The Split regexes run here: Qwen1.5/2/2.5/3's (and transformers'
- * Qwen2Tokenizer's), and Llama 3's, the same but for digits by up to
- * three; the matcher takes that count. */
-static const struct {
-	const char *regex;
-	size_t digits;
-	bool qwen2;
-} regexes[] = {
-	{ "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
-	  "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
-	  1, true },
-	{ "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
-	  "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
-	  3, false },
-};
-
 /* ---- sha256 (FIPS 180-4) ---- */
 
 static const uint32_t K[64] = {
@@ -265,6 +250,21 @@ static bool is_s(uint32_t c)
 	return IN(gguf_space, c);
 }
 
+static bool is_p(uint32_t c)
+{
+	return IN(gguf_punct, c);
+}
+
+static bool is_sym(uint32_t c)
+{
+	return IN(gguf_symbol, c);
+}
+
+static bool is_m(uint32_t c)
+{
+	return IN(gguf_mark, c);
+}
+
 static bool is_nl(uint32_t c)
 {
 	return c == '\r' || c == '\n';
@@ -297,10 +297,31 @@ static bool ci(uint32_t c, char lower)
 	return c == (uint32_t)lower || c == (uint32_t)lower - 32 || (lower == 's' && c == 0x17f);
 }
 
-/* The length of the match of those regexes at cp[i] (every position
- * matches: each code point is \s, \p{L}, \p{N} or else), taking the
- * alternatives in order, each with its greedy backtracking worked out;
- * digits: \p{N}'s count, 1 or {1,3}. */
+/* The whitespace alternatives every one of these regexes ends with,
+ * \s*[\r\n]+|\s+(?!\S)|\s+, at cp[i] (0: c is not \s); n ends the piece,
+ * where (?!\S) holds. */
+static size_t space_match(const uint32_t *cp, size_t n, size_t i)
+{
+	size_t j, k = i;
+
+	while (k < n && is_s(cp[k]))
+		k++;
+	if (k == i)
+		return 0;
+	/* \s*[\r\n]+: \s* gives back to the run's last newline */
+	for (j = k; j > i; j--)
+		if (is_nl(cp[j - 1]))
+			return j - i;
+	/* \s+(?!\S): the whole run at the end, else all but its last */
+	if (k == n || k - i >= 2)
+		return k == n ? k - i : k - 1 - i;
+	return k - i; /* \s+ */
+}
+
+/* The length of the match of Qwen2's and Llama 3's regexes at cp[i]
+ * (every position matches: each code point is \s, \p{L}, \p{N} or else),
+ * taking the alternatives in order, each with its greedy backtracking
+ * worked out; digits: \p{N}'s count, 1 or {1,3}. */
 static size_t split_match(const uint32_t *cp, size_t n, size_t i, size_t digits)
 {
 	uint32_t c = cp[i], d = i + 1 < n ? cp[i + 1] : 0;
@@ -341,18 +362,167 @@ static size_t split_match(const uint32_t *cp, size_t n, size_t i, size_t digits)
 		return j - i;
 	}
 #undef OTHER
-	/* c is \s: its run ends at k */
-	size_t k = i;
-	while (k < n && is_s(cp[k]))
-		k++;
-	/* \s*[\r\n]+: \s* gives back to the run's last newline */
-	for (j = k; j > i; j--)
-		if (is_nl(cp[j - 1]))
-			return j - i;
-	/* \s+(?!\S): the whole run at the end, else all but its last */
-	if (k == n || k - i >= 2)
-		return k == n ? k - i : k - 1 - i;
-	return k - i; /* \s+ */
+	return space_match(cp, n, i);
+}
+
+static size_t qwen2_match(const uint32_t *cp, size_t n, size_t i)
+{
+	return split_match(cp, n, i, 1);
+}
+
+static size_t llama3_match(const uint32_t *cp, size_t n, size_t i)
+{
+	return split_match(cp, n, i, 3);
+}
+
+/* ---- DeepSeek-V3's three Splits ---- */
+
+/* \p{N}{1,3} */
+static size_t digits3_match(const uint32_t *cp, size_t n, size_t i)
+{
+	size_t j = i;
+
+	while (j < n && j - i < 3 && is_n(cp[j]))
+		j++;
+	return j - i;
+}
+
+/* [\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+: CJK ideographs, kana */
+static bool is_cjk(uint32_t c)
+{
+	return (c >= 0x4e00 && c <= 0x9fa5) || (c >= 0x3040 && c <= 0x30ff);
+}
+
+static size_t cjk_match(const uint32_t *cp, size_t n, size_t i)
+{
+	size_t j = i;
+
+	while (j < n && is_cjk(cp[j]))
+		j++;
+	return j - i;
+}
+
+static bool ascii_alpha(uint32_t c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+
+/* The third regex at cp[i], 0 where nothing matches (a digit run, say):
+ * [ASCII punctuation][A-Za-z]+ | [^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+ |
+ * ' ?[\p{P}\p{S}]+[\r\n]*' | the whitespace alternatives. */
+static size_t ds3_match(const uint32_t *cp, size_t n, size_t i)
+{
+	static const char punct[] = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~";
+	uint32_t c = cp[i], d = i + 1 < n ? cp[i + 1] : 0;
+	size_t j;
+
+	if (c && c < 0x80 && strchr(punct, (int)c) && ascii_alpha(d)) {
+		for (j = i + 1; j < n && ascii_alpha(cp[j]);)
+			j++;
+		return j - i;
+	}
+#define LM(x) (is_l(x) || is_m(x))
+#define PS(x) (is_p(x) || is_sym(x))
+	j = !is_nl(c) && !is_l(c) && !PS(c) && i + 1 < n && LM(d) ? i + 1 : i;
+	if (LM(cp[j])) {
+		while (j < n && LM(cp[j]))
+			j++;
+		return j - i;
+	}
+	j = c == ' ' && i + 1 < n && PS(d) ? i + 1 : i;
+	if (PS(cp[j])) {
+		while (j < n && PS(cp[j]))
+			j++;
+		while (j < n && is_nl(cp[j]))
+			j++;
+		return j - i;
+	}
+#undef LM
+#undef PS
+	return space_match(cp, n, i);
+}
+
+/* The Split regexes run here, each a list of Isolated Splits applied in
+ * turn: Qwen1.5/2/2.5/3's (and transformers' Qwen2Tokenizer's), Llama 3's
+ * (the same but for digits by up to three), DeepSeek-V3's. */
+typedef size_t (*matcher)(const uint32_t *cp, size_t n, size_t i);
+#define MAX_SPLITS 3
+static const struct {
+	size_t n;
+	const char *regex[MAX_SPLITS];
+	matcher match[MAX_SPLITS];
+	bool qwen2;
+} pipes[] = {
+	{ 1,
+	  { "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+	    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+" },
+	  { qwen2_match },
+	  true },
+	{ 1,
+	  { "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+	    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+" },
+	  { llama3_match },
+	  false },
+	{ 3,
+	  { "\\p{N}{1,3}",
+	    "[\344\270\200-\351\276\245\343\201\200-\343\202\237\343\202\240-\343\203\277]+",
+	    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"
+	    "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+" },
+	  { digits3_match, cjk_match, ds3_match },
+	  false },
+};
+#define N_PIPES (sizeof(pipes) / sizeof(pipes[0]))
+
+/* One Isolated Split (the tokenizers library's): each piece of len[0..*n)
+ * (lengths in code points, in order) becomes its matches, found left to
+ * right, and the stretches between them; into out, *n updated. */
+static void isolate(const uint32_t *cp, matcher m, const size_t *len, size_t *n, size_t *out)
+{
+	size_t k = 0, at = 0;
+
+	for (size_t p = 0, np = *n; p < np; at += len[p++]) {
+		size_t gap = at, end = at + len[p];
+		for (size_t i = at; i < end;) {
+			size_t got = m(cp + at, end - at, i - at);
+			if (!got) {
+				i++;
+				continue;
+			}
+			if (gap < i)
+				out[k++] = i - gap;
+			out[k++] = got;
+			i += got;
+			gap = i;
+		}
+		if (gap < end)
+			out[k++] = end - gap;
+	}
+	*n = k;
+}
+
+/* The pieces (code point counts, into lens, one per code point at most)
+ * of the UTF-8 text by the pipes[] row whose last Split regex is regex;
+ * -1 when none is. For tests/unit/test_gguf_bpe.c. */
+ssize_t gguf_bpe_split(const char *regex, const char *text, size_t *lens)
+{
+	size_t n, k = 1, r = 0;
+
+	while (r < N_PIPES && strcmp(pipes[r].regex[pipes[r].n - 1], regex) != 0)
+		r++;
+	uint32_t *cp = r < N_PIPES ? decode(text, strlen(text), &n) : NULL;
+	size_t *next = cp ? malloc((n + 1) * sizeof(*next)) : NULL;
+	if (!next) {
+		free(cp);
+		return -1;
+	}
+	lens[0] = n;
+	for (size_t s = 0; s < pipes[r].n; s++) {
+		isolate(cp, pipes[r].match[s], lens, &k, next);
+		memcpy(lens, next, k * sizeof(*lens));
+	}
+	free(cp);
+	free(next);
+	return n ? (ssize_t)k : 0;
 }
 
 /* ---- byte-level BPE ---- */
@@ -543,21 +713,39 @@ static bool plain_byte_level(const cJSON *o)
 	       cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(o, "use_regex"));
 }
 
-/* The regex of the pre-tokenizer, when it is Sequence[Split(regex,
- * Isolated), ByteLevel], the shape every supported tokenizer has. */
-static const char *split_regex(const cJSON *pre, const char **why)
+/* The pipes[] row of the pre-tokenizer, when it is Sequence[Split(regex,
+ * Isolated)..., ByteLevel], the shape every supported tokenizer has;
+ * N_PIPES and *why otherwise. */
+static size_t pipeline(const cJSON *pre, const char **why)
 {
 	const cJSON *seq = cJSON_GetObjectItemCaseSensitive(pre, "pretokenizers");
-	const cJSON *split = cJSON_GetArrayItem(seq, 0), *bl = cJSON_GetArrayItem(seq, 1);
-	const cJSON *pat = cJSON_GetObjectItemCaseSensitive(split, "pattern");
+	int n = cJSON_GetArraySize(seq);
+	const char *regex[MAX_SPLITS];
 
-	*why = "a pre-tokenizer other than a Split regex then ByteLevel";
-	if (!is(pre, "type", "Sequence") || cJSON_GetArraySize(seq) != 2 ||
-	    !is(split, "type", "Split") || !is(split, "behavior", "Isolated") ||
-	    !off(split, "invert") || !plain_byte_level(bl) || !str(pat, "Regex"))
-		return NULL;
-	*why = NULL;
-	return str(pat, "Regex");
+	*why = "a pre-tokenizer other than Split regexes then ByteLevel";
+	if (!is(pre, "type", "Sequence") || n < 2 || n > MAX_SPLITS + 1 ||
+	    !plain_byte_level(cJSON_GetArrayItem(seq, n - 1)))
+		return N_PIPES;
+	for (int i = 0; i < n - 1; i++) {
+		const cJSON *split = cJSON_GetArrayItem(seq, i);
+		const cJSON *pat = cJSON_GetObjectItemCaseSensitive(split, "pattern");
+		if (!is(split, "type", "Split") || !is(split, "behavior", "Isolated") ||
+		    !off(split, "invert") || !str(pat, "Regex"))
+			return N_PIPES;
+		regex[i] = str(pat, "Regex");
+	}
+	for (size_t r = 0; r < N_PIPES; r++) {
+		size_t k = 0;
+		while (k < pipes[r].n && (int)k < n - 1 && strcmp(regex[k], pipes[r].regex[k]) == 0)
+			k++;
+		if (k == pipes[r].n && (int)k == n - 1) {
+			*why = NULL;
+			return r;
+		}
+	}
+	*why = "a pre-tokenizer regex the GGUF view does not implement (it runs Qwen2's, "
+	       "Llama 3's and DeepSeek-V3's)";
+	return N_PIPES;
 }
 
 /* TemplateProcessing that puts one special token before the text (Llama
@@ -609,6 +797,13 @@ static bool post_bos(const cJSON *post, int64_t *bos)
 	return bos_template(post, bos);
 }
 
+/* An empty Sequence (DeepSeek-V3's): the text as it is. */
+static bool no_normalizer(const cJSON *norm)
+{
+	const cJSON *list = cJSON_GetObjectItemCaseSensitive(norm, "normalizers");
+	return is(norm, "type", "Sequence") && cJSON_IsArray(list) && !list->child;
+}
+
 static const char *model_checks(const cJSON *tok)
 {
 	const cJSON *model = cJSON_GetObjectItemCaseSensitive(tok, "model");
@@ -620,7 +815,7 @@ static const char *model_checks(const cJSON *tok)
 	    !off(model, "fuse_unk") || (ignore && !cJSON_IsBool(ignore)) ||
 	    !empty(model, "continuing_subword_prefix") || !empty(model, "end_of_word_suffix"))
 		return "a model other than plain byte-level BPE";
-	if (norm && !cJSON_IsNull(norm) && !is(norm, "type", "NFC"))
+	if (norm && !cJSON_IsNull(norm) && !is(norm, "type", "NFC") && !no_normalizer(norm))
 		return "a normalizer other than NFC";
 	int64_t bos;
 	if (!post_bos(post, &bos))
@@ -702,72 +897,112 @@ static const char *added_checks(const cJSON *tok)
 	return NULL;
 }
 
-/* Python's str() of the ids of chktxt: the post-processor's BOS, then
- * each piece of the split, byte-level mapped, through BPE. */
-static const char *chk_ids(const struct bpe *b, size_t digits, int64_t bos, struct ckfs_strbuf *ids)
+/* Python's str() of the ids of chktxt: the BOS (bos >= 0), then each
+ * piece of the pipeline's splits, byte-level mapped, through BPE. */
+static const char *chk_ids(const struct bpe *b, size_t pipe, int64_t bos, struct ckfs_strbuf *ids)
 {
-	size_t n;
+	size_t n, n_piece = 1;
 	uint32_t *cp = decode(chktxt, sizeof(chktxt) - 1, &n);
+	size_t *len = malloc((n + 1) * sizeof(*len)), *next = malloc((n + 1) * sizeof(*next));
 	const unsigned char *p = (const unsigned char *)chktxt;
 	const char *why = NULL;
 	bool first = true;
 	char *buf = malloc(2 * sizeof(chktxt));
 
-	if (!cp || !buf) {
-		free(cp);
-		free(buf);
-		return "out of memory";
+	if (!cp || !buf || !len || !next) {
+		why = "out of memory";
+		goto out;
+	}
+	len[0] = n;
+	for (size_t s = 0; s < pipes[pipe].n; s++) {
+		isolate(cp, pipes[pipe].match[s], len, &n_piece, next);
+		memcpy(len, next, n_piece * sizeof(*len));
 	}
 	ckfs_strbuf_str(ids, "[");
 	if (bos >= 0) {
 		ckfs_strbuf_fmt(ids, "%lld", (long long)bos);
 		first = false;
 	}
-	for (size_t i = 0; i < n && !why;) {
-		size_t m = split_match(cp, n, i, digits), len = 0;
-		for (size_t k = i; k < i + m; k++) {
+	for (size_t i = 0, at = 0; i < n_piece && !why; at += len[i++]) {
+		size_t bytes_len = 0;
+		for (size_t k = at; k < at + len[i]; k++) {
 			int bytes = cp[k] < 0x80 ? 1 : cp[k] < 0x800 ? 2 : cp[k] < 0x10000 ? 3 : 4;
 			for (int x = 0; x < bytes; x++)
-				len += byte_char(*p++, buf + len);
+				bytes_len += byte_char(*p++, buf + bytes_len);
 		}
-		why = bpe_word(b, buf, len, ids, &first);
-		i += m;
+		why = bpe_word(b, buf, bytes_len, ids, &first);
 	}
 	ckfs_strbuf_str(ids, "]");
+out:
 	free(cp);
+	free(len);
+	free(next);
 	free(buf);
 	return why;
 }
 
-enum ckfs_code gguf_bpe_pre(const char *path, const cJSON *tok, const char **pre,
+/* The content of a tokenizer_config.json special token entry: a string
+ * or an object's content. */
+static const char *entry(const cJSON *e)
+{
+	return cJSON_IsString(e) ? e->valuestring : cJSON_IsObject(e) ? str(e, "content") : NULL;
+}
+
+/* transformers 4's LlamaTokenizerFast (DeepSeek-V3's tokenizer_class)
+ * replaces tokenizer.json's post-processor with a template of its own:
+ * the BOS first when add_bos_token (true when absent), the EOS last when
+ * add_eos_token (refused). *bos: its id, or -1. */
+static const char *llama_fast_bos(const cJSON *tok, const cJSON *tc, int64_t *bos)
+{
+	const cJSON *add = cJSON_GetObjectItemCaseSensitive(tc, "add_bos_token");
+	const cJSON *e = cJSON_GetObjectItemCaseSensitive(tc, "bos_token");
+	const cJSON *added = cJSON_GetObjectItemCaseSensitive(tok, "added_tokens");
+	const char *content = e ? entry(e) : "<s>"; /* its default */
+
+	*bos = -1;
+	const cJSON *prefix = cJSON_GetObjectItemCaseSensitive(tc, "add_prefix_space");
+	if (prefix && !cJSON_IsNull(prefix)) /* even false */
+		return "an add_prefix_space, with which LlamaTokenizerFast rebuilds the tokenizer "
+		       "from a SentencePiece model";
+	if (!off(tc, "add_eos_token"))
+		return "an add_eos_token, an EOS after the text";
+	if (add && !cJSON_IsBool(add) && !cJSON_IsNull(add))
+		return "an add_bos_token that is not true or false";
+	if (add && !cJSON_IsTrue(add))
+		return NULL;
+	if (!content)
+		return "add_bos_token without a bos_token";
+	for (const cJSON *a = cJSON_IsArray(added) ? added->child : NULL; a; a = a->next)
+		if (str(a, "content") && strcmp(str(a, "content"), content) == 0 &&
+		    ckfs_json_whole(cJSON_GetObjectItemCaseSensitive(a, "id"), INT32_MAX, bos))
+			return NULL;
+	return "a bos_token that is not one of tokenizer.json's added tokens";
+}
+
+enum ckfs_code gguf_bpe_pre(const char *path, const cJSON *tok, const cJSON *tc, const char **pre,
 			    struct gguf_bpe_seen *seen, struct ckfs_error *err)
 {
-	size_t r = sizeof(regexes) / sizeof(regexes[0]);
 	int64_t bos = -1;
 	struct bpe b = { 0 };
 	struct ckfs_strbuf ids = { 0 };
-	const char *regex = NULL;
-	const char *why = model_checks(tok);
+	const char *why = model_checks(tok), *cls = tc ? str(tc, "tokenizer_class") : NULL;
+	size_t r = N_PIPES;
 	char hex[65];
 
 	ckfs_arena_init(&b.ar);
 	*pre = NULL;
 	if (!why)
-		regex = split_regex(cJSON_GetObjectItemCaseSensitive(tok, "pre_tokenizer"), &why);
-	for (size_t i = 0; !why && i < sizeof(regexes) / sizeof(regexes[0]); i++)
-		if (strcmp(regex, regexes[i].regex) == 0)
-			r = i;
-	if (!why && r == sizeof(regexes) / sizeof(regexes[0]))
-		why = "a pre-tokenizer regex the GGUF view does not implement (it runs Qwen2's "
-		      "and Llama 3's)";
-	if (!why)
+		r = pipeline(cJSON_GetObjectItemCaseSensitive(tok, "pre_tokenizer"), &why);
+	if (!why && cls && strcmp(cls, "LlamaTokenizerFast") == 0)
+		why = llama_fast_bos(tok, tc, &bos);
+	else if (!why)
 		post_bos(cJSON_GetObjectItemCaseSensitive(tok, "post_processor"), &bos);
 	if (!why)
 		why = added_checks(tok);
 	if (!why)
 		why = load(&b, tok);
 	if (!why)
-		why = chk_ids(&b, regexes[r].digits, bos, &ids);
+		why = chk_ids(&b, r, bos, &ids);
 	if (!why && (ids.failed || !ids.p))
 		why = "out of memory";
 	if (!why) {
@@ -782,8 +1017,8 @@ enum ckfs_code gguf_bpe_pre(const char *path, const cJSON *tok, const char **pre
 	if (!why) {
 		const cJSON *norm = cJSON_GetObjectItemCaseSensitive(tok, "normalizer");
 		*seen = (struct gguf_bpe_seen){
-			.qwen2_regex = regexes[r].qwen2,
-			.nfc = norm && !cJSON_IsNull(norm),
+			.qwen2_regex = pipes[r].qwen2,
+			.nfc = is(norm, "type", "NFC"),
 			.bos = bos >= 0,
 			.ignore_merges = b.ignore_merges,
 		};

