@@ -576,13 +576,6 @@ static enum ckfs_code export_folder(const struct export_args *a, const struct ck
 
 /* ---- --part I/N (export_part.h) ---- */
 
-/* Whether node i is a weight file a part writes (top-level only: the
- * folders are part 0's). */
-static bool part_file(const struct ckfs_folder *f, size_t i)
-{
-	return f->nodes[i].kind == CKFS_NODE_WEIGHTS && !f->nodes[i].parent;
-}
-
 /* This part's weight files into stage, each written in its own folder
  * `own` and renamed in once synced: a file in stage is complete, so a
  * part run again after a crash writes only what is missing. */
@@ -601,7 +594,7 @@ static enum ckfs_code write_share(const struct export_args *a, const struct ckfs
 		return ckfs_fail_errno(err, "'%s': cannot create", own);
 	for (size_t i = 0; i < f->n_nodes && rc == CKFS_OK; i++) {
 		const struct ckfs_node *n = &f->nodes[i];
-		if (!part_file(f, i) || owner[i] != a->part.index)
+		if (!export_part_file(f, i) || owner[i] != a->part.index)
 			continue;
 		snprintf(to, sizeof(to), "%s/%s", stage, n->name);
 		if (lstat(to, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size == n->size) {
@@ -646,7 +639,7 @@ static enum ckfs_code write_rest(const struct export_args *a, const struct ckfs_
 	for (size_t i = 0; i < f->n_nodes; i++) {
 		const struct ckfs_node *n = &f->nodes[i];
 		snprintf(path, sizeof(path), "%s/%s", stage, n->name);
-		if (part_file(f, i)) {
+		if (export_part_file(f, i)) {
 			if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) ||
 			    (uint64_t)st.st_size != n->size)
 				return ckfs_fail(err, CKFS_E_IO,
@@ -716,8 +709,8 @@ static enum ckfs_code export_parts(const struct export_args *a, const struct ckf
 	export_part_assign(f, a->part.count, owner, bytes);
 	size_t mine = 0, all = 0;
 	for (size_t i = 0; i < f->n_nodes; i++) {
-		all += part_file(f, i);
-		mine += part_file(f, i) && owner[i] == a->part.index;
+		all += export_part_file(f, i);
+		mine += export_part_file(f, i) && owner[i] == a->part.index;
 	}
 	if (!mine && !a->quiet)
 		ckfs_cli_say("note: part %u/%u has no weight file to write (the export has %zu%s)",
@@ -726,7 +719,7 @@ static enum ckfs_code export_parts(const struct export_args *a, const struct ckf
 	prog.enabled = !a->quiet && isatty(STDERR_FILENO);
 	clock_gettime(CLOCK_MONOTONIC, &prog.start);
 	for (size_t i = 0; i < f->n_nodes; i++)
-		if (part_file(f, i) ? owner[i] == a->part.index : a->part.index == 0)
+		if (export_part_file(f, i) ? owner[i] == a->part.index : a->part.index == 0)
 			prog.total += f->nodes[i].size;
 	if ((rc = carry_modes(f, stage, &em, err)) != CKFS_OK ||
 	    (rc = write_share(a, f, stage, owner, &em, &prog, err)) != CKFS_OK ||
@@ -794,9 +787,8 @@ int ckfs_cmd_export(int argc, char **argv)
 	for (size_t n = strlen(dst); n > 1 && dst[n - 1] == '/'; n--)
 		dst[n - 1] = '\0';
 	bool to_store = ckfs_s3_is_url(dst);
-	if (to_store && (a.since || a.part.count))
-		return ckfs_cli_usage_error("export", "%s is for a local DIR (not yet s3://)",
-					    a.since ? "--since" : "--part");
+	if (to_store && a.since)
+		return ckfs_cli_usage_error("export", "--since is for a local DIR (not yet s3://)");
 	if (!a.threads) {
 		/* A store's reads and writes wait on the network, not the
 		 * CPUs: 16 in flight, as object-store tools keep several. */
@@ -823,6 +815,7 @@ int ckfs_cmd_export(int argc, char **argv)
 			struct export_store_opts so = { .force = a.force,
 							.quiet = a.quiet,
 							.threads = a.threads,
+							.part = a.part,
 							.src = src,
 							.interrupted = &interrupted };
 			catch_signals();

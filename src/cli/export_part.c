@@ -127,6 +127,11 @@ static uint64_t node_bytes(const struct ckfs_node *n)
 	return b;
 }
 
+bool export_part_file(const struct ckfs_folder *f, size_t i)
+{
+	return f->nodes[i].kind == CKFS_NODE_WEIGHTS && !f->nodes[i].parent;
+}
+
 void export_part_assign(const struct ckfs_folder *f, unsigned count, unsigned *owner,
 			uint64_t *bytes)
 {
@@ -141,7 +146,7 @@ void export_part_assign(const struct ckfs_folder *f, unsigned count, unsigned *o
 		uint64_t most = 0;
 		for (size_t i = 0; i < f->n_nodes; i++) {
 			const struct ckfs_node *n = &f->nodes[i];
-			if (n->kind != CKFS_NODE_WEIGHTS || n->parent || owner[i] != 0)
+			if (!export_part_file(f, i) || owner[i] != 0)
 				continue;
 			uint64_t b = node_bytes(n) + 1; /* + 1: an empty file is still one */
 			if (pick == f->n_nodes || b > most) {

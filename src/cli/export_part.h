@@ -21,6 +21,10 @@ struct export_part {
  * bad value 0 with why (a phrase) set, else 1. */
 int export_part_parse(const char *text, struct export_part *p, const char **why);
 
+/* Whether node i of f is a weight file the parts share out (top-level
+ * only: the folders and what is in them are part 0's). */
+bool export_part_file(const struct ckfs_folder *f, size_t i);
+
 /* The part writing each node of f (owner[i]; weight files spread over the
  * parts by the bytes their tensors read, largest first to the least
  * loaded; everything else part 0's), and each part's bytes to read. */

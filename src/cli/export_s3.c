@@ -20,6 +20,13 @@
  * rest, and aborts the multipart uploads left open under the prefix
  * (uploads of a crash are otherwise kept, and billed, by the store).
  * Nothing is written or removed outside prefix/.
+ *
+ * --part I/N: each part uploads its share of the weight files
+ * (export_part.h), then a marker object prefix/.ckfs-part-I-of-N whose
+ * metadata is a hash of the whole plan. Part 0 waits for every marker
+ * of its own plan, writes the rest (config.json last), aborts what
+ * uploads are left open (all parts are done: none is anyone's), and
+ * removes the markers.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -27,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ckfs/hash.h"
 #include "ckfs/remote.h"
@@ -38,6 +46,7 @@
 #define MIN_PART   (8u << 20)
 #define MAX_PARTS  10000u
 #define DIGEST_TAG "ckfs-export-1"
+#define PLAN_TAG   "ckfs-parts-1"
 
 struct dest {
 	struct ckfs_s3 *s3;
@@ -111,6 +120,22 @@ static void digest(const struct export_store_opts *o, const struct ckfs_model *m
 	else if (n->kind == CKFS_NODE_PASSTHROUGH)
 		h = mix_source(h, &n->src);
 	snprintf(out, 64, DIGEST_TAG " %016llx", (unsigned long long)h);
+}
+
+/* "ckfs-parts-1 <16 hex>": N and every file's digest, so that parts of
+ * one plan agree and a part of another (SRC, options, N) is told. */
+static void plan_digest(const struct export_store_opts *o, const struct ckfs_model *m,
+			const struct ckfs_folder *f, char out[64])
+{
+	uint64_t h = mix(CKFS_FNV1A_START, &o->part.count, sizeof(o->part.count));
+	char d[64];
+
+	for (size_t i = 0; i < f->n_nodes; i++)
+		if (f->nodes[i].kind != CKFS_NODE_DIR) {
+			digest(o, m, &f->nodes[i], d);
+			h = mix(h, d, strlen(d));
+		}
+	snprintf(out, 64, PLAN_TAG " %016llx", (unsigned long long)h);
 }
 
 /* ---- one file ---- */
@@ -289,32 +314,97 @@ static bool holds(const struct ckfs_folder *f, const char *name)
 
 static bool ours(const char *meta)
 {
-	return strncmp(meta, DIGEST_TAG " ", strlen(DIGEST_TAG) + 1) == 0;
+	return strncmp(meta, DIGEST_TAG " ", strlen(DIGEST_TAG) + 1) == 0 ||
+	       strncmp(meta, PLAN_TAG " ", strlen(PLAN_TAG) + 1) == 0;
+}
+
+/* A part's marker key, "prefix/.ckfs-part-I-of-N". */
+static void marker(const struct dest *d, unsigned index, char *out, size_t size)
+{
+	snprintf(out, size, "%s.ckfs-part-%u-of-%u", d->root, index, d->o->part.count);
+}
+
+/* Part 0: wait until every part's marker says this plan. A marker of
+ * another plan (an earlier export's) is waited past, saying so once. */
+static enum ckfs_code wait_for_parts(const struct dest *d, const char *plan, struct ckfs_error *err)
+{
+	unsigned n = d->o->part.count, left = n - 1;
+	bool *done = calloc(n, sizeof(*done)), said = false, said_other = false;
+	char key[1100];
+	enum ckfs_code rc = CKFS_OK;
+
+	if (!done)
+		return ckfs_nomem(err);
+	done[0] = true;
+	while (left && rc == CKFS_OK) {
+		for (unsigned p = 1; p < n && rc == CKFS_OK; p++) {
+			struct ckfs_s3_object o;
+			if (done[p])
+				continue;
+			marker(d, p, key, sizeof(key));
+			rc = ckfs_s3_head(d->s3, d->bucket, key, &o, err);
+			if (rc == CKFS_E_NOTFOUND) {
+				ckfs_error_clear(err);
+				rc = CKFS_OK;
+			} else if (rc == CKFS_OK && strcmp(o.meta, plan) == 0) {
+				done[p] = true;
+				left--;
+			} else if (rc == CKFS_OK && !said_other && !d->o->quiet) {
+				ckfs_cli_say("part 0/%u: 's3://%s/%s' is another export's (%s, not "
+					     "%s): waiting for part %u of this one",
+					     n, d->bucket, key, o.meta, plan, p);
+				said_other = true;
+			}
+		}
+		if (!left || rc != CKFS_OK)
+			break;
+		if (*d->o->interrupted) {
+			rc = ckfs_fail(err, CKFS_E_IO, "interrupted");
+			break;
+		}
+		if (!said && !d->o->quiet)
+			ckfs_cli_say(
+				"part 0/%u: waiting for the other parts' files under 's3://%s/%s'",
+				n, d->bucket, d->root);
+		said = true;
+		usleep(500 * 1000);
+	}
+	free(done);
+	return rc;
 }
 
 /* What is under the prefix already: nothing; an export ckfs did not
  * finish (every object carries a digest, config.json is missing), which
- * this one resumes; else a folder only --force replaces, whose marking
- * files go first. */
-static enum ckfs_code look_at_prefix(const struct dest *d, const struct ckfs_folder *f,
-				     const struct ckfs_s3_listing *old, const char *url,
-				     struct ckfs_error *err)
+ * this one resumes; this very export, complete (a part run again after
+ * part 0 finished: *done); else a folder only --force replaces, whose
+ * marking files go first. */
+static enum ckfs_code look_at_prefix(const struct dest *d, const struct ckfs_model *m,
+				     const struct ckfs_folder *f, const struct ckfs_s3_listing *old,
+				     const char *url, bool *done, struct ckfs_error *err)
 {
-	char key[2048];
+	char key[2048], want[64];
 	const struct ckfs_node *last = last_node(f);
+	struct ckfs_s3_object o;
 	bool foreign = false;
 
+	*done = false;
 	if (!old->n_objects)
 		return CKFS_OK;
 	snprintf(key, sizeof(key), "%s%s", d->root, last ? last->name : "config.json");
 	bool complete = find(old, key) != NULL;
+	if (complete && last && d->o->part.count) {
+		digest(d->o, m, last, want);
+		CKFS_TRY(ckfs_s3_head(d->s3, d->bucket, key, &o, err));
+		if ((*done = strcmp(o.meta, want) == 0))
+			return CKFS_OK;
+	}
 	for (size_t i = 0; i < old->n_objects && !complete && !foreign; i++) {
-		struct ckfs_s3_object o;
 		CKFS_TRY(ckfs_s3_head(d->s3, d->bucket, old->objects[i].key, &o, err));
 		foreign = !ours(o.meta);
 	}
 	if (!complete && !foreign) {
-		if (!d->o->quiet)
+		/* the other parts' objects are no earlier run's */
+		if (!d->o->quiet && !d->o->part.count)
 			ckfs_cli_say("'%s': resuming an export that did not finish (%zu objects "
 				     "there)",
 				     url, old->n_objects);
@@ -395,6 +485,72 @@ static enum ckfs_code check_apart(const struct dest *d, const struct ckfs_model 
 	return CKFS_OK;
 }
 
+/* Write f's files of visibility rank r that are this part's. */
+static enum ckfs_code write_rank(const struct dest *d, const struct ckfs_model *m,
+				 const struct ckfs_folder *f, const unsigned *owner, int r,
+				 const struct ckfs_s3_listing *old, uint64_t *written,
+				 size_t *files, size_t *kept, struct ckfs_error *err)
+{
+	const struct export_store_opts *o = d->o;
+	char k[2048], meta[64];
+
+	for (size_t i = 0; i < f->n_nodes; i++) {
+		const struct ckfs_node *n = &f->nodes[i];
+		if (n->kind == CKFS_NODE_DIR || rank(n) != r)
+			continue;
+		if (o->part.count &&
+		    (export_part_file(f, i) ? owner[i] != o->part.index : o->part.index != 0))
+			continue;
+		if (*o->interrupted)
+			return ckfs_fail(err, CKFS_E_IO, "interrupted");
+		snprintf(k, sizeof(k), "%s%s", d->root, n->name);
+		digest(o, m, n, meta);
+		(*files)++;
+		const struct ckfs_s3_object *had = find(old, k);
+		struct ckfs_s3_object h;
+		struct ckfs_error why;
+		ckfs_error_clear(&why);
+		if (had && had->size == n->size &&
+		    ckfs_s3_head(d->s3, d->bucket, k, &h, &why) == CKFS_OK &&
+		    strcmp(h.meta, meta) == 0) {
+			(*kept)++; /* written by an earlier run of this export */
+			continue;
+		}
+		CKFS_TRY(put_file(d, f, n, k, meta, err));
+		*written += n->size;
+	}
+	return CKFS_OK;
+}
+
+/* Part I of N (I > 0), its files written: its marker. */
+static enum ckfs_code mark_done(const struct dest *d, const char *plan, struct ckfs_error *err)
+{
+	char key[1100];
+
+	marker(d, d->o->part.index, key, sizeof(key));
+	return ckfs_s3_put(d->s3, d->bucket, key, "", 0, plan, err);
+}
+
+/* What is under the prefix now and not in the folder: what the folder
+ * replaced held (--force), an unfinished earlier export's files of other
+ * names, the parts' markers. Listed again: parts wrote meanwhile. */
+static enum ckfs_code remove_stale(const struct dest *d, const struct ckfs_folder *f,
+				   struct ckfs_error *err)
+{
+	struct ckfs_s3_listing now;
+	enum ckfs_code rc;
+
+	CKFS_TRY(ckfs_s3_list(d->s3, d->bucket, d->root, false, &now, err));
+	rc = CKFS_OK;
+	for (size_t i = 0; i < now.n_objects && rc == CKFS_OK; i++) {
+		const char *k = now.objects[i].key;
+		if (!holds(f, k + strlen(d->root)))
+			rc = ckfs_s3_delete(d->s3, d->bucket, k, err);
+	}
+	ckfs_s3_listing_free(&now);
+	return rc;
+}
+
 enum ckfs_code export_store(const struct export_store_opts *o, const struct ckfs_model *m,
 			    const struct ckfs_folder *f, const char *url, struct ckfs_error *err)
 {
@@ -402,9 +558,11 @@ enum ckfs_code export_store(const struct export_store_opts *o, const struct ckfs
 	struct ckfs_s3_listing old = { 0 };
 	struct timespec t0, t1;
 	const char *key;
-	char k[2048], meta[64];
+	char plan[64];
 	uint64_t written = 0;
 	size_t files = 0, kept = 0;
+	unsigned *owner = NULL;
+	uint64_t *bytes = NULL;
 	enum ckfs_code rc;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -422,53 +580,65 @@ enum ckfs_code export_store(const struct export_store_opts *o, const struct ckfs
 		return ckfs_fail(err, CKFS_E_INVALID, "'%s': the prefix is too long", url);
 	snprintf(d.root, sizeof(d.root), "%.*s/", (int)klen, key);
 	CKFS_TRY(check_apart(&d, m, url, err));
-	CKFS_TRY(ckfs_remote_client(&d.s3, err));
-	CKFS_TRY(ckfs_s3_list(d.s3, d.bucket, d.root, false, &old, err));
-	rc = look_at_prefix(&d, f, &old, url, err);
-	if (rc == CKFS_OK)
-		abort_stale(&d);
-	/* in the order they become visible */
-	for (int r = 0; r <= 3 && rc == CKFS_OK; r++)
-		for (size_t i = 0; i < f->n_nodes && rc == CKFS_OK; i++) {
-			const struct ckfs_node *n = &f->nodes[i];
-			if (n->kind == CKFS_NODE_DIR || rank(n) != r)
-				continue;
-			if (*o->interrupted) {
-				rc = ckfs_fail(err, CKFS_E_IO, "interrupted");
-				break;
-			}
-			snprintf(k, sizeof(k), "%s%s", d.root, n->name);
-			digest(o, m, n, meta);
-			files++;
-			const struct ckfs_s3_object *had = find(&old, k);
-			struct ckfs_s3_object h;
-			struct ckfs_error why;
-			ckfs_error_clear(&why);
-			if (had && had->size == n->size &&
-			    ckfs_s3_head(d.s3, d.bucket, k, &h, &why) == CKFS_OK &&
-			    strcmp(h.meta, meta) == 0) {
-				kept++; /* written by an earlier run of this export */
-				continue;
-			}
-			rc = put_file(&d, f, n, k, meta, err);
-			written += n->size;
+	if (o->part.count) {
+		owner = calloc(f->n_nodes + 1, sizeof(*owner));
+		bytes = calloc(o->part.count, sizeof(*bytes));
+		if (!owner || !bytes) {
+			free(owner);
+			free(bytes);
+			return ckfs_nomem(err);
 		}
-	/* --force: what the folder replaced held and this one does not */
-	for (size_t i = 0; rc == CKFS_OK && i < old.n_objects; i++) {
-		const char *name = old.objects[i].key + strlen(d.root);
-		if (!holds(f, name))
-			rc = ckfs_s3_delete(d.s3, d.bucket, old.objects[i].key, err);
+		export_part_assign(f, o->part.count, owner, bytes);
+		plan_digest(o, m, f, plan);
 	}
+	rc = ckfs_remote_client(&d.s3, err);
+	if (rc == CKFS_OK)
+		rc = ckfs_s3_list(d.s3, d.bucket, d.root, false, &old, err);
+	bool done = false;
+	if (rc == CKFS_OK)
+		rc = look_at_prefix(&d, m, f, &old, url, &done, err);
+	if (rc == CKFS_OK && done) {
+		if (!o->quiet)
+			ckfs_cli_say("part %u/%u: '%s' is this export, complete already",
+				     o->part.index, o->part.count, url);
+		ckfs_s3_listing_free(&old);
+		free(owner);
+		free(bytes);
+		return CKFS_OK;
+	}
+	if (rc == CKFS_OK && !o->part.count)
+		abort_stale(&d); /* no one else writes here */
+	/* in the order they become visible */
+	if (rc == CKFS_OK)
+		rc = write_rank(&d, m, f, owner, 0, &old, &written, &files, &kept, err);
+	if (rc == CKFS_OK && o->part.count)
+		rc = o->part.index ? mark_done(&d, plan, err) : wait_for_parts(&d, plan, err);
+	bool rest = rc == CKFS_OK && o->part.index == 0;
+	if (rest)
+		rc = write_rank(&d, m, f, owner, 1, &old, &written, &files, &kept, err);
+	/* before the index and config.json make the folder whole */
+	if (rest && rc == CKFS_OK)
+		rc = remove_stale(&d, f, err);
+	for (int r = 2; r <= 3 && rest && rc == CKFS_OK; r++)
+		rc = write_rank(&d, m, f, owner, r, &old, &written, &files, &kept, err);
+	if (rest && rc == CKFS_OK && o->part.count)
+		abort_stale(&d); /* every part is done: what is open is no one's */
 	ckfs_s3_listing_free(&old);
+	free(owner);
+	free(bytes);
 	if (rc != CKFS_OK || o->quiet)
 		return rc;
-	char size[32];
+	char size[32], who[48] = "";
 	struct ckfs_s3_counts c;
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	ckfs_s3_counts(d.s3, &c);
 	ckfs_format_bytes((double)written, size, sizeof(size));
-	ckfs_cli_say("wrote %zu files (%s) to '%s' in %.2f s (%llu requests%s)", files - kept, size,
-		     url, (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9,
-		     (unsigned long long)c.requests, kept ? ", files of the earlier run kept" : "");
+	if (o->part.count)
+		snprintf(who, sizeof(who), "part %u/%u: ", o->part.index, o->part.count);
+	ckfs_cli_say("%swrote %zu files (%s) to '%s' in %.2f s (%llu requests%s)%s", who,
+		     files - kept, size, url,
+		     (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9,
+		     (unsigned long long)c.requests, kept ? ", files of an earlier run kept" : "",
+		     o->part.index ? "; part 0 writes config.json once all are done" : "");
 	return CKFS_OK;
 }

@@ -8,10 +8,12 @@
 #include <stdbool.h>
 
 #include "ckfs/folder.h"
+#include "cli/export_part.h"
 
 struct export_store_opts {
 	bool force, quiet;
 	int threads;
+	struct export_part part;            /* count 0: the whole export */
 	const char *src;                    /* SRC as given, for the objects' digest */
 	volatile sig_atomic_t *interrupted; /* set by a signal: stop, clean up */
 };
