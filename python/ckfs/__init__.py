@@ -208,7 +208,7 @@ def inspect(src: StrPath, **options: OptionValue) -> Dict[str, Any]:
 
 def export(src: StrPath, dst: StrPath, dtype: str = "bf16",
            max_shard_size: Union[str, int, None] = None, force: bool = False,
-           **options: OptionValue) -> Path:
+           **options: OptionValue) -> Union[Path, str]:
     """Write the merged Hugging Face folder of checkpoint ``src`` to ``dst``.
 
     ``dtype``: ``bf16`` (verl's output), ``fp16``, ``fp32`` or ``auto`` (as
@@ -216,15 +216,19 @@ def export(src: StrPath, dst: StrPath, dtype: str = "bf16",
     sharded weights with an index; ``force``: replace an existing ``dst``.
     Other keyword arguments are ``export``'s long options (any other name
     is refused with :class:`Error`, ``returncode`` 2). ``dst`` appears
-    only once every file is written. Returns ``dst`` as a Path.
+    only once every file is written. ``dst`` may be ``"s3://bucket/prefix"``:
+    the files are uploaded there, ``config.json`` last (``part="I/N"``
+    splits the export over N processes, locally or to the store). Returns
+    ``dst`` as a Path, or the ``s3://`` URL as given.
     """
     args = ["export", "--dtype", dtype]
     if max_shard_size is not None:
         args += ["--max-shard-size", str(max_shard_size)]
     if force:
         args.append("--force")
-    _run([*args, *_long_options("export", options), "--", os.fspath(src), os.fspath(dst)])
-    return Path(dst)
+    dst = os.fspath(dst)
+    _run([*args, *_long_options("export", options), "--", os.fspath(src), dst])
+    return dst if dst.startswith("s3://") else Path(dst)
 
 
 def stats(mountpoint: StrPath) -> Dict[str, Any]:

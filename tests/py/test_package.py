@@ -185,6 +185,17 @@ def test_inspect_and_export(venv, tmp_path):
     assert len(set(index["weight_map"].values())) > 1
     assert json.loads((tmp_path / "merged" / "config.json").read_text())["dtype"] == "float32"
 
+    # an s3:// DIR reaches the command as written (the store's own tests
+    # are tests/s3/test_s3_export.sh): a bucket alone is refused there
+    p = venv.python("""
+        import json, sys, ckfs
+        try:
+            ckfs.export(sys.argv[1], "s3://bucket")
+        except ckfs.Error as e:
+            print(json.dumps(e.message))
+        """, FIXTURE)
+    assert "'s3://bucket': name a prefix for the folder" in json.loads(p.stdout)
+
 
 def test_mount_context_manager(venv, tmp_path):
     if not os.path.exists("/dev/fuse"):
