@@ -663,7 +663,10 @@ static enum ckfs_code key_values(struct build *b, struct gguf_kv *kv, uint64_t p
 	gguf_kv_str(kv, "general.type", "model");
 	CKFS_TRY(sampling(b, kv));
 	gguf_kv_str(kv, "general.name", name);
-	size_label(params, b->moe.n_expert, label, sizeof(label));
+	/* gguf-py counts the experts of the stacks written: none when every
+	 * layer is dense */
+	size_label(params, b->moe.first_moe < b->n_layers ? b->moe.n_expert : 0, label,
+		   sizeof(label));
 	gguf_kv_str(kv, "general.size_label", label);
 	CKFS_TRY(hparams(b, kv, file_type(b->opt->type), n_vocab));
 	gguf_kv_u32(kv, "general.quantization_version", 2);
