@@ -93,6 +93,8 @@ enum only {
 	ROUTER,
 	SHARED_EXPERT,
 	MLA_ATTN,
+	MLA_Q, /* without q LoRA (q_lora_rank null) */
+	MLA_Q_LORA,
 	MLA_MOE
 };
 
@@ -122,9 +124,10 @@ static const struct {
 	{ "mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight", SHARED_EXPERT },
 	{ "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight", SHARED_EXPERT },
 	/* kv_b_proj: split by gguf_mla.c */
-	{ "self_attn.q_a_proj.weight", "attn_q_a.weight", MLA_ATTN },
-	{ "self_attn.q_b_proj.weight", "attn_q_b.weight", MLA_ATTN },
-	{ "self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight", MLA_ATTN },
+	{ "self_attn.q_proj.weight", "attn_q.weight", MLA_Q },
+	{ "self_attn.q_a_proj.weight", "attn_q_a.weight", MLA_Q_LORA },
+	{ "self_attn.q_b_proj.weight", "attn_q_b.weight", MLA_Q_LORA },
+	{ "self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight", MLA_Q_LORA },
 	{ "self_attn.kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight", MLA_ATTN },
 	{ "self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight", MLA_ATTN },
 	{ "mlp.gate.e_score_correction_bias", "exp_probs_b.bias", MLA_MOE },
@@ -274,6 +277,10 @@ static bool has(const struct build *b, long long layer, enum only only)
 		return a->moe == MOE_SHARED;
 	case MLA_ATTN:
 		return a->moe == MLA;
+	case MLA_Q:
+		return a->moe == MLA && b->mla.q_lora < 0;
+	case MLA_Q_LORA:
+		return a->moe == MLA && b->mla.q_lora >= 0;
 	case MLA_MOE:
 		return a->moe == MLA && sparse;
 	}

@@ -54,12 +54,9 @@ enum ckfs_code gguf_mla_config(struct gguf_mla *x, struct gguf_moe *moe, const s
 	if (!cJSON_GetObjectItemCaseSensitive(c, "q_lora_rank"))
 		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
 				 "'%s': q_lora_rank is missing (GGUF view)", path);
-	if (!get(c, "q_lora_rank"))
-		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
-				 "'%s': q_lora_rank null (q_proj, the DeepSeek-V2-Lite shape): "
-				 "not reproduced by the GGUF view",
-				 path);
-	CKFS_TRY(whole(c, path, "q_lora_rank", 1, UINT32_MAX, &x->q_lora, err));
+	x->q_lora = -1; /* null: q_proj, no q LoRA (DeepSeek-V2-Lite's shape) */
+	if (get(c, "q_lora_rank"))
+		CKFS_TRY(whole(c, path, "q_lora_rank", 1, UINT32_MAX, &x->q_lora, err));
 	CKFS_TRY(whole(c, path, "kv_lora_rank", 1, UINT32_MAX / 2, &x->kv_lora, err));
 	CKFS_TRY(whole(c, path, "qk_rope_head_dim", 1, UINT32_MAX / 2, &x->rope, err));
 	CKFS_TRY(whole(c, path, "qk_nope_head_dim", 1, UINT32_MAX / 2, &x->nope, err));

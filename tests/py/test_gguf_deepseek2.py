@@ -21,23 +21,27 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, REPO, run_ckfs
-from test_gguf import oracle_python, refused, same_generation
+from test_gguf import VENV, oracle_python, refused, same_generation
 from test_gguf_bpe import assert_mount_q8_0, convert, graft_tokenizer
 
 CASE = FIXTURES / "moe_fsdp" / "deepseek_v3_fsdp2_w2"
+# q_proj without q LoRA (DeepSeek-V2-Lite's shape); key and value heads of 32: attn_k_b and attn_v_b
+# rows of whole q8_0 blocks, so the strided read is checked quantized too
+QPROJ = FIXTURES / "moe_fsdp" / "deepseek_v3_qproj_fsdp2_w2"
 # converter's --outtype: ckfs's --dtype
 OUTTYPES = {"bf16": "bf16", "f16": "fp16", "q8_0": "q8_0"}
 # DeepSeek-V3's config.json has them; transformers' DeepseekV3Config keeps them as given
 V3_ROUTING = {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}
 
 
-def folder(root: Path, name: str = "ds", **change) -> Path:
-    """The fixture's exported folder with the Qwen2 tokenizer and config.json changed (None: removed)."""
+def folder(root: Path, name: str = "ds", case: Path = CASE, **change) -> Path:
+    """The case's exported folder with the Qwen2 tokenizer and config.json changed (None: removed)."""
     hf = root / name
-    run_ckfs("export", "-q", CASE, hf)
+    run_ckfs("export", "-q", case, hf)
     graft_tokenizer(hf, "qwen2")
     cfg = dict(json.loads((hf / "config.json").read_text()), **V3_ROUTING, **change)
-    (hf / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if v is not None}, indent=2))
+    (hf / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k not in change or v is not None},
+                                               indent=2))
     return hf
 
 
@@ -66,6 +70,28 @@ def test_deepseek2_byte_identical(outtype, deepseek, tmp_path):
     got, want = export(hf, OUTTYPES[outtype], tmp_path / "out"), refs[outtype].read_bytes()
     assert len(got) == len(want)
     assert got == want, f"first difference at byte {next(i for i in range(len(got)) if got[i] != want[i])}"
+
+
+def test_deepseek2_qproj_byte_identical(tmp_path):
+    """The q_proj fixture: attn_q, no q_lora_rank key; bf16, f16, q8_0 (attn_k_b and attn_v_b as
+    Q8_0 blocks, not the f16 fallback) export, a q8_0 mount, and q4_0 (Q4_0 blocks) against gguf-py."""
+    hf = folder(tmp_path, "qproj", QPROJ)
+    assert json.loads((hf / "config.json").read_text())["q_lora_rank"] is None
+    refs = {t: converted(hf, t, tmp_path) for t in OUTTYPES}
+    for outtype in OUTTYPES:
+        assert export(hf, OUTTYPES[outtype], tmp_path / outtype) == refs[outtype].read_bytes(), outtype
+    assert_mount_q8_0(hf, refs["q8_0"], tmp_path)
+    r = subprocess.run([oracle_python(), "-c", "import json, sys; sys.path.insert(0, sys.argv[1]); import gguf; "
+                        "print(json.dumps({t.name: t.tensor_type.name for t in gguf.GGUFReader(sys.argv[2]).tensors}))",
+                        VENV / "llama.cpp" / "gguf-py", refs["q8_0"]], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    types = json.loads(r.stdout.strip().splitlines()[-1])
+    assert types["blk.0.attn_k_b.weight"] == types["blk.0.attn_v_b.weight"] == "Q8_0", types
+    assert "blk.0.attn_q.weight" in types and "blk.0.attn_q_a.weight" not in types
+    export(hf, "q4_0", tmp_path / "q4_0")
+    r = subprocess.run([oracle_python(), REPO / "tests" / "gguf" / "q4_0_check.py", refs["bf16"],
+                        tmp_path / "q4_0" / "model.gguf"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
 
 def test_deepseek2_mount_byte_identical(deepseek, tmp_path):
@@ -125,8 +151,6 @@ def test_deepseek2_refusals(deepseek, tmp_path):
         line = refused(d)
         assert word in line, (change, line)
         assert "config.json" in line or "kv_b_proj" in line, line
-    (d / "config.json").write_text(json.dumps(dict(cfg, q_lora_rank=None)))
-    assert "q_lora_rank null" in refused(d)
     c = dict(cfg, num_key_value_heads=2)
     (d / "config.json").write_text(json.dumps(c))
     r = convert(d, "bf16", tmp_path / "never.gguf")
