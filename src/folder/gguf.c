@@ -217,12 +217,15 @@ static enum ckfs_code check_config(struct build *b)
 		return refuse(b, "is_causal false");
 	if (b->arch->llama && cJSON_IsTrue(get(b->config, "attention_bias")))
 		return refuse(b, "attention_bias (Llama's permuted biases)");
-	/* rope: plain only, its theta the one parameter */
+	/* rope: plain only, its theta the one parameter (DeepSeek's YaRN:
+	 * gguf_mla.c) */
 	const cJSON *rope = rope_object(b);
+	const cJSON *t = rope ? get(rope, "rope_type") : NULL;
+	if (rope && !t)
+		t = get(rope, "type");
+	if (b->arch->moe == MLA && cJSON_IsString(t) && strcmp(t->valuestring, "yarn") == 0)
+		rope = NULL;
 	if (rope) {
-		const cJSON *t = get(rope, "rope_type");
-		if (!t)
-			t = get(rope, "type");
 		if (!cJSON_IsObject(rope) || (t && !(cJSON_IsString(t) &&
 						     strcmp(t->valuestring, "default") == 0)))
 			return refuse(b, "rope scaling other than the default");
@@ -586,6 +589,8 @@ static enum ckfs_code hparams(struct build *b, struct gguf_kv *kv, uint32_t file
 	} else {
 		CKFS_TRY(put_u32_param(b, kv, "num_key_value_heads", "attention.head_count_kv"));
 	}
+	if (b->arch->moe == MLA)
+		gguf_mla_kv_rope(&b->mla, kv);
 	const cJSON *rope = rope_object(b);
 	const cJSON *theta = rope ? get(rope, "rope_theta") : NULL;
 	if (!theta)

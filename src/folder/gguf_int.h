@@ -95,14 +95,21 @@ struct gguf_mla {
 	int64_t n_shared, n_group, topk_group;
 	double scale;       /* routed_scaling_factor */
 	bool norm, sigmoid; /* norm_topk_prob; scoring_func "sigmoid" */
+	/* YaRN (rope_parameters): yarn set, its keys as given (NULL: absent) */
+	bool yarn;
+	double factor, orig_ctx;
+	const struct cJSON *ext, *attn, *beta_fast, *beta_slow, *mscale_all;
 };
 
 /* config.json's MLA and expert keys, all given (the converter would
- * write transformers' defaults otherwise), and what llama.cpp would run
- * otherwise than transformers refused; moe's experts set up. */
+ * write transformers' defaults otherwise), its rope (default or YaRN),
+ * and what llama.cpp would run otherwise than transformers refused;
+ * moe's experts set up. */
 enum ckfs_code gguf_mla_config(struct gguf_mla *x, struct gguf_moe *moe, const struct cJSON *c,
 			       const char *path, int64_t n_layers, struct ckfs_arena *ar,
 			       struct ckfs_error *err);
+/* YaRN's keys, after head_count_kv (nothing for the default rope). */
+void gguf_mla_kv_rope(const struct gguf_mla *x, struct gguf_kv *kv);
 /* The key-values after the rms epsilon (experts, groups, gating, the
  * MQA key and value lengths) and after general.file_type. */
 void gguf_mla_kv_experts(const struct gguf_mla *x, const struct gguf_moe *moe, struct gguf_kv *kv);

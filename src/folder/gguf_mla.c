@@ -43,6 +43,70 @@ static enum ckfs_code differs(const char *path, const char *what, struct ckfs_er
 			 path, what);
 }
 
+/* rope_parameters: the default, or YaRN as the converter writes it (its
+ * TextModel keys, then DeepseekV2Model's log multiplier). */
+static enum ckfs_code rope(struct gguf_mla *x, const cJSON *c, const char *path,
+			   struct ckfs_error *err)
+{
+	static const char *const known[] = { "rope_type",
+					     "rope_theta",
+					     "factor",
+					     "original_max_position_embeddings",
+					     "beta_fast",
+					     "beta_slow",
+					     "extrapolation_factor",
+					     "attention_factor",
+					     "attn_factor",
+					     "mscale",
+					     "mscale_all_dim" };
+	const cJSON *r = get(c, "rope_parameters"), *t = r ? get(r, "rope_type") : NULL;
+	const char *what = NULL;
+
+	if (!r && get(c, "rope_scaling"))
+		what = "rope_scaling (transformers 5 writes rope_parameters)";
+	else if (!r || !t || (cJSON_IsString(t) && strcmp(t->valuestring, "default") == 0))
+		return CKFS_OK; /* the plain rope: check_config's rules */
+	else if (!cJSON_IsObject(r) || !cJSON_IsString(t) || strcmp(t->valuestring, "yarn"))
+		what = "rope scaling other than the default and YaRN";
+	for (const cJSON *k = r ? r->child : NULL; k && !what; k = k->next) {
+		bool ok = false;
+		for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+			ok |= strcmp(k->string, known[i]) == 0;
+		if (!ok || !(cJSON_IsNumber(k) || cJSON_IsString(k) || cJSON_IsNull(k)))
+			what = "a YaRN parameter the converter does not write";
+	}
+	if (what)
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+				 "'%s': %s: not reproduced by the GGUF view", path, what);
+	const cJSON *factor = get(r, "factor"), *orig = get(r, "original_max_position_embeddings");
+	int64_t ctx;
+	if (!cJSON_IsNumber(factor) || !orig || !ckfs_json_whole(orig, UINT32_MAX, &ctx))
+		return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+				 "'%s': YaRN without a factor and a whole "
+				 "original_max_position_embeddings (GGUF view)",
+				 path);
+	x->yarn = true;
+	x->factor = factor->valuedouble;
+	x->orig_ctx = (double)ctx;
+	x->ext = get(r, "extrapolation_factor");
+	x->attn = get(r, "attention_factor") ? get(r, "attention_factor") : get(r, "attn_factor");
+	x->beta_fast = get(r, "beta_fast");
+	x->beta_slow = get(r, "beta_slow");
+	x->mscale_all = get(r, "mscale_all_dim");
+	const cJSON *ms = get(r, "mscale");
+	const cJSON *num[] = { x->ext, x->attn, x->beta_fast, x->beta_slow, x->mscale_all, ms };
+	for (size_t i = 0; i < sizeof(num) / sizeof(num[0]); i++)
+		if (num[i] && !cJSON_IsNumber(num[i]))
+			return ckfs_fail(err, CKFS_E_UNSUPPORTED,
+					 "'%s': a YaRN parameter is not a number (GGUF view)",
+					 path);
+	/* transformers scales attention by mscale / mscale_all_dim; the file
+	 * holds only mscale_all_dim (the log multiplier) */
+	if (ms && !(x->mscale_all && ms->valuedouble == x->mscale_all->valuedouble))
+		return differs(path, "YaRN mscale other than mscale_all_dim", err);
+	return CKFS_OK;
+}
+
 enum ckfs_code gguf_mla_config(struct gguf_mla *x, struct gguf_moe *moe, const struct cJSON *c,
 			       const char *path, int64_t n_layers, struct ckfs_arena *ar,
 			       struct ckfs_error *err)
@@ -93,6 +157,7 @@ enum ckfs_code gguf_mla_config(struct gguf_mla *x, struct gguf_moe *moe, const s
 	const cJSON *inter = get(c, "rope_interleave");
 	if (inter && !cJSON_IsTrue(inter))
 		return differs(path, "rope_interleave false", err);
+	CKFS_TRY(rope(x, c, path, err));
 	moe->first_moe = first;
 	return gguf_moe_alloc(moe, n_layers, ar, err);
 }
@@ -102,6 +167,25 @@ static void u32(struct gguf_kv *kv, const char *k, int64_t v)
 	char key[96];
 	snprintf(key, sizeof(key), ARCH ".%s", k);
 	gguf_kv_u32(kv, key, (uint32_t)v);
+}
+
+static void f32(struct gguf_kv *kv, const char *k, const cJSON *v)
+{
+	if (v)
+		gguf_kv_f32(kv, k, (float)v->valuedouble);
+}
+
+void gguf_mla_kv_rope(const struct gguf_mla *x, struct gguf_kv *kv)
+{
+	if (!x->yarn)
+		return;
+	gguf_kv_str(kv, ARCH ".rope.scaling.type", "yarn");
+	gguf_kv_f32(kv, ARCH ".rope.scaling.factor", (float)x->factor);
+	u32(kv, "rope.scaling.original_context_length", (int64_t)x->orig_ctx);
+	f32(kv, ARCH ".rope.scaling.yarn_ext_factor", x->ext);
+	f32(kv, ARCH ".rope.scaling.yarn_attn_factor", x->attn);
+	f32(kv, ARCH ".rope.scaling.yarn_beta_fast", x->beta_fast);
+	f32(kv, ARCH ".rope.scaling.yarn_beta_slow", x->beta_slow);
 }
 
 void gguf_mla_kv_experts(const struct gguf_mla *x, const struct gguf_moe *moe, struct gguf_kv *kv)
@@ -134,6 +218,9 @@ void gguf_mla_kv_rest(const struct gguf_mla *x, const struct gguf_moe *moe, int6
 	if (x->norm)
 		gguf_kv_bool(kv, ARCH ".expert_weights_norm", true);
 	u32(kv, "rope.dimension_count", x->rope);
+	if (x->yarn && x->mscale_all) /* DeepseekV2Model's own scale, as it writes it */
+		gguf_kv_f32(kv, ARCH ".rope.scaling.yarn_log_multiplier",
+			    (float)(0.1 * x->mscale_all->valuedouble));
 }
 
 enum ckfs_code gguf_mla_split(const struct gguf_mla *x, const struct ckfs_tensor *t, int64_t layer,

@@ -109,11 +109,18 @@ def test_deepseek2_q4_0_matches_gguf_py(deepseek, tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
 
-@pytest.mark.parametrize("change", [{"num_hidden_layers": 1}, {"tie_word_embeddings": True}],
-                         ids=["mtp", "tied"])
-def test_deepseek2_dropped_tensors(change, tmp_path):
+# DeepSeek-V3's own YaRN (its config.json's rope_scaling, as transformers 5 writes it), with a
+# 32-position original context for the fixture's 128
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 32,
+        "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+
+
+@pytest.mark.parametrize("change", [{"num_hidden_layers": 1}, {"tie_word_embeddings": True},
+                                    {"rope_parameters": YARN}], ids=["mtp", "tied", "yarn"])
+def test_deepseek2_variants(change, tmp_path):
     """What the converter drops, ckfs drops: layers past num_hidden_layers (here layer 1, the MoE
-    one, read as an MTP layer) and, when tie_word_embeddings, lm_head (token_embd then serves)."""
+    one, read as an MTP layer) and, when tie_word_embeddings, lm_head (token_embd then serves).
+    YaRN: TextModel's rope scaling keys and DeepseekV2Model's log multiplier (0.1 * mscale_all_dim)."""
     hf = folder(tmp_path, **change)
     ref = converted(hf, "bf16", tmp_path)
     assert export(hf, "bf16", tmp_path / "out") == ref.read_bytes()
@@ -145,6 +152,9 @@ def test_deepseek2_refusals(deepseek, tmp_path):
                          (dict(routed_scaling_factor=None), "routed_scaling_factor is missing"),
                          (dict(num_key_value_heads=2), "not 2 heads of 12 rows"),
                          (dict(num_experts=4), "key num_experts"),
+                         (dict(rope_parameters=dict(YARN, mscale=0.5)), "YaRN mscale other than mscale_all_dim"),
+                         (dict(rope_parameters=dict(YARN, truncate=False)), "YaRN parameter the converter"),
+                         (dict(rope_parameters=dict(YARN, rope_type="longrope")), "rope scaling other than"),
                          (dict(architectures=["DeepseekV2ForCausalLM"]), "architecture DeepseekV2ForCausalLM")]:
         c = dict(cfg, **change)
         (d / "config.json").write_text(json.dumps({k: v for k, v in c.items() if v is not None}))
