@@ -14,13 +14,15 @@ head's key rows transposed, read strided) and attn_v_b, head_count_kv 1, the MLA
 from __future__ import annotations
 
 import json
+import os
+import random
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, REPO, run_ckfs
+from conftest import FIXTURES, REPO, ckfs_bin, run_ckfs
 from test_gguf import VENV, oracle_python, refused, same_generation
 from test_gguf_bpe import assert_mount_q8_0, convert, graft_tokenizer
 
@@ -72,26 +74,59 @@ def test_deepseek2_byte_identical(outtype, deepseek, tmp_path):
     assert got == want, f"first difference at byte {next(i for i in range(len(got)) if got[i] != want[i])}"
 
 
-def test_deepseek2_qproj_byte_identical(tmp_path):
+@pytest.fixture(scope="module")
+def qproj(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gguf-ds2-qproj")
+    hf = folder(root, "qproj", QPROJ)
+    return hf, {t: converted(hf, t, root) for t in OUTTYPES}
+
+
+def tensor_ranges(path: Path) -> dict:
+    """name -> (offset in the file, bytes) of path's tensors, by gguf-py."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import gguf; print(json.dumps({t.name: "
+            "[int(t.data_offset), int(t.n_bytes), t.tensor_type.name] for t in gguf.GGUFReader(sys.argv[2]).tensors}))")
+    r = subprocess.run([oracle_python(), "-c", code, VENV / "llama.cpp" / "gguf-py", path], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_deepseek2_qproj_byte_identical(qproj, tmp_path):
     """The q_proj fixture: attn_q, no q_lora_rank key; bf16, f16, q8_0 (attn_k_b and attn_v_b as
     Q8_0 blocks, not the f16 fallback) export, a q8_0 mount, and q4_0 (Q4_0 blocks) against gguf-py."""
-    hf = folder(tmp_path, "qproj", QPROJ)
+    hf, refs = qproj
     assert json.loads((hf / "config.json").read_text())["q_lora_rank"] is None
-    refs = {t: converted(hf, t, tmp_path) for t in OUTTYPES}
     for outtype in OUTTYPES:
         assert export(hf, OUTTYPES[outtype], tmp_path / outtype) == refs[outtype].read_bytes(), outtype
     assert_mount_q8_0(hf, refs["q8_0"], tmp_path)
-    r = subprocess.run([oracle_python(), "-c", "import json, sys; sys.path.insert(0, sys.argv[1]); import gguf; "
-                        "print(json.dumps({t.name: t.tensor_type.name for t in gguf.GGUFReader(sys.argv[2]).tensors}))",
-                        VENV / "llama.cpp" / "gguf-py", refs["q8_0"]], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    types = json.loads(r.stdout.strip().splitlines()[-1])
+    types = {k: v[2] for k, v in tensor_ranges(refs["q8_0"]).items()}
     assert types["blk.0.attn_k_b.weight"] == types["blk.0.attn_v_b.weight"] == "Q8_0", types
     assert "blk.0.attn_q.weight" in types and "blk.0.attn_q_a.weight" not in types
     export(hf, "q4_0", tmp_path / "q4_0")
     r = subprocess.run([oracle_python(), REPO / "tests" / "gguf" / "q4_0_check.py", refs["bf16"],
                         tmp_path / "q4_0" / "model.gguf"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def test_deepseek2_split_ranges_from_mount(qproj, tmp_path):
+    """The split tensors read from a q8_0 mount in random small ranges (a row, a block, a head cut
+    anywhere): the strided attn_k_b and the row-mapped attn_v_b serve any range as the whole file."""
+    hf, refs = qproj
+    want = refs["q8_0"].read_bytes()
+    spans = [v[:2] for k, v in tensor_ranges(refs["q8_0"]).items() if "attn_k_b" in k or "attn_v_b" in k]
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    run_ckfs("mount", "--format", "gguf", "--dtype", "q8_0", "--model-name", "tiny", hf, mnt)
+    try:
+        rng = random.Random(36)
+        with open(mnt / "model.gguf", "rb", buffering=0) as f:
+            for _ in range(300):
+                start, size = rng.choice(spans)
+                off = start + rng.randrange(size)
+                n = rng.randrange(1, 200)
+                assert os.pread(f.fileno(), n, off) == want[off:off + n], (off, n)
+    finally:
+        subprocess.run([ckfs_bin(), "umount", "-z", str(mnt)], capture_output=True, timeout=60)
 
 
 def test_deepseek2_mount_byte_identical(deepseek, tmp_path):
