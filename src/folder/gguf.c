@@ -835,6 +835,32 @@ static enum ckfs_code read_transposed(const struct ckfs_model *m, const struct c
 	return CKFS_OK;
 }
 
+/* Up to *n rows of t from r0 (fewer where an expert's tensor ends), as
+ * floats into f through bf. */
+static enum ckfs_code read_plain(const struct ckfs_model *m, const struct ckfs_gguf_tensor *t,
+				 int64_t r0, int64_t *n, uint16_t *bf, float *f,
+				 struct ckfs_read_scratch *scratch, struct ckfs_error *err)
+{
+	const struct ckfs_tensor *src = t->src;
+	int64_t sr = source_row(t, r0);
+
+	if (t->n_expert) { /* within one expert's tensor */
+		int64_t each = t->rows / t->n_expert;
+		src = t->experts[r0 / each];
+		sr = r0 % each;
+		if (*n > each - sr)
+			*n = each - sr;
+	}
+	uint64_t first = (uint64_t)sr * (uint64_t)t->ne0;
+	uint64_t count = (uint64_t)*n * (uint64_t)t->ne0;
+	CKFS_TRY(ckfs_tensor_read(m, src, first, count, bf, scratch, err));
+	for (uint64_t i = 0; i < count; i++) {
+		uint32_t u = ckfs_bf16_to_f32(bf[i]);
+		memcpy(&f[i], &u, 4);
+	}
+	return CKFS_OK;
+}
+
 /* Rows [r0, r1) of t, encoded, into out. */
 static enum ckfs_code read_rows(const struct ckfs_model *m, const struct ckfs_gguf_tensor *t,
 				int64_t r0, int64_t r1, unsigned char *out, uint16_t *bf,
@@ -846,32 +872,15 @@ static enum ckfs_code read_rows(const struct ckfs_model *m, const struct ckfs_gg
 		per = 1;
 	while (r0 < r1) {
 		int64_t n = t->perm_heads ? 1 : (r1 - r0 < per ? r1 - r0 : per);
-		const struct ckfs_tensor *src = t->src;
-		int64_t sr = source_row(t, r0);
 		if (t->heads) { /* within one head's part */
 			int64_t each = t->rows / t->heads;
 			if (n > each - r0 % each)
 				n = each - r0 % each;
 		}
-		if (t->transposed) {
+		if (t->transposed)
 			CKFS_TRY(read_transposed(m, t, r0, n, bf, f, scratch, err));
-			goto encode;
-		}
-		if (t->n_expert) { /* within one expert's tensor */
-			int64_t each = t->rows / t->n_expert;
-			src = t->experts[r0 / each];
-			sr = r0 % each;
-			if (n > each - sr)
-				n = each - sr;
-		}
-		uint64_t first = (uint64_t)sr * (uint64_t)t->ne0;
-		uint64_t count = (uint64_t)n * (uint64_t)t->ne0;
-		CKFS_TRY(ckfs_tensor_read(m, src, first, count, bf, scratch, err));
-		for (uint64_t i = 0; i < count; i++) {
-			uint32_t u = ckfs_bf16_to_f32(bf[i]);
-			memcpy(&f[i], &u, 4);
-		}
-encode:
+		else
+			CKFS_TRY(read_plain(m, t, r0, &n, bf, f, scratch, err));
 		for (int64_t k = 0; k < n; k++)
 			ckfs_gguf_encode_row(t->type, f + k * t->ne0, t->ne0,
 					     out + (uint64_t)k * t->row_bytes);
