@@ -100,9 +100,10 @@ static enum ckfs_code rope(struct gguf_mla *x, const cJSON *c, const char *path,
 			return ckfs_fail(err, CKFS_E_UNSUPPORTED,
 					 "'%s': a YaRN parameter is not a number (GGUF view)",
 					 path);
-	/* transformers scales attention by mscale / mscale_all_dim; the file
-	 * holds only mscale_all_dim (the log multiplier) */
-	if (ms && !(x->mscale_all && ms->valuedouble == x->mscale_all->valuedouble))
+	/* transformers scales attention by mscale / mscale_all_dim (both
+	 * given) and the softmax by mscale_all_dim; the file holds only
+	 * mscale_all_dim (the log multiplier) */
+	if (!ms != !x->mscale_all || (ms && ms->valuedouble != x->mscale_all->valuedouble))
 		return differs(path, "YaRN mscale other than mscale_all_dim", err);
 	return CKFS_OK;
 }

@@ -188,6 +188,8 @@ def test_deepseek2_refusals(deepseek, tmp_path):
                          (dict(num_key_value_heads=2), "not 2 heads of 12 rows"),
                          (dict(num_experts=4), "key num_experts"),
                          (dict(rope_parameters=dict(YARN, mscale=0.5)), "YaRN mscale other than mscale_all_dim"),
+                         (dict(rope_parameters={k: v for k, v in YARN.items() if k != "mscale"}),
+                          "YaRN mscale other than mscale_all_dim"),
                          (dict(rope_parameters=dict(YARN, truncate=False)), "YaRN parameter the converter"),
                          (dict(rope_parameters=dict(YARN, rope_type="longrope")), "rope scaling other than"),
                          (dict(architectures=["DeepseekV2ForCausalLM"]), "architecture DeepseekV2ForCausalLM")]:
