@@ -11,6 +11,7 @@
 #ifndef CKFS_GGUF_H
 #define CKFS_GGUF_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -45,6 +46,13 @@ struct ckfs_gguf_tensor {
 	int64_t ne0, rows;                /* row length, rows (all leading dims) */
 	int64_t perm_heads;               /* > 0: Llama's Q/K row order over
 					   * that many heads; 0: as stored */
+	/* One part of DeepSeek's kv_b_proj, split per head (gguf_mla.c):
+	 * heads > 0: 3-D [heads, rows / heads, ne0]; head h's part starts
+	 * at src row h * head_stride + head_skip. transposed: its output
+	 * row (h, c) is column c of that part's ne0 rows (attn_k_b); else
+	 * its rows are the part's rows (attn_v_b). */
+	int64_t heads, head_stride, head_skip;
+	bool transposed;
 	uint64_t row_bytes;
 	uint64_t offset;                  /* in the file */
 };

@@ -30,11 +30,14 @@
 enum head_dim_rule { HEAD_DIM_OR_QUOTIENT, HEAD_DIM_IF_GIVEN, HEAD_DIM_REQUIRED };
 
 /* Dense, or experts (Qwen3-MoE: llama.cpp renormalizes the top-k
- * weights), or experts and a gated shared expert (Qwen2-MoE: it does not). */
+ * weights), or experts and a gated shared expert (Qwen2-MoE: it does not),
+ * or DeepSeek's MLA with leading dense layers, then experts and shared
+ * experts (gguf_mla.c). */
 enum moe {
 	DENSE,
 	MOE,
-	MOE_SHARED
+	MOE_SHARED,
+	MLA
 };
 
 /* The architectures served: the converter's model class and what it adds. */
@@ -54,10 +57,14 @@ static const struct arch archs[] = {
 	{ "Qwen3ForCausalLM", "qwen3", false, true, HEAD_DIM_REQUIRED, DENSE },
 	{ "Qwen2MoeForCausalLM", "qwen2moe", false, false, HEAD_DIM_IF_GIVEN, MOE_SHARED },
 	{ "Qwen3MoeForCausalLM", "qwen3moe", false, true, HEAD_DIM_REQUIRED, MOE },
+	{ "DeepseekV3ForCausalLM", "deepseek2", false, false, HEAD_DIM_IF_GIVEN, MLA },
 };
 
-/* The expert keys of refused_keys the MoE architectures read. */
-static const char *const moe_keys[] = { "num_local_experts", "num_experts", "num_experts_per_tok" };
+/* The keys of refused_keys the MoE architectures read (NULL ends). */
+static const char *const moe_keys[] = { "num_local_experts", "num_experts", "num_experts_per_tok",
+					NULL };
+static const char *const mla_keys[] = { "n_routed_experts", "num_experts_per_tok", "n_group",
+					"topk_group",       "scoring_func",        NULL };
 
 /* config.json keys that make the converter write or do something this
  * view does not (experts, other norms, non-causal attention, nested
@@ -77,13 +84,18 @@ static const char *const refused_keys[] = {
 	"norm_eps", "rotary_emb_base", "mrope_section",
 };
 
-/* Which architectures have a layer tensor. */
+/* Which architectures (and layers) have a layer tensor. */
 enum only {
 	ALL,
+	NOT_MLA,
 	QK_NORM,
 	DENSE_MLP,
 	ROUTER,
-	SHARED_EXPERT
+	SHARED_EXPERT,
+	MLA_ATTN,
+	MLA_Q, /* without q LoRA (q_lora_rank null) */
+	MLA_Q_LORA,
+	MLA_MOE
 };
 
 /* HF names inside model.layers.N. and what they become in blk.N (the
@@ -94,13 +106,13 @@ static const struct {
 } layer_names[] = {
 	{ "input_layernorm.weight", "attn_norm.weight", ALL },
 	{ "post_attention_layernorm.weight", "ffn_norm.weight", ALL },
-	{ "self_attn.q_proj.weight", "attn_q.weight", ALL },
-	{ "self_attn.k_proj.weight", "attn_k.weight", ALL },
-	{ "self_attn.v_proj.weight", "attn_v.weight", ALL },
+	{ "self_attn.q_proj.weight", "attn_q.weight", NOT_MLA },
+	{ "self_attn.k_proj.weight", "attn_k.weight", NOT_MLA },
+	{ "self_attn.v_proj.weight", "attn_v.weight", NOT_MLA },
 	{ "self_attn.o_proj.weight", "attn_output.weight", ALL },
-	{ "self_attn.q_proj.bias", "attn_q.bias", ALL },
-	{ "self_attn.k_proj.bias", "attn_k.bias", ALL },
-	{ "self_attn.v_proj.bias", "attn_v.bias", ALL },
+	{ "self_attn.q_proj.bias", "attn_q.bias", NOT_MLA },
+	{ "self_attn.k_proj.bias", "attn_k.bias", NOT_MLA },
+	{ "self_attn.v_proj.bias", "attn_v.bias", NOT_MLA },
 	{ "mlp.gate_proj.weight", "ffn_gate.weight", DENSE_MLP },
 	{ "mlp.up_proj.weight", "ffn_up.weight", DENSE_MLP },
 	{ "mlp.down_proj.weight", "ffn_down.weight", DENSE_MLP },
@@ -111,6 +123,17 @@ static const struct {
 	{ "mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight", SHARED_EXPERT },
 	{ "mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight", SHARED_EXPERT },
 	{ "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight", SHARED_EXPERT },
+	/* kv_b_proj: split by gguf_mla.c */
+	{ "self_attn.q_proj.weight", "attn_q.weight", MLA_Q },
+	{ "self_attn.q_a_proj.weight", "attn_q_a.weight", MLA_Q_LORA },
+	{ "self_attn.q_b_proj.weight", "attn_q_b.weight", MLA_Q_LORA },
+	{ "self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight", MLA_Q_LORA },
+	{ "self_attn.kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight", MLA_ATTN },
+	{ "self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight", MLA_ATTN },
+	{ "mlp.gate.e_score_correction_bias", "exp_probs_b.bias", MLA_MOE },
+	{ "mlp.shared_experts.gate_proj.weight", "ffn_gate_shexp.weight", MLA_MOE },
+	{ "mlp.shared_experts.up_proj.weight", "ffn_up_shexp.weight", MLA_MOE },
+	{ "mlp.shared_experts.down_proj.weight", "ffn_down_shexp.weight", MLA_MOE },
 };
 
 /* Tests only (tests/py/test_gguf.py, tests/cli/test_gguf.sh): the MoE
@@ -125,6 +148,7 @@ struct build {
 	cJSON *config, *gen;
 	int64_t n_head, n_kv_head, n_layers;
 	struct gguf_moe moe;
+	struct gguf_mla mla;
 	struct ckfs_gguf_file *g;
 	struct ckfs_error *err;
 };
@@ -173,14 +197,16 @@ static enum ckfs_code check_config(struct build *b)
 	if (!b->arch) {
 		snprintf(what, sizeof(what),
 			 "architecture %s (the GGUF view serves Llama, Mistral, "
-			 "Qwen2, Qwen3 and, of MoE models, Qwen2-MoE and Qwen3-MoE)",
+			 "Qwen2, Qwen3 and, of MoE models, Qwen2-MoE, Qwen3-MoE and "
+			 "DeepSeek-V3)",
 			 cJSON_IsString(a0) ? a0->valuestring : "unknown");
 		return refuse(b, what);
 	}
+	const char *const *reads = b->arch->moe == MLA ? mla_keys : b->arch->moe ? moe_keys : NULL;
 	for (size_t i = 0; i < sizeof(refused_keys) / sizeof(refused_keys[0]); i++) {
 		bool read = false;
-		for (size_t j = 0; b->arch->moe && j < sizeof(moe_keys) / sizeof(moe_keys[0]); j++)
-			read |= strcmp(refused_keys[i], moe_keys[j]) == 0;
+		for (size_t j = 0; reads && reads[j]; j++)
+			read |= strcmp(refused_keys[i], reads[j]) == 0;
 		if (!read && get(b->config, refused_keys[i])) {
 			snprintf(what, sizeof(what), "key %s", refused_keys[i]);
 			return refuse(b, what);
@@ -191,12 +217,15 @@ static enum ckfs_code check_config(struct build *b)
 		return refuse(b, "is_causal false");
 	if (b->arch->llama && cJSON_IsTrue(get(b->config, "attention_bias")))
 		return refuse(b, "attention_bias (Llama's permuted biases)");
-	/* rope: plain only, its theta the one parameter */
+	/* rope: plain only, its theta the one parameter (DeepSeek's YaRN:
+	 * gguf_mla.c) */
 	const cJSON *rope = rope_object(b);
+	const cJSON *t = rope ? get(rope, "rope_type") : NULL;
+	if (rope && !t)
+		t = get(rope, "type");
+	if (b->arch->moe == MLA && cJSON_IsString(t) && strcmp(t->valuestring, "yarn") == 0)
+		rope = NULL;
 	if (rope) {
-		const cJSON *t = get(rope, "rope_type");
-		if (!t)
-			t = get(rope, "type");
 		if (!cJSON_IsObject(rope) || (t && !(cJSON_IsString(t) &&
 						     strcmp(t->valuestring, "default") == 0)))
 			return refuse(b, "rope scaling other than the default");
@@ -213,6 +242,9 @@ static enum ckfs_code check_config(struct build *b)
 	if (!b->arch->moe)
 		return CKFS_OK;
 	b->moe.arch = b->arch->name;
+	if (b->arch->moe == MLA)
+		return gguf_mla_config(&b->mla, &b->moe, b->config, b->m->config_path, b->n_layers,
+				       &b->g->arena, b->err);
 	b->moe.norm_topk = b->arch->moe == MOE;
 	b->moe.shared = b->arch->moe == MOE_SHARED;
 	CKFS_TRY(gguf_moe_config(&b->moe, b->config, b->m->config_path, b->n_layers, &b->g->arena,
@@ -228,19 +260,32 @@ static int cmp_tensor_name(const void *x, const void *y)
 		      (*(const struct ckfs_tensor *const *)y)->name);
 }
 
-static bool has(const struct arch *a, enum only only)
+static bool has(const struct build *b, long long layer, enum only only)
 {
+	const struct arch *a = b->arch;
+	bool sparse = layer >= b->moe.first_moe; /* DeepSeek's leading dense layers */
+
 	switch (only) {
 	case ALL:
 		return true;
+	case NOT_MLA:
+		return a->moe != MLA;
 	case QK_NORM:
 		return a->qk_norm;
 	case DENSE_MLP:
-		return a->moe == DENSE;
+		return a->moe == DENSE || (a->moe == MLA && !sparse);
 	case ROUTER:
-		return a->moe != DENSE;
+		return a->moe != DENSE && sparse;
 	case SHARED_EXPERT:
 		return a->moe == MOE_SHARED;
+	case MLA_ATTN:
+		return a->moe == MLA;
+	case MLA_Q:
+		return a->moe == MLA && b->mla.q_lora < 0;
+	case MLA_Q_LORA:
+		return a->moe == MLA && b->mla.q_lora >= 0;
+	case MLA_MOE:
+		return a->moe == MLA && sparse;
 	}
 	return false;
 }
@@ -267,7 +312,7 @@ static const char *gguf_name(struct build *b, const char *name, bool *q, bool *k
 			goto unknown; /* "model.layers.01." */
 		for (size_t i = 0; i < sizeof(layer_names) / sizeof(layer_names[0]); i++)
 			if (strcmp(name + used, layer_names[i].hf) == 0 &&
-			    has(b->arch, layer_names[i].only)) {
+			    has(b, layer, layer_names[i].only)) {
 				*q = strcmp(layer_names[i].hf, "self_attn.q_proj.weight") == 0;
 				*k = strcmp(layer_names[i].hf, "self_attn.k_proj.weight") == 0;
 				const char *s = ckfs_arena_printf(ar, "blk.%lld.%s", layer,
@@ -346,11 +391,39 @@ static enum ckfs_code expert(struct build *b, const struct ckfs_tensor *t, int t
 	return CKFS_OK;
 }
 
+/* DeepSeek: 1 when the converter drops t (an MTP layer past
+ * num_hidden_layers, a tied lm_head); 2 when t is a kv_b_proj, now split
+ * into o[0..1]; 0 otherwise. */
+static int mla_tensor(struct build *b, const struct ckfs_tensor *t, struct ckfs_gguf_tensor *o,
+		      enum ckfs_code *rc)
+{
+	long long layer;
+	int used = 0;
+	char canon[96];
+
+	*rc = CKFS_OK;
+	if (b->arch->moe != MLA)
+		return 0;
+	if (strcmp(t->name, "lm_head.weight") == 0)
+		return cJSON_IsTrue(get(b->config, "tie_word_embeddings"));
+	if (sscanf(t->name, "model.layers.%lld.%n", &layer, &used) != 1 || used == 0)
+		return 0;
+	if (layer >= b->n_layers)
+		return 1;
+	snprintf(canon, sizeof(canon), "model.layers.%lld.self_attn.kv_b_proj.weight", layer);
+	if (strcmp(t->name, canon) != 0)
+		return 0;
+	if ((*rc = servable(b, t)) == CKFS_OK)
+		*rc = gguf_mla_split(&b->mla, t, layer, b->n_kv_head, o, &b->g->arena, b->err);
+	return 2;
+}
+
 static enum ckfs_code map_tensors(struct build *b, uint64_t *params)
 {
 	const struct ckfs_model *m = b->m;
 	struct ckfs_gguf_file *g = b->g;
 	const struct ckfs_tensor **ts = calloc(m->n_tensors + 1, sizeof(*ts));
+	bool tied = b->arch->moe == MLA && cJSON_IsTrue(get(b->config, "tie_word_embeddings"));
 
 	/* The output matrix: llama-quantize gives it a wider type than q4_0,
 	 * and a tied model's is token_embd (docs/gguf.md "q4_0"). */
@@ -360,22 +433,30 @@ static enum ckfs_code map_tensors(struct build *b, uint64_t *params)
 		return ckfs_nomem(b->err);
 	for (size_t i = 0; i < m->n_tensors; i++) {
 		ts[i] = &m->tensors[i];
-		if (strcmp(ts[i]->name, "lm_head.weight") == 0)
+		if (strcmp(ts[i]->name, "lm_head.weight") == 0 && !tied)
 			output = "output.weight";
 	}
 	/* the converter writes them in the exported folder's (name) order,
 	 * a MoE layer's stacks where its last expert weight comes */
 	qsort(ts, m->n_tensors, sizeof(*ts), cmp_tensor_name);
-	g->tensors = ckfs_arena_calloc(&g->arena, m->n_tensors + 1, sizeof(*g->tensors));
+	/* at most two from each (DeepSeek's kv_b_proj) */
+	g->tensors = ckfs_arena_calloc(&g->arena, 2 * m->n_tensors + 1, sizeof(*g->tensors));
 	enum ckfs_code rc = g->tensors ? CKFS_OK : ckfs_nomem(b->err);
 	*params = 0;
 	for (size_t i = 0; i < m->n_tensors && rc == CKFS_OK; i++) {
 		const struct ckfs_tensor *t = ts[i];
 		struct ckfs_gguf_tensor *o = &g->tensors[g->n_tensors];
 		int64_t layer;
-		int took = gguf_moe_take(&b->moe, t, &layer);
+		int took = mla_tensor(b, t, o, &rc);
 		bool q, k;
-		if (took) {
+		if (took == 2) {
+			for (int j = 0; j < 2 && rc == CKFS_OK; j++)
+				rc = place(b, &o[j], output, false, false);
+			*params += t->numel;
+		}
+		if (took)
+			continue;
+		if ((took = gguf_moe_take(&b->moe, t, &layer))) {
 			rc = expert(b, t, took, layer, params);
 			continue;
 		}
@@ -470,7 +551,8 @@ static enum ckfs_code put_u32_param(struct build *b, struct gguf_kv *kv, const c
 	int64_t v;
 	char k[96];
 
-	CKFS_TRY(whole(b, hf, false, &v));
+	/* DeepseekV3Config has every one: its default would be written */
+	CKFS_TRY(whole(b, hf, b->arch->moe == MLA, &v));
 	if (v >= 0) {
 		snprintf(k, sizeof(k), "%s.%s", b->arch->name, what);
 		gguf_kv_u32(kv, k, (uint32_t)v);
@@ -501,21 +583,39 @@ static enum ckfs_code hparams(struct build *b, struct gguf_kv *kv, uint32_t file
 	CKFS_TRY(put_u32_param(b, kv, "hidden_size", "embedding_length"));
 	CKFS_TRY(put_u32_param(b, kv, "intermediate_size", "feed_forward_length"));
 	CKFS_TRY(put_u32_param(b, kv, "num_attention_heads", "attention.head_count"));
-	CKFS_TRY(put_u32_param(b, kv, "num_key_value_heads", "attention.head_count_kv"));
+	if (b->arch->moe == MLA) { /* MLA runs as MQA */
+		snprintf(k, sizeof(k), "%s.attention.head_count_kv", a);
+		gguf_kv_u32(kv, k, 1);
+	} else {
+		CKFS_TRY(put_u32_param(b, kv, "num_key_value_heads", "attention.head_count_kv"));
+	}
+	if (b->arch->moe == MLA)
+		gguf_mla_kv_rope(&b->mla, kv);
 	const cJSON *rope = rope_object(b);
 	const cJSON *theta = rope ? get(rope, "rope_theta") : NULL;
 	if (!theta)
 		theta = get(b->config, "rope_theta");
+	if (!theta && b->arch->moe == MLA)
+		return ckfs_fail(b->err, CKFS_E_UNSUPPORTED,
+				 "'%s': rope_theta is missing (GGUF view)", b->m->config_path);
 	if (theta) {
 		CKFS_TRY(number(b, theta, "rope_theta", &f));
 		snprintf(k, sizeof(k), "%s.rope.freq_base", a);
 		gguf_kv_f32(kv, k, f);
 	}
 	const cJSON *eps = get(b->config, "rms_norm_eps");
-	if (eps) {
-		CKFS_TRY(number(b, eps, "rms_norm_eps", &f));
+	if (eps || b->arch->moe == MLA) { /* DeepseekV2Model's default: 1e-6 */
+		f = 1e-6f;
+		if (eps)
+			CKFS_TRY(number(b, eps, "rms_norm_eps", &f));
 		snprintf(k, sizeof(k), "%s.attention.layer_norm_rms_epsilon", a);
 		gguf_kv_f32(kv, k, f);
+	}
+	if (b->arch->moe == MLA) {
+		gguf_mla_kv_experts(&b->mla, &b->moe, kv);
+		gguf_kv_u32(kv, "general.file_type", file_type);
+		gguf_mla_kv_rest(&b->mla, &b->moe, n_vocab, kv);
+		return CKFS_OK;
 	}
 	if (b->arch->moe)
 		gguf_moe_counts(&b->moe, kv);
@@ -575,14 +675,17 @@ static enum ckfs_code key_values(struct build *b, struct gguf_kv *kv, uint64_t p
 	gguf_kv_str(kv, "general.type", "model");
 	CKFS_TRY(sampling(b, kv));
 	gguf_kv_str(kv, "general.name", name);
-	size_label(params, b->moe.n_expert, label, sizeof(label));
+	/* gguf-py counts the experts of the stacks written: none when every
+	 * layer is dense */
+	size_label(params, b->moe.first_moe < b->n_layers ? b->moe.n_expert : 0, label,
+		   sizeof(label));
 	gguf_kv_str(kv, "general.size_label", label);
 	CKFS_TRY(hparams(b, kv, file_type(b->opt->type), n_vocab));
 	gguf_kv_u32(kv, "general.quantization_version", 2);
 	/* The converter's Qwen MoE classes read the tokenizer as GPT-2 BPE
 	 * (tokenizer.json, known by the hash of its output) only. */
 	const char *spm = getenv(SPM_TEST_ENV);
-	bool bpe_only = b->arch->moe && !(spm && strcmp(spm, "1") == 0);
+	bool bpe_only = b->arch->moe == MLA || (b->arch->moe && !(spm && strcmp(spm, "1") == 0));
 	return gguf_vocab(b->m, b->g, b->config, n_vocab, b->arch->llama, bpe_only, kv, b->err);
 }
 
@@ -602,11 +705,18 @@ static enum ckfs_code render(struct build *b, struct gguf_kv *kv)
 	for (size_t i = 0; i < g->n_tensors; i++) {
 		struct ckfs_gguf_tensor *t = &g->tensors[i];
 		gguf_put_str(&h, t->name, strlen(t->name));
-		gguf_put_u32(&h, t->src->ndim + (t->n_expert ? 1 : 0));
-		for (int d = t->src->ndim - 1; d >= 0; d--) /* ggml's order: fastest first */
-			gguf_put_u64(&h, (uint64_t)t->src->shape[d]);
-		if (t->n_expert)
-			gguf_put_u64(&h, (uint64_t)t->n_expert);
+		if (t->heads) { /* ggml's order: fastest first */
+			gguf_put_u32(&h, 3);
+			gguf_put_u64(&h, (uint64_t)t->ne0);
+			gguf_put_u64(&h, (uint64_t)(t->rows / t->heads));
+			gguf_put_u64(&h, (uint64_t)t->heads);
+		} else {
+			gguf_put_u32(&h, t->src->ndim + (t->n_expert ? 1 : 0));
+			for (int d = t->src->ndim - 1; d >= 0; d--)
+				gguf_put_u64(&h, (uint64_t)t->src->shape[d]);
+			if (t->n_expert)
+				gguf_put_u64(&h, (uint64_t)t->n_expert);
+		}
 		gguf_put_u32(&h, t->type);
 		gguf_put_u64(&h, off);
 		t->offset = off;
@@ -692,11 +802,63 @@ void ckfs_gguf_release(struct ckfs_gguf_file *g)
  * rows from (pair, half) to (half, pair): out (h, 2i + j) <- in (h, j * half + i). */
 static int64_t source_row(const struct ckfs_gguf_tensor *t, int64_t r)
 {
+	if (t->heads) { /* attn_v_b: head h's rows after its key rows */
+		int64_t each = t->rows / t->heads;
+		return r / each * t->head_stride + t->head_skip + r % each;
+	}
 	if (!t->perm_heads)
 		return r;
 	int64_t hd = t->rows / t->perm_heads, half = hd / 2;
 	int64_t h = r / hd, w = r % hd;
 	return h * hd + (w % 2) * half + w / 2;
+}
+
+/* n rows of attn_k_b from r0, one head's, as floats into f: row (h, c) is
+ * column c of the head's ne0 key rows of kv_b_proj, read as n columns of
+ * each of those rows (n * ne0 values in bf, no more than a chunk). */
+static enum ckfs_code read_transposed(const struct ckfs_model *m, const struct ckfs_gguf_tensor *t,
+				      int64_t r0, int64_t n, uint16_t *bf, float *f,
+				      struct ckfs_read_scratch *scratch, struct ckfs_error *err)
+{
+	int64_t cols = t->rows / t->heads, h = r0 / cols, c = r0 % cols;
+
+	for (int64_t j = 0; j < t->ne0; j++) {
+		uint64_t row = (uint64_t)(h * t->head_stride + t->head_skip + j);
+		CKFS_TRY(ckfs_tensor_read(m, t->src, row * (uint64_t)cols + (uint64_t)c,
+					  (uint64_t)n, bf + j * n, scratch, err));
+	}
+	for (int64_t k = 0; k < n; k++)
+		for (int64_t j = 0; j < t->ne0; j++) {
+			uint32_t u = ckfs_bf16_to_f32(bf[j * n + k]);
+			memcpy(&f[k * t->ne0 + j], &u, 4);
+		}
+	return CKFS_OK;
+}
+
+/* Up to *n rows of t from r0 (fewer where an expert's tensor ends), as
+ * floats into f through bf. */
+static enum ckfs_code read_plain(const struct ckfs_model *m, const struct ckfs_gguf_tensor *t,
+				 int64_t r0, int64_t *n, uint16_t *bf, float *f,
+				 struct ckfs_read_scratch *scratch, struct ckfs_error *err)
+{
+	const struct ckfs_tensor *src = t->src;
+	int64_t sr = source_row(t, r0);
+
+	if (t->n_expert) { /* within one expert's tensor */
+		int64_t each = t->rows / t->n_expert;
+		src = t->experts[r0 / each];
+		sr = r0 % each;
+		if (*n > each - sr)
+			*n = each - sr;
+	}
+	uint64_t first = (uint64_t)sr * (uint64_t)t->ne0;
+	uint64_t count = (uint64_t)*n * (uint64_t)t->ne0;
+	CKFS_TRY(ckfs_tensor_read(m, src, first, count, bf, scratch, err));
+	for (uint64_t i = 0; i < count; i++) {
+		uint32_t u = ckfs_bf16_to_f32(bf[i]);
+		memcpy(&f[i], &u, 4);
+	}
+	return CKFS_OK;
 }
 
 /* Rows [r0, r1) of t, encoded, into out. */
@@ -710,22 +872,15 @@ static enum ckfs_code read_rows(const struct ckfs_model *m, const struct ckfs_gg
 		per = 1;
 	while (r0 < r1) {
 		int64_t n = t->perm_heads ? 1 : (r1 - r0 < per ? r1 - r0 : per);
-		const struct ckfs_tensor *src = t->src;
-		int64_t sr = source_row(t, r0);
-		if (t->n_expert) { /* within one expert's tensor */
-			int64_t each = t->rows / t->n_expert;
-			src = t->experts[r0 / each];
-			sr = r0 % each;
-			if (n > each - sr)
-				n = each - sr;
+		if (t->heads) { /* within one head's part */
+			int64_t each = t->rows / t->heads;
+			if (n > each - r0 % each)
+				n = each - r0 % each;
 		}
-		uint64_t first = (uint64_t)sr * (uint64_t)t->ne0;
-		uint64_t count = (uint64_t)n * (uint64_t)t->ne0;
-		CKFS_TRY(ckfs_tensor_read(m, src, first, count, bf, scratch, err));
-		for (uint64_t i = 0; i < count; i++) {
-			uint32_t u = ckfs_bf16_to_f32(bf[i]);
-			memcpy(&f[i], &u, 4);
-		}
+		if (t->transposed)
+			CKFS_TRY(read_transposed(m, t, r0, n, bf, f, scratch, err));
+		else
+			CKFS_TRY(read_plain(m, t, r0, &n, bf, f, scratch, err));
 		for (int64_t k = 0; k < n; k++)
 			ckfs_gguf_encode_row(t->type, f + k * t->ne0, t->ne0,
 					     out + (uint64_t)k * t->row_bytes);

@@ -61,6 +61,7 @@ struct gguf_moe {
 	bool norm_topk;   /* llama.cpp renormalizes top-k weights */
 	bool shared;      /* Qwen2-MoE's gated shared expert */
 	int64_t n_expert, n_used, ff, shexp_ff, n_layers;
+	int64_t first_moe;               /* layers below it are dense (DeepSeek) */
 	const struct ckfs_tensor **slot; /* [layer][down, gate, up][expert] */
 	int64_t *seen;                   /* expert weights seen per layer */
 };
@@ -70,6 +71,9 @@ struct gguf_moe {
  * refusals; x's arch, norm_topk and shared are set by the caller. */
 enum ckfs_code gguf_moe_config(struct gguf_moe *x, const struct cJSON *config, const char *path,
 			       int64_t n_layers, struct ckfs_arena *ar, struct ckfs_error *err);
+/* x's slots for n_layers layers (n_expert set). */
+enum ckfs_code gguf_moe_alloc(struct gguf_moe *x, int64_t n_layers, struct ckfs_arena *ar,
+			      struct ckfs_error *err);
 /* t, when it is one expert's weight: recorded, 1; 2 when its layer's are
  * now all seen (*layer says which); 0 for any other tensor. */
 int gguf_moe_take(struct gguf_moe *x, const struct ckfs_tensor *t, int64_t *layer);
@@ -85,6 +89,38 @@ enum ckfs_code gguf_moe_complete(const struct gguf_moe *x, struct ckfs_error *er
  * expert feed-forward lengths (after general.file_type). */
 void gguf_moe_counts(const struct gguf_moe *x, struct gguf_kv *kv);
 void gguf_moe_lengths(const struct gguf_moe *x, struct gguf_kv *kv);
+
+/* DeepSeek's MLA and MoE hyperparameters (gguf_mla.c: deepseek2). */
+struct gguf_mla {
+	int64_t q_lora, kv_lora, nope, rope, v_head; /* q_lora -1: q_proj */
+	int64_t n_shared, n_group, topk_group;
+	double scale;       /* routed_scaling_factor */
+	bool norm, sigmoid; /* norm_topk_prob; scoring_func "sigmoid" */
+	/* YaRN (rope_parameters): yarn set, its keys as given (NULL: absent) */
+	bool yarn;
+	double factor, orig_ctx;
+	const struct cJSON *ext, *attn, *beta_fast, *beta_slow, *mscale_all;
+};
+
+/* config.json's MLA and expert keys, all given (the converter would
+ * write transformers' defaults otherwise), its rope (default or YaRN),
+ * and what llama.cpp would run otherwise than transformers refused;
+ * moe's experts set up. */
+enum ckfs_code gguf_mla_config(struct gguf_mla *x, struct gguf_moe *moe, const struct cJSON *c,
+			       const char *path, int64_t n_layers, struct ckfs_arena *ar,
+			       struct ckfs_error *err);
+/* YaRN's keys, after head_count_kv (nothing for the default rope). */
+void gguf_mla_kv_rope(const struct gguf_mla *x, struct gguf_kv *kv);
+/* The key-values after the rms epsilon (experts, groups, gating, the
+ * MQA key and value lengths) and after general.file_type. */
+void gguf_mla_kv_experts(const struct gguf_mla *x, const struct gguf_moe *moe, struct gguf_kv *kv);
+void gguf_mla_kv_rest(const struct gguf_mla *x, const struct gguf_moe *moe, int64_t n_vocab,
+		      struct gguf_kv *kv);
+/* kv_b_proj t ([heads * (nope + v_head), kv_lora]) as attn_k_b and
+ * attn_v_b of layer into o[0], o[1] (names, sources, row layout). */
+enum ckfs_code gguf_mla_split(const struct gguf_mla *x, const struct ckfs_tensor *t, int64_t layer,
+			      int64_t heads, struct ckfs_gguf_tensor o[2], struct ckfs_arena *ar,
+			      struct ckfs_error *err);
 
 /* The byte-level BPE path (gguf_bpe.c): tokenizer.json (text, len, read
  * from path) with tokenizer_config.json (tc, NULL if absent) as

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The GGUF view's MoE layers (Qwen2-MoE, Qwen3-MoE): config.json's expert
+ * The GGUF view's MoE layers (Qwen2-MoE, Qwen3-MoE; DeepSeek's experts
+ * are stacked the same way, its keys in gguf_mla.c): config.json's expert
  * keys, checked and written as the converter writes them, and each
  * layer's per-expert weights gathered into the three stacked tensors
  * [n_expert, rows, cols] the converter makes of them (ffn_down_exps,
@@ -73,6 +74,12 @@ enum ckfs_code gguf_moe_config(struct gguf_moe *x, const struct cJSON *c, const 
 	if (x->shared)
 		CKFS_TRY(count(c, path, "shared_expert_intermediate_size", UINT32_MAX, &x->shexp_ff,
 			       err));
+	return gguf_moe_alloc(x, n_layers, ar, err);
+}
+
+enum ckfs_code gguf_moe_alloc(struct gguf_moe *x, int64_t n_layers, struct ckfs_arena *ar,
+			      struct ckfs_error *err)
+{
 	x->n_layers = n_layers;
 	x->slot = ckfs_arena_calloc(ar, (size_t)(n_layers * 3 * x->n_expert) + 1, sizeof(*x->slot));
 	x->seen = ckfs_arena_calloc(ar, (size_t)n_layers + 1, sizeof(*x->seen));
@@ -88,7 +95,7 @@ static int parse(const struct gguf_moe *x, const char *name, int64_t *layer, int
 	char canon[96];
 
 	if (sscanf(name, "model.layers.%lld.mlp.experts.%lld.%n", &l, &e, &n) != 2 || n == 0 ||
-	    l < 0 || l >= x->n_layers || e < 0 || e >= x->n_expert)
+	    l < x->first_moe || l >= x->n_layers || e < 0 || e >= x->n_expert)
 		return 0;
 	snprintf(canon, sizeof(canon), "model.layers.%lld.mlp.experts.%lld.", l, e);
 	if (strncmp(name, canon, strlen(canon)) != 0)
@@ -142,7 +149,7 @@ enum ckfs_code gguf_moe_stack(const struct gguf_moe *x, int64_t layer, int w,
 
 enum ckfs_code gguf_moe_complete(const struct gguf_moe *x, struct ckfs_error *err)
 {
-	for (int64_t l = 0; l < x->n_layers && x->n_expert; l++)
+	for (int64_t l = x->first_moe; l < x->n_layers && x->n_expert; l++)
 		if (x->seen[l] != 3 * x->n_expert)
 			return ckfs_fail(err, CKFS_E_UNSUPPORTED,
 					 "layer %lld has %lld of its %lld "

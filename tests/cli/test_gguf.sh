@@ -96,7 +96,9 @@ refused "another architecture" "architecture GPT2LMHeadModel" "$WORK/src"
 sed -i 's/"GPT2LMHeadModel"/"LlamaForCausalLM"/; s/"rope_type": "default"/"rope_type": "yarn"/' "$HF/config.json"
 refused "yarn rope" "rope scaling" "$WORK/src"
 refused "a LoRA actor" "plain models" "$2/lora/lora_qwen2_fsdp2_w2" --lora=fuse
-refused "another MoE architecture" "architecture DeepseekV3ForCausalLM" \
+refused "another MoE architecture" "architecture MixtralForCausalLM" \
+	"$2/moe_fsdp/mixtral_fsdp2_w2"
+refused "DeepSeek-V3 without scoring_func" "scoring_func missing" \
 	"$2/moe_fsdp/deepseek_v3_fsdp2_w2"
 refused "Qwen3-MoE's tokenizer.model" "tokenizer.model': the converter reads this architecture's tokenizer from tokenizer.json (byte-level BPE) only" "$FIX/qwen3_moe_fsdp2_w2"
 CKFS_GGUF_TEST_MOE_SPM=1 refused "norm_topk_prob false" "norm_topk_prob false" \

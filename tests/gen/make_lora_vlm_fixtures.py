@@ -198,6 +198,9 @@ CASES = [
     moe_case("deepseek_v3_fsdp2_w2", "deepseek_v3",
              desc="DeepSeek-V3 tiny: MLA (q and kv LoRA ranks), layer 0 dense (first_k_dense_replace=1), "
                   "layer 1 with 4 routed experts, a shared expert and e_score_correction_bias, FSDP2 W=2"),
+    moe_case("deepseek_v3_qproj_fsdp2_w2", "deepseek_v3_qproj",
+             desc="DeepSeek-V3 tiny without q LoRA (q_proj, V2-Lite's shape), qk_nope_head_dim and "
+                  "kv_lora_rank 32, layer 0 dense, layer 1 with 4 routed experts, FSDP2 W=2"),
     moe_case("glm4_moe_fsdp2_w2", "glm4_moe",
              desc="GLM-4.5 tiny: layer 0 dense, layer 1 with 4 routed experts and a shared expert, q/k norm, "
                   "FSDP2 W=2"),
@@ -369,6 +372,13 @@ MOE_CONFIGS = {
                     dict(moe_intermediate_size=8, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
                          n_group=1, topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=16,
                          qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, num_key_value_heads=4)),
+    # DeepSeek-V2-Lite's attention shape (q_proj, no q LoRA) with heads wide enough for whole q8_0
+    # blocks in the GGUF view's split kv_b_proj (tests/py/test_gguf_deepseek2.py)
+    "deepseek_v3_qproj": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                          dict(moe_intermediate_size=8, n_routed_experts=4, n_shared_experts=1,
+                               num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
+                               kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=32,
+                               v_head_dim=32, num_key_value_heads=4)),
     "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
                  dict(moe_intermediate_size=8, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
                       n_group=1, topk_group=1, first_k_dense_replace=1, use_qk_norm=True)),

@@ -190,17 +190,20 @@ def test_refusals(tmp_path):
 
 
 def test_moe_refusals(tmp_path, monkeypatch):
-    """MoE: every architecture but Qwen2-MoE and Qwen3-MoE refused by name; what llama.cpp would run
-    otherwise than transformers (norm_topk_prob, dense layers) and incomplete experts refused in one
-    line; without the test switch, the BPE-only tokenizer path."""
+    """MoE: every architecture but Qwen2-MoE, Qwen3-MoE and DeepSeek-V3 refused by name; what
+    llama.cpp would run otherwise than transformers (norm_topk_prob, dense layers, DeepSeek-V3
+    without scoring_func: test_gguf_deepseek2.py) and incomplete experts refused in one line; without
+    the test switch, the BPE-only tokenizer path."""
     import shutil
 
     from safetensors.torch import load_file, save_file
 
     moe = FIXTURES / "moe_fsdp"
-    for case in ["deepseek_v3_fsdp2_w2", "mixtral_fsdp2_w2", "olmoe_fsdp2_w2", "qwen3_next_fsdp2_w2"]:
+    for case in ["mixtral_fsdp2_w2", "olmoe_fsdp2_w2", "qwen3_next_fsdp2_w2", "glm4_moe_fsdp2_w2"]:
         arch = json.loads((moe / case / "huggingface" / "config.json").read_text())["architectures"][0]
         assert f"architecture {arch}" in refused(moe / case)
+    # served, but transformers' config.json has no scoring_func: llama.cpp would route by softmax
+    assert "scoring_func missing" in refused(moe / "deepseek_v3_fsdp2_w2")
     assert "tokenizer from tokenizer.json (byte-level BPE) only" in refused(FIXTURES / "gguf" / "qwen3_moe_fsdp2_w2")
     monkeypatch.setenv(MOE_SPM, "1")
     assert "norm_topk_prob false" in refused(moe / "qwen3_moe_fsdp2_w2")  # as verl's test model has it

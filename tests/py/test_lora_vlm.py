@@ -32,7 +32,8 @@ LORA = ["lora_qwen2_fsdp2_w2", "lora_llama_fsdp1_w3", "lora_qwen2_fsdp2_w2_nomet
 VLM = ["qwen2_vl_fsdp2_w2", "qwen2_5_vl_fsdp2_w2", "qwen3_vl_fsdp2_w2", "qwen3_vl_moe_fsdp2_w2",
        "gemma3_fsdp2_w2"]
 MOE = ["qwen3_moe_fsdp2_w2", "mixtral_fsdp2_w2"] + [f"{a}_fsdp2_w2" for a in (
-    "deepseek_v3", "glm4_moe", "gpt_oss", "qwen3_next", "llama4_text", "qwen2_moe", "olmoe", "minimax")]
+    "deepseek_v3", "deepseek_v3_qproj", "glm4_moe", "gpt_oss", "qwen3_next", "llama4_text", "qwen2_moe",
+    "olmoe", "minimax")]
 ONLY = "lora_qwen2_fsdp2_w2_loraonly"
 KIND = {**{c: "lora" for c in LORA + [ONLY]}, **{c: "vlm" for c in VLM},
         **{c: "moe" for c in MOE}}
