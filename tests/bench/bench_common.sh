@@ -39,6 +39,14 @@ shape_dir() {
 	echo "$d"
 }
 
+# awscli_install: the AWS CLI (pinned) in its own venv at $AWSCLI, once.
+AWSCLI_VERSION=1.46.3
+AWSCLI=${CKFS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ckfs}/awscli-$AWSCLI_VERSION
+awscli_build() { # TMP
+	python3 -m venv "$1" && "$1/bin/python" -m pip install -q "awscli==$AWSCLI_VERSION"
+}
+awscli_install() { ckfs_cached "$AWSCLI" "awscli==$AWSCLI_VERSION" awscli_build; }
+
 t_now() { echo "$EPOCHREALTIME"; }
 t_since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.4f", b - a }'; }
 stats_field() { "$CKFS" stats --json "$1" | sed -n "s/.*\"$2\":\([0-9]*\).*/\1/p"; }

@@ -23,8 +23,6 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 [ $# -gt 0 ] && CKFS=$1
 . "$ROOT/tests/bench/bench_common.sh"
 . "$ROOT/tests/s3/seaweedfs.sh"
-AWSCLI_VERSION=1.46.3
-AWSCLI=$CKFS_CACHE/awscli-$AWSCLI_VERSION
 TP=8
 # Mount options for a node that reads its shard alone: small slices, no
 # read-ahead by the daemon or (beyond a page) the kernel.
@@ -40,10 +38,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-awscli_build() { # TMP
-	python3 -m venv "$1" && "$1/bin/python" -m pip install -q "awscli==$AWSCLI_VERSION"
-}
-ckfs_cached "$AWSCLI" "awscli==$AWSCLI_VERSION" awscli_build || die "cannot install awscli"
+awscli_install || die "cannot install awscli"
 seaweedfs_install || die "cannot install SeaweedFS"
 seaweedfs_start "$W/weed" || die "SeaweedFS did not start"
 s3curl -f -X PUT "$AWS_ENDPOINT_URL/bench" >/dev/null || die "no bucket"

@@ -19,8 +19,6 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 [ $# -gt 0 ] && CKFS=$1
 . "$ROOT/tests/bench/bench_common.sh"
 . "$ROOT/tests/s3/seaweedfs.sh"
-AWSCLI_VERSION=1.46.3
-AWSCLI=$CKFS_CACHE/awscli-$AWSCLI_VERSION
 THREADS=${THREADS:-16}
 W=$(mktemp -d "$BENCH_DIR/s3x.XXXXXX")
 cleanup() {
@@ -29,10 +27,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-awscli_build() { # TMP
-	python3 -m venv "$1" && "$1/bin/python" -m pip install -q "awscli==$AWSCLI_VERSION"
-}
-ckfs_cached "$AWSCLI" "awscli==$AWSCLI_VERSION" awscli_build || die "cannot install awscli"
+awscli_install || die "cannot install awscli"
 seaweedfs_install || die "cannot install SeaweedFS"
 seaweedfs_start "$W/weed" || die "SeaweedFS did not start"
 s3curl -f -X PUT "$AWS_ENDPOINT_URL/bench" >/dev/null || die "no bucket"

@@ -81,6 +81,18 @@ same_as() { # PREFIX DIR WHAT
 	[ $ok = 1 ] && echo "ok: $3: $(keys "$1" | wc -l) objects, byte-identical to the local export"
 }
 
+# tests/s3/flaky_proxy.py in front of the store (ARGS: its own, after the
+# port); its port in $WORK/proxy.port, its pid in PROXY.
+start_proxy() {
+	rm -f "$WORK/proxy.port"
+	python3 "$HERE/flaky_proxy.py" "${AWS_ENDPOINT_URL##*:}" "$@" >"$WORK/proxy.port" &
+	PROXY=$!
+	for i in $(seq 1 100); do
+		[ -s "$WORK/proxy.port" ] && break
+		sleep 0.1
+	done
+}
+
 SHARDED=(--max-shard-size 200KB)
 "$CKFS" export -q "${SHARDED[@]}" "$FIX/fsdp/qwen2_fsdp2_w2" "$WORK/local" || fail "local export"
 ls "$WORK/local"/model-0000*-of-* >/dev/null 2>&1 || fail "the local export is not sharded"
@@ -109,12 +121,7 @@ s3_put_tree "$FIX/fsdp/qwen2_fsdp2_w2" "$AWS_ENDPOINT_URL/$B/ckpt" || fail "uplo
 	same_as from-store "$WORK/local" "s3:// to s3://" || fail "s3:// to s3:// export"
 
 echo "== through a flaky endpoint (each request dropped, then throttled, once)"
-python3 "$HERE/flaky_proxy.py" "${AWS_ENDPOINT_URL##*:}" >"$WORK/proxy.port" &
-PROXY=$!
-for i in $(seq 1 100); do
-	[ -s "$WORK/proxy.port" ] && break
-	sleep 0.1
-done
+start_proxy
 FLAKY=(--s3-endpoint "http://127.0.0.1:$(cat "$WORK/proxy.port")")
 "$CKFS" export -q "${SHARDED[@]}" "${FLAKY[@]}" "$FIX/fsdp/qwen2_fsdp2_w2" "s3://$B/flaky" 2>"$WORK/err" &&
 	same_as flaky "$WORK/local" "through the flaky endpoint" ||
@@ -193,13 +200,8 @@ stop_mid_upload() { # PREFIX SIGNAL [objects]
 }
 
 echo "== stopped mid-upload"
-python3 "$HERE/flaky_proxy.py" "${AWS_ENDPOINT_URL##*:}" 0.3 >"$WORK/slow.port" &
-PROXY=$!
-for i in $(seq 1 100); do
-	[ -s "$WORK/slow.port" ] && break
-	sleep 0.1
-done
-SLOW=(--s3-endpoint "http://127.0.0.1:$(cat "$WORK/slow.port")")
+start_proxy 0.3
+SLOW=(--s3-endpoint "http://127.0.0.1:$(cat "$WORK/proxy.port")")
 stop_mid_upload killed KILL
 left=$(open_uploads killed)
 if keys killed | grep -qx config.json; then
