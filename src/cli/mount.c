@@ -297,6 +297,7 @@ static int mount_apply(void *ctx, const struct cli_opt *o, const struct cli_valu
 			return ckfs_cli_usage_error("mount", "kernel readahead '%s' must be "
 						    "whole KiB up to 1GiB, or 0", v->text);
 		mo->kernel_readahead_kb = (unsigned)(v->n / 1024);
+		mo->kernel_readahead_set = v->text != o->def;
 		return 0;
 	case OPT_READAHEAD:
 		mo->readahead = (int)v->n;

@@ -65,6 +65,8 @@ struct ckfs_mount_options {
 	bool has_preload_max;
 	unsigned kernel_readahead_kb; /* the mount's read_ahead_kb; 0 leaves
 				       * the kernel's (root only) */
+	bool kernel_readahead_set;    /* given: an s3:// source's reads do not
+				     * stream (src/fuse/read_stream.c) */
 	bool foreground;
 	bool debug;                 /* libfuse request tracing (implies -f) */
 	bool nosandbox;             /* -o nosandbox, for debugging: the serving daemon
