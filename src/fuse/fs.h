@@ -11,7 +11,8 @@
  * Files: session.c (mount life cycle: checks, mount, daemonize,
  * readiness, signals, loop, teardown), fs.c (the front end's state, life
  * cycle, attributes), ll_ops.c (the handlers), read_reply.c (READ, the
- * cache's fill, read-ahead), preload.c (-o preload: the weight files
+ * cache's fill, read-ahead), read_stream.c (READs of an s3:// source that
+ * follow the reader), preload.c (-o preload: the weight files
  * stored into the page cache), served.c (a served folder), counters.c (the
  * stats), checkpoint_tree.c and run_tree.c (the trees; a run's with
  * run_plans.c and run_watch.c), errno.c, mountinfo.c (mount-point lookups

@@ -19,21 +19,26 @@
  * per thread of a reader walking its own part). A READ that starts
  * inside a run, up to where it was replied or stored, continues it;
  * any other starts a new one in place of the least recently used. Past a
- * READ the daemon stores into the kernel's page cache a quarter of the
- * run so far (fuse_lowlevel_notify_store, as -o preload does), up to the
- * read-ahead window (readahead slices): a run of pages then doubles in
- * few requests, a whole-file reader soon streams a window at a time and
- * sends one READ per window, and a reader that skips (a piece of every
- * row) gets exactly the pages it asks for. A band read to its end
- * fetches at most a quarter of it beyond.
+ * READ the daemon stores into the kernel's page cache part of the run so
+ * far (fuse_lowlevel_notify_store, as -o preload does), up to the
+ * read-ahead window (readahead slices): an eighth of it, a quarter once
+ * it is past 8 slices, all of it for a run from the file's start (a
+ * whole-file reader: cat, a loader of every tensor, an export). A
+ * whole-file reader so streams a window at a time with a READ per
+ * window, a band read to its end fetches at most an eighth of it beyond,
+ * and a reader that skips (a piece of every row) gets exactly the pages
+ * it asks for.
  *
  * Assembly. While the reach is under a slice the READ and what follows
  * it are assembled straight from the sources into a buffer of their own
  * (exactly their bytes, the slice cache left alone), stored, then the
- * READ replied: the reader's next fault then finds its pages. From a
- * slice on, whole slices through the cache as before: the reach rounded
- * up to slices, queued for the read-ahead workers with one slice beyond
- * (the READ at the next window's start then finds its slice assembled), the READ replied, then the slices stored in order.
+ * READ replied: the reader's next fault then finds its pages. Once the
+ * reach is a slice, from the next slice's start on (a slice filled
+ * around bytes fetched straight would fetch them again), whole slices
+ * through the cache as before: the reach rounded up to slices, queued
+ * for the read-ahead workers with one slice beyond, the READ replied,
+ * then the slices stored in order, but for a page halfway whose READ
+ * asks for the next window while half of this one is still ahead.
  *
  * Bounds. Half the FUSE threads at most store at once (a store waits for
  * pages a READ of another thread may hold locked: that READ must find a
@@ -86,11 +91,15 @@ static struct plan stream_plan(struct ckfs_fs *fs, struct ckfs_handle *h, uint64
 	}
 	r->used = ++h->tick;
 	uint64_t run = (end > r->next ? end : r->next) - r->start;
-	/* an eighth of a band (what a band's end overshoots), a quarter of a
-	 * longer run (a whole-file reader soon at the full window) */
-	uint64_t reach = run < 8 * S ? run / 8 : run / 4;
+	/* A run from the file's start is a whole-file reader (cat, a loader of
+	 * every tensor, an export): doubled at each step. Elsewhere an eighth
+	 * of a band (what a band's end overshoots), a quarter of a longer run. */
+	uint64_t reach = r->start == 0 ? run : run < 8 * S ? run / 8 : run / 4;
 	reach = (reach > cap ? cap : reach) & ~(uint64_t)(PAGE - 1);
-	p.big = reach >= S;
+	/* Whole slices once a READ starts a slice none of which came
+	 * straight from the sources (a slice filled around such bytes would
+	 * fetch them again); until then, straight up to a slice's start. */
+	p.big = r->big || (reach >= S && off % S == 0 && r->next <= off);
 	/* Inside what was stored or is being stored, short of the trip: the
 	 * reader overtook a store; no further. */
 	if (end < r->next && off < r->trip) {
@@ -105,9 +114,12 @@ static struct plan stream_plan(struct ckfs_fs *fs, struct ckfs_handle *h, uint64
 		return p;
 	}
 	uint64_t stop = size - end < reach ? size : end + reach;
-	if (p.big) /* whole slices */
-		stop = (stop + S - 1) / S * S < size ? (stop + S - 1) / S * S : size;
 	p.from = end > r->next ? end : r->next;
+	r->big = p.big;
+	if (!p.big && reach >= S)
+		stop = (p.from / S + 1) * S < size ? (p.from / S + 1) * S : size;
+	if (p.big)
+		stop = (stop + S - 1) / S * S < size ? (stop + S - 1) / S * S : size;
 	p.to = stop > p.from ? stop : p.from;
 	r->next = p.to;
 	/* A page left out halfway: the reader's READ of it asks for the next
@@ -165,7 +177,13 @@ static enum ckfs_code reply_direct(fuse_req_t req, struct ckfs_fs *fs, struct ck
 	bool joined = from == end && from < to;
 	char *buf, *ahead = NULL;
 
-	CKFS_TRY(assemble(fs, h, off, joined ? to - off : len, &buf, err));
+	if (joined && assemble(fs, h, off, to - off, &buf, err) != CKFS_OK) {
+		ckfs_error_clear(err); /* the READ's own bytes may still be had */
+		joined = false;
+		from = to;
+	}
+	if (!joined)
+		CKFS_TRY(assemble(fs, h, off, len, &buf, err));
 	if (joined)
 		ahead = buf + len;
 	else if (from < to && assemble(fs, h, from, to - from, &ahead, err) != CKFS_OK) {

@@ -169,6 +169,7 @@ struct ckfs_stream {
 	uint64_t trip;  /* the page left out of the latest store, or
 			 * UINT64_MAX */
 	uint64_t used;  /* LRU tick; 0: free */
+	bool big;       /* through whole slices (read_stream.c) */
 };
 enum {
 	CKFS_STREAMS = 4
