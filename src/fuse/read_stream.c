@@ -101,15 +101,9 @@ static struct plan stream_plan(struct ckfs_fs *fs, struct ckfs_handle *h, uint64
 	 * fetch them again); until then, straight up to a slice's start. */
 	p.big = r->big || (reach >= S && off % S == 0 && r->next <= off);
 	/* Inside what was stored or is being stored, short of the trip: the
-	 * reader overtook a store; no further. */
+	 * reader overtook a store, which waits for the same slice and stores
+	 * it once assembled; no further. */
 	if (end < r->next && off < r->trip) {
-		/* the rest of its slice, now: the reader is at the frontier */
-		if (p.big) {
-			uint64_t se = (end - 1) / S * S + S;
-			p.from = end;
-			p.to = se < r->next ? se : r->next;
-			p.trip = r->trip;
-		}
 		pthread_mutex_unlock(&h->lock);
 		return p;
 	}
@@ -281,8 +275,6 @@ enum ckfs_code ckfs_fs_reply_stream(fuse_req_t req, struct ckfs_fs *fs, struct c
 	} else if (p.from == p.to) {
 		rc = ckfs_fs_reply_slices(req, fs, h, off, len, false, err);
 	} else {
-		/* also the rest of the READ's slice when it overtook a store:
-		 * queue_slices finds that slice being filled already */
 		/* h may be released once replied: what the stores need, with a
 		 * reference of their own. */
 		uint64_t file_id = h->file_id, ino = h->ino;
