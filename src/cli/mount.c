@@ -72,10 +72,16 @@ static const struct cli_opt opt_slice_size = {
 };
 /* = max_read: the kernel asks for whole requests */
 static const struct cli_opt opt_kernel_readahead = {
-	.id = OPT_KERNEL_READAHEAD, .key = "kernel_readahead", .arg = "SIZE",
-	.kind = CLI_SIZE, .lo = 0, .hi = 1 << 30, .def = "1MiB",
+	.id = OPT_KERNEL_READAHEAD,
+	.key = "kernel_readahead",
+	.arg = "SIZE",
+	.kind = CLI_SIZE,
+	.lo = 0,
+	.hi = 1 << 30,
+	.def = "1MiB",
 	.help = "the mount's read_ahead_kb when run as root, whole KiB up to "
-		"1GiB (0 keeps the kernel's 128KiB)"
+		"1GiB (0 keeps the kernel's 128KiB); an s3:// source: none unless "
+		"given, reads follow the reader"
 };
 static const struct cli_opt opt_uid = {
 	.id = OPT_UID, .key = "uid", .arg = "N", .kind = CLI_COUNT, .lo = 0, .hi = INT32_MAX,
@@ -297,6 +303,7 @@ static int mount_apply(void *ctx, const struct cli_opt *o, const struct cli_valu
 			return ckfs_cli_usage_error("mount", "kernel readahead '%s' must be "
 						    "whole KiB up to 1GiB, or 0", v->text);
 		mo->kernel_readahead_kb = (unsigned)(v->n / 1024);
+		mo->kernel_readahead_set = v->text != o->def;
 		return 0;
 	case OPT_READAHEAD:
 		mo->readahead = (int)v->n;

@@ -38,10 +38,11 @@ const struct ckfs_stat_row ckfs_stat_rows[CKFS_STAT_ROWS] = {
 			       "The slice cache's budget in bytes." },
 	[CKFS_STAT_SLICE_SIZE] = { "slice_size", "ckfs_cache_slice_bytes", "gauge",
 				   "The size of a cache slice in bytes." },
-	[CKFS_STAT_PREFETCH_QUEUED] = { "prefetch_queued", "ckfs_prefetch_queued_total",
-					"counter", "Slices queued for read-ahead." },
+	[CKFS_STAT_PREFETCH_QUEUED] = { "prefetch_queued", "ckfs_prefetch_queued_total", "counter",
+					"Slices queued for read-ahead." },
 	[CKFS_STAT_PREFETCH_DROPPED] = { "prefetch_dropped", "ckfs_prefetch_dropped_total",
-					 "counter", "Read-ahead slices dropped because the "
+					 "counter",
+					 "Read-ahead slices dropped because the "
 					 "queue was full." },
 	[CKFS_STAT_PREFETCH_HITS] = { "prefetch_hits", "ckfs_prefetch_hits_total", "counter",
 				      "Read-ahead slices that were later read." },
@@ -53,10 +54,16 @@ const struct ckfs_stat_row ckfs_stat_rows[CKFS_STAT_ROWS] = {
 	[CKFS_STAT_READAHEAD_SLICES] = { "readahead_slices", "ckfs_readahead_slices_total",
 					 "counter", "Slices handed to read-ahead." },
 	[CKFS_STAT_READAHEAD_SKIPPED] = { "readahead_skipped", "ckfs_readahead_skipped_total",
-					  "counter", "Slices read-ahead left alone: the kernel "
+					  "counter",
+					  "Slices read-ahead left alone: the kernel "
 					  "already had them." },
+	[CKFS_STAT_READAHEAD_STORED] = { "readahead_stored", "ckfs_readahead_stored_bytes_total",
+					 "counter",
+					 "Bytes read-ahead stored into the kernel's page "
+					 "cache (an s3:// source's streaming readers)." },
 	[CKFS_STAT_SOURCE_BYTES_READ] = { "source_bytes_read", "ckfs_source_read_bytes_total",
-					  "counter", "Bytes of checkpoint files read to serve "
+					  "counter",
+					  "Bytes of checkpoint files read to serve "
 					  "data since the mount became ready." },
 	[CKFS_STAT_READS] = { "reads", "ckfs_reads_total", "counter", "FUSE read requests." },
 	[CKFS_STAT_BYTES_READ] = { "bytes_read", "ckfs_read_bytes_total", "counter",
@@ -84,10 +91,12 @@ const struct ckfs_stat_row ckfs_stat_rows[CKFS_STAT_ROWS] = {
 				      "Bytes of weight files the preload set out to store "
 				      "(0: no preload)." },
 	[CKFS_STAT_PRELOAD_STORED] = { "preload_stored", "ckfs_preload_stored_bytes_total",
-				       "counter", "Bytes the preload stored into the kernel's "
+				       "counter",
+				       "Bytes the preload stored into the kernel's "
 				       "page cache." },
 	[CKFS_STAT_PRELOAD_SKIPPED] = { "preload_skipped", "ckfs_preload_skipped_bytes_total",
-					"counter", "Bytes the preload left alone: reads had "
+					"counter",
+					"Bytes the preload left alone: reads had "
 					"sent them to the kernel." },
 	[CKFS_STAT_PRELOAD_ERRORS] = { "preload_errors", "ckfs_preload_errors_total", "counter",
 				       "Slices the preload could not assemble or store (it "
@@ -183,6 +192,7 @@ static void counters_now(struct ckfs_fs *fs, uint64_t v[CKFS_STAT_COUNTERS])
 	v[CKFS_STAT_READAHEAD_SEQUENTIAL] = ld(&fs->stats.ra_sequential);
 	v[CKFS_STAT_READAHEAD_SLICES] = ld(&fs->stats.ra_slices);
 	v[CKFS_STAT_READAHEAD_SKIPPED] = ld(&fs->stats.ra_skipped);
+	v[CKFS_STAT_READAHEAD_STORED] = ld(&fs->stats.ra_stored);
 	v[CKFS_STAT_SOURCE_BYTES_READ] = ckfs_source_bytes_read() - fs->source_bytes_at_ready;
 	v[CKFS_STAT_READS] = ld(&fs->stats.io.n[CKFS_IO_READS]);
 	v[CKFS_STAT_BYTES_READ] = ld(&fs->stats.io.n[CKFS_IO_BYTES_READ]);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "ckfs/remote.h"
+#include "ckfs/s3.h"
 #include "ckfs/run.h"
 #include "fuse/tree.h"
 
@@ -24,6 +25,10 @@ void ckfs_fs_init(struct ckfs_fs *fs, const struct ckfs_tree_ops *ops,
 	fs->uid = opt->has_uid ? opt->uid : getuid();
 	fs->gid = opt->has_gid ? opt->gid : getgid();
 	fs->bdi_ra_fd = -1;
+	/* Reads from a store cost requests and bytes: follow each reader
+	 * (read_stream.c) unless read-ahead was tuned by hand. */
+	fs->stream = ckfs_s3_is_url(opt->src) && !opt->kernel_readahead_set && opt->readahead > 0 &&
+		     opt->prefetch_threads > 0;
 }
 
 enum ckfs_code ckfs_fs_open(const struct ckfs_mount_options *opt, struct ckfs_fs **out,
@@ -110,7 +115,7 @@ void ckfs_fs_plan_kernel_readahead(struct ckfs_fs *fs, const char *mnt)
 {
 	char dev[32] = "";
 
-	if (fs->opt->kernel_readahead_kb == 0 || geteuid() != 0)
+	if ((fs->opt->kernel_readahead_kb == 0 && !fs->stream) || geteuid() != 0)
 		return;
 	if (ckfs_mountinfo_lookup(mnt, NULL, 0, dev, sizeof(dev)) != 1 || !dev[0]) {
 		ckfs_log(CKFS_LOG_INFO, "'%s': not in mountinfo; kernel readahead left as is",
@@ -137,13 +142,17 @@ void ckfs_fs_apply_kernel_readahead(struct ckfs_fs *fs)
 	if (!atomic_load_explicit(&fs->ra_pending, memory_order_relaxed) ||
 	    !atomic_exchange(&fs->ra_pending, false))
 		return;
-	n = snprintf(text, sizeof(text), "%u\n", fs->opt->kernel_readahead_kb);
+	/* A streaming mount: none, the daemon stores ahead of sequential
+	 * readers itself and other readers get the pages they ask for. */
+	unsigned kb = fs->stream ? 0 : fs->opt->kernel_readahead_kb;
+	n = snprintf(text, sizeof(text), "%u\n", kb);
 	fd = fs->bdi_ra_fd;
 	ok = fd >= 0 && write(fd, text, (size_t)n) == n;
 	if (!ok)
-		ckfs_log(CKFS_LOG_WARNING, "cannot set '%s' to %u: %s; kernel readahead "
-			 "left as is", fs->bdi_ra_path, fs->opt->kernel_readahead_kb,
-			 strerror(errno));
+		ckfs_log(CKFS_LOG_WARNING,
+			 "cannot set '%s' to %u: %s; kernel readahead "
+			 "left as is",
+			 fs->bdi_ra_path, kb, strerror(errno));
 	if (fd >= 0)
 		close(fd);
 	fs->bdi_ra_fd = -1;
@@ -154,6 +163,7 @@ void ckfs_fs_apply_kernel_readahead(struct ckfs_fs *fs)
 enum ckfs_code ckfs_fs_start(struct ckfs_fs *fs, struct fuse_session *se,
 			     struct ckfs_error *err)
 {
+	fs->se = se;
 	fs->source_bytes_at_ready = ckfs_source_bytes_read();
 	clock_gettime(CLOCK_MONOTONIC, &fs->ready_at);
 	return fs->ops->start ? fs->ops->start(fs, se, err) : CKFS_OK;

@@ -11,7 +11,8 @@
  * Files: session.c (mount life cycle: checks, mount, daemonize,
  * readiness, signals, loop, teardown), fs.c (the front end's state, life
  * cycle, attributes), ll_ops.c (the handlers), read_reply.c (READ, the
- * cache's fill, read-ahead), preload.c (-o preload: the weight files
+ * cache's fill, read-ahead), read_stream.c (READs of an s3:// source that
+ * follow the reader), preload.c (-o preload: the weight files
  * stored into the page cache), served.c (a served folder), counters.c (the
  * stats), checkpoint_tree.c and run_tree.c (the trees; a run's with
  * run_plans.c and run_watch.c), errno.c, mountinfo.c (mount-point lookups
@@ -65,6 +66,8 @@ struct ckfs_mount_options {
 	bool has_preload_max;
 	unsigned kernel_readahead_kb; /* the mount's read_ahead_kb; 0 leaves
 				       * the kernel's (root only) */
+	bool kernel_readahead_set;    /* given: an s3:// source's reads do not
+				     * stream (src/fuse/read_stream.c) */
 	bool foreground;
 	bool debug;                 /* libfuse request tracing (implies -f) */
 	bool nosandbox;             /* -o nosandbox, for debugging: the serving daemon

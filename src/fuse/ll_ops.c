@@ -271,6 +271,7 @@ static void ckfs_ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 	h->node = (size_t)(at.node - at.served->f->nodes);
 	h->file_id = at.served->file_base + h->node;
 	h->direct = (fi->flags & O_DIRECT) != 0;
+	h->ino = ino;
 	pthread_mutex_init(&h->lock, NULL);
 	fi->fh = (uint64_t)(uintptr_t)h;
 	fi->keep_cache = 1; /* content is immutable: keep the page cache */

@@ -116,8 +116,8 @@ static void read_ahead(struct ckfs_fs *fs, struct ckfs_handle *h, _Atomic uint32
 /* Count the bytes of [off, end) replied, per slice. A request for bytes
  * of a slice already replied in full means the kernel dropped them: start
  * counting again, so read-ahead fills that slice again. */
-static void note_replied(struct ckfs_fs *fs, _Atomic uint32_t *replied, uint64_t size,
-			 uint64_t off, uint64_t end)
+void ckfs_fs_note_replied(struct ckfs_fs *fs, _Atomic uint32_t *replied, uint64_t size,
+			  uint64_t off, uint64_t end)
 {
 	const uint64_t S = fs->slice_size;
 
@@ -134,8 +134,8 @@ static void note_replied(struct ckfs_fs *fs, _Atomic uint32_t *replied, uint64_t
 
 /* A weight file: pin the slices covering [off, off + len), reply with one
  * iovec into them, unpin. */
-static enum ckfs_code reply_weights(fuse_req_t req, struct ckfs_fs *fs, struct ckfs_handle *h,
-				    uint64_t off, size_t len, struct ckfs_error *err)
+enum ckfs_code ckfs_fs_reply_slices(fuse_req_t req, struct ckfs_fs *fs, struct ckfs_handle *h,
+				    uint64_t off, size_t len, bool ahead, struct ckfs_error *err)
 {
 	enum { STACK_SLICES = 8 };
 	struct ckfs_slice *stack_sl[STACK_SLICES], **sl = stack_sl;
@@ -146,7 +146,8 @@ static enum ckfs_code reply_weights(fuse_req_t req, struct ckfs_fs *fs, struct c
 	uint64_t first = off / S, count = (end - 1) / S - first + 1, got = 0;
 	const bool direct = h->direct; /* h may be gone once replied */
 
-	read_ahead(fs, h, replied, size, off, end);
+	if (ahead)
+		read_ahead(fs, h, replied, size, off, end);
 	if (count > STACK_SLICES) {
 		sl = calloc(count, sizeof(*sl));
 		iov = calloc(count, sizeof(*iov));
@@ -171,7 +172,7 @@ static enum ckfs_code reply_weights(fuse_req_t req, struct ckfs_fs *fs, struct c
 	 * freed) by another thread at any moment. */
 	ckfs_fs_count(fs, s, CKFS_IO_BYTES_READ, len);
 	if (!direct)
-		note_replied(fs, replied, size, off, end);
+		ckfs_fs_note_replied(fs, replied, size, off, end);
 	fuse_reply_iov(req, iov, (int)count);
 out:
 	for (uint64_t i = 0; i < got; i++)
@@ -214,7 +215,9 @@ enum ckfs_code ckfs_fs_reply_read(fuse_req_t req, struct ckfs_fs *fs, struct ckf
 
 	switch (n->kind) {
 	case CKFS_NODE_WEIGHTS:
-		return reply_weights(req, fs, h, off, len, err);
+		if (fs->stream && !h->direct)
+			return ckfs_fs_reply_stream(req, fs, h, off, len, err);
+		return ckfs_fs_reply_slices(req, fs, h, off, len, true, err);
 	case CKFS_NODE_RENDERED:
 		ckfs_fs_count(fs, h->served, CKFS_IO_BYTES_READ, len);
 		fuse_reply_buf(req, n->data + off, len);

@@ -123,6 +123,8 @@ struct ckfs_fs_stats {
 	atomic_uint_fast64_t ra_sequential; /* reads seen as sequential */
 	atomic_uint_fast64_t ra_slices;     /* slices handed to prefetch */
 	atomic_uint_fast64_t ra_skipped;    /* not handed: the kernel has them */
+	atomic_uint_fast64_t ra_stored;     /* bytes stored into the page cache
+					     * ahead of a stream (read_stream.c) */
 };
 
 /* A mount: the handlers' userdata, the first member of its tree's state.
@@ -153,6 +155,24 @@ struct ckfs_fs {
 	 * there are any (the loader first). */
 	atomic_int reads_in_flight;
 	struct ckfs_preload *preload; /* set by a tree's start, or NULL */
+	/* An s3:// source read with the default read-ahead: reads follow the
+	 * reader (read_stream.c), the kernel's readahead is off. */
+	bool stream;
+	struct fuse_session *se; /* set by ckfs_fs_start: stores ahead */
+	atomic_int storing;      /* READs storing ahead now (bounded) */
+};
+
+/* A run of contiguous reads of one handle (read_stream.c). */
+struct ckfs_stream {
+	uint64_t start; /* where the run began */
+	uint64_t next;  /* end of what it was replied or stored */
+	uint64_t trip;  /* the page left out of the latest store, or
+			 * UINT64_MAX */
+	uint64_t used;  /* LRU tick; 0: free */
+	bool big;       /* through whole slices (read_stream.c) */
+};
+enum {
+	CKFS_STREAMS = 4
 };
 
 /* Per open file (fi->fh): what it reads and its read-ahead state. */
@@ -168,6 +188,11 @@ struct ckfs_handle {
 	uint64_t ra_next;           /* first slice not yet queued */
 	unsigned window;            /* read-ahead window, slices; 0 = random */
 	bool seen;                  /* a read happened on this handle */
+	uint64_t ino;               /* the kernel's inode (stores ahead) */
+	/* fs->stream: the runs being read (several threads of one reader
+	 * each walk their own part) */
+	struct ckfs_stream streams[CKFS_STREAMS];
+	uint64_t tick;
 };
 
 /* ---- fs.c: a mount's life ---- */
@@ -225,6 +250,20 @@ struct fuse_req;
 enum ckfs_code ckfs_fs_reply_read(struct fuse_req *req, struct ckfs_fs *fs,
 				  struct ckfs_handle *h, uint64_t off, size_t len,
 				  struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* The bytes [off, end) of h's weight file were handed to the kernel
+ * (replied or stored): counted per slice in replied (read_reply.c). */
+void ckfs_fs_note_replied(struct ckfs_fs *fs, _Atomic uint32_t *replied, uint64_t size,
+			  uint64_t off, uint64_t end);
+/* Reply [off, off + len) of h's weight file from the slice cache; ahead:
+ * with the windowed read-ahead of read_reply.c. */
+enum ckfs_code ckfs_fs_reply_slices(struct fuse_req *req, struct ckfs_fs *fs, struct ckfs_handle *h,
+				    uint64_t off, size_t len, bool ahead,
+				    struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* read_stream.c: a READ of a weight file of a streaming mount (fs->stream,
+ * not O_DIRECT). */
+enum ckfs_code ckfs_fs_reply_stream(struct fuse_req *req, struct ckfs_fs *fs, struct ckfs_handle *h,
+				    uint64_t off, size_t len,
+				    struct ckfs_error *err) CKFS_WARN_UNUSED;
 /* The slice cache's fill: bytes of cache file file_id from its sources. */
 enum ckfs_code ckfs_fs_fill(void *ctx, uint64_t file_id, uint64_t offset, size_t len,
 			    void *buf, struct ckfs_error *err);
