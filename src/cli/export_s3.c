@@ -510,7 +510,8 @@ static enum ckfs_code write_rank(const struct dest *d, const struct ckfs_model *
 		struct ckfs_s3_object h;
 		struct ckfs_error why;
 		ckfs_error_clear(&why);
-		if (had && had->size == n->size &&
+		/* --force writes every file again, as for a local DIR */
+		if (!o->force && had && had->size == n->size &&
 		    ckfs_s3_head(d->s3, d->bucket, k, &h, &why) == CKFS_OK &&
 		    strcmp(h.meta, meta) == 0) {
 			(*kept)++; /* written by an earlier run of this export */
