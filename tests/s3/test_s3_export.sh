@@ -12,7 +12,8 @@
 #   - an export killed (SIGKILL) mid-upload: no config.json, an upload
 #     left open; run again it aborts that upload and completes the same
 #     bytes, none left open; killed after some files were written, run
-#     again it keeps those (their digest is its own) and writes the rest
+#     again it keeps those (their digest is its own) and writes the rest;
+#     the same for a part of two while part 0 waits
 #   - Ctrl-C mid-upload: exit 130, no upload left open, no config.json
 #   - --part I/N: 4 parts at once give the one export's objects (markers
 #     removed); a part run again after part 0 finished does nothing; part 0
@@ -182,13 +183,13 @@ fi
 # Start an export of BIG through a slow endpoint and stop it with SIGNAL
 # once a multipart upload is open (or with "objects", once an object is
 # there: of SHARDED's files).
-stop_mid_upload() { # PREFIX SIGNAL [objects]
+stop_mid_upload() { # PREFIX SIGNAL [objects [OPTIONS...]]
 	local pid i what=("${BIG[@]}")
-	[ $# = 3 ] && what=("${SHARDED[@]}" "$FIX/fsdp/qwen2_fsdp2_w2")
+	[ $# -ge 3 ] && what=("${@:4}" "${SHARDED[@]}" "$FIX/fsdp/qwen2_fsdp2_w2")
 	"$CKFS" export -q --threads 1 "${what[@]}" "${SLOW[@]}" "s3://$B/$1" 2>"$WORK/stopped.err" &
 	pid=$!
 	for i in $(seq 1 600); do
-		if [ $# = 3 ]; then
+		if [ $# -ge 3 ]; then
 			[ -n "$(keys "$1")" ] && break
 		else
 			[ "$(open_uploads "$1")" != 0 ] && break
@@ -226,6 +227,18 @@ grep -q "resuming an export" "$WORK/err" && grep -q "files of an earlier run kep
 	echo "ok: killed after $(echo $had) was written; run again: $(tr '\n' ' ' <"$WORK/err")" ||
 	fail "resumed: it said $(cat "$WORK/err")"
 same_as resumed "$WORK/local" "killed, then resumed"
+
+stop_mid_upload part KILL objects --part 1/2
+had=$(keys part)
+"$CKFS" export --part 0/2 "${SHARDED[@]}" "$FIX/fsdp/qwen2_fsdp2_w2" "s3://$B/part" 2>"$WORK/part0.err" &
+p0=$!
+"$CKFS" export --part 1/2 "${SHARDED[@]}" "$FIX/fsdp/qwen2_fsdp2_w2" "s3://$B/part" 2>"$WORK/err" ||
+	fail "killed part: run again: $(cat "$WORK/err")"
+wait $p0 || fail "killed part: part 0: $(cat "$WORK/part0.err")"
+grep -q "files of an earlier run kept" "$WORK/err" &&
+	echo "ok: part 1/2 killed after $(echo $had) was written; run again: $(tr '\n' ' ' <"$WORK/err")" ||
+	fail "killed part: it said $(cat "$WORK/err")"
+same_as part "$WORK/local" "a part killed, then run again while part 0 waited"
 
 stop_mid_upload interrupted INT
 rc=$?
