@@ -180,14 +180,15 @@ enum ckfs_code ckfs_s3_put(struct ckfs_s3 *s3, const char *bucket, const char *k
 	return put_body(s3, bucket, key, url_of(s3, bucket, key, NULL), data, len, meta, &p, err);
 }
 
-enum ckfs_code ckfs_s3_delete(struct ckfs_s3 *s3, const char *bucket, const char *key,
-			      struct ckfs_error *err)
+/* DELETE of key (with query, an upload's): gone already is success. */
+static enum ckfs_code delete_gone(struct ckfs_s3 *s3, const char *bucket, const char *key,
+				  const char *query, struct ckfs_error *err)
 {
 	struct reply r = { .cap = MAX_ANSWER, .grow = true };
 	struct request req = { .bucket = bucket, .key = key, .method = "DELETE" };
 	long status;
 	enum ckfs_code rc =
-		send_checked(s3, &req, url_of(s3, bucket, key, NULL), &r, 204, 200, &status, err);
+		send_checked(s3, &req, url_of(s3, bucket, key, query), &r, 204, 200, &status, err);
 
 	free(r.buf);
 	if (rc == CKFS_E_NOTFOUND) {
@@ -195,6 +196,12 @@ enum ckfs_code ckfs_s3_delete(struct ckfs_s3 *s3, const char *bucket, const char
 		return CKFS_OK;
 	}
 	return rc;
+}
+
+enum ckfs_code ckfs_s3_delete(struct ckfs_s3 *s3, const char *bucket, const char *key,
+			      struct ckfs_error *err)
+{
+	return delete_gone(s3, bucket, key, NULL, err);
 }
 
 enum ckfs_code ckfs_s3_upload_start(struct ckfs_s3 *s3, const char *bucket, const char *key,
@@ -325,9 +332,8 @@ enum ckfs_code ckfs_s3_upload_finish(struct ckfs_s3 *s3, const char *bucket, con
 	} else if (rc == CKFS_OK) {
 		/* a 200 may still carry an error that came up while it was
 		 * being assembled */
-		r.error_len = 0;
-		snprintf(r.error, sizeof(r.error), "%.1000s", r.buf ? r.buf : "");
-		s3_error_code(&r, code, sizeof(code));
+		if (element(r.buf, "Code", code, sizeof(code)) != 0)
+			code[0] = '\0';
 		if (code[0] || !r.buf || !strstr(r.buf, "CompleteMultipartUploadResult"))
 			rc = ckfs_fail(err, CKFS_E_IO,
 				       "s3://%s/%s: the multipart upload was not "
@@ -346,20 +352,10 @@ enum ckfs_code ckfs_s3_upload_finish(struct ckfs_s3 *s3, const char *bucket, con
 enum ckfs_code ckfs_s3_upload_abort(struct ckfs_s3 *s3, const char *bucket, const char *key,
 				    const char *id, struct ckfs_error *err)
 {
-	struct reply r = { .cap = MAX_ANSWER, .grow = true };
-	struct request req = { .bucket = bucket, .key = key, .method = "DELETE" };
 	char *q = part_query(id, 0);
-	long status;
-	enum ckfs_code rc =
-		q ? send_checked(s3, &req, url_of(s3, bucket, key, q), &r, 204, 200, &status, err)
-		  : ckfs_nomem(err);
+	enum ckfs_code rc = q ? delete_gone(s3, bucket, key, q, err) : ckfs_nomem(err);
 
 	free(q);
-	free(r.buf);
-	if (rc == CKFS_E_NOTFOUND) {
-		ckfs_error_clear(err);
-		return CKFS_OK;
-	}
 	return rc;
 }
 
