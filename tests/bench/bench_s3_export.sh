@@ -12,23 +12,38 @@
 #   (b) `--part I/N` into the store with N = 1, 2 and 4 processes on this
 #       machine against one export (the same total threads).
 # Figures only, no assertions: medians, ratios, CPU seconds, the load.
+# On loopback the store shares this machine's two CPUs and no link limits
+# it; STORE_LINK=RATE (e.g. 1gbit, root) puts SeaweedFS
+# behind a shaped link instead (tests/s3/shaped_link.sh), where an upload
+# is bound by the network as it is to a real store. PARTS=0 leaves (b) out.
 #
-#   tests/bench/bench_s3_export.sh [CKFS]   (env: RUNS=3, BENCH_DIR, BENCH_SIZES=0.5b)
+#   tests/bench/bench_s3_export.sh [CKFS]
+#   (env: RUNS=3, BENCH_DIR, BENCH_SIZES=0.5b, STORE_LINK, PARTS=1)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 [ $# -gt 0 ] && CKFS=$1
 . "$ROOT/tests/bench/bench_common.sh"
 . "$ROOT/tests/s3/seaweedfs.sh"
+. "$ROOT/tests/s3/shaped_link.sh"
 THREADS=${THREADS:-16}
+PARTS=${PARTS:-1}
 W=$(mktemp -d "$BENCH_DIR/s3x.XXXXXX")
 cleanup() {
+	local rc=$?
+	[ $rc -eq 0 ] || tail -5 "$W/weed/weed.log" >&2 2>/dev/null
 	seaweedfs_stop
+	shaped_link_down
 	rm -rf "$W"
 }
 trap cleanup EXIT
 
 awscli_install || die "cannot install awscli"
 seaweedfs_install || die "cannot install SeaweedFS"
+if [ -n "${STORE_LINK:-}" ]; then
+	shaped_link_up "$STORE_LINK" || die "cannot make a shaped link (root, ip, tc)"
+	SEAWEED_NETNS=$SHAPED_NS SEAWEED_IP=$SHAPED_IP
+	echo "== the store behind a link of $STORE_LINK each way"
+fi
 seaweedfs_start "$W/weed" || die "SeaweedFS did not start"
 s3curl -f -X PUT "$AWS_ENDPOINT_URL/bench" >/dev/null || die "no bucket"
 
@@ -40,11 +55,15 @@ p = sys.argv[1] + "/"
 for k, e in re.findall(r"<Key>([^<]*)</Key>.*?<ETag>([^<]*)</ETag>", sys.stdin.read()):
     print(k[len(p):], e.replace("&#34;", "").replace("&quot;", "").strip("\""))' "$1"
 }
-drop_prefix() { # PREFIX: every object under it removed
+drop_prefix() { # PREFIX: every object under it removed, its space freed
 	local k
 	for k in $(etags "$1" | cut -d' ' -f1); do
 		s3curl -f -X DELETE "$AWS_ENDPOINT_URL/bench/$1/$k" >/dev/null
 	done
+	# SeaweedFS keeps deleted bytes in its volumes until a vacuum; a 1.5B
+	# run writes 19 GB of objects
+	curl -sf "http://${SEAWEED_IP:-127.0.0.1}:$(cut -d' ' -f2 "$W/weed/ports")/vol/vacuum?garbageThreshold=0.0001" \
+		>/dev/null || true
 }
 # timed CMD...: runs it; prints wall and CPU seconds (user + sys)
 timed() {
@@ -73,6 +92,7 @@ for size in $SIZES; do
 		echo "$t_direct $c_direct $t_local $c_local $t_cp $c_cp" >>"$W/a.txt"
 		rm -rf "$W/local"
 
+		[ "$PARTS" = 1 ] || continue
 		# (b) --part over N processes on this machine, the same threads in all
 		for n in 1 2 4; do
 			drop_prefix "parts$n"
@@ -94,6 +114,8 @@ for size in $SIZES; do
 			"$D/ckpt" s3://bench/one)
 		echo "0 $t_one $c_one" >>"$W/b.txt"
 		[ "$(etags one)" = "$(etags parts4)" ] || die "4 parts differ from one export"
+		for n in 1 2 4; do drop_prefix "parts$n"; done
+		drop_prefix one
 	done
 	echo "(a) into the store, s and CPU-s, median of $RUNS (load $(load_now))"
 	direct=$(col_median 1 "$W/a.txt") local=$(col_median 3 "$W/a.txt") cp=$(col_median 5 "$W/a.txt")
@@ -104,6 +126,7 @@ for size in $SIZES; do
 	printf '    the two together                   %7.2f s: s3:// directly takes %sx their time\n' \
 		"$both" "$(ratio "$direct" "$both")"
 	echo "    (objects of both: the same ETags)"
+	[ "$PARTS" = 1 ] || continue
 	echo "(b) --part N into the store, --max-shard-size 200MB, $THREADS threads in all, median of $RUNS"
 	for n in 0 1 2 4; do
 		grep "^$n " "$W/b.txt" | cut -d' ' -f2- >"$W/b.$n"

@@ -5,7 +5,9 @@
 #   seaweedfs_install          the venv (once); prints nothing on success
 #   seaweedfs_start DIR        a server with its data in DIR; exports
 #                              AWS_ENDPOINT_URL and the keys, sets SEAWEED_PID;
-#                              again on a DIR it served: the same ports
+#                              again on a DIR it served: the same ports;
+#                              in namespace $SEAWEED_NETNS at $SEAWEED_IP
+#                              where they are set (tests/s3/shaped_link.sh)
 #   s3_put_tree DIR URL        every file under DIR to URL/<its path>
 #   seaweedfs_stop
 #   s3curl ARGS...             curl signing as the test user
@@ -48,7 +50,8 @@ while True:
 }
 
 seaweedfs_start() {
-	local dir=$1 s3port i ports
+	local dir=$1 s3port i ports ip=${SEAWEED_IP:-127.0.0.1} wrap=()
+	[ -z "${SEAWEED_NETNS:-}" ] || wrap=(ip netns exec "$SEAWEED_NETNS")
 	mkdir -p "$dir/data"
 	[ -s "$dir/ports" ] || echo "$(free_port) $(free_port) $(free_port) $(free_port)" >"$dir/ports"
 	read -r s3port ports <"$dir/ports"
@@ -57,12 +60,16 @@ seaweedfs_start() {
 	{"identities": [{"name": "ckfs", "credentials": [{"accessKey": "ckfstestkey",
 	 "secretKey": "ckfstestsecret"}], "actions": ["Admin", "Read", "List", "Write"]}]}
 	EOF
-	"$SEAWEEDFS_VENV/bin/weed" server -dir="$dir/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
+	# Volumes of 1 GiB, as many as the disk holds: with the default 30 GB
+	# ones a disk with less than that free takes no upload (the 1.5B
+	# bench writes 3 GB objects)
+	"${wrap[@]}" "$SEAWEEDFS_VENV/bin/weed" server -dir="$dir/data" -ip="$ip" -ip.bind="$ip" \
 		-master.port="$1" -volume.port="$2" -filer.port="$3" \
 		-s3 -s3.port="$s3port" -s3.config="$dir/identities.json" -s3.port.iceberg=0 \
-		-s3.port.lance=0 -master.telemetry=false >>"$dir/weed.log" 2>&1 &
+		-s3.port.lance=0 -master.telemetry=false -master.volumeSizeLimitMB=1024 \
+		-volume.max=100 >>"$dir/weed.log" 2>&1 &
 	SEAWEED_PID=$!
-	export AWS_ENDPOINT_URL=http://127.0.0.1:$s3port AWS_ACCESS_KEY_ID=ckfstestkey \
+	export AWS_ENDPOINT_URL=http://$ip:$s3port AWS_ACCESS_KEY_ID=ckfstestkey \
 		AWS_SECRET_ACCESS_KEY=ckfstestsecret AWS_REGION=us-east-1
 	unset AWS_PROFILE AWS_SESSION_TOKEN AWS_ENDPOINT_URL_S3
 	# Ready when a signed request gets an S3 answer (a bucket made, or
