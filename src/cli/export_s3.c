@@ -359,25 +359,35 @@ static void marker(const struct dest *d, unsigned index, char *out, size_t size)
 }
 
 /* Part 0: wait until every part's marker says this plan. A marker of
- * another plan (an earlier export's) is waited past, saying so once. */
+ * another plan (an earlier export's) is waited past, saying so once.
+ * Each poll is one listing of the markers; a marker listed is HEADed for
+ * its plan (a listing has no metadata) until it says this one. */
 static enum ckfs_code wait_for_parts(const struct dest *d, const char *plan, struct ckfs_error *err)
 {
 	unsigned n = d->o->part.count, left = n - 1;
 	bool *done = calloc(n, sizeof(*done)), said = false, said_other = false;
-	char key[1100];
+	char key[1100], markers[1100];
 	enum ckfs_code rc = CKFS_OK;
 
 	if (!done)
 		return ckfs_nomem(err);
 	done[0] = true;
+	snprintf(markers, sizeof(markers), "%s.ckfs-part-", d->root);
 	while (left && rc == CKFS_OK) {
+		struct ckfs_s3_listing l = { 0 }; /* freed however the listing ends */
+		rc = ckfs_s3_list(d->s3, d->bucket, markers, false, &l, err);
 		for (unsigned p = 1; p < n && rc == CKFS_OK; p++) {
 			struct ckfs_s3_object o;
+			bool listed = false;
 			if (done[p])
 				continue;
 			marker(d, p, key, sizeof(key));
+			for (size_t i = 0; i < l.n_objects && !listed; i++)
+				listed = strcmp(l.objects[i].key, key) == 0;
+			if (!listed)
+				continue;
 			rc = ckfs_s3_head(d->s3, d->bucket, key, &o, err);
-			if (rc == CKFS_E_NOTFOUND) {
+			if (rc == CKFS_E_NOTFOUND) { /* removed since it was listed */
 				ckfs_error_clear(err);
 				rc = CKFS_OK;
 			} else if (rc == CKFS_OK && strcmp(o.meta, plan) == 0) {
@@ -390,6 +400,7 @@ static enum ckfs_code wait_for_parts(const struct dest *d, const char *plan, str
 				said_other = true;
 			}
 		}
+		ckfs_s3_listing_free(&l);
 		if (!left || rc != CKFS_OK)
 			break;
 		if (*d->o->interrupted) {
