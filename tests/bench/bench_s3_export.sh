@@ -20,17 +20,9 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 . "$ROOT/tests/bench/bench_common.sh"
 . "$ROOT/tests/s3/seaweedfs.sh"
 THREADS=${THREADS:-16}
-W=$(mktemp -d "$BENCH_DIR/s3x.XXXXXX")
-cleanup() {
-	seaweedfs_stop
-	rm -rf "$W"
-}
-trap cleanup EXIT
 
 awscli_install || die "cannot install awscli"
-seaweedfs_install || die "cannot install SeaweedFS"
-seaweedfs_start "$W/weed" || die "SeaweedFS did not start"
-s3curl -f -X PUT "$AWS_ENDPOINT_URL/bench" >/dev/null || die "no bucket"
+seaweedfs_session W "$BENCH_DIR/s3x.XXXXXX" bench || die "no SeaweedFS"
 
 # The ETags under s3://bench/PREFIX/, key by key, relative.
 etags() {

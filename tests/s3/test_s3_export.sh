@@ -30,21 +30,12 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 FIX=$(cd "$HERE/../fixtures" && pwd -P)
 source "$HERE/seaweedfs.sh"
 
-if ! seaweedfs_install; then
-	echo "FAIL: SeaweedFS $SEAWEEDFS_VERSION could not be installed into $SEAWEEDFS_VENV" >&2
-	exit 1
-fi
-WORK=$(mktemp -d /tmp/ckfs-s3exp.XXXXXX)
 PROXY=
-cleanup() {
-	[ -n "$PROXY" ] && kill "$PROXY" 2>/dev/null
-	seaweedfs_stop
-	rm -rf "$WORK"
+session_cleanup() {
+	[ -z "$PROXY" ] || kill "$PROXY" 2>/dev/null
 }
-trap cleanup EXIT
-seaweedfs_start "$WORK/weed" || exit 1
 B=ckfs-out
-s3curl -f -X PUT "$AWS_ENDPOINT_URL/$B" >/dev/null || { echo "FAIL: no bucket" >&2; exit 1; }
+seaweedfs_session WORK /tmp/ckfs-s3exp.XXXXXX "$B" || exit 1
 # S3's smallest parts (5 MiB), so that a small fixture's weight file goes
 # in several: the FP8 DeepSeek-V3 checkpoint as float32 (6 MB)
 export CKFS_S3_PART_SIZE=5242880
