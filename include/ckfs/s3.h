@@ -171,5 +171,13 @@ enum ckfs_code ckfs_s3_parse_listing(const char *xml, size_t len,
  * "KEY-MARKER\nUPLOAD-ID-MARKER" when it goes on. */
 enum ckfs_code ckfs_s3_parse_uploads(const char *xml, size_t len, struct ckfs_s3_listing *out,
 				     char **next, struct ckfs_error *err) CKFS_WARN_UNUSED;
+/* A small XML answer of the store (InitiateMultipartUploadResult,
+ * CompleteMultipartUploadResult, Error), read as strictly as a listing:
+ * its root element's name into root, the text of the root's child
+ * element `child` (entities decoded) into out, "" where it has none.
+ * CKFS_E_FORMAT for XML ckfs does not read, or the child twice. */
+enum ckfs_code ckfs_s3_parse_child(const char *xml, size_t len, const char *child, char *root,
+				   size_t root_size, char *out, size_t size,
+				   struct ckfs_error *err) CKFS_WARN_UNUSED;
 
 #endif

@@ -295,12 +295,46 @@ static const struct ckfs_node *last_node(const struct ckfs_folder *f)
 	return last;
 }
 
-static const struct ckfs_s3_object *find(const struct ckfs_s3_listing *l, const char *key)
+/* What was under the prefix at the start. A listing carries no metadata,
+ * so an object's digest costs a HEAD: taken once, when first needed. */
+struct before {
+	struct ckfs_s3_listing l;
+	bool *headed; /* l.objects[i].meta is the HEAD's */
+};
+
+/* The index of key in b, or -1. */
+static long find(const struct before *b, const char *key)
 {
-	for (size_t i = 0; i < l->n_objects; i++)
-		if (strcmp(l->objects[i].key, key) == 0)
-			return &l->objects[i];
-	return NULL;
+	for (size_t i = 0; i < b->l.n_objects; i++)
+		if (strcmp(b->l.objects[i].key, key) == 0)
+			return (long)i;
+	return -1;
+}
+
+/* Object i's x-amz-meta-ckfs ("" if none), by a HEAD the first time. */
+static enum ckfs_code meta_of(const struct dest *d, struct before *b, size_t i, const char **meta,
+			      struct ckfs_error *err)
+{
+	struct ckfs_s3_object *o = &b->l.objects[i], h;
+
+	if (!b->headed[i]) {
+		CKFS_TRY(ckfs_s3_head(d->s3, d->bucket, o->key, &h, err));
+		memcpy(o->meta, h.meta, sizeof(o->meta));
+		b->headed[i] = true;
+	}
+	*meta = o->meta;
+	return CKFS_OK;
+}
+
+/* Whether this process writes node i of f (a part: its share of the
+ * weight files; part 0 also every other file). */
+static bool writes(const struct dest *d, const struct ckfs_folder *f, const unsigned *owner,
+		   size_t i)
+{
+	const struct export_store_opts *o = d->o;
+
+	return !o->part.count ||
+	       (export_part_file(f, i) ? owner[i] == o->part.index : o->part.index == 0);
 }
 
 /* Whether f has a file of that name. */
@@ -325,25 +359,35 @@ static void marker(const struct dest *d, unsigned index, char *out, size_t size)
 }
 
 /* Part 0: wait until every part's marker says this plan. A marker of
- * another plan (an earlier export's) is waited past, saying so once. */
+ * another plan (an earlier export's) is waited past, saying so once.
+ * Each poll is one listing of the markers; a marker listed is HEADed for
+ * its plan (a listing has no metadata) until it says this one. */
 static enum ckfs_code wait_for_parts(const struct dest *d, const char *plan, struct ckfs_error *err)
 {
 	unsigned n = d->o->part.count, left = n - 1;
 	bool *done = calloc(n, sizeof(*done)), said = false, said_other = false;
-	char key[1100];
+	char key[1100], markers[1100];
 	enum ckfs_code rc = CKFS_OK;
 
 	if (!done)
 		return ckfs_nomem(err);
 	done[0] = true;
+	snprintf(markers, sizeof(markers), "%s.ckfs-part-", d->root);
 	while (left && rc == CKFS_OK) {
+		struct ckfs_s3_listing l = { 0 }; /* freed however the listing ends */
+		rc = ckfs_s3_list(d->s3, d->bucket, markers, false, &l, err);
 		for (unsigned p = 1; p < n && rc == CKFS_OK; p++) {
 			struct ckfs_s3_object o;
+			bool listed = false;
 			if (done[p])
 				continue;
 			marker(d, p, key, sizeof(key));
+			for (size_t i = 0; i < l.n_objects && !listed; i++)
+				listed = strcmp(l.objects[i].key, key) == 0;
+			if (!listed)
+				continue;
 			rc = ckfs_s3_head(d->s3, d->bucket, key, &o, err);
-			if (rc == CKFS_E_NOTFOUND) {
+			if (rc == CKFS_E_NOTFOUND) { /* removed since it was listed */
 				ckfs_error_clear(err);
 				rc = CKFS_OK;
 			} else if (rc == CKFS_OK && strcmp(o.meta, plan) == 0) {
@@ -356,6 +400,7 @@ static enum ckfs_code wait_for_parts(const struct dest *d, const char *plan, str
 				said_other = true;
 			}
 		}
+		ckfs_s3_listing_free(&l);
 		if (!left || rc != CKFS_OK)
 			break;
 		if (*d->o->interrupted) {
@@ -373,53 +418,79 @@ static enum ckfs_code wait_for_parts(const struct dest *d, const char *plan, str
 	return rc;
 }
 
+/* Whether part I > 0 leaves the object at key to be looked at by
+ * another part: a file of the folder, or a marker, that another part
+ * writes (which refuses it if it is not ckfs's, as part 0 does with
+ * anything foreign: it looks at every object). So each part HEADs its own
+ * files' objects and those of no part, not all: N parts made N HEADs of
+ * every object. */
+static bool anothers(const struct dest *d, const struct ckfs_folder *f, const unsigned *owner,
+		     const char *key)
+{
+	const char *name = key + strlen(d->root);
+	unsigned i, n;
+	char end;
+
+	if (!d->o->part.index)
+		return false;
+	for (size_t k = 0; k < f->n_nodes; k++)
+		if (f->nodes[k].kind != CKFS_NODE_DIR && strcmp(f->nodes[k].name, name) == 0)
+			return !writes(d, f, owner, k);
+	return sscanf(name, ".ckfs-part-%u-of-%u%c", &i, &n, &end) == 2 && n == d->o->part.count &&
+	       i != d->o->part.index;
+}
+
 /* What is under the prefix already: nothing; an export ckfs did not
  * finish (every object carries a digest, config.json is missing), which
  * this one resumes; this very export, complete (a part run again after
  * part 0 finished: *done); else a folder only --force replaces, whose
  * marking files go first. */
 static enum ckfs_code look_at_prefix(const struct dest *d, const struct ckfs_model *m,
-				     const struct ckfs_folder *f, const struct ckfs_s3_listing *old,
-				     const char *url, bool *done, struct ckfs_error *err)
+				     const struct ckfs_folder *f, const unsigned *owner,
+				     struct before *old, const char *url, bool *done,
+				     struct ckfs_error *err)
 {
 	char key[2048], want[64];
 	const struct ckfs_node *last = last_node(f);
-	struct ckfs_s3_object o;
+	const char *meta;
 	bool foreign = false;
 
 	*done = false;
-	if (!old->n_objects)
+	if (!old->l.n_objects)
 		return CKFS_OK;
 	snprintf(key, sizeof(key), "%s%s", d->root, last ? last->name : "config.json");
-	bool complete = find(old, key) != NULL;
+	long at = find(old, key);
+	bool complete = at >= 0;
 	if (complete && last && d->o->part.count) {
 		digest(d->o, m, last, want);
-		CKFS_TRY(ckfs_s3_head(d->s3, d->bucket, key, &o, err));
-		if ((*done = strcmp(o.meta, want) == 0))
+		CKFS_TRY(meta_of(d, old, (size_t)at, &meta, err));
+		if ((*done = strcmp(meta, want) == 0))
 			return CKFS_OK;
 	}
-	for (size_t i = 0; i < old->n_objects && !complete && !foreign; i++) {
-		CKFS_TRY(ckfs_s3_head(d->s3, d->bucket, old->objects[i].key, &o, err));
-		foreign = !ours(o.meta);
+	for (size_t i = 0; i < old->l.n_objects && !complete && !foreign; i++) {
+		if (anothers(d, f, owner, old->l.objects[i].key))
+			continue;
+		CKFS_TRY(meta_of(d, old, i, &meta, err));
+		foreign = !ours(meta);
 	}
 	if (!complete && !foreign) {
 		/* the other parts' objects are no earlier run's */
 		if (!d->o->quiet && !d->o->part.count)
 			ckfs_cli_say("'%s': resuming an export that did not finish (%zu objects "
 				     "there)",
-				     url, old->n_objects);
+				     url, old->l.n_objects);
 		return CKFS_OK;
 	}
 	if (!d->o->force)
 		return ckfs_fail(err, CKFS_E_EXISTS,
 				 "'%s': already holds %zu objects%s; use "
 				 "--force to replace them",
-				 url, old->n_objects, complete ? "" : ", not all of them ckfs's");
+				 url, old->l.n_objects, complete ? "" : ", not all of them ckfs's");
 	/* --force: it reads as incomplete from here on */
 	static const char *const marking[] = { "config.json", "model.safetensors.index.json" };
 	for (size_t i = 0; i < 2; i++) {
 		snprintf(key, sizeof(key), "%s%s", d->root, marking[i]);
-		if (find(old, key))
+		if (find(old, key) >= 0)
 			CKFS_TRY(ckfs_s3_delete(d->s3, d->bucket, key, err));
 	}
 	return CKFS_OK;
@@ -488,32 +559,28 @@ static enum ckfs_code check_apart(const struct dest *d, const struct ckfs_model 
 /* Write f's files of visibility rank r that are this part's. */
 static enum ckfs_code write_rank(const struct dest *d, const struct ckfs_model *m,
 				 const struct ckfs_folder *f, const unsigned *owner, int r,
-				 const struct ckfs_s3_listing *old, uint64_t *written,
-				 size_t *files, size_t *kept, struct ckfs_error *err)
+				 struct before *old, uint64_t *written, size_t *files, size_t *kept,
+				 struct ckfs_error *err)
 {
 	const struct export_store_opts *o = d->o;
 	char k[2048], meta[64];
 
 	for (size_t i = 0; i < f->n_nodes; i++) {
 		const struct ckfs_node *n = &f->nodes[i];
-		if (n->kind == CKFS_NODE_DIR || rank(n) != r)
-			continue;
-		if (o->part.count &&
-		    (export_part_file(f, i) ? owner[i] != o->part.index : o->part.index != 0))
+		if (n->kind == CKFS_NODE_DIR || rank(n) != r || !writes(d, f, owner, i))
 			continue;
 		if (*o->interrupted)
 			return ckfs_fail(err, CKFS_E_IO, "interrupted");
 		snprintf(k, sizeof(k), "%s%s", d->root, n->name);
 		digest(o, m, n, meta);
 		(*files)++;
-		const struct ckfs_s3_object *had = find(old, k);
-		struct ckfs_s3_object h;
+		long had = find(old, k);
+		const char *was;
 		struct ckfs_error why;
 		ckfs_error_clear(&why);
 		/* --force writes every file again, as for a local DIR */
-		if (!o->force && had && had->size == n->size &&
-		    ckfs_s3_head(d->s3, d->bucket, k, &h, &why) == CKFS_OK &&
-		    strcmp(h.meta, meta) == 0) {
+		if (!o->force && had >= 0 && old->l.objects[had].size == n->size &&
+		    meta_of(d, old, (size_t)had, &was, &why) == CKFS_OK && strcmp(was, meta) == 0) {
 			(*kept)++; /* written by an earlier run of this export */
 			continue;
 		}
@@ -556,7 +623,7 @@ enum ckfs_code export_store(const struct export_store_opts *o, const struct ckfs
 			    const struct ckfs_folder *f, const char *url, struct ckfs_error *err)
 {
 	struct dest d = { .o = o };
-	struct ckfs_s3_listing old = { 0 };
+	struct before old = { 0 };
 	struct timespec t0, t1;
 	const char *key;
 	char plan[64];
@@ -594,15 +661,18 @@ enum ckfs_code export_store(const struct export_store_opts *o, const struct ckfs
 	}
 	rc = ckfs_remote_client(&d.s3, err);
 	if (rc == CKFS_OK)
-		rc = ckfs_s3_list(d.s3, d.bucket, d.root, false, &old, err);
+		rc = ckfs_s3_list(d.s3, d.bucket, d.root, false, &old.l, err);
+	if (rc == CKFS_OK && !(old.headed = calloc(old.l.n_objects + 1, sizeof(bool))))
+		rc = ckfs_nomem(err);
 	bool done = false;
 	if (rc == CKFS_OK)
-		rc = look_at_prefix(&d, m, f, &old, url, &done, err);
+		rc = look_at_prefix(&d, m, f, owner, &old, url, &done, err);
 	if (rc == CKFS_OK && done) {
 		if (!o->quiet)
 			ckfs_cli_say("part %u/%u: '%s' is this export, complete already",
 				     o->part.index, o->part.count, url);
-		ckfs_s3_listing_free(&old);
+		ckfs_s3_listing_free(&old.l);
+		free(old.headed);
 		free(owner);
 		free(bytes);
 		return CKFS_OK;
@@ -624,7 +694,8 @@ enum ckfs_code export_store(const struct export_store_opts *o, const struct ckfs
 		rc = write_rank(&d, m, f, owner, r, &old, &written, &files, &kept, err);
 	if (rest && rc == CKFS_OK && o->part.count)
 		abort_stale(&d); /* every part is done: what is open is no one's */
-	ckfs_s3_listing_free(&old);
+	ckfs_s3_listing_free(&old.l);
+	free(old.headed);
 	free(owner);
 	free(bytes);
 	if (rc != CKFS_OK || o->quiet)

@@ -1,9 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * ListObjectsV2's response, read with the little XML it uses: elements,
+ * The store's XML answers, read with the little XML they use: elements,
  * text, the five named entities and character references. Anything else
  * (CDATA, comments, a document type, an element that does not close) is
  * refused rather than guessed at: the names listed become file names.
+ * One reader for all: ListObjectsV2, ListMultipartUploads, and the small
+ * answers of the writes (an upload's id, a completed upload's ETag or
+ * its error), of which a child of the root is read (ckfs_s3_parse_child).
  */
 #include "ckfs/s3.h"
 
@@ -22,6 +25,13 @@ struct xml {
 	size_t path_len[MAX_DEPTH];
 	int depth;
 	bool uploads;     /* a ListMultipartUploads response */
+	const char *child; /* a small answer: the root's child wanted */
+	char *child_out;   /* its text (size child_size), the root's name */
+	size_t child_size;
+	char *root;
+	size_t root_size;
+	bool child_seen;
+	const char *what; /* for messages: "S3 listing", "S3 answer" */
 	char *key_marker; /* its NextKeyMarker and NextUploadIdMarker */
 	char *id_marker;
 	struct ckfs_error *err;
@@ -29,7 +39,7 @@ struct xml {
 
 static enum ckfs_code bad(struct xml *x, const char *what)
 {
-	return ckfs_fail(x->err, CKFS_E_FORMAT, "S3 listing: %s", what);
+	return ckfs_fail(x->err, CKFS_E_FORMAT, "%s: %s", x->what ? x->what : "S3 listing", what);
 }
 
 /* One UTF-8 character for code point cp into out: its length, 0 if cp is
@@ -171,7 +181,16 @@ static enum ckfs_code leaf(struct xml *x, const char *t, size_t n, struct ckfs_s
 {
 	char *end;
 
-	if (x->uploads && x->depth == 3 && in(x, 1, "Upload")) {
+	if (x->child) {
+		if (x->depth != 2 || !in(x, 1, x->child))
+			return CKFS_OK;
+		if (x->child_seen)
+			return bad(x, "an element twice");
+		if (n >= x->child_size)
+			return bad(x, "a value too long");
+		memcpy(x->child_out, t, n + 1);
+		x->child_seen = true;
+	} else if (x->uploads && x->depth == 3 && in(x, 1, "Upload")) {
 		struct ckfs_s3_object *o = &l->objects[l->n_objects - 1];
 		char **to = in(x, 2, "Key")        ? (char **)&o->key
 			    : in(x, 2, "UploadId") ? &o->upload_id
@@ -237,12 +256,18 @@ static enum ckfs_code open_element(struct xml *x, const char *name, size_t len,
 	if (x->depth == MAX_DEPTH)
 		return bad(x, "elements nested too deep");
 	const char *root = x->uploads ? "ListMultipartUploadsResult" : "ListBucketResult";
-	if (x->depth == 0 && (len != strlen(root) || memcmp(name, root, len) != 0))
+	if (x->depth == 0 && x->child) {
+		if (len >= x->root_size)
+			return bad(x, "a root element's name too long");
+		memcpy(x->root, name, len);
+		x->root[len] = '\0';
+	} else if (x->depth == 0 && (len != strlen(root) || memcmp(name, root, len) != 0)) {
 		return x->uploads ? bad(x, "not a ListMultipartUploadsResult")
 				  : bad(x, "not a ListBucketResult");
+	}
 	x->path[x->depth] = name;
 	x->path_len[x->depth++] = len;
-	if (x->depth == 2 && in(x, 1, x->uploads ? "Upload" : "Contents"))
+	if (!x->child && x->depth == 2 && in(x, 1, x->uploads ? "Upload" : "Contents"))
 		return add_object(x, l);
 	return CKFS_OK;
 }
@@ -338,6 +363,30 @@ enum ckfs_code ckfs_s3_parse_uploads(const char *xml, size_t len, struct ckfs_s3
 	}
 	free(x.key_marker);
 	free(x.id_marker);
+	return rc;
+}
+
+enum ckfs_code ckfs_s3_parse_child(const char *xml, size_t len, const char *child, char *root,
+				   size_t root_size, char *out, size_t size, struct ckfs_error *err)
+{
+	struct xml x = { .p = xml ? xml : "",
+			 .end = xml ? xml + len : "",
+			 .child = child,
+			 .child_out = out,
+			 .child_size = size,
+			 .root = root,
+			 .root_size = root_size,
+			 .what = "S3 answer",
+			 .err = err };
+	struct ckfs_s3_listing none = { 0 };
+	bool truncated = false;
+	char *next = NULL;
+
+	out[0] = root[0] = '\0';
+	enum ckfs_code rc = parse(&x, &none, &next, &truncated);
+	free(next); /* no listing's elements are read: stays NULL */
+	if (rc != CKFS_OK)
+		out[0] = root[0] = '\0';
 	return rc;
 }
 

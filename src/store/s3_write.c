@@ -54,29 +54,6 @@ static bool etag_md5(const char *etag, unsigned char d[16])
 	return strspn(etag + 1, "0123456789abcdefABCDEF") == 32;
 }
 
-/* The text of the first <name> element of a small answer, into out: 0,
- * or -1 where it is missing, empty, too long or holds markup or an
- * entity (ids and ETags never need one). */
-static int element(const char *xml, const char *name, char *out, size_t size)
-{
-	char open[64], close[64];
-	const char *a, *b;
-
-	snprintf(open, sizeof(open), "<%s>", name);
-	snprintf(close, sizeof(close), "</%s>", name);
-	if (!xml || !(a = strstr(xml, open)) || !(b = strstr(a += strlen(open), close)) || b == a ||
-	    (size_t)(b - a) >= size || memchr(a, '<', (size_t)(b - a)))
-		return -1;
-	memcpy(out, a, (size_t)(b - a));
-	out[b - a] = '\0';
-	/* &quot; around an ETag is the one entity stores use */
-	for (char *q; (q = strstr(out, "&quot;"));) {
-		*q = '"';
-		memmove(q + 1, q + 6, strlen(q + 6) + 1);
-	}
-	return strchr(out, '&') ? -1 : 0;
-}
-
 /* key's URL with a query (already in SigV4's canonical order). */
 static char *url_of(struct ckfs_s3 *s3, const char *bucket, const char *key, const char *query)
 {
@@ -207,8 +184,9 @@ enum ckfs_code ckfs_s3_delete(struct ckfs_s3 *s3, const char *bucket, const char
 enum ckfs_code ckfs_s3_upload_start(struct ckfs_s3 *s3, const char *bucket, const char *key,
 				    const char *meta, char **id, struct ckfs_error *err)
 {
-	char meta_line[128], got[1024];
+	char meta_line[128], got[1024], root[64];
 	struct reply r = { .cap = MAX_ANSWER, .grow = true };
+	struct ckfs_error why;
 	long status;
 
 	CKFS_TRY(check_meta(meta, meta_line, sizeof(meta_line), err));
@@ -217,7 +195,13 @@ enum ckfs_code ckfs_s3_upload_start(struct ckfs_s3 *s3, const char *bucket, cons
 	struct request req = { .bucket = bucket, .key = key, .method = "POST", .headers = headers };
 	enum ckfs_code rc = send_checked(s3, &req, url_of(s3, bucket, key, "uploads="), &r, 200,
 					 200, &status, err);
-	if (rc == CKFS_OK && element(r.buf, "UploadId", got, sizeof(got)) != 0)
+	ckfs_error_clear(&why);
+	if (rc == CKFS_OK && ckfs_s3_parse_child(r.buf, r.len, "UploadId", root, sizeof(root), got,
+						 sizeof(got), &why) != CKFS_OK)
+		rc = ckfs_fail(err, CKFS_E_FORMAT,
+			       "s3://%s/%s: the answer to starting a multipart upload: %s", bucket,
+			       key, why.msg);
+	else if (rc == CKFS_OK && (strcmp(root, "InitiateMultipartUploadResult") != 0 || !got[0]))
 		rc = ckfs_fail(err, CKFS_E_FORMAT,
 			       "s3://%s/%s: no upload id in the store's "
 			       "answer to starting a multipart upload",
@@ -291,7 +275,7 @@ enum ckfs_code ckfs_s3_upload_finish(struct ckfs_s3 *s3, const char *bucket, con
 {
 	struct ckfs_strbuf body = { 0 };
 	struct reply r = { .cap = MAX_ANSWER, .grow = true };
-	char want[48], got[96], code[64], *q = part_query(id, 0);
+	char want[48], got[96], code[64], root[64], *q = part_query(id, 0);
 	long status;
 
 	ckfs_strbuf_str(&body, "<CompleteMultipartUpload>");
@@ -332,14 +316,23 @@ enum ckfs_code ckfs_s3_upload_finish(struct ckfs_s3 *s3, const char *bucket, con
 	} else if (rc == CKFS_OK) {
 		/* a 200 may still carry an error that came up while it was
 		 * being assembled */
-		if (element(r.buf, "Code", code, sizeof(code)) != 0)
-			code[0] = '\0';
-		if (code[0] || !r.buf || !strstr(r.buf, "CompleteMultipartUploadResult"))
+		struct ckfs_error why;
+		ckfs_error_clear(&why);
+		if (ckfs_s3_parse_child(r.buf, r.len, "Code", root, sizeof(root), code,
+					sizeof(code), &why) != CKFS_OK ||
+		    (strcmp(root, "CompleteMultipartUploadResult") == 0 &&
+		     ckfs_s3_parse_child(r.buf, r.len, "ETag", root, sizeof(root), got, sizeof(got),
+					 &why) != CKFS_OK))
+			rc = ckfs_fail(err, CKFS_E_IO,
+				       "s3://%s/%s: the answer to completing the multipart "
+				       "upload: %s",
+				       bucket, key, why.msg);
+		else if (strcmp(root, "CompleteMultipartUploadResult") != 0 || code[0])
 			rc = ckfs_fail(err, CKFS_E_IO,
 				       "s3://%s/%s: the multipart upload was not "
 				       "completed%s%s",
 				       bucket, key, code[0] ? ": " : "", code);
-		else if (element(r.buf, "ETag", got, sizeof(got)) == 0 && etag_differs(got, want))
+		else if (got[0] && etag_differs(got, want))
 			rc = ckfs_fail(err, CKFS_E_IO,
 				       "s3://%s/%s: the store assembled other parts "
 				       "than were sent (ETag %s, not %s)",

@@ -16,7 +16,7 @@
 #   BENCH_SIZES  which checkpoints (default "0.5b 1.5b 7b 70b"): 0.5b and
 #                1.5b get every measurement, 7b and 70b (tensor bytes left as
 #                holes) mount-to-ready and `ckfs inspect` only
-#   CKFS_CACHE   the mounts' --cache-size (default 1GiB)
+#   BENCH_MOUNT_CACHE   the mounts' --cache-size (default 1GiB)
 #   BENCH_MD     also write the table as markdown to this file
 #   BENCH_ONLY   a subset of the measurements, e.g. "read" while working
 #                on the read path: export (1), ready (2, with inspect), read
@@ -54,7 +54,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BENCH_DIR=${BENCH_DIR:-/tmp/ckfs-bench}
 RUNS=${RUNS:-3}
 BENCH_SIZES=${BENCH_SIZES:-0.5b 1.5b 7b 70b}
-CKFS_CACHE=${CKFS_CACHE:-1GiB}
+BENCH_MOUNT_CACHE=${BENCH_MOUNT_CACHE:-1GiB}
 BENCH_VERL=${BENCH_VERL:-1}
 BENCH_ONLY=${BENCH_ONLY:-export ready read safe_open from_pretrained serving cold headline preload lora fp8 w4a16 clients run moe s3 gguf memory}
 BENCH_ONLY=${BENCH_ONLY//,/ }
@@ -128,7 +128,7 @@ wait_gone() { # PID: the daemon exits after its unmount; do not overlap runs
 }
 
 # ckfs mount of $CK at $MNT (timed by the callers: nothing else in here).
-ckfs_mount() { "$CKFS" mount --log-level err --cache-size "$CKFS_CACHE" "$@" "$CK" "$MNT"; }
+ckfs_mount() { "$CKFS" mount --log-level err --cache-size "$BENCH_MOUNT_CACHE" "$@" "$CK" "$MNT"; }
 ckfs_umount() { # records the daemon's peak RSS first (measurement 6)
 	local pid
 	pid=$(stat_field pid)
@@ -347,14 +347,14 @@ for S in $BENCH_SIZES; do
 	done
 done
 SIZE=all
-meta env "ckfs $("$CKFS" --version | head -1 | cut -d' ' -f2), $(nproc) CPUs, $(awk '/MemTotal/ { printf "%.0f GiB RAM", $2 / 1048576 }' /proc/meminfo), kernel $(uname -r), libfuse $(pkg-config --modversion fuse3 2>/dev/null || echo '?'), root=$IS_ROOT, cache $CKFS_CACHE, $RUNS runs"
+meta env "ckfs $("$CKFS" --version | head -1 | cut -d' ' -f2), $(nproc) CPUs, $(awk '/MemTotal/ { printf "%.0f GiB RAM", $2 / 1048576 }' /proc/meminfo), kernel $(uname -r), libfuse $(pkg-config --modversion fuse3 2>/dev/null || echo '?'), root=$IS_ROOT, cache $BENCH_MOUNT_CACHE, $RUNS runs"
 
 "$TORCH_PYTHON" "$ROOT/tests/bench/bench_report.py" "$RESULTS" ${BENCH_MD:+--markdown "$BENCH_MD"}
 
 # The figures of separate scripts (each prints its own medians and ratios),
 # on the sizes with real bytes, with this run's settings.
 REAL_SIZES=$(for s in $BENCH_SIZES; do case $s in 0.5b | 1.5b) echo "$s" ;; esac; done | xargs)
-export CKFS BENCH_DIR RUNS CKFS_CACHE TORCH_PYTHON BENCH_SIZES=$REAL_SIZES PY=$TORCH_PYTHON
+export CKFS BENCH_DIR RUNS BENCH_MOUNT_CACHE TORCH_PYTHON BENCH_SIZES=$REAL_SIZES PY=$TORCH_PYTHON
 if [ -n "$REAL_SIZES" ]; then
 	only serving && { echo; "$ROOT/tests/bench/bench_serving.sh"; }
 	only cold && { echo; "$ROOT/tests/bench/bench_cold.sh"; }
@@ -369,7 +369,7 @@ if [ -n "$REAL_SIZES" ]; then
 fi
 # Hole-backed checkpoints of their own, any size: a training run as one
 # mount, and the 235B MoE metadata figures.
-only run && { echo; CKFS_CACHE=256MiB "$ROOT/tests/bench/bench_run.sh" "$CKFS"; }
+only run && { echo; BENCH_MOUNT_CACHE=256MiB "$ROOT/tests/bench/bench_run.sh" "$CKFS"; }
 only moe && { echo; "$ROOT/tests/bench/bench_moe.sh" "$CKFS"; echo;
 	MOE_SHAPE=deepseek-v3-671b "$ROOT/tests/bench/bench_moe.sh" "$CKFS"; }
 only s3 && { echo; "$ROOT/tests/bench/bench_s3.sh" "$CKFS"; }

@@ -42,7 +42,7 @@ for size in $SIZES; do
 		load0=$(load_now)
 		for _ in $(seq "$RUNS"); do
 			cat "$D"/ckpt/model_world_size_*_rank_*.pt >/dev/null
-			"$CKFS" mount --log-level err --cache-size "$CKFS_CACHE" "$D/ckpt" "$MNT"
+			"$CKFS" mount --log-level err --cache-size "$BENCH_MOUNT_CACHE" "$D/ckpt" "$MNT"
 			j=$(load "$client" "$MNT")
 			echo "$(field "$j" seconds) $(field "$j" weights_s) $(stats_field "$MNT" source_bytes_read) $(field "$j" process_s)" >>"$out.mount"
 			"$CKFS" umount "$MNT"

@@ -55,7 +55,7 @@ for size in $SIZES; do
 		echo "$(t_since "$t")" >>"$out.par"
 
 		evict "${RANKS[@]}"
-		"$CKFS" mount --log-level err --cache-size "$CKFS_CACHE" "$CK" "$MNT"
+		"$CKFS" mount --log-level err --cache-size "$BENCH_MOUNT_CACHE" "$CK" "$MNT"
 		t=$(t_now)
 		cat "$MNT/model.safetensors" >/dev/null
 		echo "$(t_since "$t") $(stats_field "$MNT" source_bytes_read)" >>"$out.mount"

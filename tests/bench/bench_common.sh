@@ -5,13 +5,13 @@
 # the bench checkpoints of tests/bench/bench.sh (generated once into
 # $BENCH_DIR/SHAPE/ckpt, exported once into $BENCH_DIR/SHAPE/export.ckfs)
 # and small helpers. Needs ROOT; sets CKFS, PY, BENCH_DIR, RUNS, SIZES,
-# CKFS_CACHE.
+# BENCH_MOUNT_CACHE.
 CKFS=${CKFS:-$ROOT/build/ckfs}
 PY=${TORCH_PYTHON:-${CKFS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ckfs}/venv/bin/python}
 BENCH_DIR=${BENCH_DIR:-/tmp/ckfs-bench}
 RUNS=${RUNS:-3}
 SIZES=${BENCH_SIZES:-0.5b}
-CKFS_CACHE=${CKFS_CACHE:-1GiB}
+BENCH_MOUNT_CACHE=${BENCH_MOUNT_CACHE:-1GiB}
 export HF_HUB_OFFLINE=1 CUDA_VISIBLE_DEVICES='' TRANSFORMERS_VERBOSITY=error
 . "$ROOT/tests/bench/first_read.sh" # median, col_median
 

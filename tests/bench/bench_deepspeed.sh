@@ -20,7 +20,7 @@
 #   RUNS         runs of every measurement (default 3); medians are printed
 #   DS_SHAPE     a shape of make_bench_checkpoint.py (default qwen2.5-0.5b)
 #   DS_WORLD     data-parallel ranks (default 8)
-#   CKFS_CACHE   the mount's --cache-size (default 1GiB)
+#   BENCH_MOUNT_CACHE   the mount's --cache-size (default 1GiB)
 #   BUILD_DIR    CMake build directory (default build), built first unless
 #                BENCH_BUILD=0
 #   TORCH_PYTHON a python with torch, safetensors and deepspeed (default:
@@ -36,7 +36,7 @@ BENCH_DIR=${BENCH_DIR:-/tmp/ckfs-bench}
 RUNS=${RUNS:-3}
 DS_SHAPE=${DS_SHAPE:-qwen2.5-0.5b}
 DS_WORLD=${DS_WORLD:-8}
-CKFS_CACHE=${CKFS_CACHE:-1GiB}
+BENCH_MOUNT_CACHE=${BENCH_MOUNT_CACHE:-1GiB}
 BUILD_DIR=${BUILD_DIR:-$ROOT/build}
 case $BUILD_DIR in /*) ;; *) BUILD_DIR=$ROOT/$BUILD_DIR ;; esac
 
@@ -186,7 +186,7 @@ for run in $(seq "$RUNS"); do
 	# sequential read of the whole file; the daemon's peak RSS.
 	warm
 	t=$(t_now)
-	"$CKFS" mount --log-level err --cache-size "$CKFS_CACHE" "$CK" "$MNT"
+	"$CKFS" mount --log-level err --cache-size "$BENCH_MOUNT_CACHE" "$CK" "$MNT"
 	head -c 8 "$MNT/model.safetensors" >/dev/null
 	rec mount_ready_s "$(t_since "$t")"
 	t2=$(t_now)
@@ -235,7 +235,7 @@ print("| mount + first read (bf16) vs export bf16, wall | %.2f s (ready %.2f s) 
       % (a, m["mount_ready_s"], b, b / a, "met" if b / a >= 5 else "NOT met"))
 a, b = m["mount_rss"], m["z2f_bf16_rss"]
 print("| mount daemon peak RSS (cache %s) | %s | %s | 1/%.0f | 1/10: %s |"
-      % (os.environ.get("CKFS_CACHE", "1GiB"), gib(a), gib(b), b / a, "met" if b / a >= 10 else "NOT met"))
+      % (os.environ.get("BENCH_MOUNT_CACHE", "1GiB"), gib(a), gib(b), b / a, "met" if b / a >= 10 else "NOT met"))
 print()
 print("Write bound: the same output size written to the same disk (dd bs=8M conv=fsync) and the")
 print("export with its output on /dev/shm; disk columns are /proc/diskstats deltas of the whole disk")

@@ -41,7 +41,7 @@ for size in $SIZES; do
 	for _ in $(seq "$RUNS"); do
 		cat "$CK"/model_world_size_*_rank_*.pt >/dev/null
 		t=$(t_now)
-		"$CKFS" mount --log-level err --cache-size "$CKFS_CACHE" "$CK" "$MNT"
+		"$CKFS" mount --log-level err --cache-size "$BENCH_MOUNT_CACHE" "$CK" "$MNT"
 		m=$(t_since "$t")
 		l=$(load "$MNT")
 		echo "$(awk -v a="$m" -v b="$l" 'BEGIN { printf "%.3f", a + b }') $m $l" >>"$out.ckfs"
@@ -51,7 +51,7 @@ for size in $SIZES; do
 
 		cat "$CK"/model_world_size_*_rank_*.pt >/dev/null
 		t=$(t_now)
-		"$CKFS" mount --log-level err --cache-size "$CKFS_CACHE" -o preload "$CK" "$MNT"
+		"$CKFS" mount --log-level err --cache-size "$BENCH_MOUNT_CACHE" -o preload "$CK" "$MNT"
 		m=$(t_since "$t")
 		l=$(load "$MNT")
 		echo "$(awk -v a="$m" -v b="$l" 'BEGIN { printf "%.3f", a + b }') $m $l" >>"$out.preload"

@@ -32,7 +32,7 @@ load() {
 	echo "${line%% *} $(t_since "$t")"
 }
 mount_ck() { # extra -o keys (may be empty)
-	"$CKFS" mount --log-level err --cache-size "$CKFS_CACHE" ${1:+-o "$1"} "$CK" "$MNT"
+	"$CKFS" mount --log-level err --cache-size "$BENCH_MOUNT_CACHE" ${1:+-o "$1"} "$CK" "$MNT"
 }
 umount_ck() {
 	local pid

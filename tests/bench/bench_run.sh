@@ -21,7 +21,7 @@
 #
 # Environment: BENCH_DIR (default /tmp/ckfs-bench), RUNS (default 5),
 # BENCH_RUN_SHAPE (default qwen2.5-0.5b), BENCH_RUN_STEPS (default
-# "10 100"), CKFS_CACHE (default 256MiB), MAX_PLANS (default 8),
+# "10 100"), BENCH_MOUNT_CACHE (default 256MiB), MAX_PLANS (default 8),
 # TORCH_PYTHON (default: the pinned venv).
 set -euo pipefail
 
@@ -31,7 +31,7 @@ BENCH_DIR=${BENCH_DIR:-/tmp/ckfs-bench}
 RUNS=${RUNS:-5}
 SHAPE=${BENCH_RUN_SHAPE:-qwen2.5-0.5b}
 STEPS=${BENCH_RUN_STEPS:-10 100}
-CACHE=${CKFS_CACHE:-256MiB}
+CACHE=${BENCH_MOUNT_CACHE:-256MiB}
 MAX_PLANS=${MAX_PLANS:-8}
 if [ -z "${TORCH_PYTHON:-}" ]; then
 	TORCH_PYTHON=$("$ROOT/tests/setup-venv.sh" --print-path)/bin/python

@@ -27,21 +27,15 @@ TP=8
 # Mount options for a node that reads its shard alone: small slices, no
 # read-ahead by the daemon or (beyond a page) the kernel.
 SHARD_OPTS=${SHARD_OPTS:-slice_size=64KiB,readahead=0,kernel_readahead=4KiB}
-W=$(mktemp -d "$BENCH_DIR/s3.XXXXXX")
 MOUNTS=()
-cleanup() {
+session_cleanup() {
 	for m in "${MOUNTS[@]}"; do
 		mountpoint -q "$m" && "$CKFS" umount -z "$m"
 	done
-	seaweedfs_stop
-	rm -rf "$W"
 }
-trap cleanup EXIT
 
 awscli_install || die "cannot install awscli"
-seaweedfs_install || die "cannot install SeaweedFS"
-seaweedfs_start "$W/weed" || die "SeaweedFS did not start"
-s3curl -f -X PUT "$AWS_ENDPOINT_URL/bench" >/dev/null || die "no bucket"
+seaweedfs_session W "$BENCH_DIR/s3.XXXXXX" bench || die "no SeaweedFS"
 
 mount_at() { # SRC MOUNTPOINT [OPTIONS...]
 	mkdir -p "$2"

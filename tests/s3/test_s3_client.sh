@@ -9,21 +9,18 @@ set -uo pipefail
 CHECK=$1
 source "$(dirname "$0")/seaweedfs.sh"
 
-if ! seaweedfs_install; then
-	echo "FAIL: SeaweedFS $SEAWEEDFS_VERSION could not be installed into $SEAWEEDFS_VENV" >&2
-	exit 1
-fi
-WORK=$(mktemp -d /tmp/ckfs-s3.XXXXXX)
-trap 'seaweedfs_stop; rm -rf "$WORK"' EXIT
-seaweedfs_start "$WORK/weed" || exit 1
+PROXY=
+session_cleanup() {
+	[ -z "$PROXY" ] || kill "$PROXY" 2>/dev/null
+}
+seaweedfs_session WORK /tmp/ckfs-s3.XXXXXX ckfs-test || exit 1
 E=$AWS_ENDPOINT_URL/ckfs-test
 
 python3 -c 'import sys; sys.stdout.buffer.write(bytes(i % 251 for i in range(300000)))' >"$WORK/f.bin"
 printf 'first version' >"$WORK/g1"
 printf 'second version, longer' >"$WORK/g2"
 printf 'hello' >"$WORK/odd"
-s3curl -f -X PUT "$E" >/dev/null &&
-	s3curl -f -T "$WORK/f.bin" "$E/dir/f.bin" >/dev/null &&
+s3curl -f -T "$WORK/f.bin" "$E/dir/f.bin" >/dev/null &&
 	s3curl -f -T "$WORK/g1" "$E/dir/g.bin" >/dev/null &&
 	s3curl -f -T "$WORK/odd" "$E/dir/odd%20name%2B%26%3D.txt" >/dev/null || {
 	echo "FAIL: could not fill the bucket" >&2
@@ -40,7 +37,6 @@ s3curl -f "${args[@]}" >/dev/null || { echo "FAIL: could not write many/" >&2; e
 # An unreliable endpoint in front of it, for the retries.
 python3 "$(dirname "$0")/flaky_proxy.py" "${AWS_ENDPOINT_URL##*:}" >"$WORK/proxy.port" &
 PROXY=$!
-trap 'kill $PROXY 2>/dev/null; seaweedfs_stop; rm -rf "$WORK"' EXIT
 for i in $(seq 1 100); do
 	[ -s "$WORK/proxy.port" ] && break
 	sleep 0.1

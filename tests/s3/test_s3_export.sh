@@ -19,8 +19,10 @@
 #     removed); a part run again after part 0 finished does nothing; part 0
 #     waits for parts started later, and past a part run with other
 #     options, whose files end up removed
+#   - a part resumed makes 3 requests (it HEADs its own files' objects,
+#     not every object under the prefix)
 #   - refused in one line: a bucket without a prefix, a prefix inside or
-#     above the checkpoint's, --since
+#     above the checkpoint's, a part into a prefix not all ckfs's, --since
 # Usage: test_s3_export.sh CKFS_BINARY
 set -uo pipefail
 CKFS=$1
@@ -28,21 +30,12 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 FIX=$(cd "$HERE/../fixtures" && pwd -P)
 source "$HERE/seaweedfs.sh"
 
-if ! seaweedfs_install; then
-	echo "FAIL: SeaweedFS $SEAWEEDFS_VERSION could not be installed into $SEAWEEDFS_VENV" >&2
-	exit 1
-fi
-WORK=$(mktemp -d /tmp/ckfs-s3exp.XXXXXX)
 PROXY=
-cleanup() {
-	[ -n "$PROXY" ] && kill "$PROXY" 2>/dev/null
-	seaweedfs_stop
-	rm -rf "$WORK"
+session_cleanup() {
+	[ -z "$PROXY" ] || kill "$PROXY" 2>/dev/null
 }
-trap cleanup EXIT
-seaweedfs_start "$WORK/weed" || exit 1
 B=ckfs-out
-s3curl -f -X PUT "$AWS_ENDPOINT_URL/$B" >/dev/null || { echo "FAIL: no bucket" >&2; exit 1; }
+seaweedfs_session WORK /tmp/ckfs-s3exp.XXXXXX "$B" || exit 1
 # S3's smallest parts (5 MiB), so that a small fixture's weight file goes
 # in several: the FP8 DeepSeek-V3 checkpoint as float32 (6 MB)
 export CKFS_S3_PART_SIZE=5242880
@@ -148,6 +141,13 @@ same_as parts "$WORK/parts" "4 parts at once (markers removed)"
 "$CKFS" export --part 2/4 "${PARTS[@]}" "$FIX/fsdp/qwen2_fsdp2_w2" "s3://$B/parts" 2>"$WORK/err" &&
 	grep -q "complete already" "$WORK/err" && echo "ok: a part run again: $(cat "$WORK/err")" ||
 	fail "a part run again: $(cat "$WORK/err")"
+# A part looks only at its own files' objects (and any of no part), not
+# at all 9: a listing, a HEAD of its shard, its marker
+s3curl -f -X DELETE "$AWS_ENDPOINT_URL/$B/parts/config.json" || fail "remove config.json"
+"$CKFS" export --part 2/4 "${PARTS[@]}" "$FIX/fsdp/qwen2_fsdp2_w2" "s3://$B/parts" 2>"$WORK/err" &&
+	grep -q "(3 requests, files of an earlier run kept)" "$WORK/err" &&
+	echo "ok: a part resumed in 3 requests: $(cat "$WORK/err")" ||
+	fail "a part resumed: $(cat "$WORK/err")"
 
 echo "== --part: part 0 waits; a part of another export is waited past"
 "$CKFS" export -q --part 1/3 "${PARTS[@]}" "$FIX/fsdp/qwen2_fsdp2_w2" "s3://$B/late" ||
@@ -264,6 +264,12 @@ refused() { # WHAT WANT ARGS...
 refused "a bucket alone" "name a prefix" "$FIX/fsdp/qwen2_fsdp2_w2" "s3://$B"
 refused "inside the checkpoint" "is there or above it" "s3://$B/ckpt" "s3://$B/ckpt/merged"
 refused "above the checkpoint" "is there or above it" "s3://$B/ckpt" "s3://$B/ckpt/"
+echo notes >"$WORK/notes.txt"
+s3curl -f -T "$WORK/notes.txt" "$AWS_ENDPOINT_URL/$B/foreign/notes.txt" >/dev/null ||
+	fail "put notes.txt"
+refused "a part, into a prefix not ckfs's" "not all of them ckfs's" --part 1/2 "${SHARDED[@]}" \
+	"$FIX/fsdp/qwen2_fsdp2_w2" "s3://$B/foreign"
+[ "$(keys foreign)" = notes.txt ] || fail "a refused part wrote objects: $(keys foreign)"
 refused "--since" "for a local DIR" --since "$WORK/local" "$FIX/fsdp/qwen2_fsdp2_w2" "s3://$B/x"
 [ -z "$(keys x)" ] || fail "a refused export wrote objects"
 

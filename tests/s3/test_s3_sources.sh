@@ -25,25 +25,16 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 FIX=$(cd "$HERE/../fixtures" && pwd -P)
 source "$HERE/seaweedfs.sh"
 
-if ! seaweedfs_install; then
-	echo "FAIL: SeaweedFS $SEAWEEDFS_VERSION could not be installed into $SEAWEEDFS_VENV" >&2
-	exit 1
-fi
-WORK=$(mktemp -d /tmp/ckfs-s3src.XXXXXX)
 MOUNTS=()
 PROXY=
-cleanup() {
+session_cleanup() {
 	for m in "${MOUNTS[@]}"; do
 		fusermount3 -uz "$m" 2>/dev/null
 	done
-	[ -n "$PROXY" ] && kill "$PROXY" 2>/dev/null
-	seaweedfs_stop
-	rm -rf "$WORK"
+	[ -z "$PROXY" ] || kill "$PROXY" 2>/dev/null
 }
-trap cleanup EXIT
-seaweedfs_start "$WORK/weed" || exit 1
 B=ckfs-src
-s3curl -f -X PUT "$AWS_ENDPOINT_URL/$B" >/dev/null || { echo "FAIL: no bucket" >&2; exit 1; }
+seaweedfs_session WORK /tmp/ckfs-s3src.XXXXXX "$B" || exit 1
 
 fails=0
 fail() {

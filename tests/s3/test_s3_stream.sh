@@ -22,23 +22,14 @@ if [ "$(id -u)" != 0 ] || [ ! -e /dev/fuse ]; then
 	echo "SKIP: needs root and /dev/fuse (the mount's kernel readahead)"
 	exit 77
 fi
-if ! seaweedfs_install; then
-	echo "FAIL: SeaweedFS $SEAWEEDFS_VERSION could not be installed into $SEAWEEDFS_VENV" >&2
-	exit 1
-fi
-WORK=$(mktemp -d /tmp/ckfs-s3stream.XXXXXX)
 MOUNTS=()
-cleanup() {
+session_cleanup() {
 	for m in "${MOUNTS[@]}"; do
 		fusermount3 -uz "$m" 2>/dev/null
 	done
-	seaweedfs_stop
-	rm -rf "$WORK"
 }
-trap cleanup EXIT
-seaweedfs_start "$WORK/weed" || exit 1
 B=ckfs-stream
-s3curl -f -X PUT "$AWS_ENDPOINT_URL/$B" >/dev/null || { echo "FAIL: no bucket" >&2; exit 1; }
+seaweedfs_session WORK /tmp/ckfs-s3stream.XXXXXX "$B" || exit 1
 
 fails=0
 fail() {

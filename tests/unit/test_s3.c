@@ -306,9 +306,86 @@ static void test_uploads(void)
 	}
 }
 
+/* The writes' small answers, through the listings' strict reader: ETags
+ * with &quot; or &#34; decoded, an <Error> told by its root, and what
+ * the reader refuses. */
+static void test_answers(void)
+{
+	static const char initiate[] =
+		"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<InitiateMultipartUploadResult "
+		"xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Bucket>b</Bucket><Key>k</Key>"
+		"<UploadId>id+1/2=</UploadId></InitiateMultipartUploadResult>";
+	/* AWS sends spaces ahead of a Complete's answer while it works */
+	static const char complete[] =
+		"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n   \n<CompleteMultipartUploadResult>"
+		"<Location>http://x/b/k</Location><Bucket>b</Bucket><Key>k</Key>"
+		"<ETag>&quot;0123456789abcdef0123456789abcdef-2&quot;</ETag>"
+		"</CompleteMultipartUploadResult>";
+	static const char complete34[] = "<CompleteMultipartUploadResult><ETag>&#34;ab-2&#34;"
+					 "</ETag></CompleteMultipartUploadResult>";
+	static const char error[] = "<?xml version=\"1.0\"?><Error><Code>InternalError</Code>"
+				    "<Message>We encountered an internal error.</Message></Error>";
+	char root[64], out[96];
+	struct ckfs_error err;
+
+	ckfs_error_clear(&err);
+	CHECK_EQ_INT(ckfs_s3_parse_child(initiate, strlen(initiate), "UploadId", root, sizeof(root),
+					 out, sizeof(out), &err),
+		     CKFS_OK);
+	CHECK_EQ_STR(root, "InitiateMultipartUploadResult");
+	CHECK_EQ_STR(out, "id+1/2=");
+	CHECK_EQ_INT(ckfs_s3_parse_child(complete, strlen(complete), "ETag", root, sizeof(root),
+					 out, sizeof(out), &err),
+		     CKFS_OK);
+	CHECK_EQ_STR(root, "CompleteMultipartUploadResult");
+	CHECK_EQ_STR(out, "\"0123456789abcdef0123456789abcdef-2\"");
+	CHECK_EQ_INT(ckfs_s3_parse_child(complete34, strlen(complete34), "ETag", root, sizeof(root),
+					 out, sizeof(out), &err),
+		     CKFS_OK);
+	CHECK_EQ_STR(out, "\"ab-2\"");
+	CHECK_EQ_INT(ckfs_s3_parse_child(complete, strlen(complete), "Code", root, sizeof(root),
+					 out, sizeof(out), &err),
+		     CKFS_OK);
+	CHECK_EQ_STR(out, "");
+	CHECK_EQ_INT(ckfs_s3_parse_child(error, strlen(error), "Code", root, sizeof(root), out,
+					 sizeof(out), &err),
+		     CKFS_OK);
+	CHECK_EQ_STR(root, "Error");
+	CHECK_EQ_STR(out, "InternalError");
+	/* only the root's own child counts */
+	static const char deep[] = "<R><Part><ETag>x</ETag></Part></R>";
+	CHECK_EQ_INT(ckfs_s3_parse_child(deep, strlen(deep), "ETag", root, sizeof(root), out,
+					 sizeof(out), &err),
+		     CKFS_OK);
+	CHECK_EQ_STR(out, "");
+
+	static const char *const broken[][2] = {
+		{ "", "S3 answer: the document ends inside an element" },
+		{ "<R><ETag>a</ETag><ETag>b</ETag></R>", "S3 answer: an element twice" },
+		{ "<R><ETag><![CDATA[x]]></ETag></R>",
+		  "S3 answer: XML ckfs does not read (comments, CDATA, declarations)" },
+		{ "<R><ETag>&unknown;</ETag></R>", "S3 answer: an unknown entity" },
+		{ "<R><ETag>x</Code></R>", "S3 answer: an element closed that is not open" },
+		{ "<R><ETag>0123456789012345678901234567890123456789012345678901234567890123456789"
+		  "0123456789012345678901234567890123456789</ETag></R>",
+		  "S3 answer: a value too long" },
+	};
+	for (size_t i = 0; i < sizeof(broken) / sizeof(broken[0]); i++) {
+		ckfs_error_clear(&err);
+		CHECK_EQ_INT(ckfs_s3_parse_child(broken[i][0], strlen(broken[i][0]), "ETag", root,
+						 sizeof(root), out, sizeof(out), &err),
+			     CKFS_E_FORMAT);
+		CHECK_EQ_STR(err.msg, broken[i][1]);
+	}
+	CHECK_EQ_INT(ckfs_s3_parse_child(NULL, 0, "ETag", root, sizeof(root), out, sizeof(out),
+					 &err),
+		     CKFS_E_FORMAT);
+}
+
 int main(void)
 {
 	RUN(test_md5);
+	RUN(test_answers);
 	RUN(test_uploads);
 	RUN(test_listing);
 	RUN(test_broken_listings);
