@@ -271,6 +271,10 @@ refused "a part, into a prefix not ckfs's" "not all of them ckfs's" --part 1/2 "
 	"$FIX/fsdp/qwen2_fsdp2_w2" "s3://$B/foreign"
 [ "$(keys foreign)" = notes.txt ] || fail "a refused part wrote objects: $(keys foreign)"
 refused "--since" "for a local DIR" --since "$WORK/local" "$FIX/fsdp/qwen2_fsdp2_w2" "s3://$B/x"
+refused "--since s3:// to s3://" "for a local DIR" --since "s3://$B/fsdp2" "$FIX/fsdp/qwen2_fsdp2_w2" "s3://$B/x"
+refused "--since s3:// into a local DIR" "is for an s3:// DIR" --since "s3://$B/fsdp2" \
+	"$FIX/fsdp/qwen2_fsdp2_w2" "$WORK/since-local"
+[ ! -e "$WORK/since-local" ] || fail "a refused export made its DIR"
 [ -z "$(keys x)" ] || fail "a refused export wrote objects"
 
 if [ $fails -ne 0 ]; then
