@@ -360,8 +360,12 @@ static const struct cli_opt opt_threads = {
 	.help = "threads assembling the weights (default: the CPUs, at most 16; 16 for an s3:// source)"
 };
 static const struct cli_opt opt_since = {
-	.id = OPT_SINCE, .name = "since", .arg = "PREV", .kind = CLI_TEXT,
-	.help = "PREV is an earlier export of this model with the same options: "
+	.id = OPT_SINCE,
+	.name = "since",
+	.arg = "PREV",
+	.kind = CLI_TEXT,
+	.help = "PREV is an earlier export of this model with the same options (local "
+		"folders only: not yet for an s3:// DIR or PREV): "
 		"compare every weight file with it and write only what changed (files "
 		"unchanged hard-linked or reflinked from PREV); DIR is the same folder"
 };
@@ -787,8 +791,13 @@ int ckfs_cmd_export(int argc, char **argv)
 	for (size_t n = strlen(dst); n > 1 && dst[n - 1] == '/'; n--)
 		dst[n - 1] = '\0';
 	bool to_store = ckfs_s3_is_url(dst);
+	/* PREV and DIR in one place: a local PREV's bytes cannot be copied
+	 * in a store, nor a store's linked on disk */
 	if (to_store && a.since)
 		return ckfs_cli_usage_error("export", "--since is for a local DIR (not yet s3://)");
+	if (a.since && ckfs_s3_is_url(a.since))
+		return ckfs_cli_usage_error("export", "--since s3://PREV is for an s3:// DIR, "
+						      "which it does not support yet");
 	if (!a.threads) {
 		/* A store's reads and writes wait on the network, not the
 		 * CPUs: 16 in flight, as object-store tools keep several. */

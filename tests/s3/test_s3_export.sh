@@ -19,8 +19,8 @@
 #     removed); a part run again after part 0 finished does nothing; part 0
 #     waits for parts started later, and past a part run with other
 #     options, whose files end up removed
-#   - a part resumed makes 3 requests (it HEADs its own files' objects,
-#     not every object under the prefix)
+#   - a part resumed makes 3 requests, not 12 (it HEADs its own files'
+#     objects, not every object under the prefix)
 #   - refused in one line: a bucket without a prefix, a prefix inside or
 #     above the checkpoint's, a part into a prefix not all ckfs's, --since
 # Usage: test_s3_export.sh CKFS_BINARY
@@ -142,11 +142,12 @@ same_as parts "$WORK/parts" "4 parts at once (markers removed)"
 	grep -q "complete already" "$WORK/err" && echo "ok: a part run again: $(cat "$WORK/err")" ||
 	fail "a part run again: $(cat "$WORK/err")"
 # A part looks only at its own files' objects (and any of no part), not
-# at all 9: a listing, a HEAD of its shard, its marker
+# at all 9: a listing, a HEAD of its shard, its marker (3 requests; a
+# HEAD of each of the 9 objects made 12; room for a retry or two)
 s3curl -f -X DELETE "$AWS_ENDPOINT_URL/$B/parts/config.json" || fail "remove config.json"
 "$CKFS" export --part 2/4 "${PARTS[@]}" "$FIX/fsdp/qwen2_fsdp2_w2" "s3://$B/parts" 2>"$WORK/err" &&
-	grep -q "(3 requests, files of an earlier run kept)" "$WORK/err" &&
-	echo "ok: a part resumed in 3 requests: $(cat "$WORK/err")" ||
+	n=$(sed -n 's/.*(\([0-9]*\) requests, files of an earlier run kept).*/\1/p' "$WORK/err") &&
+	[ -n "$n" ] && [ "$n" -le 5 ] && echo "ok: a part resumed in $n requests: $(cat "$WORK/err")" ||
 	fail "a part resumed: $(cat "$WORK/err")"
 
 echo "== --part: part 0 waits; a part of another export is waited past"
@@ -271,6 +272,10 @@ refused "a part, into a prefix not ckfs's" "not all of them ckfs's" --part 1/2 "
 	"$FIX/fsdp/qwen2_fsdp2_w2" "s3://$B/foreign"
 [ "$(keys foreign)" = notes.txt ] || fail "a refused part wrote objects: $(keys foreign)"
 refused "--since" "for a local DIR" --since "$WORK/local" "$FIX/fsdp/qwen2_fsdp2_w2" "s3://$B/x"
+refused "--since s3:// to s3://" "for a local DIR" --since "s3://$B/fsdp2" "$FIX/fsdp/qwen2_fsdp2_w2" "s3://$B/x"
+refused "--since s3:// into a local DIR" "is for an s3:// DIR" --since "s3://$B/fsdp2" \
+	"$FIX/fsdp/qwen2_fsdp2_w2" "$WORK/since-local"
+[ ! -e "$WORK/since-local" ] || fail "a refused export made its DIR"
 [ -z "$(keys x)" ] || fail "a refused export wrote objects"
 
 if [ $fails -ne 0 ]; then
