@@ -26,7 +26,8 @@
  * metadata is a hash of the whole plan. Part 0 waits for every marker
  * of its own plan, writes the rest (config.json last), aborts what
  * uploads are left open (all parts are done: none is anyone's), and
- * removes the markers.
+ * removes the markers (a part that writes its marker after that removes
+ * it itself: mark_done).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -470,7 +471,12 @@ static enum ckfs_code look_at_prefix(const struct dest *d, const struct ckfs_mod
 	for (size_t i = 0; i < old->l.n_objects && !complete && !foreign; i++) {
 		if (anothers(d, f, owner, old->l.objects[i].key))
 			continue;
-		CKFS_TRY(meta_of(d, old, i, &meta, err));
+		enum ckfs_code rc = meta_of(d, old, i, &meta, err);
+		if (rc == CKFS_E_NOTFOUND) { /* removed since: part 0 ends, its markers go */
+			ckfs_error_clear(err);
+			continue;
+		}
+		CKFS_TRY(rc);
 		foreign = !ours(meta);
 	}
 	if (!complete && !foreign) {
@@ -591,18 +597,47 @@ static enum ckfs_code write_rank(const struct dest *d, const struct ckfs_model *
 }
 
 /* Part I of N (I > 0), its files written: its marker. */
-static enum ckfs_code mark_done(const struct dest *d, const char *plan, struct ckfs_error *err)
+/* Part I > 0: its marker written. Part 0 removes the markers once
+ * config.json is written; a part run again at that moment (it found the
+ * export unfinished) may write its marker after that removal, so it looks
+ * for this export's config.json afterwards and, there, removes its own.
+ * Either part 0's listing of the markers comes after the marker, or the
+ * marker after config.json, which the look then finds. */
+static enum ckfs_code mark_done(const struct dest *d, const struct ckfs_model *m,
+				const struct ckfs_folder *f, const char *plan,
+				struct ckfs_error *err)
 {
-	char key[1100];
+	const struct ckfs_node *last = last_node(f);
+	struct ckfs_s3_object o;
+	char key[1100], want[64];
 
 	marker(d, d->o->part.index, key, sizeof(key));
-	return ckfs_s3_put(d->s3, d->bucket, key, "", 0, plan, err);
+	CKFS_TRY(ckfs_s3_put(d->s3, d->bucket, key, "", 0, plan, err));
+	if (!last)
+		return CKFS_OK;
+	char cfg[2048];
+	snprintf(cfg, sizeof(cfg), "%s%s", d->root, last->name);
+	enum ckfs_code rc = ckfs_s3_head(d->s3, d->bucket, cfg, &o, err);
+	if (rc == CKFS_E_NOTFOUND) {
+		ckfs_error_clear(err);
+		return CKFS_OK;
+	}
+	CKFS_TRY(rc);
+	digest(d->o, m, last, want);
+	return strcmp(o.meta, want) == 0 ? ckfs_s3_delete(d->s3, d->bucket, key, err) : CKFS_OK;
 }
 
-/* What is under the prefix now and not in the folder: what the folder
- * replaced held (--force), an unfinished earlier export's files of other
- * names, the parts' markers. Listed again: parts wrote meanwhile. */
-static enum ckfs_code remove_stale(const struct dest *d, const struct ckfs_folder *f,
+/* Whether name (under the prefix) is a part's marker. */
+static bool is_marker(const char *name)
+{
+	return strncmp(name, ".ckfs-part-", strlen(".ckfs-part-")) == 0;
+}
+
+/* What is under the prefix now and not in the folder: with markers,
+ * every part's marker (once config.json is written); without, what the
+ * folder replaced held (--force) and an unfinished earlier export's files
+ * of other names. Listed again: parts wrote meanwhile. */
+static enum ckfs_code remove_stale(const struct dest *d, const struct ckfs_folder *f, bool markers,
 				   struct ckfs_error *err)
 {
 	struct ckfs_s3_listing now;
@@ -611,8 +646,8 @@ static enum ckfs_code remove_stale(const struct dest *d, const struct ckfs_folde
 	CKFS_TRY(ckfs_s3_list(d->s3, d->bucket, d->root, false, &now, err));
 	rc = CKFS_OK;
 	for (size_t i = 0; i < now.n_objects && rc == CKFS_OK; i++) {
-		const char *k = now.objects[i].key;
-		if (!holds(f, k + strlen(d->root)))
+		const char *k = now.objects[i].key, *name = k + strlen(d->root);
+		if (markers ? is_marker(name) : !holds(f, name) && !is_marker(name))
 			rc = ckfs_s3_delete(d->s3, d->bucket, k, err);
 	}
 	ckfs_s3_listing_free(&now);
@@ -683,17 +718,19 @@ enum ckfs_code export_store(const struct export_store_opts *o, const struct ckfs
 	if (rc == CKFS_OK)
 		rc = write_rank(&d, m, f, owner, 0, &old, &written, &files, &kept, err);
 	if (rc == CKFS_OK && o->part.count)
-		rc = o->part.index ? mark_done(&d, plan, err) : wait_for_parts(&d, plan, err);
+		rc = o->part.index ? mark_done(&d, m, f, plan, err) : wait_for_parts(&d, plan, err);
 	bool rest = rc == CKFS_OK && o->part.index == 0;
 	if (rest)
 		rc = write_rank(&d, m, f, owner, 1, &old, &written, &files, &kept, err);
 	/* before the index and config.json make the folder whole */
 	if (rest && rc == CKFS_OK)
-		rc = remove_stale(&d, f, err);
+		rc = remove_stale(&d, f, false, err);
 	for (int r = 2; r <= 3 && rest && rc == CKFS_OK; r++)
 		rc = write_rank(&d, m, f, owner, r, &old, &written, &files, &kept, err);
-	if (rest && rc == CKFS_OK && o->part.count)
+	if (rest && rc == CKFS_OK && o->part.count) {
 		abort_stale(&d); /* every part is done: what is open is no one's */
+		rc = remove_stale(&d, f, true, err);
+	}
 	ckfs_s3_listing_free(&old.l);
 	free(old.headed);
 	free(owner);
