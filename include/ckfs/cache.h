@@ -115,6 +115,20 @@ void ckfs_cache_put_served(struct ckfs_cache *c, struct ckfs_slice *s,
 void ckfs_cache_prefetch(struct ckfs_cache *c, uint64_t file_id,
 			 uint64_t index, size_t len);
 
+/* Work of another kind for the read-ahead workers: run(t) on one of
+ * them, queued with the slices (a reader's pieces fetched in parallel,
+ * src/fuse/read_stream.c). The cache knows nothing of what it does. */
+struct ckfs_cache_task {
+	void (*run)(struct ckfs_cache_task *t);
+};
+/* Queue t; false when it is not (no workers, the queue full, stopping):
+ * the caller runs it itself. A task queued must be taken back or have run
+ * before t goes and before ckfs_cache_free. */
+bool ckfs_cache_run(struct ckfs_cache *c, struct ckfs_cache_task *t);
+/* Take t back if no worker has taken it yet: true, and it will not run;
+ * false: a worker has it (running or run). */
+bool ckfs_cache_take_back(struct ckfs_cache *c, struct ckfs_cache_task *t);
+
 /* Copy bytes [off, off + len) of a file of file_size bytes through the
  * cache (get + memcpy + put per slice). */
 enum ckfs_code ckfs_cache_read(struct ckfs_cache *c, uint64_t file_id,

@@ -60,6 +60,13 @@
  * source a second time for bytes nobody asks for. A request is queued
  * under the shard lock too, so none slips in between.
  *
+ * Tasks (ckfs_cache_run) share the ring and the workers: a front end's
+ * work of another shape (a reader's pieces fetched in parallel) runs on
+ * the threads read-ahead already has. The one who queued a task takes it
+ * back if no worker has (ckfs_cache_take_back, under q_lock: a task is
+ * either in the ring or a worker's, never both), so it never waits for
+ * a task stuck behind others, and knows when none will touch it again.
+ *
  * Sharing (opt->share). A fill's bytes get a fingerprint (XXH3-128 of
  * SHARE_PAGES pages spread over the slice, of all of it when it is that
  * small; no lock held) and are looked up in a table of the buffers held
@@ -192,6 +199,7 @@ struct cache_shard {
 struct prefetch_req {
 	uint64_t file_id, index;
 	size_t len;
+	struct ckfs_cache_task *task; /* set: a task (ckfs_cache_run), not a slice */
 };
 
 /* A read-ahead worker and the request it is handling. */
@@ -770,14 +778,14 @@ static void withdraw_prefetch(struct ckfs_cache *c, uint64_t file_id,
 	for (int i = 0; i < c->qcount; i++) {
 		struct prefetch_req r = c->q[(c->qhead + i) % c->qcap];
 
-		if (r.file_id != file_id || r.index != index)
+		if (r.task || r.file_id != file_id || r.index != index)
 			c->q[(c->qhead + kept++) % c->qcap] = r;
 	}
 	c->qcount = kept;
 	for (int i = 0; i < c->nthreads; i++) {
 		struct prefetch_worker *w = &c->workers[i];
 
-		if (w->busy && w->req.file_id == file_id && w->req.index == index)
+		if (w->busy && !w->req.task && w->req.file_id == file_id && w->req.index == index)
 			w->withdrawn = true;
 	}
 	pthread_mutex_unlock(&c->q_lock);
@@ -952,7 +960,10 @@ static void *prefetch_worker(void *arg)
 		c->qhead = (c->qhead + 1) % c->qcap;
 		c->qcount--;
 		pthread_mutex_unlock(&c->q_lock);
-		prefetch_one(c, w);
+		if (w->req.task)
+			w->req.task->run(w->req.task);
+		else
+			prefetch_one(c, w);
 		pthread_mutex_lock(&c->q_lock);
 		w->busy = false;
 	}
@@ -987,21 +998,57 @@ void ckfs_cache_prefetch(struct ckfs_cache *c, uint64_t file_id,
 	for (int i = 0; i < c->qcount; i++) {
 		const struct prefetch_req *r = &c->q[(c->qhead + i) % c->qcap];
 
-		if (r->file_id == file_id && r->index == index)
+		if (!r->task && r->file_id == file_id && r->index == index)
 			goto out;
 	}
 	if (c->qcount == c->qcap) {
 		c->prefetch_dropped++;
 		goto out;
 	}
-	c->q[(c->qhead + c->qcount) % c->qcap] =
-		(struct prefetch_req){ file_id, index, len };
+	c->q[(c->qhead + c->qcount) % c->qcap] = (struct prefetch_req){ file_id, index, len, NULL };
 	c->qcount++;
 	c->prefetch_queued++;
 	pthread_cond_signal(&c->q_cond);
 out:
 	pthread_mutex_unlock(&c->q_lock);
 	pthread_mutex_unlock(&sh->lock);
+}
+
+bool ckfs_cache_run(struct ckfs_cache *c, struct ckfs_cache_task *t)
+{
+	bool queued = false;
+
+	if (c->nthreads == 0)
+		return false;
+	pthread_mutex_lock(&c->q_lock);
+	if (!c->stopping && c->qcount < c->qcap) {
+		c->q[(c->qhead + c->qcount) % c->qcap] =
+			(struct prefetch_req){ UINT64_MAX, 0, 0, t };
+		c->qcount++;
+		queued = true;
+		pthread_cond_signal(&c->q_cond);
+	}
+	pthread_mutex_unlock(&c->q_lock);
+	return queued;
+}
+
+bool ckfs_cache_take_back(struct ckfs_cache *c, struct ckfs_cache_task *t)
+{
+	bool found = false;
+	int kept = 0;
+
+	pthread_mutex_lock(&c->q_lock);
+	for (int i = 0; i < c->qcount; i++) {
+		struct prefetch_req r = c->q[(c->qhead + i) % c->qcap];
+
+		if (r.task == t)
+			found = true;
+		else
+			c->q[(c->qhead + kept++) % c->qcap] = r;
+	}
+	c->qcount = kept;
+	pthread_mutex_unlock(&c->q_lock);
+	return found;
 }
 
 enum ckfs_code ckfs_cache_read(struct ckfs_cache *c, uint64_t file_id,

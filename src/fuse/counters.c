@@ -61,6 +61,10 @@ const struct ckfs_stat_row ckfs_stat_rows[CKFS_STAT_ROWS] = {
 					 "counter",
 					 "Bytes read-ahead stored into the kernel's page "
 					 "cache (an s3:// source's streaming readers)." },
+	[CKFS_STAT_READAHEAD_ROWS] = { "readahead_rows", "ckfs_readahead_rows_total", "counter",
+				       "Pieces of rows stored into the kernel's page cache "
+				       "ahead of a reader of a piece of every row (an s3:// "
+				       "source's streaming readers)." },
 	[CKFS_STAT_SOURCE_BYTES_READ] = { "source_bytes_read", "ckfs_source_read_bytes_total",
 					  "counter",
 					  "Bytes of checkpoint files read to serve "
@@ -193,6 +197,7 @@ static void counters_now(struct ckfs_fs *fs, uint64_t v[CKFS_STAT_COUNTERS])
 	v[CKFS_STAT_READAHEAD_SLICES] = ld(&fs->stats.ra_slices);
 	v[CKFS_STAT_READAHEAD_SKIPPED] = ld(&fs->stats.ra_skipped);
 	v[CKFS_STAT_READAHEAD_STORED] = ld(&fs->stats.ra_stored);
+	v[CKFS_STAT_READAHEAD_ROWS] = ld(&fs->stats.ra_rows);
 	v[CKFS_STAT_SOURCE_BYTES_READ] = ckfs_source_bytes_read() - fs->source_bytes_at_ready;
 	v[CKFS_STAT_READS] = ld(&fs->stats.io.n[CKFS_IO_READS]);
 	v[CKFS_STAT_BYTES_READ] = ld(&fs->stats.io.n[CKFS_IO_BYTES_READ]);

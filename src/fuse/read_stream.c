@@ -26,8 +26,8 @@
  * whole-file reader: cat, a loader of every tensor, an export). A
  * whole-file reader so streams a window at a time with a READ per
  * window, a band read to its end fetches at most an eighth of it beyond,
- * and a reader that skips (a piece of every row) gets exactly the pages
- * it asks for.
+ * and a reader that skips (a piece of every row) gets the pages it asks
+ * for, and those it will ask for next (Rows, below).
  *
  * Assembly. While the reach is under a slice the READ and what follows
  * it are assembled straight from the sources into a buffer of their own
@@ -39,6 +39,35 @@
  * for the read-ahead workers with one slice beyond, the READ replied,
  * then the slices stored in order, but for a page halfway whose READ
  * asks for the next window while half of this one is still ahead.
+ *
+ * Rows. A reader of a piece of every row (a row-parallel shard: rank k
+ * of 8 takes the k-th eighth of each row) asks for a page or two a row,
+ * each a READ the reader waits for, one request to the store each: over
+ * a network, 10-50 ms a row. So a handle also watches for that reader in
+ * the tensor its READs fall in (rows of 2 pages or more; narrower rows
+ * are read whole, a run), up to CKFS_STREAMS of them (a loader's copy
+ * may split the rows between threads: 0.5B's down_proj came as rows 0
+ * and 448 on, interleaved). The first page of row i's piece lies at
+ * origin + i row + a, its last by origin + i row + b, a and b the same
+ * for every row: the pages each row had read, once the reader leaves it,
+ * narrow where a and b can be (pages round both, in another phase each
+ * row when the row is not a whole number of pages; a copy may fault a
+ * piece's last page first). A READ in the next row's piece is a hit:
+ * the next window of rows' pieces,
+ * each [a, b) rounded out to pages, is assembled by the read-ahead
+ * workers at once (ckfs_cache_run: each piece a request or so, all in
+ * flight together; what no worker has taken the READ's thread does
+ * itself), stored, and the READ replied, so the reader runs through the
+ * window in the page cache and its next READ is the row after it. The
+ * window is 4 rows, doubled at each hit up to 16 (about the workers);
+ * any other READ starts it over at 4, and a READ that fits no row starts
+ * a new reader at its page. Never past the tensor's last row, at most a
+ * slice's bytes. What it costs: the pages the pieces' bounds span, which
+ * close in on the pages touched within a few rows; what it saves: the
+ * reader waits for a request about once a window instead of once a row.
+ * Pieces whose pages touch are one range (one request); pieces a page or
+ * more apart are not joined: that gap would be fetched for nothing, a
+ * page a row.
  *
  * Bounds. Half the FUSE threads at most store at once (a store waits for
  * pages a READ of another thread may hold locked: that READ must find a
@@ -52,25 +81,200 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "ckfs/dtype.h"
+#include "ckfs/weights.h"
 #include "fuse/tree.h"
 
 enum {
-	PAGE = 4096
+	PAGE = 4096,
+	ROWS_MIN = 4,  /* rows stored ahead at first, and after a miss */
+	ROWS_MAX = 16, /* and at most: about the read-ahead workers */
+};
+
+/* Bytes [off, off + len) of the file. */
+struct piece {
+	uint64_t off, len;
 };
 
 /* What a READ of [off, end) does past itself: store [from, to) (none
  * when from == to) but for the page at trip; big: through the slice
- * cache. */
+ * cache. Or, for a reader of a piece of every row, the pieces rows[0..n)
+ * fetched in parallel and stored. */
 struct plan {
 	uint64_t from, to, trip;
 	bool seq, big;
+	size_t n;
+	struct piece rows[ROWS_MAX];
 };
+
+/* The tensor of st that holds byte off, when its rows are 2 pages or more:
+ * its end and its row's bytes (*row 0: none). */
+static uint64_t tensor_rows(const struct ckfs_st_file *st, uint64_t off, uint64_t *row)
+{
+	size_t lo = 0, hi;
+
+	*row = 0;
+	if (!st || !st->n_tensors || off < st->offsets[0] || off >= st->offsets[st->n_tensors])
+		return 0;
+	for (hi = st->n_tensors; hi - lo > 1;) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (st->offsets[mid] <= off)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	const struct ckfs_tensor *t = st->tensors[lo];
+	if (t->ndim >= 2 && t->shape[t->ndim - 1] > 0)
+		*row = (uint64_t)t->shape[t->ndim - 1] * ckfs_dtype_size(t->out_dtype);
+	if (*row < 2 * PAGE)
+		*row = 0;
+	return st->offsets[lo + 1];
+}
+
+/* Where row i's piece may end, at most, relative to its row: b_hi, or
+ * while no row is done, a page past what the open row has read. */
+static int64_t row_b(const struct ckfs_rows *r)
+{
+	if (r->b_hi != INT64_MAX)
+		return r->b_hi;
+	return (int64_t)r->cur_end - (int64_t)r->origin - (int64_t)(r->cur * r->row) + PAGE;
+}
+
+/* Whether pages [off, end) can hold part of row i's piece. */
+static bool row_fits(const struct ckfs_rows *r, uint64_t off, uint64_t end, uint64_t i)
+{
+	int64_t base = (int64_t)r->origin + (int64_t)(i * r->row);
+
+	return (int64_t)off < base + row_b(r) && (int64_t)end > base + r->a_lo;
+}
+
+/* Pages [lo, hi) appended to v[0..*n), joined to the last when they
+ * touch it; false when the batch would pass max bytes. */
+static bool add_pages(struct piece *v, size_t *n, uint64_t lo, uint64_t hi, uint64_t max)
+{
+	uint64_t total = 0;
+
+	lo &= ~(uint64_t)(PAGE - 1);
+	for (size_t i = 0; i < *n; i++)
+		total += v[i].len;
+	if (hi <= lo)
+		return true;
+	if (*n && lo <= v[*n - 1].off + v[*n - 1].len) {
+		uint64_t end = v[*n - 1].off + v[*n - 1].len;
+		if (hi <= end)
+			return true;
+		if (total + (hi - end) > max)
+			return false;
+		v[*n - 1].len = hi - v[*n - 1].off;
+		return true;
+	}
+	if (*n == ROWS_MAX || total + (hi - lo) > max)
+		return false;
+	v[(*n)++] = (struct piece){ lo, hi - lo };
+	return true;
+}
+
+/* Under h->lock: where a READ of [off, end) of a file of size bytes
+ * (tensors st) leaves h's row reader; with want, the pieces to fetch
+ * ahead into p->rows. */
+static void rows_plan(struct ckfs_fs *fs, struct ckfs_handle *h, const struct ckfs_st_file *st,
+		      uint64_t size, uint64_t off, uint64_t end, bool want, struct plan *p)
+{
+	struct ckfs_rows *r, *lru = &h->rows[0], *wrong = NULL;
+	uint64_t j = 0;
+
+	for (int k = 0; k < CKFS_STREAMS; k++) {
+		r = &h->rows[k];
+		/* The open row's other pages, either side (a copy may
+		 * touch a piece's last page first). */
+		if (r->row && (off == r->cur_end || end == r->cur_lo) && off < r->t_end) {
+			r->used = ++h->tick;
+			r->cur_lo = off < r->cur_lo ? off : r->cur_lo;
+			r->cur_end = end > r->cur_end ? end : r->cur_end;
+			if (r->cur_end - r->cur_lo >= r->row)
+				r->row = 0; /* a row or more: a band, not pieces */
+			return;
+		}
+		if (r->row && off > r->cur_end && off < r->t_end) {
+			j = r->ahead + 1; /* where the reader should come next */
+			if (!row_fits(r, off, end, j)) {
+				int64_t x = (int64_t)end - 1 - (int64_t)r->origin - r->a_lo;
+				j = x > 0 ? (uint64_t)x / r->row : 0;
+			}
+			/* Rows skipped: at most a window (rows further on
+			 * may be another thread's). */
+			if (j > r->cur && j <= r->ahead + ROWS_MAX && row_fits(r, off, end, j))
+				goto row;
+			/* A READ where this reader should be that fits none of
+			 * its rows: it was no such reader (its row 0 a stray
+			 * page), unless another fits. */
+			if (off < r->origin + (r->ahead + ROWS_MAX + 1) * r->row)
+				wrong = r;
+		}
+		if (r->used < lru->used)
+			lru = r;
+	}
+	/* Anything else may be the first page of a new reader's row 0, in
+	 * place of one proved wrong, else of the one least recently seen. */
+	r = wrong ? wrong : lru;
+	r->used = ++h->tick;
+	r->t_end = tensor_rows(st, end - 1, &r->row);
+	r->origin = r->cur_lo = off;
+	r->cur_end = end;
+	/* The piece may start on the page before, when that one was read
+	 * already (with the tensor before it): -PAGE. */
+	r->a_lo = -PAGE;
+	r->b_hi = INT64_MAX;
+	r->cur = r->ahead = 0;
+	r->window = ROWS_MIN;
+	return;
+
+row:;
+	/* Row cur is done: its piece starts in its first page read and ends
+	 * by the end of its last. */
+	r->used = ++h->tick;
+	int64_t at = (int64_t)r->origin + (int64_t)(r->cur * r->row);
+	int64_t x = (int64_t)r->cur_lo - at, b = (int64_t)r->cur_end - at;
+	bool hit = j == r->ahead + 1;
+	unsigned w = hit ? r->window : ROWS_MIN;
+
+	r->b_hi = b < r->b_hi ? b : r->b_hi;
+	r->a_lo = x > r->a_lo ? x : r->a_lo;
+	r->cur = r->ahead = j;
+	r->cur_lo = off;
+	r->cur_end = end;
+	r->window = hit && 2 * w <= ROWS_MAX ? 2 * w : hit ? ROWS_MAX : ROWS_MIN;
+	if (!want || r->b_hi <= r->a_lo)
+		return; /* bounds that contradict: not such a reader */
+	/* The next rows' pieces, up to the tensor's end: each one's bounds
+	 * rounded out to pages. Not the rest of this row: the pages the
+	 * reader asks for of it are what bounds where pieces end. */
+	uint64_t stop = r->t_end < size ? r->t_end : size;
+	for (uint64_t i = j + 1; i <= j + w; i++) {
+		uint64_t base = r->origin + i * r->row;
+		uint64_t lo = (uint64_t)((int64_t)base + r->a_lo);
+		uint64_t hi = (uint64_t)((int64_t)base + r->b_hi);
+		if (lo >= stop)
+			break;
+		/* Never the READ's own pages: the kernel holds them locked
+		 * until it is replied, and a store of them would wait for
+		 * that. Stores reach only past their READ, so none waits
+		 * for a READ that waits in turn for it. */
+		lo = lo > end ? lo : end;
+		hi = hi < stop ? hi : stop;
+		hi = (hi + PAGE - 1) / PAGE * PAGE < size ? (hi + PAGE - 1) / PAGE * PAGE : size;
+		if (!add_pages(p->rows, &p->n, lo, hi, fs->slice_size))
+			break;
+		r->ahead = i;
+	}
+}
 
 /* Where a READ of [off, end) of a file of size bytes leaves h's runs. */
 static struct plan stream_plan(struct ckfs_fs *fs, struct ckfs_handle *h, uint64_t size,
 			       uint64_t off, uint64_t end)
 {
 	const uint64_t S = fs->slice_size, cap = (uint64_t)fs->opt->readahead * S;
+	const struct ckfs_st_file *st = h->served->f->nodes[h->node].st;
 	struct ckfs_stream *r = NULL, *lru = &h->streams[0];
 	struct plan p = { .trip = UINT64_MAX };
 
@@ -104,6 +308,7 @@ static struct plan stream_plan(struct ckfs_fs *fs, struct ckfs_handle *h, uint64
 	 * reader overtook a store, which waits for the same slice and stores
 	 * it once assembled; no further. */
 	if (end < r->next && off < r->trip) {
+		rows_plan(fs, h, st, size, off, end, false, &p);
 		pthread_mutex_unlock(&h->lock);
 		return p;
 	}
@@ -121,6 +326,8 @@ static struct plan stream_plan(struct ckfs_fs *fs, struct ckfs_handle *h, uint64
 	if (p.big && p.to - p.from >= 2 * PAGE)
 		p.trip = (p.from + (p.to - p.from) / 2) & ~(uint64_t)(PAGE - 1);
 	r->trip = p.trip;
+	/* A reader that skips: perhaps a piece of every row. */
+	rows_plan(fs, h, st, size, off, end, !p.big && p.from == p.to && fs->se, &p);
 	pthread_mutex_unlock(&h->lock);
 	return p;
 }
@@ -144,14 +351,14 @@ static bool store(struct ckfs_fs *fs, uint64_t ino, uint64_t off, const void *bu
 	return true;
 }
 
-/* Assemble [off, off + len) of h's file from its sources into a buffer of
- * its own (*out, freed by the caller). */
-static enum ckfs_code assemble(struct ckfs_fs *fs, struct ckfs_handle *h, uint64_t off,
-			       uint64_t len, char **out, struct ckfs_error *err)
+/* Assemble [off, off + len) of cache file file_id from its sources into
+ * a buffer of its own (*out, freed by the caller). */
+static enum ckfs_code assemble(struct ckfs_fs *fs, uint64_t file_id, uint64_t off, uint64_t len,
+			       char **out, struct ckfs_error *err)
 {
 	if (!(*out = malloc((size_t)len)))
 		return ckfs_nomem(err);
-	if (ckfs_fs_fill(fs, h->file_id, off, (size_t)len, *out, err) != CKFS_OK) {
+	if (ckfs_fs_fill(fs, file_id, off, (size_t)len, *out, err) != CKFS_OK) {
 		free(*out);
 		*out = NULL;
 	}
@@ -171,16 +378,16 @@ static enum ckfs_code reply_direct(fuse_req_t req, struct ckfs_fs *fs, struct ck
 	bool joined = from == end && from < to;
 	char *buf, *ahead = NULL;
 
-	if (joined && assemble(fs, h, off, to - off, &buf, err) != CKFS_OK) {
+	if (joined && assemble(fs, h->file_id, off, to - off, &buf, err) != CKFS_OK) {
 		ckfs_error_clear(err); /* the READ's own bytes may still be had */
 		joined = false;
 		from = to;
 	}
 	if (!joined)
-		CKFS_TRY(assemble(fs, h, off, len, &buf, err));
+		CKFS_TRY(assemble(fs, h->file_id, off, len, &buf, err));
 	if (joined)
 		ahead = buf + len;
-	else if (from < to && assemble(fs, h, from, to - from, &ahead, err) != CKFS_OK) {
+	else if (from < to && assemble(fs, h->file_id, from, to - from, &ahead, err) != CKFS_OK) {
 		ckfs_error_clear(err); /* left to the reader's own READs */
 		from = to;
 	}
@@ -190,6 +397,93 @@ static enum ckfs_code reply_direct(fuse_req_t req, struct ckfs_fs *fs, struct ck
 		free(ahead);
 	ckfs_fs_count(fs, s, CKFS_IO_BYTES_READ, len);
 	ckfs_fs_note_replied(fs, replied, size, off, end);
+	fuse_reply_buf(req, buf, len);
+	free(buf);
+	return CKFS_OK;
+}
+
+/* A piece of a row assembled on a read-ahead worker (or by the READ that
+ * wants it, when none has taken it). */
+struct row_task {
+	struct ckfs_cache_task task; /* first: the cache hands this back */
+	struct ckfs_fs *fs;
+	uint64_t file_id;
+	struct piece at;
+	char *buf; /* NULL: not assembled (left to the reader's READ) */
+	struct rows_batch *batch;
+};
+struct rows_batch {
+	pthread_mutex_t lock;
+	pthread_cond_t done;
+	size_t left; /* tasks not yet run */
+};
+
+static void row_task_run(struct ckfs_cache_task *t)
+{
+	struct row_task *rt = (struct row_task *)t;
+	struct rows_batch *b = rt->batch;
+	struct ckfs_error err;
+
+	ckfs_error_clear(&err);
+	if (assemble(rt->fs, rt->file_id, rt->at.off, rt->at.len, &rt->buf, &err) != CKFS_OK)
+		ckfs_log(CKFS_LOG_DEBUG, "read-ahead of a row: %s", err.msg);
+	pthread_mutex_lock(&b->lock);
+	if (--b->left == 0)
+		pthread_cond_signal(&b->done);
+	pthread_mutex_unlock(&b->lock);
+}
+
+/* A READ of a piece of a row, and the pieces v[0..n) of the rows that
+ * follow assembled meanwhile on the read-ahead workers (each one request
+ * or so, all at once), stored, then the READ replied: the reader's next
+ * faults find their pages. */
+static enum ckfs_code reply_rows(fuse_req_t req, struct ckfs_fs *fs, struct ckfs_handle *h,
+				 uint64_t off, size_t len, const struct piece *v, size_t n,
+				 struct ckfs_error *err)
+{
+	struct ckfs_served *s = h->served;
+	const uint64_t size = s->f->nodes[h->node].size;
+	struct rows_batch b = { .left = n };
+	struct row_task t[ROWS_MAX];
+	bool queued[ROWS_MAX];
+	enum ckfs_code rc;
+	char *buf;
+
+	pthread_mutex_init(&b.lock, NULL);
+	pthread_cond_init(&b.done, NULL);
+	for (size_t i = 0; i < n; i++) {
+		t[i] = (struct row_task){ .task.run = row_task_run,
+					  .fs = fs,
+					  .file_id = h->file_id,
+					  .at = v[i],
+					  .batch = &b };
+		queued[i] = ckfs_cache_run(fs->cache, &t[i].task);
+	}
+	rc = assemble(fs, h->file_id, off, len, &buf, err);
+	/* What no worker has taken yet is done here: never a wait on a
+	 * queue busy with others' slices. */
+	for (size_t i = 0; i < n; i++)
+		if (!queued[i] || ckfs_cache_take_back(fs->cache, &t[i].task))
+			row_task_run(&t[i].task);
+	pthread_mutex_lock(&b.lock);
+	while (b.left)
+		pthread_cond_wait(&b.done, &b.lock);
+	pthread_mutex_unlock(&b.lock);
+	pthread_cond_destroy(&b.done);
+	pthread_mutex_destroy(&b.lock);
+	for (size_t i = 0; i < n; i++) {
+		if (rc == CKFS_OK && t[i].buf &&
+		    store(fs, h->ino, t[i].at.off, t[i].buf, (size_t)t[i].at.len)) {
+			ckfs_fs_note_replied(fs, s->replied[h->node], size, t[i].at.off,
+					     t[i].at.off + t[i].at.len);
+			atomic_fetch_add_explicit(&fs->stats.ra_rows, 1, memory_order_relaxed);
+		}
+		free(t[i].buf);
+	}
+	if (rc != CKFS_OK)
+		return rc;
+	ckfs_fs_count(fs, s, CKFS_IO_BYTES_READ, len);
+	ckfs_fs_note_replied(fs, s->replied[h->node], size, off, off + len);
 	fuse_reply_buf(req, buf, len);
 	free(buf);
 	return CKFS_OK;
@@ -267,10 +561,12 @@ enum ckfs_code ckfs_fs_reply_stream(fuse_req_t req, struct ckfs_fs *fs, struct c
 
 	if (p.seq)
 		atomic_fetch_add_explicit(&fs->stats.ra_sequential, 1, memory_order_relaxed);
-	bool counted = p.from < p.to && fs->se;
+	bool counted = (p.from < p.to || p.n) && fs->se;
 	if (counted && atomic_fetch_add(&fs->storing, 1) >= fs->opt->threads / 2)
-		p.from = p.to; /* enough threads store already */
-	if (!p.big) {
+		p.from = p.to, p.n = 0; /* enough threads store already */
+	if (p.n) {
+		rc = reply_rows(req, fs, h, off, len, p.rows, p.n, err);
+	} else if (!p.big) {
 		rc = reply_direct(req, fs, h, off, len, p.from, p.to, err);
 	} else if (p.from == p.to) {
 		rc = ckfs_fs_reply_slices(req, fs, h, off, len, false, err);

@@ -125,6 +125,8 @@ struct ckfs_fs_stats {
 	atomic_uint_fast64_t ra_skipped;    /* not handed: the kernel has them */
 	atomic_uint_fast64_t ra_stored;     /* bytes stored into the page cache
 					     * ahead of a stream (read_stream.c) */
+	atomic_uint_fast64_t ra_rows;       /* pieces of rows stored ahead of a
+					     * reader of every row's piece */
 };
 
 /* A mount: the handlers' userdata, the first member of its tree's state.
@@ -175,6 +177,21 @@ enum {
 	CKFS_STREAMS = 4
 };
 
+/* A reader of the same piece of every row of a tensor (read_stream.c):
+ * the piece of row i starts at origin + i row + a_lo or later and ends
+ * by origin + i row + b_hi, as far as the rows done before cur tell. */
+struct ckfs_rows {
+	uint64_t row;             /* the tensor's row, bytes; 0: no such reader */
+	uint64_t t_end;           /* the tensor's end */
+	uint64_t origin;          /* the first page read of row 0 (a_lo >= -PAGE) */
+	int64_t a_lo, b_hi;       /* b_hi INT64_MAX: not known yet */
+	uint64_t cur;             /* the row being read */
+	uint64_t cur_lo, cur_end; /* the pages of it read so far */
+	uint64_t ahead;           /* the last row stored ahead (or read) */
+	unsigned window;          /* rows to store at the next READ */
+	uint64_t used;            /* LRU tick */
+};
+
 /* Per open file (fi->fh): what it reads and its read-ahead state. */
 struct ckfs_handle {
 	struct ckfs_served *served; /* a reference, dropped at release */
@@ -193,6 +210,9 @@ struct ckfs_handle {
 	 * each walk their own part) */
 	struct ckfs_stream streams[CKFS_STREAMS];
 	uint64_t tick;
+	/* fs->stream: readers of a piece of every row (each thread of a
+	 * reader may walk its own rows) */
+	struct ckfs_rows rows[CKFS_STREAMS];
 };
 
 /* ---- fs.c: a mount's life ---- */

@@ -18,6 +18,12 @@
 # Figures only, no assertions: medians, ratios, the load.
 #
 #   tests/bench/bench_s3.sh [CKFS]   (env: RUNS=3, BENCH_DIR, BENCH_SIZES=0.5b)
+#
+# More env: PARTS=abc (the parts to run); DELAY_MS=N: every request
+# reaches the store N ms late after the upload (tests/bench/latency_proxy.py,
+# as a store across a network would answer; loopback has no latency);
+# WHERE="s3 s3-shard local" (part (b)'s mounts); CKFS_BEFORE=BINARY adds
+# "s3-before" to them: the same s3 mounts by another build, interleaved.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 [ $# -gt 0 ] && CKFS=$1
@@ -27,11 +33,14 @@ TP=8
 # Mount options for a node that reads its shard alone: small slices, no
 # read-ahead by the daemon or (beyond a page) the kernel.
 SHARD_OPTS=${SHARD_OPTS:-slice_size=64KiB,readahead=0,kernel_readahead=4KiB}
-MOUNTS=()
+PARTS=${PARTS:-abc} WHERE=${WHERE:-s3 s3-shard local}
+[ -n "${CKFS_BEFORE:-}" ] && WHERE="s3-before $WHERE"
+MOUNTS=() PROXY=
 session_cleanup() {
 	for m in "${MOUNTS[@]}"; do
 		mountpoint -q "$m" && "$CKFS" umount -z "$m"
 	done
+	[ -z "$PROXY" ] || kill "$PROXY"
 }
 
 awscli_install || die "cannot install awscli"
@@ -39,7 +48,7 @@ seaweedfs_session W "$BENCH_DIR/s3.XXXXXX" bench || die "no SeaweedFS"
 
 mount_at() { # SRC MOUNTPOINT [OPTIONS...]
 	mkdir -p "$2"
-	"$CKFS" mount "${@:3}" "$1" "$2" || die "mount $1 failed"
+	"${MOUNT_CKFS:-$CKFS}" mount "${@:3}" "$1" "$2" || die "mount $1 failed"
 	MOUNTS+=("$2")
 }
 umount_all() {
@@ -56,10 +65,19 @@ for size in $SIZES; do
 	s3_put_tree "$D/ckpt" "$AWS_ENDPOINT_URL/bench/$size" || die "upload failed"
 	model=$(du -cb "$D"/ckpt/*.pt | tail -1 | cut -f1)
 	echo "== $size: uploaded $(du -sh "$D/ckpt" | cut -f1) in $(t_since "$t") s; rank files $model bytes; load $(load_now)"
+	if [ -n "${DELAY_MS:-}" ] && [ -z "$PROXY" ]; then
+		port=${AWS_ENDPOINT_URL##*:}
+		coproc LAT { exec python3 "$ROOT/tests/bench/latency_proxy.py" "$port" "$DELAY_MS"; }
+		PROXY=$LAT_PID
+		read -r lport <&"${LAT[0]}" || die "the latency proxy did not start"
+		export AWS_ENDPOINT_URL=http://127.0.0.1:$lport
+		echo "   every request $DELAY_MS ms late from here on (tests/bench/latency_proxy.py)"
+	fi
 
 	: >"$W/a.txt" >"$W/b.txt" >"$W/c.txt"
 	for run in $(seq 1 "$RUNS"); do
 		# (a) download then export, against export from the store
+		case $PARTS in *a*) ;; *) false ;; esac && {
 		rm -rf "$W/dl" "$W/out1" "$W/out2"
 		t=$(t_now)
 		"$AWSCLI/bin/python" -m awscli s3 cp --quiet --recursive --endpoint-url "$AWS_ENDPOINT_URL" \
@@ -74,17 +92,21 @@ for size in $SIZES; do
 			die "export from the store differs from export of the download"
 		echo "$t_dl $t_dlx $t_direct" >>"$W/a.txt"
 		rm -rf "$W/dl" "$W/out1" "$W/out2"
+		}
 
 		# (b) 8 nodes, 8 mounts, one TP shard each; local disk beside it
-		for where in s3 s3-shard local; do
-			src=$URL opts=()
+		for where in $WHERE; do
+			case $PARTS in *b*) ;; *) break ;; esac
+			src=$URL opts=() MOUNT_CKFS=
 			[ "$where" = local ] && src=$D/ckpt
 			[ "$where" = s3-shard ] && opts=(-o "$SHARD_OPTS")
+			[ "$where" = s3-before ] && MOUNT_CKFS=$CKFS_BEFORE
 			dirs=
 			for r in $(seq 0 $((TP - 1))); do
 				mount_at "$src" "$W/m$r" "${opts[@]}"
 				dirs+="${dirs:+,}$W/m$r"
 			done
+			MOUNT_CKFS=
 			read -r secs _ bytes < <("$PY" "$ROOT/tests/bench/bench_serving.py" "$dirs" "$TP")
 			fetched=0 requests=0
 			for r in $(seq 0 $((TP - 1))); do
@@ -97,6 +119,7 @@ for size in $SIZES; do
 
 		# (c) first byte after the mount returns
 		for where in s3 local; do
+			case $PARTS in *c*) ;; *) break ;; esac
 			src=$URL
 			[ "$where" = local ] && src=$D/ckpt
 			t=$(t_now)
@@ -108,13 +131,16 @@ for size in $SIZES; do
 		done
 	done
 
+	case $PARTS in *a*)
 	echo "(a) download + export vs export from the store (s, median of $RUNS)"
 	dl=$(col_median 1 "$W/a.txt") dlx=$(col_median 2 "$W/a.txt") direct=$(col_median 3 "$W/a.txt")
 	printf '    aws s3 cp --recursive       %8.2f\n' "$dl"
 	printf '    + ckfs export of the copy   %8.2f\n' "$dlx"
 	printf '    ckfs export s3://           %8.2f   (%sx faster)\n' "$direct" "$(ratio "$dlx" "$direct")"
+	;; esac
+	case $PARTS in *b*)
 	echo "(b) $TP nodes, $TP mounts, one tensor-parallel shard each (median of $RUNS)"
-	for where in s3 s3-shard local; do
+	for where in $WHERE; do
 		grep "^$where " "$W/b.txt" | cut -d' ' -f2- >"$W/b.$where"
 		secs=$(col_median 1 "$W/b.$where")
 		if [ "$where" != local ]; then
@@ -129,12 +155,17 @@ for size in $SIZES; do
 	read -r floor _ < <("$PY" "$ROOT/tests/bench/tp_page_floor.py" "$D/export.ckfs/model.safetensors" "$TP")
 	echo "    the least any mount can fetch for these readers (whole 4 KiB pages): ${floor}x"
 
-	echo "    served bytes (all workers): $(col_median 2 "$W/b.s3")"
+	[ -n "${CKFS_BEFORE:-}" ] && echo "    (s3-before: $CKFS_BEFORE)"
+	first=${WHERE%% *}
+	echo "    served bytes (all workers): $(col_median 2 "$W/b.$first")"
+	;; esac
+	case $PARTS in *c*)
 	echo "(c) first byte of model.safetensors from the mount command (s, median of $RUNS)"
 	for where in s3 local; do
 		grep "^$where " "$W/c.txt" | cut -d' ' -f2- >"$W/c.$where"
 		printf '    %-10s mount returned %6.3f, first byte %6.3f\n' "$where" \
 			"$(col_median 1 "$W/c.$where")" "$(col_median 2 "$W/c.$where")"
 	done
+	;; esac
 	echo "load now: $(load_now)"
 done

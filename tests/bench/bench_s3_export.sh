@@ -15,10 +15,10 @@
 # On loopback the store shares this machine's two CPUs and no link limits
 # it; STORE_LINK=RATE (e.g. 1gbit, root) puts SeaweedFS
 # behind a shaped link instead (tests/s3/shaped_link.sh), where an upload
-# is bound by the network as it is to a real store. PARTS=0 leaves (b) out.
+# is bound by the network as it is to a real store. PARTS=a leaves (b) out.
 #
 #   tests/bench/bench_s3_export.sh [CKFS]
-#   (env: RUNS=3, BENCH_DIR, BENCH_SIZES=0.5b, STORE_LINK, PARTS=1)
+#   (env: RUNS=3, BENCH_DIR, BENCH_SIZES=0.5b, STORE_LINK, PARTS=ab)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 [ $# -gt 0 ] && CKFS=$1
@@ -26,7 +26,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 . "$ROOT/tests/s3/seaweedfs.sh"
 . "$ROOT/tests/s3/shaped_link.sh"
 THREADS=${THREADS:-16}
-PARTS=${PARTS:-1}
+PARTS=${PARTS:-ab}
 session_cleanup() { # the server first: it hangs if its link goes before it
 	seaweedfs_stop
 	shaped_link_down
@@ -85,7 +85,7 @@ for size in $SIZES; do
 		echo "$t_direct $c_direct $t_local $c_local $t_cp $c_cp" >>"$W/a.txt"
 		rm -rf "$W/local"
 
-		[ "$PARTS" = 1 ] || continue
+		[[ $PARTS == *b* ]] || continue
 		# (b) --part over N processes on this machine, the same threads in all
 		for n in 1 2 4; do
 			drop_prefix "parts$n"
@@ -119,7 +119,7 @@ for size in $SIZES; do
 	printf '    the two together                   %7.2f s: s3:// directly takes %sx their time\n' \
 		"$both" "$(ratio "$direct" "$both")"
 	echo "    (objects of both: the same ETags)"
-	[ "$PARTS" = 1 ] || continue
+	[[ $PARTS == *b* ]] || continue
 	echo "(b) --part N into the store, --max-shard-size 200MB, $THREADS threads in all, median of $RUNS"
 	for n in 0 1 2 4; do
 		grep "^$n " "$W/b.txt" | cut -d' ' -f2- >"$W/b.$n"

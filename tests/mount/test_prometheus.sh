@@ -33,6 +33,7 @@ FIELDS = {  # metric -> stats field (--json)
     "ckfs_readahead_slices_total": "readahead_slices",
     "ckfs_readahead_skipped_total": "readahead_skipped",
     "ckfs_readahead_stored_bytes_total": "readahead_stored", "ckfs_reads_total": "reads",
+    "ckfs_readahead_rows_total": "readahead_rows",
     "ckfs_read_bytes_total": "bytes_read", "ckfs_read_errors_total": "errors",
     "ckfs_opens_total": "opens", "ckfs_source_read_bytes_total": "source_bytes_read",
     "ckfs_cache_shared_slices_total": "shared_slices", "ckfs_cache_shared_bytes_total": "shared_bytes",

@@ -727,6 +727,48 @@ static void test_prefetch_queue_full(void)
 	done(c, &f);
 }
 
+/* Tasks (ckfs_cache_run) run on the read-ahead workers, in turn with the
+ * slices; one still queued is taken back whole and never runs; a worker's
+ * is not taken back; without workers nothing is queued. */
+struct counted_task {
+	struct ckfs_cache_task task; /* first */
+	atomic_int runs;
+};
+
+static void counted_run(struct ckfs_cache_task *t)
+{
+	atomic_fetch_add(&((struct counted_task *)t)->runs, 1);
+}
+
+static void test_tasks(void)
+{
+	struct fill_ctx f, f0;
+	struct ckfs_cache *c = make_cache(&f, SS, 16 * SS, 1, 4);
+	struct ckfs_cache *none = make_cache(&f0, SS, 16 * SS, 0, 4);
+	struct counted_task a = { .task.run = counted_run }, b = { .task.run = counted_run };
+
+	CHECK(ckfs_cache_run(c, &a.task));
+	CHECK(WAIT_UNTIL(atomic_load(&a.runs) == 1));
+	CHECK(!ckfs_cache_take_back(c, &a.task)); /* run: not in the queue */
+	/* The one worker held by a slice's fill: b waits in the queue. */
+	gate_set(&f, true);
+	ckfs_cache_prefetch(c, 3, 0, SS);
+	CHECK(WAIT_UNTIL(gate_blocked(&f) == 1));
+	CHECK(ckfs_cache_run(c, &b.task));
+	CHECK(ckfs_cache_run(c, &a.task));
+	CHECK(ckfs_cache_take_back(c, &b.task));
+	CHECK(!ckfs_cache_take_back(c, &b.task));
+	gate_set(&f, false);
+	CHECK(WAIT_UNTIL(atomic_load(&a.runs) == 2));
+	CHECK(WAIT_UNTIL(stats_of(c).fills == 1));
+	CHECK_EQ_INT(atomic_load(&b.runs), 0);
+	CHECK(!ckfs_cache_run(none, &b.task));
+	CHECK_EQ_INT(stats_of(c).prefetch_queued, 1); /* tasks are no slices */
+	done(none, &f0);
+	done(c, &f);
+	CHECK_EQ_INT(atomic_load(&b.runs), 0);
+}
+
 /* A failed read-ahead caches nothing and is counted; the get retries. */
 static void test_prefetch_error(void)
 {
@@ -1266,6 +1308,7 @@ int main(void)
 	RUN(test_nomem);
 	RUN(test_prefetch);
 	RUN(test_prefetch_queue_full);
+	RUN(test_tasks);
 	RUN(test_prefetch_error);
 	RUN(test_prefetch_signals);
 	RUN(test_prefetch_stale);
