@@ -114,12 +114,14 @@ tier3() {
 	# TSan-built daemon under 16 reader threads with faults (faults_load) and
 	# 8-thread random reads of every fixture (mount_files), the rank checks
 	# on threads after the mount (mount_rank_checks), a run's watcher and
-	# plan LRU (mount_run) and the preload thread storing beside the readers
-	# (mount_preload); the other mount tests exercise lifecycle, not threads.
+	# plan LRU (mount_run), the preload thread storing beside the readers
+	# (mount_preload) and a store mount's rows fetched ahead on the
+	# read-ahead workers (s3_stream); the other mount tests exercise
+	# lifecycle, not threads.
 	local rc=0
 	new_sanlog || return
 	TSAN_OPTIONS=halt_on_error=1:log_path=$SANLOG/tsan \
-		ctest --test-dir build-tsan -R '^(test_cache|test_cache_stress|test_fp8|test_ct_views|test_lora_vlm|faults_load|mount_files|mount_rank_checks|mount_run|mount_preload)$' \
+		ctest --test-dir build-tsan -R '^(test_cache|test_cache_stress|test_fp8|test_ct_views|test_lora_vlm|faults_load|mount_files|mount_rank_checks|mount_run|mount_preload|s3_stream)$' \
 		--output-on-failure || rc=$?
 	sanitizer_reports "tier 3" "$rc"
 }
