@@ -633,6 +633,15 @@ static bool is_marker(const char *name)
 	return strncmp(name, ".ckfs-part-", strlen(".ckfs-part-")) == 0;
 }
 
+/* Whether the prefix held parts' markers at the start. */
+static bool had_markers(const struct dest *d, const struct before *b)
+{
+	for (size_t i = 0; i < b->l.n_objects; i++)
+		if (is_marker(b->l.objects[i].key + strlen(d->root)))
+			return true;
+	return false;
+}
+
 /* What is under the prefix now and not in the folder: with markers,
  * every part's marker (once config.json is written); without, what the
  * folder replaced held (--force) and an unfinished earlier export's files
@@ -727,10 +736,11 @@ enum ckfs_code export_store(const struct export_store_opts *o, const struct ckfs
 		rc = remove_stale(&d, f, false, err);
 	for (int r = 2; r <= 3 && rest && rc == CKFS_OK; r++)
 		rc = write_rank(&d, m, f, owner, r, &old, &written, &files, &kept, err);
-	if (rest && rc == CKFS_OK && o->part.count) {
+	if (rest && rc == CKFS_OK && o->part.count)
 		abort_stale(&d); /* every part is done: what is open is no one's */
+	/* the markers: this export's parts', or an earlier one's it resumed */
+	if (rest && rc == CKFS_OK && (o->part.count || had_markers(&d, &old)))
 		rc = remove_stale(&d, f, true, err);
-	}
 	ckfs_s3_listing_free(&old.l);
 	free(old.headed);
 	free(owner);

@@ -274,6 +274,13 @@ wait $p1 || fail "rerun: part 1 again: $(cat "$WORK/err")"
 kill "$PROXY" 2>/dev/null
 PROXY=
 same_as rerun "$WORK/local" "a part run again while part 0 finished ($order)"
+# a part's files and marker, then one export without --part: it resumes,
+# and the marker goes with the rest of what is not the folder's
+"$CKFS" export -q --part 1/2 "${SHARDED[@]}" "$FIX/fsdp/qwen2_fsdp2_w2" "s3://$B/unparted" ||
+	fail "unparted: part 1"
+"$CKFS" export -q "${SHARDED[@]}" "$FIX/fsdp/qwen2_fsdp2_w2" "s3://$B/unparted" ||
+	fail "unparted: the whole export"
+same_as unparted "$WORK/local" "one export over a part's files and marker"
 
 echo "== refused"
 refused() { # WHAT WANT ARGS...
