@@ -80,13 +80,21 @@ wait_until test ! -e "$MNT/global_step_3" || fail "rotated step 3 still shown"
 	fail "top after rotation: $(ls "$MNT" | tr '\n' ' ')"
 
 # Idle: no timer, no polling. The daemon's CPU ticks over 2 s stay put
-# (one tick of slack for the stats read itself).
+# (one tick of slack for the stats read itself) in one of three windows
+# in a row: the rotation's last work may spill into the first on a busy
+# machine (a TSan run once used 2 ticks there), while a daemon that
+# polls uses ticks in every window.
 pid=$(daemon_pid "$MNT")
 ticks() { awk '{ print $14 + $15 }' "/proc/$pid/stat"; }
-t0=$(ticks)
-sleep 2
-t1=$(ticks)
-[ $((t1 - t0)) -le 1 ] || fail "idle daemon used $((t1 - t0)) CPU ticks in 2 s"
+used=
+for i in 1 2 3; do
+	t0=$(ticks)
+	sleep 2
+	t1=$(ticks)
+	used="$used $((t1 - t0))"
+	[ $((t1 - t0)) -le 1 ] && break
+done
+[ $((t1 - t0)) -le 1 ] || fail "idle daemon used CPU ticks in each of three 2 s windows:$used"
 
 "$CKFS" umount "$MNT" || fail "umount failed"
 wait_gone "$pid" || fail "daemon $pid still running after umount"
