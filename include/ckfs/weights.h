@@ -55,6 +55,10 @@ enum ckfs_code ckfs_st_layout_single(const struct ckfs_tensor *ts, size_t n, con
 				     struct ckfs_error *err) CKFS_WARN_UNUSED;
 void ckfs_st_layout_release(struct ckfs_st_layout *l);
 
+/* The first tensor of f whose data ends after byte off (the one holding
+ * it, for off among the tensors' bytes); n_tensors when none does. */
+size_t ckfs_st_tensor_at(const struct ckfs_st_file *f, uint64_t off);
+
 /* Bytes [off, off + len) of f; the range must lie inside the file. */
 enum ckfs_code ckfs_st_file_read(const struct ckfs_model *m,
 				 const struct ckfs_st_file *f, uint64_t off,

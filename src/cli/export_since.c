@@ -207,19 +207,10 @@ static enum ckfs_code pread_all(int fd, unsigned char *buf, size_t len, uint64_t
 	return CKFS_OK;
 }
 
-/* The piece holding byte off: 0 the header, i + 1 tensor i. */
+/* The piece holding byte off of the file: 0 the header, i + 1 tensor i. */
 static size_t piece_of(const struct ckfs_st_file *st, uint64_t off)
 {
-	size_t lo = 0, hi = st->n_tensors + 1; /* start(lo) <= off < start(hi) */
-
-	while (hi - lo > 1) {
-		size_t mid = lo + (hi - lo) / 2;
-		if (st->offsets[mid - 1] <= off)
-			lo = mid;
-		else
-			hi = mid;
-	}
-	return lo;
+	return off < st->header_len ? 0 : ckfs_st_tensor_at(st, off) + 1;
 }
 
 static uint64_t piece_end(const struct ckfs_st_file *st, size_t p)

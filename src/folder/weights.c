@@ -413,6 +413,20 @@ static void fetch_ahead(const struct ckfs_model *m, const struct ckfs_st_file *f
 	ckfs_file_ahead(v, n);
 }
 
+size_t ckfs_st_tensor_at(const struct ckfs_st_file *f, uint64_t off)
+{
+	size_t lo = 0, hi = f->n_tensors;
+
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (f->offsets[mid + 1] <= off)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
 enum ckfs_code ckfs_st_file_read(const struct ckfs_model *m,
 				 const struct ckfs_st_file *f, uint64_t off,
 				 size_t len, void *buf_v,
@@ -435,15 +449,7 @@ enum ckfs_code ckfs_st_file_read(const struct ckfs_model *m,
 		return CKFS_OK;
 	/* Tensor bytes only once every source has been checked. */
 	CKFS_TRY(ckfs_model_checked(m, err));
-	/* First tensor whose data ends after off. */
-	size_t lo = 0, hi = f->n_tensors;
-	while (lo < hi) {
-		size_t mid = (lo + hi) / 2;
-		if (f->offsets[mid + 1] <= off)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
+	size_t lo = ckfs_st_tensor_at(f, off);
 	if (!m->remote_sources)
 		return read_tensors(m, f, lo, off, end, buf, scratch, err);
 	fetch_ahead(m, f, lo, off, end);

@@ -111,18 +111,10 @@ struct plan {
  * its end and its row's bytes (*row 0: none). */
 static uint64_t tensor_rows(const struct ckfs_st_file *st, uint64_t off, uint64_t *row)
 {
-	size_t lo = 0, hi;
-
 	*row = 0;
 	if (!st || !st->n_tensors || off < st->offsets[0] || off >= st->offsets[st->n_tensors])
 		return 0;
-	for (hi = st->n_tensors; hi - lo > 1;) {
-		size_t mid = lo + (hi - lo) / 2;
-		if (st->offsets[mid] <= off)
-			lo = mid;
-		else
-			hi = mid;
-	}
+	size_t lo = ckfs_st_tensor_at(st, off);
 	const struct ckfs_tensor *t = st->tensors[lo];
 	if (t->ndim >= 2 && t->shape[t->ndim - 1] > 0)
 		*row = (uint64_t)t->shape[t->ndim - 1] * ckfs_dtype_size(t->out_dtype);
